@@ -1,0 +1,304 @@
+"""Headless commands over the core. stdout, stderr and exit codes are a tested contract:
+
+0 ok · 1 findings of severity error, or the operation failed · 2 unreadable path or bad usage ·
+130 interrupted. ``--json`` prints one document with a ``schema_version``. Never a traceback
+(``--debug`` shows one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
+COLOR = {"error": "red", "warning": "yellow", "info": "cyan"}
+ROLE_BADGE = {"model": "model", "optimizer": "optim", "model+optimizer": "model+optim", "rng": "rng",
+              "scheduler": "sched", "trainer-state": "state", "training-args": "args", "config": "config",
+              "tokenizer": "tok", "script": "script", "data-loader": "data", "marker": "marker",
+              "metadata": "meta", "shard": "shard", "scaler": "scaler", "checkpoint": "ckpt", "run": "run"}
+
+
+class _Group(click.Group):
+    """`ckpt-tui PATH` is `ckpt-tui open PATH`."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["open", *args]
+        return super().resolve_command(ctx, args)
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group(cls=_Group, context_settings=CONTEXT, invoke_without_command=True)
+@click.version_option(__version__, "--version", "-V", prog_name="ckpt-tui")
+@click.option("--debug", is_flag=True, help="Show a traceback when something fails (for bug reports).")
+@click.pass_context
+def main_group(ctx, debug):
+    """Open a distributed-training checkpoint and make it usable.
+
+    \b
+    Examples:
+      ckpt-tui inspect checkpoint-2000          what is this, which part is the model, what is wrong
+      ckpt-tui inspect checkpoint-2000 --json   the same as one JSON document (schema in the README)
+      ckpt-tui tensors checkpoint-2000/pytorch_model_fsdp_0   every tensor: name, shape, dtype, size
+      ckpt-tui demo                             build a real demo checkpoint and inspect it
+
+    Reads headers and metadata only: inspecting a 1 TB checkpoint reads a few MB, and
+    never runs code from a pickle (see --trust-pickles).
+
+    Exit codes: 0 ok, 1 errors found or the operation failed, 2 unreadable path or bad
+    usage, 130 interrupted.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+def _fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
+    click.echo(f"ckpt-tui: {msg}", err=True)
+    sys.exit(code)
+
+
+def _report(path: str, trust: bool, quiet_progress: bool = False):
+    from .core.inspect import inspect
+    from .core.scan import ScanError
+
+    try:
+        return inspect(path, trust_pickles=trust)
+    except ScanError as e:
+        _fail(str(e), EXIT_USAGE)
+
+
+@main_group.command("inspect")
+@click.argument("path", type=click.Path(path_type=str), default=".")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema_version 1) instead of a tree.")
+@click.option("--trust-pickles", is_flag=True,
+              help="Treat pickles that name code outside the allowlist as trusted (info, not error). "
+                   "Only for checkpoints whose origin you trust.")
+@click.option("--all", "show_all", is_flag=True, help="Show every file, not a condensed tree.")
+def inspect_cmd(path, as_json, trust_pickles, show_all):
+    """Say what PATH is: layout, framework, ranks, dtype, sizes, and what is broken.
+
+    PATH may be a checkpoint folder (checkpoint-2000/), a run folder holding many, a
+    single sub-folder (pytorch_model_fsdp_0/, global_step2000/) or one file.
+    """
+    rep = _report(path, trust_pickles)
+    if as_json:
+        click.echo(json.dumps(rep.to_json(), indent=2, ensure_ascii=False))
+    else:
+        _print_report(rep, show_all)
+    sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
+
+
+@main_group.command("open")
+@click.argument("path", type=click.Path(path_type=str), default=".")
+@click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
+def open_cmd(path, trust_pickles):
+    """Open PATH (the default command: `ckpt-tui PATH`). Until the TUI lands this prints `inspect`."""
+    rep = _report(path, trust_pickles)
+    _print_report(rep, False)
+    sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
+
+
+@main_group.command("tensors")
+@click.argument("path", type=click.Path(path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="One JSON document with every tensor.")
+@click.option("--limit", type=int, default=0, help="Show at most N tensors (0: all).")
+def tensors_cmd(path, as_json, limit):
+    """List every tensor of a component (name, shape, dtype, bytes) from its headers.
+
+    PATH is a checkpoint folder (its model component is listed) or a component: a DCP folder,
+    a DeepSpeed tag folder (the fp32 weights an export rebuilds), a safetensors file or index,
+    a torch file.
+    """
+    from .core.formats import FormatError
+    from .core.humanize_bytes import naturalsize
+    from .core.tensors import list_tensors
+
+    rep = _report(path, False)
+    inv = rep.inventory
+    node = inv.root
+    comp = inv.components.get("model") or inv.components.get("model+optimizer")
+    if comp and comp != ".":
+        node = inv.node(comp) or node
+        click.echo(f"ckpt-tui: listing the model component `{comp}`", err=True)
+    try:
+        rows = []
+        for i, t in enumerate(list_tensors(node)):
+            if limit and i >= limit:
+                break
+            rows.append(t)
+    except FormatError as e:
+        _fail(f"{node.path}: {e}", EXIT_FINDINGS)
+    if as_json:
+        from .core.model import SCHEMA_VERSION
+
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "path": str(node.abspath),
+                               "tensors": [t.to_json() for t in rows]}, indent=1))
+        sys.exit(EXIT_OK)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("name", "shape", "dtype", "size"):
+        table.add_column(col, justify="right" if col == "size" else "left")
+    for t in rows:
+        table.add_row(t.name, "×".join(str(d) for d in t.shape) or "scalar", t.dtype, naturalsize(t.nbytes))
+    Console(soft_wrap=False).print(table)
+    total = sum(t.nbytes for t in rows)
+    click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")
+    sys.exit(EXIT_OK)
+
+
+@main_group.command("demo")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Where to build the demo (default: a new temporary folder).")
+def demo_cmd(out):
+    """Build a real demo run (torch DCP + DeepSpeed on CPU, ~1 min) showing both classic
+    problems, then inspect it.
+
+    \b
+    - checkpoint-20/: HF-Trainer-style FSDP, model and optimizer in DCP sub-folders
+      (what makes `accelerate merge-weights checkpoint-20` fail with `.metadata` missing)
+    - deepspeed/: a ZeRO-2 bf16 checkpoint without universal_checkpoint_info
+      (what makes DeepSpeed's ds_to_universal assert)
+    """
+    import tempfile
+
+    from .samples import demo
+
+    target = out or Path(tempfile.mkdtemp(prefix="ckpt-tui-demo-"))
+    click.echo(f"Building a demo checkpoint in {target} (real torch.distributed.checkpoint and DeepSpeed "
+               "runs on CPU; this takes about a minute)...", err=True)
+    try:
+        path = demo(target, on_line=lambda s: click.echo(f"  {s}", err=True))
+    except Exception as e:  # the generator failed: say why, no traceback
+        _fail(f"could not build the demo: {e}", EXIT_FINDINGS)
+    click.echo(f"Demo run folder: {path}", err=True)
+    for sub in sorted(p for p in Path(path).iterdir() if p.is_dir()):
+        click.echo("")
+        rep = _report(str(sub), False)
+        _print_report(rep, False)
+    sys.exit(EXIT_OK)
+
+
+# ---------------------------------------------------------------- human output
+
+def _print_report(rep, show_all: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    from .core.humanize_bytes import count, naturalsize
+    from .core.scan import short_dtype
+
+    inv = rep.inventory
+    con = Console(highlight=False)
+    by_path: dict[str, list] = {}
+    for f in rep.findings:
+        by_path.setdefault(f.path, []).append(f)
+
+    def label(n) -> str:
+        name = escape(n.abspath.name if n.path == "." else n.name) + ("/" if n.is_dir else "")
+        bits = [f"[bold]{name}[/]" if n.is_dir else name]
+        badge = ROLE_BADGE.get(n.role)
+        if badge and n.role not in ("shard", "metadata"):
+            bits.append(f"[reverse] {badge} [/]")
+        if n.format not in ("dir", "unknown", "text", "json", "python"):
+            bits.append(f"[dim]{n.format}[/]")
+        if n.size:
+            bits.append(naturalsize(n.size))
+        f = n.facts
+        extra = []
+        if f.get("zero_stage") is not None and n.format == "deepspeed-zero":
+            extra.append(f"ZeRO-{f['zero_stage']}")
+        if f.get("world_size"):
+            extra.append(f"{f['world_size']} ranks")
+        if f.get("param_count") and (n.is_dir or n.role in ("model", "model+optimizer")):
+            extra.append(f"{count(f['param_count'])} params")
+        if f.get("dtypes") and (n.is_dir or n.role in ("model", "model+optimizer")):
+            extra.append("/".join(short_dtype(d) for d in f["dtypes"][:3]))
+        if extra:
+            bits.append("[dim](" + ", ".join(extra) + ")[/]")
+        for fd in by_path.get(n.path, []):
+            bits.append(f"[{COLOR[fd.severity]}]{GLYPH[fd.severity]} {fd.code}[/]")
+        return " ".join(bits)
+
+    def add(tree, n, depth):
+        kids = n.children
+        if not show_all and n.format == "dcp":
+            shards = [c for c in kids if c.role == "shard"]
+            others = [c for c in kids if c.role != "shard"]
+            for c in others:
+                add(tree.add(label(c)), c, depth + 1)
+            if shards:
+                bad = [c for c in shards if c.path in by_path]
+                for c in bad:
+                    tree.add(label(c))
+                tree.add(f"[dim]{len(shards)} .distcp shard files, {naturalsize(sum(c.size for c in shards))}[/]")
+            return
+        limit = None if show_all else 40
+        shown = kids if limit is None else kids[:limit]
+        for c in shown:
+            sub = tree.add(label(c))
+            if c.is_dir and (show_all or depth < 6):
+                add(sub, c, depth + 1)
+        if limit is not None and len(kids) > limit:
+            tree.add(f"[dim]… {len(kids) - limit} more (use --all)[/]")
+
+    root = Tree(label(inv.root))
+    add(root, inv.root, 0)
+    con.print(f"[bold]{escape(inv.summary)}[/]")
+    con.print(root)
+    if inv.checkpoints:
+        con.print("\n[bold]Checkpoints[/] (newest first)")
+        for ck in inv.checkpoints:
+            mark = "[green]✔ complete[/]" if ck["complete"] else "[red]✖ incomplete[/]"
+            con.print(f"  {escape(ck['path'])}  step {ck['step']}  {ck['layout']}  {mark}")
+    if rep.findings:
+        con.print("\n[bold]Findings[/]")
+        for f in rep.findings:
+            fix = f"  [dim](fix: {f.fix})[/]" if f.fix else ""
+            con.print(f"[{COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{f.code}[/] "
+                      f"[dim]{escape(f.path)}[/]\n    {escape(f.message)}{fix}")
+    else:
+        con.print("\n[green]✔ no problems found[/]")
+
+
+def main(argv=None) -> None:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        main_group.main(args=argv, prog_name="ckpt-tui", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("ckpt-tui: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        click.echo("ckpt-tui: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_OK)
+    except SystemExit:
+        raise
+    except Exception as e:  # never a traceback unless asked
+        if debug:
+            raise
+        click.echo(f"ckpt-tui: internal error: {type(e).__name__}: {e} (run with --debug for details)", err=True)
+        sys.exit(EXIT_FINDINGS)
+    sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    main()

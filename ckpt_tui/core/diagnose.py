@@ -1,0 +1,314 @@
+"""Inventory -> [Finding]. Pure: reads the facts the scan gathered, touches no file.
+
+Each finding says what happened, why it matters and the exact next step. ``fix`` names
+the repair or export that applies (the id ``ckpt-tui fix --only`` and the TUI take).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .humanize_bytes import count
+from .model import SEVERITY_RANK, Finding, Inventory, Node
+from .scan import short_dtype, step_of
+
+CODES = (
+    "dcp-metadata-missing", "dcp-components", "universal-info-missing", "shard-missing", "world-size-mismatch",
+    "latest-dangling", "latest-missing", "file-truncated", "file-corrupt", "unsafe-pickle", "index-mismatch",
+    "mixed-dtypes", "frozen-params", "tied-weights", "adapter-only", "not-a-checkpoint", "unreadable",
+    "special-file",
+)
+
+
+def diagnose(inv: Inventory) -> list[Finding]:
+    out: list[Finding] = []
+    root = inv.root
+    for n in root.walk():
+        out.extend(_node_findings(inv, n))
+    if inv.layout == "unknown" and not any(f.severity == "error" for f in out):
+        out.append(Finding("not-a-checkpoint", "error", ".",
+                           f"{root.abspath} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
+                           "DeepSpeed model/optim states, no safetensors or torch state dict. Point ckpt-tui at a "
+                           "checkpoint folder (e.g. checkpoint-2000/) or a run folder that holds them."))
+    out.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
+    return out
+
+
+def mark_complete(inv: Inventory, findings: list[Finding]) -> None:
+    """Set ``complete`` on each checkpoint of a run folder: no error finding inside it."""
+    for ck in inv.checkpoints:
+        p = ck["path"]
+        ck["complete"] = not any(f.severity == "error" and (f.path == p or f.path.startswith(p + "/")) for f in findings)
+
+
+def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
+    f = n.facts
+    out: list[Finding] = []
+    p = n.path
+    where = f"`{p}`" if p != "." else "this path"
+    if f.get("special"):
+        out.append(Finding("special-file", "warning", p, f"{where} is a {f['special']}, not a file; it was skipped "
+                           "without being opened."))
+    kind = f.get("error_kind")
+    if kind:
+        msg = f.get("error", "")
+        if kind == "truncated":
+            out.append(Finding("file-truncated", "error", p, f"{where} is truncated: {msg}. Copy it again from the "
+                               "source or fall back to an earlier complete checkpoint." + _sibling_hint(inv, n)))
+        elif kind == "corrupt":
+            out.append(Finding("file-corrupt", "error", p, f"{where} is corrupt: {msg}. Copy it again from the "
+                               "source or fall back to an earlier complete checkpoint." + _sibling_hint(inv, n)))
+        elif kind == "permission":
+            out.append(Finding("unreadable", "error", p, f"{where}: {msg}. Check its owner and mode (`ls -l`), or "
+                               "run as a user who can read it."))
+        elif kind in ("loop", "broken-link"):
+            out.append(Finding("unreadable", "warning", p, f"{where}: {msg}."))
+        elif kind in ("too-deep", "too-many", "too-large", "unreadable"):
+            out.append(Finding("unreadable", "warning", p, f"{where}: {msg}."))
+    if f.get("unsafe_globals"):
+        g = ", ".join(f["unsafe_globals"][:6])
+        sev = "info" if inv.trust_pickles else "error"
+        out.append(Finding("unsafe-pickle", sev, p, f"{where} is a pickle that names code outside ckpt-tui's allowlist "
+                           f"({g}). Loading it would run that code; ckpt-tui read it without running anything. "
+                           "If you trust where it came from, pass --trust-pickles to load it for export or repair."))
+    if n.format == "dcp":
+        out.extend(_dcp_findings(inv, n))
+    elif n.format == "deepspeed-zero":
+        out.extend(_ds_findings(inv, n))
+    elif n.format == "deepspeed-universal":
+        if f.get("incomplete_params"):
+            out.append(Finding("shard-missing", "error", p, f"universal checkpoint {where} has parameter folders "
+                               f"without fp32.pt: {', '.join(f['incomplete_params'][:6])}. The conversion was "
+                               "interrupted; run it again."))
+    if n.is_dir:
+        out.extend(_dir_findings(inv, n))
+    if n.role == "marker" and not n.is_dir:
+        out.extend(_marker_findings(inv, n))
+    if not n.is_dir and n.role in ("model",) and n.format in ("safetensors", "torch-zip"):
+        dts = [d for d in f.get("dtypes") or [] if d.startswith(("float", "bfloat"))]
+        if len(dts) > 1:
+            out.append(Finding("mixed-dtypes", "info", p, f"{where} mixes floating dtypes ({', '.join(dts)}); an "
+                               "export with --dtype keep preserves them, --dtype bf16 or fp32 makes them uniform."))
+        if f.get("tied"):
+            pairs = "; ".join(" = ".join(t) for t in f["tied"][:3])
+            out.append(Finding("tied-weights", "info", p, f"{where} holds tensors that share storage ({pairs}). "
+                               "safetensors refuses shared tensors; ckpt-tui's export writes each once and records "
+                               "the tie.", "export"))
+    return out
+
+
+def _sibling_hint(inv: Inventory, n: Node) -> str:
+    s = _last_complete_sibling(inv, n)
+    return f" The newest other checkpoint here is `{s}`." if s else ""
+
+
+def _checkpoint_of(n: Node) -> Optional[str]:
+    parts = n.path.split("/")
+    for i in range(len(parts), 0, -1):
+        if step_of(parts[i - 1]) is not None:
+            return "/".join(parts[:i])
+    return None
+
+
+def _last_complete_sibling(inv: Inventory, n: Node) -> Optional[str]:
+    mine = _checkpoint_of(n)
+    if mine is None:
+        return None
+    parent = mine.rsplit("/", 1)[0] if "/" in mine else "."
+    pnode = inv.node(parent)
+    if pnode is None:
+        return None
+    cands = []
+    for c in pnode.children:
+        if c.is_dir and c.path != mine and step_of(c.name) is not None and not _has_breakage(c):
+            cands.append((step_of(c.name), c.path))
+    return max(cands)[1] if cands else None
+
+
+def _has_breakage(n: Node) -> bool:
+    for x in n.walk():
+        f = x.facts
+        if f.get("error_kind") in ("truncated", "corrupt") or f.get("metadata_missing") or f.get("missing_files"):
+            return True
+    return False
+
+
+def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
+    f = n.facts
+    p = n.path
+    out = []
+    if f.get("metadata_missing"):
+        ranks = f.get("ranks_present") or []
+        out.append(Finding("dcp-metadata-missing", "error", p,
+                           f"`{p}/` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks {_ranks(ranks)}) but no "
+                           ".metadata: the save was interrupted before rank 0 wrote it (or .metadata exists only on "
+                           "another node's disk). Nothing can load this folder; copy .metadata from the node that "
+                           "wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n)))
+    if f.get("missing_files"):
+        miss = f["missing_files"]
+        out.append(Finding("shard-missing", "error", p,
+                           f"`{p}/.metadata` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
+                           "Copy them from the nodes that wrote them (each rank writes its own); without them the "
+                           "tensors they hold cannot be loaded."))
+    if f.get("unreferenced_files"):
+        extra = f["unreferenced_files"]
+        out.append(Finding("world-size-mismatch", "warning", p,
+                           f"`{p}/` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
+                           "left over from a save with a different world size. They are ignored on load; remove "
+                           "them to avoid confusion."))
+    return out
+
+
+def _ranks(rs) -> str:
+    if not rs:
+        return "none"
+    if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
+        return f"{rs[0]}–{rs[-1]}"
+    return ", ".join(str(r) for r in rs)
+
+
+def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
+    f = n.facts
+    p = n.path
+    out = []
+    stage = f.get("zero_stage")
+    if stage in (1, 2) and f.get("universal_checkpoint_info") is False:
+        out.append(Finding("universal-info-missing", "warning", p,
+                           f"`{p}/mp_rank_00_model_states.pt` has no `universal_checkpoint_info`, so DeepSpeed's "
+                           "ds_to_universal will stop with \"Required universal_checkpoint_info state is missing\". "
+                           "The checkpoint resumes fine at the same world size; to change world size, convert it "
+                           "with `ckpt-tui universal` (supplies the info without modifying the source).",
+                           "universal"))
+    if f.get("missing_files"):
+        miss = f["missing_files"]
+        ws = f.get("world_size")
+        out.append(Finding("shard-missing", "error", p,
+                           f"`{p}/` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) are "
+                           f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
+                           "weights and optimizer state cannot be rebuilt without every rank."))
+    if f.get("extra_rank_files") or f.get("partition_mismatch"):
+        extra = f.get("extra_rank_files") or []
+        msg = f"`{p}/` records dp_world_size={f.get('world_size')}"
+        if f.get("partition_mismatch"):
+            msg += f" but its optimizer states were partitioned {f['partition_mismatch']} ways"
+        if extra:
+            msg += f" but also holds {', '.join(extra[:4])} from more ranks"
+        out.append(Finding("world-size-mismatch", "error" if f.get("partition_mismatch") else "warning", p,
+                           msg + ": files from two different runs are mixed. Keep only the files of one save."))
+    frozen = f.get("frozen_params")
+    if frozen:
+        out.append(Finding("frozen-params", "info", p,
+                           f"`{p}/` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) with no "
+                           "optimizer state. Exports include them; a universal checkpoint restores only "
+                           "optimizer-tracked parameters, so frozen ones keep what the model was built with.",
+                           "export"))
+    elif f.get("frozen_params_unrecorded"):
+        out.append(Finding("frozen-params", "info", p,
+                           f"`{p}/` holds {count(f['frozen_params_unrecorded'])} frozen parameter values that ZeRO-1 "
+                           "did not record: DeepSpeed's zero_to_fp32 drops them silently. ckpt-tui's export takes "
+                           "them from the model-states weights.", "export"))
+    if f.get("shared_params"):
+        pairs = "; ".join(f"{a} = {b}" for a, b in list(f["shared_params"].items())[:3])
+        out.append(Finding("tied-weights", "info", p,
+                           f"`{p}/` has tied weights ({pairs}). zero_to_fp32 --safe_serialization fails on these "
+                           "(\"Some tensors share memory\"); ckpt-tui's export writes each tied tensor once.",
+                           "export"))
+    if f.get("pipeline") or f.get("moe"):
+        what = "pipeline-parallel" if f.get("pipeline") else "mixture-of-experts"
+        out.append(Finding("world-size-mismatch", "info", p,
+                           f"`{p}/` is a {what} DeepSpeed checkpoint; export and universal conversion of this "
+                           "layout are not supported by ckpt-tui yet."))
+    td = f.get("train_dtype")
+    if td and td != "float32":
+        pass  # said in the summary and the export wizard (fp32 masters; --dtype bf16 halves the size)
+    return out
+
+
+def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
+    out = []
+    p = n.path
+    names = {c.name for c in n.children}
+    dcp_children = [c for c in n.children if c.is_dir and c.format == "dcp"]
+    if dcp_children and n.format != "dcp" and step_of(dcp_children[0].name) is None:
+        model = [c for c in dcp_children if c.role in ("model", "model+optimizer")]
+        optim = [c for c in dcp_children if c.role == "optimizer"]
+        where = f"`{p}/`" if p != "." else "This folder"
+        parts = []
+        if model:
+            parts.append("the model is in " + ", ".join(f"`{c.name}/`" for c in model))
+        if optim:
+            parts.append("the optimizer in " + ", ".join(f"`{c.name}/`" for c in optim))
+        target = (model[0].path if model else dcp_children[0].path)
+        out.append(Finding("dcp-components", "info", p,
+                           f"{where} holds torch.distributed.checkpoint folders rather than being one: "
+                           + "; ".join(parts) + ". Tools that need a single DCP folder (accelerate merge-weights, "
+                           f"torch dcp_to_torch) must be given `{target}`, or run `ckpt-tui export {inv.root.abspath if p == '.' else p}`"
+                           " which picks the model for you.", "export"))
+    tags = [c for c in n.children if c.is_dir and c.format == "deepspeed-zero"]
+    if tags and "latest" not in names:
+        out.append(Finding("latest-missing", "warning", p,
+                           f"{'`' + p + '/`' if p != '.' else 'This folder'} has DeepSpeed tag folder(s) "
+                           f"({', '.join(t.name for t in tags[:4])}) but no `latest` file, so "
+                           "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
+                           "Write the newest tag's name into `latest` (`ckpt-tui fix --only latest`).", "latest"))
+    unis = [c for c in n.children if c.is_dir and c.format == "deepspeed-universal"]
+    if unis and "latest_universal" not in names and not tags:
+        out.append(Finding("latest-missing", "warning", p,
+                           f"universal checkpoint folder(s) {', '.join(u.name for u in unis[:3])} have no "
+                           "`latest_universal` beside them, so load_checkpoint with load_universal will not find them.",
+                           "latest"))
+    if "adapter_config.json" in names and not any(
+            c.name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") for c in n.children):
+        out.append(Finding("adapter-only", "info", p,
+                           f"{'`' + p + '/`' if p != '.' else 'This folder'} holds only a PEFT adapter "
+                           "(adapter_config.json + adapter weights), not the full model: load the base model named in "
+                           "adapter_config.json and apply the adapter, or merge it (peft's merge_and_unload)."))
+    f = n.facts
+    if f.get("index_missing_files") or f.get("index_missing_tensors") or f.get("index_unlisted_tensors") or f.get("index_outside"):
+        bits = []
+        if f.get("index_missing_files"):
+            bits.append(f"names missing file(s) {', '.join(f['index_missing_files'][:4])}")
+        if f.get("index_outside"):
+            bits.append(f"points outside the folder ({', '.join(f['index_outside'][:3])})")
+        if f.get("index_missing_tensors"):
+            bits.append(f"maps {len(f['index_missing_tensors'])} tensor(s) to files that do not hold them "
+                        f"(e.g. {f['index_missing_tensors'][0]})")
+        if f.get("index_unlisted_tensors"):
+            bits.append(f"leaves out {len(f['index_unlisted_tensors'])} tensor(s) the shards hold "
+                        f"(e.g. {f['index_unlisted_tensors'][0]})")
+        out.append(Finding("index-mismatch", "error", p,
+                           f"The safetensors index in {'`' + p + '/`' if p != '.' else 'this folder'} "
+                           + "; ".join(bits) + ". from_pretrained will fail or load partial weights; rebuild the "
+                           "index from the shards' headers (`ckpt-tui fix --only index`).", "index"))
+    return out
+
+
+def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
+    tag = (n.facts.get("names") or "").strip()
+    parent_path = n.path.rsplit("/", 1)[0] if "/" in n.path else "."
+    parent = inv.node(parent_path)
+    if parent is None:
+        return []
+    name = n.name
+    if name == "latest_checkpointed_iteration.txt":
+        if tag == "release":
+            target = "release"
+        else:
+            try:
+                target = f"iter_{int(tag):07d}"
+            except ValueError:
+                target = None
+    else:
+        target = tag
+    ok = bool(target) and "/" not in target and "\\" not in target and target not in (".", "..") and \
+        target.isprintable() and parent.child(target) is not None and parent.child(target).is_dir
+    if ok:
+        return []
+    shown = tag if tag.isprintable() and len(tag) <= 80 else repr(tag[:80])
+    tags = [c.name for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
+                                                             or step_of(c.name) is not None)]
+    newest = sorted(tags, key=lambda t: (step_of(t) or -1, t))[-1] if tags else None
+    hint = f" The newest tag here is `{newest}`; `ckpt-tui fix --only latest` writes it." if newest else ""
+    return [Finding("latest-dangling", "error", n.path,
+                    f"`{n.path}` names `{shown}`, which is not a folder beside it: loaders that follow it will fail."
+                    + hint, "latest" if newest else None)]

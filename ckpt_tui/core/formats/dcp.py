@@ -1,0 +1,143 @@
+"""torch.distributed.checkpoint folders: ``.metadata`` (or rank-local ``__{rank}.metadata``) and ``*.distcp``.
+
+``.metadata`` is a pickle of ``torch.distributed.checkpoint.metadata.Metadata``; DCP's own
+reader unpickles it freely, we read it through the restricted unpickler.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..model import TensorInfo
+from . import FormatError
+from .pickles import DTYPE_ITEMSIZE, MAX_PICKLE_BYTES, Stub, safe_loads
+
+SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
+
+
+@dataclass
+class DcpInfo:
+    path: Path
+    tensors: list[TensorInfo]
+    bytes_entries: list[str]
+    files: dict[str, int]  # relative file -> bytes it must have at least (max offset+length)
+    planner_data: dict[str, tuple] = field(default_factory=dict)
+    metadata_files: list[str] = field(default_factory=list)
+    metadata_bytes: int = 0
+    unsafe: set[str] = field(default_factory=set)
+    chunk_dims: set[int] = field(default_factory=set)  # dimensions along which chunks are split
+    version: Optional[str] = None
+
+    @property
+    def keys(self) -> list[str]:
+        return [t.name for t in self.tensors] + self.bytes_entries
+
+
+def _get(o: Any, name: str, default=None):
+    if isinstance(o, Stub):
+        return o.__dict__.get(name, default)
+    if isinstance(o, dict):
+        return o.get(name, default)
+    return getattr(o, name, default)
+
+
+def _props_dtype(props) -> str:
+    state = _get(props, "_state")
+    if isinstance(state, tuple) and state:
+        return str(state[0])
+    return str(_get(props, "dtype", "unknown"))
+
+
+def metadata_files(folder: Path) -> tuple[Optional[Path], list[Path]]:
+    """The global ``.metadata`` (or None) and any rank-local ``__{rank}.metadata`` files."""
+    glob_meta = folder / ".metadata"
+    ranks = sorted((p for p in folder.iterdir() if RANK_META_RE.match(p.name)),
+                   key=lambda p: int(RANK_META_RE.match(p.name).group(1)))
+    return (glob_meta if glob_meta.is_file() else None), ranks
+
+
+def read_metadata_file(path: Path) -> tuple[Any, set[str], int]:
+    size = os.stat(path).st_size
+    if size == 0:
+        raise FormatError(".metadata is empty (0 bytes)", "truncated")
+    if size > MAX_PICKLE_BYTES:
+        raise FormatError(f".metadata of {size} bytes exceeds the {MAX_PICKLE_BYTES} byte limit")
+    with open(path, "rb") as f:
+        data = f.read()
+    up = safe_loads(data)
+    if not isinstance(up.obj, Stub) or "state_dict_metadata" not in up.obj.__dict__:
+        raise FormatError("not a torch.distributed.checkpoint Metadata pickle")
+    return up.obj, up.unsafe, size
+
+
+def read(folder: Path) -> DcpInfo:
+    folder = Path(folder)
+    glob_meta, rank_metas = metadata_files(folder)
+    sources = [glob_meta] if glob_meta else rank_metas
+    if not sources:
+        raise FormatError("no .metadata file", "missing")
+    info = DcpInfo(folder, [], [], {})
+    seen: dict[str, TensorInfo] = {}
+    for src in sources:
+        meta, unsafe, nbytes = read_metadata_file(src)
+        info.unsafe |= unsafe
+        info.metadata_bytes += nbytes
+        info.metadata_files.append(src.name)
+        info.version = _get(meta, "version", info.version)
+        sdm = _get(meta, "state_dict_metadata") or {}
+        if not isinstance(sdm, dict):
+            raise FormatError("state_dict_metadata is not a dict")
+        for key, md in sdm.items():
+            key = str(key)
+            qual = getattr(md, "_qualname", "")
+            if qual.endswith("TensorStorageMetadata"):
+                size = tuple(int(x) for x in (_get(md, "size") or ()))
+                dtype = _props_dtype(_get(md, "properties"))
+                numel = 1
+                for d in size:
+                    numel *= d
+                ti = TensorInfo(key, size, dtype, numel * DTYPE_ITEMSIZE.get(dtype, 1))
+                for ch in _get(md, "chunks") or []:
+                    offs = tuple(_get(ch, "offsets") or ())
+                    sizes = tuple(_get(ch, "sizes") or ())
+                    for d, (o, s) in enumerate(zip(offs, sizes)):
+                        if len(size) > d and (o != 0 or s != size[d]):
+                            info.chunk_dims.add(d)
+                if key not in seen:
+                    seen[key] = ti
+                    info.tensors.append(ti)
+            elif key not in info.bytes_entries:
+                info.bytes_entries.append(key)
+        pd = _get(meta, "planner_data") or {}
+        if isinstance(pd, dict):
+            for k, v in pd.items():
+                if isinstance(v, (list, tuple)):
+                    info.planner_data[str(k)] = tuple(str(x) for x in v)
+        sd = _get(meta, "storage_data") or {}
+        if isinstance(sd, dict):
+            for _idx, st in sd.items():
+                rel = _get(st, "relative_path")
+                if rel is None:
+                    continue
+                end = int(_get(st, "offset", 0) or 0) + int(_get(st, "length", 0) or 0)
+                rel = str(rel)
+                info.files[rel] = max(info.files.get(rel, 0), end)
+    return info
+
+
+def shard_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".distcp"))
+
+
+def ranks_of(files) -> set[int]:
+    out = set()
+    for f in files:
+        m = SHARD_RE.match(f)
+        if m:
+            out.add(int(m.group(1)))
+    return out

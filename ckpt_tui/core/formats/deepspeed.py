@@ -1,0 +1,157 @@
+"""DeepSpeed checkpoints: tag folders (``global_stepN/``) and universal checkpoints.
+
+Model-states and optim-states files are torch zips; we read their data.pkl through the
+restricted unpickler (tensors become references, never data).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..model import TensorInfo
+from .pickles import DTYPE_ITEMSIZE, Stub, TensorRef, iter_tensors
+from . import torchfile
+
+MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+LAYER_RE = re.compile(r"^layer_\d+-model_\d+-model_states\.pt$|^layer_\d+-model_states\.pt$")
+UNIVERSAL_KEY = "universal_checkpoint_info"
+
+
+def is_tag_dir(names) -> bool:
+    return any(MODEL_STATES_RE.match(n) or OPTIM_STATES_RE.match(n) for n in names)
+
+
+def stage_value(x: Any) -> Optional[int]:
+    if isinstance(x, Stub):
+        x = x.value
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+@dataclass
+class TagFacts:
+    model_files: dict[tuple[int, int], str] = field(default_factory=dict)  # (dp, mp) -> name; dp=-1 if none
+    optim_files: dict[tuple[int, int], str] = field(default_factory=dict)
+    optim_prefix: str = ""
+    layer_files: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    frozen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    buffers: dict[str, TensorRef] = field(default_factory=dict)
+    module_dtypes: set[str] = field(default_factory=set)
+
+
+def classify_files(names) -> TagFacts:
+    tf = TagFacts()
+    for n in names:
+        m = MODEL_STATES_RE.match(n)
+        if m:
+            dp = int(m.group(1)) if m.group(1) is not None else -1
+            tf.model_files[(dp, int(m.group(2)))] = n
+            continue
+        m = OPTIM_STATES_RE.match(n)
+        if m:
+            tf.optim_prefix = m.group(1) or ""
+            tf.optim_files[(int(m.group(2)), int(m.group(3)))] = n
+            continue
+        if LAYER_RE.match(n):
+            tf.layer_files.append(n)
+    return tf
+
+
+def analyze_model_states(obj: Any, tf: TagFacts) -> None:
+    """Facts from the top-level dict of a model-states file."""
+    f = tf.facts
+    if not isinstance(obj, dict):
+        return
+    f["universal_checkpoint_info"] = UNIVERSAL_KEY in obj
+    for k_src, k_dst in (("dp_world_size", "dp_world_size"), ("mp_world_size", "mp_world_size"),
+                         ("global_steps", "global_step"), ("ds_version", "ds_version"),
+                         ("global_samples", "global_samples")):
+        if obj.get(k_src) is not None and not isinstance(obj.get(k_src), Stub):
+            f[k_dst] = obj[k_src]
+    cfg = obj.get("ds_config")
+    if isinstance(cfg, dict):
+        zo = cfg.get("zero_optimization") or {}
+        if isinstance(zo, dict) and zo.get("stage") is not None:
+            f.setdefault("zero_stage", stage_value(zo.get("stage")))
+        for name in ("bf16", "fp16"):
+            sect = cfg.get(name)
+            if isinstance(sect, dict) and sect.get("enabled") in (True, "true"):
+                f["train_dtype"] = "bfloat16" if name == "bf16" else "float16"
+        f["pipeline"] = bool(cfg.get("pipeline")) if isinstance(cfg.get("pipeline"), dict) and cfg["pipeline"].get("stages", 1) not in (1, None) else False
+    shapes = obj.get("param_shapes")
+    if isinstance(shapes, list):
+        for group in shapes:
+            if isinstance(group, dict):
+                for n, s in group.items():
+                    tf.param_shapes[str(n)] = tuple(int(x) for x in s)
+    frozen = obj.get("frozen_param_shapes")
+    if isinstance(frozen, dict):
+        for n, s in frozen.items():
+            tf.frozen_shapes[str(n)] = tuple(int(x) for x in s)
+    shared = obj.get("shared_params")
+    if isinstance(shared, dict) and shared:
+        f["shared_params"] = {str(k): str(v) for k, v in shared.items()}
+    module = obj.get("module")
+    buffer_names = obj.get("buffer_names") or []
+    if isinstance(module, dict):
+        for name, t in iter_tensors(module):
+            tf.module_dtypes.add(t.dtype)
+            if name in buffer_names:
+                tf.buffers[name] = t
+        f["module_tensors"] = sum(1 for _ in iter_tensors(module))
+        f["module_params"] = sum(t.numel for n, t in iter_tensors(module) if n not in buffer_names)
+    moe = obj.get("num_experts")
+    if moe:
+        f["moe"] = True
+
+
+def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
+    f = tf.facts
+    if not isinstance(obj, dict):
+        return
+    osd = obj.get("optimizer_state_dict")
+    if not isinstance(osd, dict):
+        return
+    st = stage_value(osd.get("zero_stage"))
+    if st is not None:
+        f["zero_stage"] = st
+    pc = osd.get("partition_count")
+    if isinstance(pc, (list, tuple)) and pc:
+        pc = pc[0]
+    if isinstance(pc, int):
+        f["partition_count"] = pc
+    if "single_partition_of_fp32_groups" in osd or "fp32_flat_groups" in osd:
+        f["master_dtype"] = "float32"
+    else:
+        # DeepSpeed's BF16_Optimizer (bf16 without ZeRO-1/2/3 flat groups) stores fp32 groups differently
+        f["optimizer_kind"] = "bf16-optimizer" if "fp32_groups_flat" in str(list(osd.keys())) else "unknown"
+    if osd.get("ds_version") and "ds_version" not in f:
+        f["ds_version"] = str(osd.get("ds_version"))
+
+
+def tensors(tf: TagFacts) -> list[TensorInfo]:
+    """What an fp32 reconstruction of this tag yields: trainable and frozen params, then buffers."""
+    out = [TensorInfo(n, s, "float32", _numel(s) * 4) for n, s in tf.param_shapes.items()]
+    out += [TensorInfo(n, s, "float32", _numel(s) * 4) for n, s in tf.frozen_shapes.items() if n not in tf.param_shapes]
+    for n, t in tf.buffers.items():
+        out.append(TensorInfo(n, t.shape, t.dtype, t.nbytes))
+    return out
+
+
+def read_file(path: Path):
+    return torchfile.try_read(path)

@@ -1,0 +1,304 @@
+"""A restricted unpickler that never executes code from a file.
+
+Every global a pickle names is looked up in an explicit allowlist. Allowed torch
+rebuild functions become :class:`TensorRef` records (shape, dtype, storage key) and
+framework classes become inert :class:`Stub` objects, so a torch checkpoint's
+structure can be read without torch, without reading tensor data and without
+running anything the file asks for. A global outside the allowlist is recorded
+(``Unpickled.unsafe``) and replaced by an inert stub, so the scan still finishes.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import FormatError
+
+MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused
+
+DTYPE_ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "complex64": 8, "complex128": 16,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "complex32": 4,
+}
+# aliases torch accepts as attribute names
+_DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
+                  "short": "int16", "cfloat": "complex64", "cdouble": "complex128"}
+_STORAGE_DTYPE = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
+    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8",
+}
+
+
+class Stub:
+    """Inert stand-in for a framework object: keeps constructor args and state, does nothing."""
+
+    _qualname = "?"
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        self.__dict__.setdefault("_args", args)
+        self.__dict__.update(kwargs)
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
+            for part in state:
+                if isinstance(part, dict):
+                    self.__dict__.update(part)
+        elif isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.__dict__["_state"] = state
+
+    def __getitem__(self, k):  # for (unusual) subscripting during unpickle
+        return self.__dict__.get(k)
+
+    def __setitem__(self, k, v):
+        self.__dict__[k] = v
+
+    def __call__(self, *a, **k):
+        return self
+
+    def __repr__(self):
+        return f"<{self._qualname}>"
+
+    @property
+    def value(self):
+        args = self.__dict__.get("_args") or ()
+        return args[0] if args else None
+
+
+def _stub_class(qualname: str) -> type:
+    return type(qualname.rsplit(".", 1)[-1], (Stub,), {"_qualname": qualname})
+
+
+@dataclass
+class StorageRef:
+    dtype: str
+    key: str
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 1)
+
+
+@dataclass
+class TensorRef:
+    storage: StorageRef | None
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+    requires_grad: bool = False
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 1)
+
+
+@dataclass
+class Unpickled:
+    obj: Any
+    unsafe: set[str] = field(default_factory=set)  # "module.name" of globals outside the allowlist
+    storages: dict[str, StorageRef] = field(default_factory=dict)
+
+
+def _dtype_name(x) -> str:
+    if isinstance(x, str):
+        return _DTYPE_ALIASES.get(x, x)
+    return str(x)
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride=None, requires_grad=False, backward_hooks=None, metadata=None):
+    size = tuple(int(s) for s in size)
+    dtype = storage.dtype if isinstance(storage, StorageRef) else "uint8"
+    return TensorRef(storage if isinstance(storage, StorageRef) else None, int(storage_offset), size, dtype, bool(requires_grad))
+
+
+def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
+    t = _rebuild_tensor(storage, storage_offset, size, stride, requires_grad)
+    t.dtype = _dtype_name(dtype)
+    return t
+
+
+def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, *rest):
+    if isinstance(data, TensorRef):
+        data.requires_grad = bool(requires_grad)
+    return data
+
+
+def _rebuild_from_type_v2(func, new_type, args, state):
+    return func(*args)
+
+
+def _torch_size(*args):
+    return tuple(int(x) for x in (args[0] if args else ()))
+
+
+def _get_layout(name):
+    return str(name)
+
+
+def _device(*args):
+    return "device(" + ",".join(str(a) for a in args) + ")"
+
+
+def _reconstructor(cls, base, state=None):
+    return cls() if isinstance(cls, type) and issubclass(cls, Stub) else (base() if base in (dict, list, tuple, object) else None)
+
+
+_DTYPES = set(DTYPE_ITEMSIZE) | set(_DTYPE_ALIASES)
+
+# Framework classes read through inert stand-ins. Everything here is data only in real checkpoints.
+STUB_GLOBALS = {
+    # DeepSpeed
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.checkpoint.constants.UNIVERSAL_CHECKPOINT_INFO",
+    "deepspeed.runtime.zero.stage3.ZeroParamStatus",
+    # argparse / pathlib / numpy (rng states) / python
+    "argparse.Namespace",
+    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path", "pathlib._local.PosixPath",
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
+    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
+    "numpy.dtypes.UInt32DType", "numpy.dtypes.Float64DType", "numpy.dtypes.Int64DType",
+    # torch.distributed.checkpoint metadata
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    "torch.distributed.checkpoint._extension.ExtensionRegistry",
+    "torch.distributed.checkpoint.planner.WriteItemType",
+    # transformers' TrainingArguments and the enums it holds
+    "transformers.training_args.TrainingArguments",
+    "transformers.training_args.OptimizerNames",
+    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+    "transformers.trainer_utils.IntervalStrategy",
+    "transformers.trainer_utils.SaveStrategy",
+    "transformers.trainer_utils.HubStrategy",
+    "transformers.trainer_utils.SchedulerType",
+    "transformers.trainer_utils.FSDPOption",
+    "transformers.debug_utils.DebugOption",
+    "accelerate.utils.dataclasses.DistributedType",
+    "trl.trainer.sft_config.SFTConfig",
+    # torch.optim.lr_scheduler state is plain data; schedulers sometimes pickle these
+    "torch.optim.lr_scheduler.LambdaLR",
+    "lightning.fabric.utilities.data.AttributeDict", "pytorch_lightning.utilities.parsing.AttributeDict",
+    "lightning.pytorch.utilities.parsing.AttributeDict",
+}
+
+FUNCTIONS = {
+    "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
+    "torch._utils._rebuild_tensor": _rebuild_tensor,
+    "torch._utils._rebuild_tensor_v3": _rebuild_tensor_v3,
+    "torch._utils._rebuild_parameter": _rebuild_parameter,
+    "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
+    "torch.nn.parameter.Parameter": _rebuild_parameter,
+    "torch.Size": _torch_size,
+    "torch.serialization._get_layout": _get_layout,
+    "torch.device": _device,
+    "collections.OrderedDict": dict,
+    "collections.defaultdict": lambda *a: {},
+    "builtins.set": set,
+    "builtins.frozenset": frozenset,
+    "builtins.slice": slice,
+    "builtins.complex": complex,
+    "builtins.bytearray": bytearray,
+    "builtins.range": range,
+    "copyreg._reconstructor": _reconstructor,
+}
+_TORCH_CONSTANTS = {"strided", "sparse_coo", "contiguous_format", "channels_last", "preserve_format", "channels_last_3d"}
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, f, result: Unpickled, persistent: bool):
+        super().__init__(f)
+        self._result = result
+        self._persistent = persistent
+
+    def find_class(self, module: str, name: str):
+        q = f"{module}.{name}"
+        if q in FUNCTIONS:
+            return FUNCTIONS[q]
+        if module == "torch":
+            if name in _DTYPES:
+                return _dtype_name(name)
+            if name in _TORCH_CONSTANTS:
+                return name
+            if name in _STORAGE_DTYPE:
+                return ("storage-type", _STORAGE_DTYPE[name])
+        if module == "torch.storage" and name in ("UntypedStorage", "TypedStorage"):
+            return ("storage-type", "uint8")
+        if q in STUB_GLOBALS:
+            return _stub_class(q)
+        self._result.unsafe.add(q)
+        return _stub_class(q)
+
+    def persistent_load(self, pid):
+        if not self._persistent:
+            raise pickle.UnpicklingError("persistent id in a plain pickle")
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            _, stype, key, _location, numel = pid[:5]
+            dtype = stype[1] if isinstance(stype, tuple) else "uint8"
+            ref = self._result.storages.get(str(key))
+            if ref is None:
+                ref = StorageRef(dtype, str(key), int(numel))
+                self._result.storages[str(key)] = ref
+            return ref
+        raise pickle.UnpicklingError(f"unsupported persistent id {type(pid).__name__}")
+
+
+def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
+    """Unpickle ``data`` with the allowlist above. Never runs code; raises FormatError on bad bytes."""
+    if len(data) > MAX_PICKLE_BYTES:
+        raise FormatError(f"pickle of {len(data)} bytes exceeds the {MAX_PICKLE_BYTES} byte limit")
+    result = Unpickled(None)
+    try:
+        result.obj = _Unpickler(io.BytesIO(data), result, persistent).load()
+    except FormatError:
+        raise
+    except EOFError as e:
+        raise FormatError(f"pickle ends early: {e}", "truncated") from None
+    except RecursionError:
+        raise FormatError("pickle nests too deeply") from None
+    except MemoryError:
+        raise FormatError("pickle asks for more memory than allowed") from None
+    except Exception as e:  # any malformed stream: UnpicklingError, ValueError, TypeError, KeyError...
+        raise FormatError(f"not a readable pickle: {type(e).__name__}: {e}") from None
+    return result
+
+
+def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
+    """Yield (dotted name, TensorRef) for every tensor reachable through dicts/lists/tuples."""
+    if depth > 64:
+        return
+    if isinstance(obj, TensorRef):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from iter_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)

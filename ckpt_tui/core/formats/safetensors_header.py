@@ -1,0 +1,110 @@
+"""safetensors files and their index: the JSON header only.
+
+Layout: 8-byte little-endian header length N, N bytes of JSON, then the data block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..model import TensorInfo
+from . import FormatError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+ST_DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
+    "U16": ("uint16", 2), "U32": ("uint32", 4), "U64": ("uint64", 8), "BOOL": ("bool", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1), "C64": ("complex64", 8),
+}
+
+
+@dataclass
+class SafetensorsHeader:
+    path: Path
+    size: int
+    header_len: int
+    tensors: list[TensorInfo]
+    offsets: dict[str, tuple[int, int]]
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_len
+
+
+def read_header(path: Path) -> SafetensorsHeader:
+    path = Path(path)
+    size = os.stat(path).st_size
+    if size < 8:
+        raise FormatError(f"file is {size} bytes, shorter than the 8-byte safetensors header length", "truncated")
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > MAX_HEADER_BYTES:
+            raise FormatError(f"header length {n} exceeds the {MAX_HEADER_BYTES} byte limit: the header is corrupt")
+        if 8 + n > size:
+            raise FormatError(f"header says {n} bytes of JSON but the file has only {size - 8}", "truncated")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise FormatError("header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise FormatError("__metadata__ is not a JSON object")
+    data_len = size - 8 - n
+    tensors: list[TensorInfo] = []
+    offsets: dict[str, tuple[int, int]] = {}
+    spans = []
+    for name, entry in header.items():
+        try:
+            dt = entry["dtype"]
+            shape = tuple(int(x) for x in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise FormatError(f"header entry {name!r} lacks dtype/shape/data_offsets") from None
+        if dt not in ST_DTYPES:
+            raise FormatError(f"tensor {name!r} has unknown dtype {dt!r}")
+        tname, item = ST_DTYPES[dt]
+        if any(d < 0 for d in shape) or begin < 0 or end < begin:
+            raise FormatError(f"tensor {name!r} has a negative shape or inverted offsets")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * item != end - begin:
+            raise FormatError(f"tensor {name!r}: shape {list(shape)} × {dt} needs {numel * item} bytes, "
+                              f"offsets give {end - begin}")
+        if end > data_len:
+            raise FormatError(f"tensor {name!r} ends at byte {end} of the data block, which has {data_len}: "
+                              "the file is truncated", "truncated")
+        spans.append((begin, end, name))
+        tensors.append(TensorInfo(name, shape, tname, end - begin))
+        offsets[name] = (begin, end)
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise FormatError(f"tensors {n0!r} and {n1!r} overlap in the data block")
+    return SafetensorsHeader(path, size, n, tensors, offsets, metadata)
+
+
+def read_index(path: Path) -> dict:
+    """A ``*.safetensors.index.json`` (or ``pytorch_model.bin.index.json``): {"weight_map": {...}, "metadata": {...}}."""
+    path = Path(path)
+    size = os.stat(path).st_size
+    if size > MAX_INDEX_BYTES:
+        raise FormatError(f"index of {size} bytes exceeds the {MAX_INDEX_BYTES} byte limit")
+    try:
+        doc = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"index is not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise FormatError("index has no weight_map object")
+    return doc

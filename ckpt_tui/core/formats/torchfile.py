@@ -1,0 +1,158 @@
+"""torch.save files: the zip directory and data.pkl only, through the restricted unpickler.
+
+A torch zip holds ``<archive>/data.pkl`` (the object graph), ``<archive>/data/<key>``
+(one stored, uncompressed entry per storage), ``byteorder`` and ``version``. We read
+the central directory and data.pkl; tensor bytes are never read.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from . import FormatError
+from .pickles import MAX_PICKLE_BYTES, Unpickled, safe_loads
+
+PICKLE_MAGICS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+@dataclass
+class TorchFile:
+    path: Path
+    size: int
+    unpickled: Unpickled
+    is_zip: bool
+    data_bytes: int  # bytes of tensor storage in the file
+
+    @property
+    def obj(self) -> Any:
+        return self.unpickled.obj
+
+    @property
+    def unsafe(self) -> set[str]:
+        return self.unpickled.unsafe
+
+
+def sniff(path: Path) -> str:
+    """'zip' | 'pickle' | 'other' from the first bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return "other"
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "zip"
+    if head[:2] in PICKLE_MAGICS:
+        return "pickle"
+    return "other"
+
+
+def read(path: Path) -> TorchFile:
+    """Read a torch file's structure. Raises FormatError (kind 'truncated' or 'corrupt')."""
+    path = Path(path)
+    size = os.stat(path).st_size
+    if size == 0:
+        raise FormatError("the file is empty (0 bytes)", "truncated")
+    kind = sniff(path)
+    if kind == "zip":
+        return _read_zip(path, size)
+    if kind == "pickle":
+        return _read_legacy(path, size)
+    raise FormatError("not a torch file (neither a zip archive nor a pickle)")
+
+
+def _read_zip(path: Path, size: int) -> TorchFile:
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        # starts like a zip but has no end-of-central-directory record: cut short while being written
+        raise FormatError(f"zip archive without its central directory (file is {size} bytes): "
+                          "the file was cut short, most likely by an interrupted save", "truncated") from None
+    except (OSError, ValueError) as e:
+        raise FormatError(f"unreadable zip archive: {e}") from None
+    with zf:
+        infos = zf.infolist()
+        pkl = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+        if not pkl:
+            raise FormatError("zip archive without data.pkl: not a torch.save file")
+        info = pkl[0]
+        prefix = info.filename[: -len("data.pkl")]
+        data_bytes = 0
+        for i in infos:
+            # local header (30 bytes + name + extra) + data must fit inside the file
+            if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
+                raise FormatError(f"entry {i.filename} runs past the end of the file ({size} bytes): truncated",
+                                  "truncated")
+            if i.filename.startswith(prefix + "data/"):
+                data_bytes += i.file_size
+        if info.file_size > MAX_PICKLE_BYTES:
+            raise FormatError(f"data.pkl of {info.file_size} bytes exceeds the {MAX_PICKLE_BYTES} byte limit")
+        try:
+            data = zf.read(info)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+            raise FormatError(f"cannot read data.pkl: {e}") from None
+        up = safe_loads(data, persistent=True)
+        names = {i.filename for i in infos}
+        missing = [k for k in up.storages if f"{prefix}data/{k}" not in names]
+        if missing:
+            raise FormatError(f"{len(missing)} tensor storage(s) named in data.pkl are missing from the archive "
+                              f"(e.g. data/{missing[0]})")
+        return TorchFile(path, size, up, True, data_bytes)
+
+
+def _read_legacy(path: Path, size: int) -> TorchFile:
+    """Legacy (pre-1.6) torch.save format or a plain pickle: structure only."""
+    if size > MAX_PICKLE_BYTES:
+        # legacy torch files put tensor data after the pickles; read only the head
+        with open(path, "rb") as f:
+            data = f.read(MAX_PICKLE_BYTES)
+    else:
+        data = path.read_bytes()
+    up = _legacy_loads(data)
+    return TorchFile(path, size, up, False, 0)
+
+
+def _legacy_loads(data: bytes) -> Unpickled:
+    import io
+    import pickle
+
+    from .pickles import _Unpickler, Unpickled as U
+
+    # legacy torch: magic number, protocol version, sys info, then the object pickle with persistent ids
+    f = io.BytesIO(data)
+    result = U(None)
+    try:
+        first = _PlainUnpickler(f)  # the header pickles are plain ints/dicts
+        magic = first.load()
+        if isinstance(magic, int) and magic == 0x1950A86A20F9469CFC6C:
+            first.load()  # protocol version
+            first.load()  # sys info
+            result.obj = _Unpickler(f, result, True).load()
+        else:
+            f.seek(0)
+            result.obj = _Unpickler(f, result, False).load()
+    except EOFError:
+        raise FormatError("pickle ends early", "truncated") from None
+    except FormatError:
+        raise
+    except Exception as e:
+        raise FormatError(f"not a readable pickle: {type(e).__name__}: {e}") from None
+    return result
+
+
+import pickle as _pickle
+
+
+class _PlainUnpickler(_pickle.Unpickler):
+    def find_class(self, module, name):
+        raise FormatError(f"unexpected global {module}.{name} in a torch file header")
+
+
+def try_read(path: Path) -> tuple[Optional[TorchFile], Optional[FormatError]]:
+    try:
+        return read(path), None
+    except FormatError as e:
+        return None, e

@@ -1,0 +1,46 @@
+"""scan + diagnose: what ``ckpt-tui inspect`` and the TUI show."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .diagnose import diagnose, mark_complete
+from .model import SCHEMA_VERSION, Finding, Inventory
+from .progress import OnProgress
+from .scan import OnNode, scan
+
+
+@dataclass
+class Report:
+    inventory: Inventory
+    findings: list[Finding]
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    def to_json(self) -> dict:
+        inv = self.inventory
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "path": str(inv.path),
+            "summary": inv.summary,
+            "layout": inv.layout,
+            "framework": inv.framework,
+            "components": inv.components,
+            "nodes": [n.to_json() for n in inv.nodes()],
+            "findings": [f.to_json() for f in self.findings],
+        }
+        if inv.checkpoints:
+            doc["checkpoints"] = inv.checkpoints
+        return doc
+
+
+def inspect(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProgress] = None, cancel=None,
+            trust_pickles: bool = False) -> Report:
+    inv = scan(Path(path), on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=trust_pickles)
+    findings = diagnose(inv)
+    mark_complete(inv, findings)
+    return Report(inv, findings)

@@ -1,0 +1,304 @@
+"""What a scanned tree is as a whole: its layout, the framework, which part is the model."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from .humanize_bytes import count, naturalsize
+from .model import Inventory, Node
+from .scan import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, short_dtype, step_of
+
+LAYOUTS = (
+    "hf-trainer-fsdp", "hf-trainer-deepspeed", "hf-trainer", "accelerate", "accelerate-fsdp", "accelerate-deepspeed",
+    "fsdp-full", "fsdp-local", "deepspeed", "lightning-deepspeed", "lightning-fsdp", "lightning", "dcp",
+    "torchtitan", "universal", "hf-model", "megatron-legacy", "megatron-dist", "run-folder", "torch-file",
+    "safetensors-file", "unknown",
+)
+FRAMEWORK = {
+    "hf-trainer-fsdp": "HF Trainer + FSDP (sharded)", "hf-trainer-deepspeed": "HF Trainer + DeepSpeed",
+    "hf-trainer": "HF Trainer", "accelerate": "Accelerate", "accelerate-fsdp": "Accelerate + FSDP (sharded)",
+    "accelerate-deepspeed": "Accelerate + DeepSpeed", "fsdp-full": "FSDP (full state dict)",
+    "fsdp-local": "FSDP (local state dict)", "deepspeed": "DeepSpeed", "lightning-deepspeed": "Lightning + DeepSpeed",
+    "lightning-fsdp": "Lightning + FSDP (sharded)", "lightning": "Lightning", "dcp": "torch.distributed.checkpoint",
+    "torchtitan": "torchtitan", "universal": "DeepSpeed universal checkpoint", "hf-model": "Hugging Face model",
+    "megatron-legacy": "Megatron (legacy)", "megatron-dist": "Megatron (torch_dist)", "run-folder": None,
+    "torch-file": "torch.save", "safetensors-file": "safetensors", "unknown": None,
+}
+MODEL_FILE_RE = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|model_\d+\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|model\.safetensors\.index\.json|pytorch_model\.bin\.index\.json|pytorch_model_\d+\.bin|adapter_model\.(safetensors|bin))$")
+
+
+def classify(node: Node) -> tuple[str, dict[str, str]]:
+    """(layout, components: role -> relative path) for a folder or file node."""
+    if not node.is_dir:
+        if node.format == "safetensors":
+            return "safetensors-file", {"model": node.path}
+        if node.name.endswith(".ckpt") and node.format == "torch-zip":
+            return "lightning", {node.role: node.path}
+        if node.format in ("torch-zip", "deepspeed-model-states", "deepspeed-optim-states"):
+            return "torch-file", {node.role: node.path}
+        return "unknown", {}
+    names = {c.name for c in node.children}
+    dirs = [c for c in node.children if c.is_dir]
+    if node.format == "dcp":
+        conts = set(node.facts.get("containers") or [])
+        comps = _dcp_components(node)
+        if node.name.endswith(".ckpt") and "meta.pt" in names:
+            return "lightning-fsdp", comps
+        parent_meta = node.child("metadata.json")
+        if parent_meta is not None and "torch_dist" in str(parent_meta.facts.get("sharded_backend", "")):
+            return "megatron-dist", comps
+        if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
+            return "torchtitan", comps
+        if FSDP_MODEL_DIR_RE.match(node.name) or FSDP_OPTIM_DIR_RE.match(node.name):
+            return "accelerate-fsdp", comps
+        return "dcp", comps
+    if node.format == "deepspeed-zero":
+        return "deepspeed", {"model": node.path, "optimizer": node.path}
+    if node.format == "deepspeed-universal":
+        return "universal", {"model": node.path, "optimizer": node.path}
+    dcp_children = [c for c in dirs if c.format == "dcp"]
+    if dcp_children and not any(step_of(c.name) is not None for c in dcp_children):
+        comps: dict[str, str] = {}
+        for c in dcp_children:
+            for role, p in _dcp_components(c).items():
+                comps.setdefault(role, p)
+        fsdp_named = any(FSDP_MODEL_DIR_RE.match(c.name) or FSDP_OPTIM_DIR_RE.match(c.name) for c in dcp_children)
+        if "trainer_state.json" in names:
+            return "hf-trainer-fsdp", comps
+        if fsdp_named:
+            return "accelerate-fsdp", comps
+        if node.name.endswith(".ckpt") and "meta.pt" in names:
+            return "lightning-fsdp", comps
+        return "dcp", comps
+    tags = [c for c in dirs if c.format == "deepspeed-zero"]
+    if tags:
+        latest = node.child("latest")
+        chosen = _latest_tag(node, tags)
+        comps = {"model": chosen.path, "optimizer": chosen.path}
+        if "trainer_state.json" in names:
+            return "hf-trainer-deepspeed", comps
+        if node.name.endswith(".ckpt") or (latest is not None and latest.facts.get("names") == "checkpoint"):
+            return "lightning-deepspeed", comps
+        if any(n.startswith("random_states") for n in names):
+            return "accelerate-deepspeed", comps
+        return "deepspeed", comps
+    uni = [c for c in dirs if c.format == "deepspeed-universal"]
+    if uni:
+        chosen = uni[0]
+        lu = node.child("latest_universal")
+        if lu is not None:
+            for c in uni:
+                if c.name == lu.facts.get("names"):
+                    chosen = c
+        return "universal", {"model": chosen.path, "optimizer": chosen.path}
+    if "pytorch_model_fsdp.bin" in names:
+        return "fsdp-full", {"model": node.child("pytorch_model_fsdp.bin").path, **_optim_files(node)}
+    local = sorted(c.name for c in node.children if re.match(r"^pytorch_model_fsdp(_\d+)?_rank\d+\.bin$", c.name))
+    if local:
+        return "fsdp-local", {"model": node.child(local[0]).path, **_optim_files(node)}
+    if "latest_checkpointed_iteration.txt" in names or re.match(r"^iter_\d+$", node.name):
+        iters = [c for c in dirs if re.match(r"^iter_\d+$", c.name)] or ([node] if re.match(r"^iter_\d+$", node.name) else [])
+        for it in iters:
+            if it.format == "dcp" or it.child("metadata.json") is not None and any(x.format == "dcp" for x in [it]):
+                return "megatron-dist", {"model": it.path}
+            if any(c.is_dir and c.name.startswith("mp_rank_") for c in it.children):
+                mp = next(c for c in it.children if c.is_dir and c.name.startswith("mp_rank_"))
+                f = mp.child("model_optim_rng.pt")
+                return "megatron-legacy", {"model+optimizer": (f or mp).path}
+    ckpts = [c for c in dirs if step_of(c.name) is not None and classify(c)[0] != "unknown"]
+    if ckpts:
+        return "run-folder", {}
+    model_files = [c for c in node.children if MODEL_FILE_RE.match(c.name)]
+    if model_files:
+        comps = {"model": _preferred_model_file(model_files).path}
+        comps.update(_optim_files(node))
+        if "trainer_state.json" in names:
+            return "hf-trainer", comps
+        if any(n.startswith("random_states") for n in names) or "optimizer.bin" in names:
+            return "accelerate", comps
+        return "hf-model", comps
+    if node.child("meta.pt") and dcp_children:
+        return "lightning-fsdp", {}
+    # a folder holding a single checkpoint file
+    files = [c for c in node.children if not c.is_dir and c.role in ("model", "model+optimizer") and c.facts.get("tensor_count")]
+    if len(files) == 1:
+        return ("lightning" if files[0].name.endswith(".ckpt") else "torch-file"), {files[0].role: files[0].path}
+    return "unknown", {}
+
+
+def _optim_files(node: Node) -> dict[str, str]:
+    for c in node.children:
+        if not c.is_dir and c.role == "optimizer":
+            return {"optimizer": c.path}
+    return {}
+
+
+def _preferred_model_file(files):
+    order = lambda c: (0 if c.name.endswith(".index.json") else 1 if c.name.endswith(".safetensors") else 2, c.name)
+    return sorted(files, key=order)[0]
+
+
+def _dcp_components(node: Node) -> dict[str, str]:
+    role = node.role
+    if role == "model+optimizer":
+        return {"model": node.path, "optimizer": node.path}
+    if role in ("model", "optimizer"):
+        return {role: node.path}
+    return {}
+
+
+def _latest_tag(node: Node, tags: list[Node]) -> Node:
+    latest = node.child("latest")
+    if latest is not None:
+        for t in tags:
+            if t.name == latest.facts.get("names"):
+                return t
+    return sorted(tags, key=lambda t: (step_of(t.name) or -1, t.name))[-1]
+
+
+def _rel(node: Node, path: str) -> str:
+    return path
+
+
+def _component_text(root: Node, path: str, role: str) -> str:
+    n = _find(root, path)
+    if n is None:
+        return f"{role} in `{path}`"
+    bits = []
+    if n.size:
+        bits.append(naturalsize(n.size))
+    if n.facts.get("param_count"):
+        bits.append(f"{count(n.facts['param_count'])} params")
+    dt = n.facts.get("dtypes") or []
+    if dt:
+        bits.append("/".join(short_dtype(d) for d in dt[:2]))
+    shown = path + ("/" if n.is_dir else "")
+    return f"{role} in `{shown}`" + (f" ({', '.join(bits)})" if bits else "")
+
+
+def _find(root: Node, path: str) -> Optional[Node]:
+    for n in root.walk():
+        if n.path == path:
+            return n
+    return None
+
+
+def _step(root: Node, comps: dict[str, str]) -> Optional[int]:
+    ts = root.child("trainer_state.json")
+    if ts is not None and isinstance(ts.facts.get("global_step"), int):
+        return ts.facts["global_step"]
+    for p in comps.values():
+        n = _find(root, p)
+        if n is not None and isinstance(n.facts.get("global_step"), int):
+            return n.facts["global_step"]
+    s = step_of(root.name)
+    if s is not None:
+        return s
+    for p in comps.values():
+        s = step_of(p.split("/")[0])
+        if s is not None:
+            return s
+    return None
+
+
+def _world(root: Node, comps: dict[str, str]) -> Optional[int]:
+    for p in comps.values():
+        n = _find(root, p)
+        if n is not None and n.facts.get("world_size"):
+            return n.facts["world_size"]
+    return None
+
+
+def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
+    if layout == "unknown":
+        return "not a checkpoint: nothing here is a format ckpt-tui recognises"
+    if layout == "run-folder":
+        ck = [c for c in root.children if c.is_dir and step_of(c.name) is not None]
+        steps = sorted((step_of(c.name) for c in ck), reverse=True)
+        return f"run folder with {len(ck)} checkpoints (newest: step {steps[0]})" if steps else "run folder"
+    head = FRAMEWORK.get(layout) or layout
+    n_model = _find(root, comps.get("model", comps.get("model+optimizer", ""))) if comps else None
+    if n_model is not None and n_model.format == "deepspeed-zero":
+        st = n_model.facts.get("zero_stage")
+        if st is not None:
+            head += f" ZeRO-{st}"
+        td = n_model.facts.get("train_dtype")
+        if td:
+            head += f" ({short_dtype(td)})"
+    parts = [head]
+    ws = _world(root, comps)
+    if ws:
+        parts.append(f"{ws} rank" + ("s" if ws != 1 else ""))
+    step = _step(root, comps)
+    if step is not None:
+        parts.append(f"step {step}")
+    text = ", ".join(parts)
+    where = []
+    if comps.get("model") and comps.get("model") == comps.get("optimizer"):
+        where.append(_component_text(root, comps["model"], "model and optimizer"))
+    else:
+        for role in ("model", "model+optimizer", "optimizer"):
+            if role in comps:
+                where.append(_component_text(root, comps[role], role.replace("+", " and ")) if role != "optimizer"
+                             else f"optimizer in `{comps[role]}{'/' if _isdir(root, comps[role]) else ''}`")
+    if where:
+        text += ": " + ", ".join(where)
+    return text
+
+
+def _isdir(root: Node, path: str) -> bool:
+    n = _find(root, path)
+    return bool(n and n.is_dir)
+
+
+def describe(root: Node, trust_pickles: bool = False) -> Inventory:
+    layout, comps = classify(root)
+    inv = Inventory(root=root, layout=layout, summary=summary(root, layout, comps), framework=FRAMEWORK.get(layout),
+                    components=comps, trust_pickles=trust_pickles)
+    for n in root.walk():
+        if n.framework is None and n is not root:
+            pass
+    _label_frameworks(root, layout)
+    if layout == "run-folder" or (root.is_dir and layout in ("deepspeed", "hf-trainer-deepspeed")):
+        inv.checkpoints = _checkpoints(root)
+    return inv
+
+
+def _label_frameworks(root: Node, layout: str) -> None:
+    fw = FRAMEWORK.get(layout)
+    if root.is_dir:
+        root.role = "run" if layout == "run-folder" else ("checkpoint" if layout != "unknown" and root.role == "unknown" else root.role)
+    root.framework = fw
+    for c in root.children:
+        if c.is_dir and step_of(c.name) is not None and c.format == "dir":
+            sub, _ = classify(c)
+            c.framework = FRAMEWORK.get(sub)
+            if sub != "unknown":
+                c.role = "checkpoint"
+            _label_frameworks_children(c, sub)
+        elif c.format in ("dcp", "deepspeed-zero", "deepspeed-universal"):
+            c.framework = fw
+
+
+def _label_frameworks_children(node: Node, layout: str) -> None:
+    fw = FRAMEWORK.get(layout)
+    for c in node.children:
+        if c.format in ("dcp", "deepspeed-zero", "deepspeed-universal"):
+            c.framework = fw
+
+
+def _checkpoints(root: Node) -> list[dict]:
+    out = []
+    for c in root.children:
+        if not c.is_dir:
+            continue
+        s = step_of(c.name)
+        if s is None:
+            continue
+        lay, comps = classify(c)
+        if lay == "unknown" and c.format == "dir":
+            continue
+        out.append({"path": c.path, "step": s, "layout": lay, "complete": True})
+    out.sort(key=lambda d: (-d["step"], d["path"]))
+    return out

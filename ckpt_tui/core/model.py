@@ -1,0 +1,175 @@
+"""Plain data the rest of ckpt-tui passes around: nodes of a scanned tree, findings, plans."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+SCHEMA_VERSION = 1
+
+# Formats a node can have.
+FORMATS = (
+    "dir", "dcp", "dcp-shard", "deepspeed-zero", "deepspeed-model-states", "deepspeed-optim-states",
+    "deepspeed-universal", "safetensors", "safetensors-sharded-index", "torch-zip", "torch-pickle-legacy",
+    "pickle", "json", "text", "python", "unknown", "special",
+)
+ROLES = (
+    "checkpoint", "run", "model", "optimizer", "model+optimizer", "rng", "scheduler", "trainer-state",
+    "training-args", "config", "tokenizer", "script", "data-loader", "marker", "shard", "metadata",
+    "scaler", "sampler", "unknown",
+)
+SEVERITIES = ("error", "warning", "info")
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the headers describe it; no data."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "bytes": self.nbytes}
+
+
+@dataclass
+class Node:
+    """A file or folder of a scanned checkpoint."""
+
+    path: str  # relative to the scanned root, POSIX style; "." for the root
+    abspath: Path
+    is_dir: bool
+    format: str = "unknown"
+    role: str = "unknown"
+    framework: Optional[str] = None
+    size: int = 0  # bytes (files: st_size; folders: sum of what is below)
+    facts: dict[str, Any] = field(default_factory=dict)
+    children: list["Node"] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.abspath.name
+
+    def child(self, name: str) -> Optional["Node"]:
+        for c in self.children:
+            if c.name == name:
+                return c
+        return None
+
+    def walk(self):
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "kind": "dir" if self.is_dir else "file",
+            "format": self.format,
+            "role": self.role,
+            "framework": self.framework,
+            "size": self.size,
+            "facts": _jsonable(self.facts),
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # error | warning | info
+    path: str  # relative node path
+    message: str
+    fix: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "path": self.path, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class Inventory:
+    root: Node
+    layout: str
+    summary: str
+    framework: Optional[str] = None
+    components: dict[str, str] = field(default_factory=dict)  # role -> relative path
+    checkpoints: list[dict] = field(default_factory=list)  # run folders: newest first
+    trust_pickles: bool = False
+
+    @property
+    def path(self) -> Path:
+        return self.root.abspath
+
+    def nodes(self):
+        return self.root.walk()
+
+    def node(self, rel: str) -> Optional[Node]:
+        for n in self.root.walk():
+            if n.path == rel:
+                return n
+        return None
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    op: str  # "write" | "copy" | "mkdir" | "backup" | "replace" | "run" | "delete"
+    target: str
+    source: Optional[str] = None
+    bytes: int = 0
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "target": self.target, "source": self.source, "bytes": self.bytes, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a writing operation will do, printable before it runs (``--dry-run``)."""
+
+    title: str
+    steps: tuple[PlanStep, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.steps)
+
+    def describe(self) -> str:
+        from .humanize_bytes import naturalsize
+
+        lines = [self.title]
+        for s in self.steps:
+            src = f" <- {s.source}" if s.source else ""
+            size = f" ({naturalsize(s.bytes)})" if s.bytes else ""
+            det = f"  {s.detail}" if s.detail else ""
+            lines.append(f"  {s.op:8s} {s.target}{src}{size}{det}")
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"title": self.title, "steps": [s.to_json() for s in self.steps], "notes": list(self.notes),
+                "total_bytes": self.total_bytes}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        seq = sorted(v) if isinstance(v, (set, frozenset)) else v
+        return [_jsonable(x) for x in seq]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, Path):
+        return str(v)
+    return str(v)

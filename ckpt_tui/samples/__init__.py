@@ -1,0 +1,290 @@
+"""Real sample checkpoints, written by the real frameworks on CPU.
+
+Each *group* is one generator module run as its own launch
+(``python -m torch.distributed.run --standalone --nproc_per_node N -m ckpt_tui.samples.<module> OUTDIR [variants]``)
+that writes one sub-folder per *variant* under OUTDIR. This module only launches them: it imports no torch.
+
+    generate("ds_engine", Path("out"))            # all variants of a group
+    generate("torch_dcp", Path("out"), ["fsdp2-dcp"])
+    demo(Path("somewhere"))                       # -> somewhere/demo (torch + deepspeed only)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "demo", "launch_env"]
+
+
+@dataclass(frozen=True)
+class Group:
+    module: str  # ckpt_tui.samples.<module>
+    nproc: int
+    variants: tuple[str, ...]
+    # variants made after the launch by a converter, from another variant of the same group: name -> source
+    derived: dict[str, str] = field(default_factory=dict)
+
+
+GROUPS: dict[str, Group] = {
+    "ds_engine": Group(
+        "ds_engine",
+        2,
+        ("ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-fp32", "ds-zero2-tied",
+         "ds-zero1-frozen", "ds-zero2-frozen", "ds-zero3-frozen", "universal", "universal-zero2"),
+        derived={"universal": "ds-zero3-bf16", "universal-zero2": "ds-zero2-bf16"},
+    ),
+    "ds_engine_3ranks": Group("ds_engine", 3, ("ds-zero2-3ranks", "ds-zero3-3ranks")),
+    "hf_trainer": Group(
+        "hf_trainer", 2, ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2")
+    ),
+    "lightning": Group("lightning_ckpt", 2, ("lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp")),
+    "torch_dcp": Group(
+        "torch_dcp",
+        2,
+        ("fsdp1-dcp", "fsdp2-dcp", "fsdp-full", "fsdp-local", "dcp-ranklocal", "dcp-safetensors",
+         "dcp-fs-safetensors", "torchtitan", "megatron-dist"),
+    ),
+    "single": Group("single", 1, ("accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt")),
+    "demo": Group("demo", 2, ("demo",)),
+}
+
+# variant -> group
+VARIANTS: dict[str, str] = {v: g for g, grp in GROUPS.items() for v in grp.variants}
+
+# Variants asked for but not produced for real on CPU with the pinned versions: name -> reason.
+SKIPPED: dict[str, str] = {}
+
+
+def _ds(tag: str, world: int, zero3: bool, bf16: bool = True) -> list[str]:
+    p = "bf16_" if bf16 else ""
+    files = ["latest", "zero_to_fp32.py"]
+    files += [f"{tag}/{p}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+    if zero3:
+        files += [f"{tag}/zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)]
+    else:
+        files += [f"{tag}/mp_rank_00_model_states.pt"]
+    return files
+
+
+def _dcp(prefix: str = "", world: int = 2) -> list[str]:
+    return [f"{prefix}.metadata"] + [f"{prefix}__{r}_0.distcp" for r in range(world)]
+
+
+def _hf_ds(zero3: bool) -> list[str]:
+    c = "checkpoint-2/"
+    files = [c + f for f in _ds("global_step2", 2, zero3)]
+    files += [c + f for f in ("rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "training_args.bin", "config.json")]
+    if not zero3:
+        files.append(c + "model.safetensors")
+    return files
+
+
+def _hf_fsdp() -> list[str]:
+    c = "checkpoint-2/"
+    return (
+        _dcp(c + "pytorch_model_fsdp_0/") + _dcp(c + "optimizer_0/")
+        + [c + f for f in ("rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json")]
+    )
+
+
+_LIT = "checkpoints/epoch=0-step=2.ckpt/"
+
+# variant -> paths (relative to the variant folder) that must exist after generation.
+EXPECTED: dict[str, list[str]] = {
+    "ds-zero1-bf16": _ds("global_step2", 2, False),
+    "ds-zero2-bf16": _ds("global_step2", 2, False),
+    "ds-zero3-bf16": _ds("global_step2", 2, True),
+    "ds-zero2-fp32": _ds("global_step2", 2, False, bf16=False),
+    "ds-zero2-tied": _ds("global_step2", 2, False),
+    "ds-zero1-frozen": _ds("global_step2", 2, False),
+    "ds-zero2-frozen": _ds("global_step2", 2, False),
+    "ds-zero3-frozen": _ds("global_step2", 2, True),
+    "ds-zero2-3ranks": _ds("global_step2", 3, False),
+    "ds-zero3-3ranks": _ds("global_step2", 3, True),
+    "universal": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
+                  "global_step2_universal/zero/lm_head.weight/fp32.pt",
+                  "global_step2_universal/zero/lm_head.weight/exp_avg.pt",
+                  "global_step2_universal/zero_pp_rank_0_mp_rank_00_model_states.pt"],
+    "universal-zero2": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
+                        "global_step2_universal/zero/lm_head.weight/fp32.pt",
+                        "global_step2_universal/mp_rank_00_model_states.pt"],
+    "hf-ds-zero1": _hf_ds(False),
+    "hf-ds-zero2": _hf_ds(False),
+    "hf-ds-zero3": _hf_ds(True),
+    "hf-ds-zero2-tied-frozen": _hf_ds(False),
+    "hf-fsdp1": _hf_fsdp(),
+    "hf-fsdp2": _hf_fsdp(),
+    "lightning-ds-zero2": [_LIT + f for f in ["latest", "zero_to_fp32.py", "checkpoint/mp_rank_00_model_states.pt",
+                                              "checkpoint/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                              "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]],
+    "lightning-ds-zero3": [_LIT + f for f in ["latest", "zero_to_fp32.py",
+                                              "checkpoint/zero_pp_rank_0_mp_rank_00_model_states.pt",
+                                              "checkpoint/zero_pp_rank_1_mp_rank_00_model_states.pt",
+                                              "checkpoint/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                              "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]],
+    "lightning-fsdp": _dcp(_LIT) + [_LIT + "meta.pt"],
+    "fsdp1-dcp": _dcp(),
+    "fsdp2-dcp": _dcp(),
+    "fsdp-full": ["pytorch_model_fsdp.bin"],
+    "fsdp-local": ["pytorch_model_fsdp_rank0.bin", "pytorch_model_fsdp_rank1.bin"],
+    "dcp-ranklocal": ["__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp"],
+    "dcp-safetensors": ["model-00001-of-00001.safetensors", "model.safetensors.index.json",
+                        "sharded/shard-00001-model-00001-of-00001.safetensors",
+                        "sharded/shard-00002-model-00001-of-00001.safetensors"],
+    "dcp-fs-safetensors": _dcp(),
+    "torchtitan": _dcp("step-10/"),
+    "megatron-dist": _dcp("iter_0000010/") + ["iter_0000010/metadata.json", "iter_0000010/common.pt",
+                                              "latest_checkpointed_iteration.txt"],
+    "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],
+    "hf-model-sharded": ["config.json", "model.safetensors.index.json", "model-00001-of-*.safetensors"],
+    "hf-model-bin": ["config.json", "pytorch_model.bin"],
+    "megatron-legacy": ["iter_0000010/mp_rank_00/model_optim_rng.pt", "latest_checkpointed_iteration.txt"],
+    "plain-pt": ["model.pt"],
+    "demo": (
+        [f"fsdp-trainer-run/checkpoint-20/{f}" for f in _dcp("pytorch_model_fsdp_0/") + _dcp("optimizer_0/")]
+        + [f"fsdp-trainer-run/checkpoint-20/{f}" for f in
+           ("rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json")]
+        + [f"deepspeed-zero2/{f}" for f in _ds("global_step3", 2, False)]
+    ),
+}
+assert set(EXPECTED) == set(VARIANTS), set(EXPECTED) ^ set(VARIANTS)
+
+
+class GenerationError(RuntimeError):
+    pass
+
+
+def _project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def launch_env() -> dict[str, str]:
+    """A clean environment for a generator launch (nothing inherited that could change what is written)."""
+    keep = ("HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TERM")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    bindir = str(Path(sys.executable).parent)  # ninja for DeepSpeed's op build lives beside the interpreter
+    env["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "/usr/bin:/bin")])
+    env["PYTHONPATH"] = str(_project_root())
+    env.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONUNBUFFERED="1",
+        TORCH_EXTENSIONS_DIR=os.environ.get(
+            "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ckpt-tui" / "torch_extensions")
+        ),
+    )
+    if "HF_HOME" in os.environ:
+        env["HF_HOME"] = os.environ["HF_HOME"]
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, on_line: Callable[[str], None] | None, timeout: float) -> tuple[int, str]:
+    tail: deque[str] = deque(maxlen=60)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="replace", start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            if on_line is not None:
+                on_line(line)
+        rc = proc.wait(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return rc, "\n".join(tail)
+
+
+def _missing(outdir: Path, variants: list[str]) -> list[str]:
+    missing = []
+    for v in variants:
+        for pattern in EXPECTED[v]:
+            if not any((outdir / v).glob(pattern)):
+                missing.append(f"{v}/{pattern}")
+    return missing
+
+
+def generate(
+    group: str,
+    outdir: Path,
+    variants: list[str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    timeout: float = 900,
+) -> None:
+    """Write ``outdir/<variant>/`` for each variant of ``group`` (default: all), launching the generator.
+
+    Succeeds only if every expected file exists; one failed attempt is retried once.
+    """
+    grp = GROUPS[group]
+    wanted = list(grp.variants) if variants is None else list(variants)
+    unknown = [v for v in wanted if v not in grp.variants]
+    if unknown:
+        raise ValueError(f"variants {unknown} are not in group {group!r}: {list(grp.variants)}")
+    launched = [v for v in wanted if v not in grp.derived]
+    for v in wanted:
+        src = grp.derived.get(v)
+        if src and src not in launched:
+            launched.append(src)
+    outdir = Path(outdir).resolve()
+    outdir.mkdir(parents=True, exist_ok=True)
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={grp.nproc}",
+           "-m", f"ckpt_tui.samples.{grp.module}", str(outdir), *launched]
+    _attempt(lambda: _run(cmd, outdir, on_line, timeout), outdir, launched)
+
+    for v in wanted:
+        src = grp.derived.get(v)
+        if src:
+            _attempt(lambda v=v, src=src: _to_universal(outdir / src, outdir / v, on_line, timeout), outdir, [v])
+
+
+def _attempt(run: Callable[[], tuple[int, str]], outdir: Path, variants: list[str]) -> None:
+    for attempt in (1, 2):
+        for v in variants:
+            shutil.rmtree(outdir / v, ignore_errors=True)
+        rc, tail = run()
+        missing = _missing(outdir, variants)
+        if not missing:
+            return  # FIXTURES.md: a run may abort at interpreter exit after writing everything
+        if attempt == 2:
+            raise GenerationError(f"exit code {rc}; missing {missing[:5]}\n--- last output ---\n{tail}")
+
+
+def _to_universal(src: Path, dst: Path, on_line, timeout: float) -> tuple[int, str]:
+    tag = (src / "latest").read_text().strip()
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(src / tag),
+           "--output_folder", str(dst / f"{tag}_universal"), "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    if (src / tag / "mp_rank_00_model_states.pt").exists():  # ZeRO-1/2 lack universal_checkpoint_info
+        cmd.append("--inject_missing_state")
+    dst.mkdir(parents=True, exist_ok=True)
+    return _run(cmd, dst, on_line, timeout)
+
+
+def demo(outdir: Path, on_line: Callable[[str], None] | None = None) -> Path:
+    """Build ``outdir/demo``: an HF-Trainer-style FSDP sharded run and a DeepSpeed ZeRO-2 bf16 checkpoint."""
+    outdir = Path(outdir)
+    target = outdir / "demo"
+    if target.exists():
+        raise FileExistsError(target)
+    outdir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".demo-", dir=outdir))
+    try:
+        generate("demo", tmp, on_line=on_line)
+        os.replace(tmp / "demo", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,320 @@
+"""Plain torch.distributed.checkpoint layouts under gloo (FSDP1, FSDP2, DCP variants).
+
+python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.torch_dcp OUTDIR [variants]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import pickle
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
+
+from ckpt_tui.samples._common import TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
+
+VARIANTS = [
+    "fsdp1-dcp",
+    "fsdp2-dcp",
+    "fsdp-full",
+    "fsdp-local",
+    "dcp-ranklocal",
+    "dcp-safetensors",
+    "dcp-fs-safetensors",
+    "torchtitan",
+    "megatron-dist",
+]
+
+
+# ---------------------------------------------------------------- models
+def _train(model, opt, steps: int = 2, sched=None) -> None:
+    rank = dist.get_rank()
+    for step in range(steps):
+        ids = batch(step, rank)
+        loss = lm_loss(model(ids), ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+
+
+def fsdp1_model(steps: int = 2, sched: bool = False):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from ckpt_tui.samples._common import Block
+
+    seed_all()
+    model = FSDP(TinyLM(), device_id=torch.device("cpu"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = None
+    if sched:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / 100))
+    _train(model, opt, steps, scheduler)
+    return model, opt, scheduler
+
+
+def fsdp2_model(steps: int = 2):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    seed_all()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = TinyLM()
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _train(model, opt, steps)
+    return model, opt
+
+
+# ---------------------------------------------------------------- accelerate-style FSDP (used by the demo too)
+def save_accelerate_fsdp_sharded(model, opt, ckpt_dir: Path) -> None:
+    """What accelerate.utils.fsdp_utils.save_fsdp_model/_optimizer write for SHARDED_STATE_DICT."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        dcp.save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(ckpt_dir / "pytorch_model_fsdp_0"))
+        optim_state = FSDP.optim_state_dict(model, opt)
+        dcp.save({"optimizer": optim_state}, storage_writer=dcp.FileSystemWriter(ckpt_dir / "optimizer_0"))
+
+
+def save_trainer_extras(ckpt_dir: Path, scheduler, global_step: int, world: int) -> None:
+    """rng_state_{rank}.pth, scheduler.pt, trainer_state.json as transformers.Trainer writes them."""
+    import random
+
+    import numpy as np
+
+    rank = dist.get_rank()
+    torch.save(
+        {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+        ckpt_dir / f"rng_state_{rank}.pth",
+    )
+    if rank == 0:
+        torch.save(scheduler.state_dict(), ckpt_dir / "scheduler.pt")
+        state = {
+            "best_global_step": None,
+            "best_metric": None,
+            "best_model_checkpoint": None,
+            "epoch": 1.0,
+            "eval_steps": 500,
+            "global_step": global_step,
+            "is_hyper_param_search": False,
+            "is_local_process_zero": True,
+            "is_world_process_zero": True,
+            "log_history": [
+                {"epoch": 0.5, "grad_norm": 1.0, "learning_rate": 1e-3, "loss": 5.5, "step": global_step // 2},
+                {"epoch": 1.0, "grad_norm": 1.0, "learning_rate": 5e-4, "loss": 5.4, "step": global_step},
+            ],
+            "logging_steps": global_step // 2,
+            "max_steps": global_step,
+            "num_input_tokens_seen": 0,
+            "num_train_epochs": 1,
+            "save_steps": global_step,
+            "stateful_callbacks": {
+                "TrainerControl": {
+                    "args": {
+                        "should_epoch_stop": False,
+                        "should_evaluate": False,
+                        "should_log": False,
+                        "should_save": True,
+                        "should_training_stop": True,
+                    },
+                    "attributes": {},
+                }
+            },
+            "total_flos": 0.0,
+            "train_batch_size": 2,
+            "trial_name": None,
+            "trial_params": None,
+        }
+        (ckpt_dir / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------- variants
+def v_fsdp1_dcp(out: Path) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+
+    model, _, _ = fsdp1_model()
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        dcp.save({"model": model.state_dict()}, checkpoint_id=out)
+
+
+def v_fsdp2_dcp(out: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt = fsdp2_model()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
+
+
+def v_fsdp_full(out: Path) -> None:
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model, _, _ = fsdp1_model()
+    # offload_to_cpu=True (what accelerate passes) breaks on a CPU-only run:
+    # "setStorage: ... out of bounds for storage of size 0" -- the params already live on CPU.
+    cfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, cfg):
+        sd = model.state_dict()
+    if dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(sd, out / "pytorch_model_fsdp.bin")
+
+
+def v_fsdp_local(out: Path) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+
+    model, _, _ = fsdp1_model()
+    with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
+        sd = model.state_dict()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, out / f"pytorch_model_fsdp_rank{dist.get_rank()}.bin")
+
+
+def v_dcp_ranklocal(out: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model, _ = fsdp2_model()
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=out, use_collectives=False)
+
+
+def v_dcp_safetensors(out: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model, _ = fsdp2_model()
+    writer = dcp.HuggingFaceStorageWriter(str(out), save_distributed=True, enable_consolidation=True)
+    dcp.save(get_model_state_dict(model), storage_writer=writer)
+
+
+def v_dcp_fs_safetensors(out: Path) -> None:
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model, _ = fsdp2_model()
+    writer = dcp.FileSystemWriter(out, serialization_format=SerializationFormat.SAFETENSORS)
+    dcp.save({"model": get_model_state_dict(model)}, storage_writer=writer)
+
+
+class _TrainState(Stateful):
+    """torchtitan.components.checkpoint.TrainState-like."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def state_dict(self):
+        def buf(x):
+            b = io.BytesIO()
+            torch.save(x, b)
+            return b
+
+        return {
+            "step": torch.tensor(self.step, dtype=torch.int32),
+            "ntokens_seen": torch.tensor(self.step * 64, dtype=torch.int64),
+            "log_steps": buf([5, 10]),
+            "global_avg_losses": buf([5.5, 5.4]),
+            "global_max_losses": buf([5.6, 5.5]),
+        }
+
+    def load_state_dict(self, sd):  # pragma: no cover
+        self.step = int(sd["step"])
+
+
+class _Dataloader(Stateful):
+    def state_dict(self):
+        rank = dist.get_rank()
+        return {f"dp_rank_{rank}": pickle.dumps({"sample_idx": 20, "epoch": 0})}
+
+    def load_state_dict(self, sd):  # pragma: no cover
+        pass
+
+
+def v_torchtitan(out: Path) -> None:
+    """torchtitan CheckpointManager layout: model keys flattened to the top level."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    model, opt = fsdp2_model(steps=2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    state = dict(get_model_state_dict(model))
+    state["optimizer"] = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    state["lr_scheduler"] = sched.state_dict()
+    state["dataloader"] = _Dataloader()
+    state["train_state"] = _TrainState(10)
+    dcp.save(state, checkpoint_id=out / "step-10")
+
+
+def v_megatron_dist(out: Path) -> None:
+    """Megatron-core torch_dist layout: iter_XXXXXXX/ DCP + common.pt + metadata.json.
+
+    Layer weights are stacked along a leading layer dim and tensor-parallel split along
+    dim 1 (column-parallel fc1) / dim 2 (row-parallel fc2), as DTensors on a 1-D mesh.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    seed_all()
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    L, d, v = 2, 64, 256
+    full = {
+        "embedding.word_embeddings.weight": (torch.randn(v, d), Shard(0)),
+        "decoder.layers.mlp.linear_fc1.weight": (torch.randn(L, 2 * d, d), Shard(1)),
+        "decoder.layers.mlp.linear_fc1.layer_norm_weight": (torch.ones(L, d), Replicate()),
+        "decoder.layers.mlp.linear_fc2.weight": (torch.randn(L, d, 2 * d), Shard(2)),
+        "decoder.final_layernorm.weight": (torch.ones(d), Replicate()),
+        "output_layer.weight": (torch.randn(v, d), Shard(0)),
+    }
+    sd = {k: distribute_tensor(t.to(torch.bfloat16), mesh, [p]) for k, (t, p) in full.items()}
+    it_dir = out / "iter_0000010"
+    dcp.save(sd, checkpoint_id=it_dir)
+    if dist.get_rank() == 0:
+        args = argparse.Namespace(num_layers=L, hidden_size=d, ffn_hidden_size=2 * d, padded_vocab_size=v,
+                                  tensor_model_parallel_size=world, pipeline_model_parallel_size=1,
+                                  bf16=True, fp16=False, iteration=10, ckpt_format="torch_dist")
+        torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 10, "num_floating_point_operations_so_far": 0},
+                   it_dir / "common.pt")
+        (it_dir / "metadata.json").write_text(json.dumps({
+            "sharded_backend": "torch_dist", "sharded_backend_version": 1,
+            "common_backend": "torch", "common_backend_version": 1}))
+        (out / "latest_checkpointed_iteration.txt").write_text("10")
+
+
+FUNCS = {
+    "fsdp1-dcp": v_fsdp1_dcp,
+    "fsdp2-dcp": v_fsdp2_dcp,
+    "fsdp-full": v_fsdp_full,
+    "fsdp-local": v_fsdp_local,
+    "dcp-ranklocal": v_dcp_ranklocal,
+    "dcp-safetensors": v_dcp_safetensors,
+    "dcp-fs-safetensors": v_dcp_fs_safetensors,
+    "torchtitan": v_torchtitan,
+    "megatron-dist": v_megatron_dist,
+}
+
+
+def main() -> None:
+    outdir, variants = parse_args(VARIANTS)
+    init_dist()
+    for name in variants:
+        log(f"{name} ...")
+        FUNCS[name](outdir / name)
+        dist.barrier()
+    finish()
+
+
+if __name__ == "__main__":
+    main()

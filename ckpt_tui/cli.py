@@ -79,7 +79,7 @@ def _report(path: str, trust: bool, quiet_progress: bool = False):
 
 
 @main_group.command("inspect")
-@click.argument("path", type=click.Path(path_type=str), default=".")
+@click.argument("path", type=click.Path(path_type=str, readable=False), default=".")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema_version 1) instead of a tree.")
 @click.option("--trust-pickles", is_flag=True,
               help="Treat pickles that name code outside the allowlist as trusted (info, not error). "
@@ -100,7 +100,7 @@ def inspect_cmd(path, as_json, trust_pickles, show_all):
 
 
 @main_group.command("open")
-@click.argument("path", type=click.Path(path_type=str), default=".")
+@click.argument("path", type=click.Path(path_type=str, readable=False), default=".")
 @click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
 def open_cmd(path, trust_pickles):
     """Open PATH (the default command: `ckpt-tui PATH`). Until the TUI lands this prints `inspect`."""
@@ -110,7 +110,7 @@ def open_cmd(path, trust_pickles):
 
 
 @main_group.command("tensors")
-@click.argument("path", type=click.Path(path_type=str))
+@click.argument("path", type=click.Path(path_type=str, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document with every tensor.")
 @click.option("--limit", type=int, default=0, help="Show at most N tensors (0: all).")
 def tensors_cmd(path, as_json, limit):

@@ -1,0 +1,129 @@
+"""The CLI's contract: exit codes, stderr messages, JSON with schema_version, no traceback."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ckpt_tui.cli import main_group
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def test_version_and_help_do_not_import_torch():
+    r = run("--version")
+    assert r.returncode == 0 and "ckpt-tui" in r.stdout
+    code = ("import sys; from ckpt_tui.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "bad = [m for m in ('torch', 'deepspeed', 'textual') if m in sys.modules]\n"
+            "print('IMPORTED', bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "IMPORTED []" in r.stdout, r.stdout + r.stderr
+    assert "Exit codes" in r.stdout
+
+
+def test_missing_path_is_exit_2_with_message(tmp_path):
+    r = run("inspect", str(tmp_path / "nope"))
+    assert r.returncode == 2
+    assert "no such file or folder" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_bad_usage_is_exit_2():
+    r = run("inspect", "--no-such-flag")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_empty_folder_is_not_a_checkpoint(tmp_path):
+    r = run("inspect", str(tmp_path), "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["schema_version"] == 1 and doc["layout"] == "unknown"
+    assert [f["code"] for f in doc["findings"]] == ["not-a-checkpoint"]
+
+
+def _as_nobody(fn):
+    """Run fn() in a forked child that dropped root (CI runs as root, which reads everything)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 99
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            out = fn()
+            os.write(w, json.dumps(out).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return json.loads(data)
+
+
+def test_permission_denied_folder_and_file(tmp_path):
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="ckpt-tui-perm-")
+    os.chmod(base, 0o755)
+    locked = os.path.join(base, "locked")
+    os.mkdir(locked)
+    ck = os.path.join(base, "ck")
+    os.mkdir(ck)
+    torch.save({"w": torch.ones(2)}, os.path.join(ck, "model.pt"))
+    os.chmod(ck, 0o755)
+    os.chmod(os.path.join(ck, "model.pt"), 0)
+    os.chmod(locked, 0)
+
+    def child():
+        out = {}
+        for name, path in (("dir", locked), ("file", ck)):
+            res = CliRunner().invoke(main_group, ["inspect", path, "--json"])
+            out[name] = [res.exit_code, res.output]
+        return out
+
+    try:
+        out = _as_nobody(child)
+    finally:
+        os.chmod(locked, 0o755)
+    code, text = out["dir"]
+    assert code == 2 and "permission denied" in text and "Traceback" not in text
+    code, text = out["file"]
+    assert code == 1
+    doc = json.loads(text[text.index("{"):])
+    f = [f for f in doc["findings"] if f["path"] == "model.pt"]
+    assert f and f[0]["code"] == "unreadable" and "permission denied" in f[0]["message"]
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    f = tmp_path / "pipe"
+    os.mkfifo(f)
+    r = run("inspect", str(f))
+    assert r.returncode == 2 and "FIFO" in r.stderr
+    d = tmp_path / "ck"
+    d.mkdir()
+    torch.save({"w": torch.ones(2)}, d / "model.pt")
+    os.mkfifo(d / "pipe")
+    r = run("inspect", str(d), "--json")
+    assert r.returncode == 0, r.stderr
+    codes = {f["code"] for f in json.loads(r.stdout)["findings"]}
+    assert "special-file" in codes
+
+
+def test_default_command_is_open(tmp_path):
+    torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
+    res = CliRunner().invoke(main_group, [str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "torch.save" in res.output

@@ -70,7 +70,7 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
         sev = "info" if inv.trust_pickles else "error"
         out.append(Finding("unsafe-pickle", sev, p, f"{where} is a pickle that names code outside ckpt-tui's allowlist "
                            f"({g}). Loading it would run that code; ckpt-tui read it without running anything. "
-                           "If you trust where it came from, pass --trust-pickles to load it for export or repair."))
+                           "If you trust where it came from, pass --trust-pickles."))
     if n.format == "dcp":
         out.extend(_dcp_findings(inv, n))
     elif n.format == "deepspeed-zero":
@@ -88,12 +88,12 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
         dts = [d for d in f.get("dtypes") or [] if d.startswith(("float", "bfloat"))]
         if len(dts) > 1:
             out.append(Finding("mixed-dtypes", "info", p, f"{where} mixes floating dtypes ({', '.join(dts)}); an "
-                               "export with --dtype keep preserves them, --dtype bf16 or fp32 makes them uniform."))
+                               "export must keep them as stored or cast deliberately."))
         if f.get("tied"):
             pairs = "; ".join(" = ".join(t) for t in f["tied"][:3])
             out.append(Finding("tied-weights", "info", p, f"{where} holds tensors that share storage ({pairs}). "
-                               "safetensors refuses shared tensors; ckpt-tui's export writes each once and records "
-                               "the tie.", "export"))
+                               "safetensors refuses shared tensors (\"Some tensors share memory\"): write each tied "
+                               "tensor once, as transformers' save_pretrained does.", "export"))
     return out
 
 
@@ -176,8 +176,10 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("universal-info-missing", "warning", p,
                            f"`{p}/mp_rank_00_model_states.pt` has no `universal_checkpoint_info`, so DeepSpeed's "
                            "ds_to_universal will stop with \"Required universal_checkpoint_info state is missing\". "
-                           "The checkpoint resumes fine at the same world size; to change world size, convert it "
-                           "with `ckpt-tui universal` (supplies the info without modifying the source).",
+                           "The checkpoint resumes fine at the same world size. To change world size, convert it "
+                           "with `python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state "
+                           f"--input_folder {p} --output_folder {p}_universal` (supplies the info in memory, "
+                           "the source is not modified), then load with {\"checkpoint\": {\"load_universal\": true}}.",
                            "universal"))
     if f.get("missing_files"):
         miss = f["missing_files"]
@@ -199,19 +201,20 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
     if frozen:
         out.append(Finding("frozen-params", "info", p,
                            f"`{p}/` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) with no "
-                           "optimizer state. Exports include them; a universal checkpoint restores only "
+                           "optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal checkpoint restores only "
                            "optimizer-tracked parameters, so frozen ones keep what the model was built with.",
                            "export"))
     elif f.get("frozen_params_unrecorded"):
         out.append(Finding("frozen-params", "info", p,
-                           f"`{p}/` holds {count(f['frozen_params_unrecorded'])} frozen parameter values that ZeRO-1 "
-                           "did not record: DeepSpeed's zero_to_fp32 drops them silently. ckpt-tui's export takes "
-                           "them from the model-states weights.", "export"))
+                           f"`{p}/` holds {count(f['frozen_params_unrecorded'])} frozen parameter values that ZeRO-{stage} "
+                           "did not record: DeepSpeed's zero_to_fp32 drops them silently. Their values are only in "
+                           "the model-states `module` weights (in the training dtype).", "export"))
     if f.get("shared_params"):
         pairs = "; ".join(f"{a} = {b}" for a, b in list(f["shared_params"].items())[:3])
         out.append(Finding("tied-weights", "info", p,
                            f"`{p}/` has tied weights ({pairs}). zero_to_fp32 --safe_serialization fails on these "
-                           "(\"Some tensors share memory\"); ckpt-tui's export writes each tied tensor once.",
+                           "(\"Some tensors share memory\"); its get_fp32_state_dict_from_zero_checkpoint still returns "
+                           "both names, so write each tied tensor once when saving.",
                            "export"))
     if f.get("pipeline") or f.get("moe"):
         what = "pipeline-parallel" if f.get("pipeline") else "mixture-of-experts"
@@ -242,15 +245,15 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("dcp-components", "info", p,
                            f"{where} holds torch.distributed.checkpoint folders rather than being one: "
                            + "; ".join(parts) + ". Tools that need a single DCP folder (accelerate merge-weights, "
-                           f"torch dcp_to_torch) must be given `{target}`, or run `ckpt-tui export {inv.root.abspath if p == '.' else p}`"
-                           " which picks the model for you.", "export"))
+                           f"torch dcp_to_torch) must be given `{target}`, e.g. "
+                           f"`accelerate merge-weights {target} {target}_merged`.", "export"))
     tags = [c for c in n.children if c.is_dir and c.format == "deepspeed-zero"]
     if tags and "latest" not in names:
         out.append(Finding("latest-missing", "warning", p,
                            f"{'`' + p + '/`' if p != '.' else 'This folder'} has DeepSpeed tag folder(s) "
                            f"({', '.join(t.name for t in tags[:4])}) but no `latest` file, so "
                            "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
-                           "Write the newest tag's name into `latest` (`ckpt-tui fix --only latest`).", "latest"))
+                           f"Write the newest tag's name into it: `echo {sorted(t.name for t in tags)[-1]} > {'' if p == '.' else p + '/'}latest`.", "latest"))
     unis = [c for c in n.children if c.is_dir and c.format == "deepspeed-universal"]
     if unis and "latest_universal" not in names and not tags:
         out.append(Finding("latest-missing", "warning", p,
@@ -279,7 +282,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("index-mismatch", "error", p,
                            f"The safetensors index in {'`' + p + '/`' if p != '.' else 'this folder'} "
                            + "; ".join(bits) + ". from_pretrained will fail or load partial weights; rebuild the "
-                           "index from the shards' headers (`ckpt-tui fix --only index`).", "index"))
+                           "index from the shards' headers.", "index"))
     return out
 
 
@@ -308,7 +311,7 @@ def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
     tags = [c.name for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
                                                              or step_of(c.name) is not None)]
     newest = sorted(tags, key=lambda t: (step_of(t) or -1, t))[-1] if tags else None
-    hint = f" The newest tag here is `{newest}`; `ckpt-tui fix --only latest` writes it." if newest else ""
+    hint = f" The newest tag here is `{newest}`: write that name into `{n.name}`." if newest else ""
     return [Finding("latest-dangling", "error", n.path,
                     f"`{n.path}` names `{shown}`, which is not a folder beside it: loaders that follow it will fail."
                     + hint, "latest" if newest else None)]

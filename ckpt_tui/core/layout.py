@@ -58,7 +58,8 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     if node.format == "deepspeed-universal":
         return "universal", {"model": node.path, "optimizer": node.path}
     dcp_children = [c for c in dirs if c.format == "dcp"]
-    if dcp_children and not any(step_of(c.name) is not None for c in dcp_children):
+    has_model_files = any(MODEL_FILE_RE.match(c.name) for c in node.children)
+    if dcp_children and not any(step_of(c.name) is not None for c in dcp_children) and not has_model_files:
         comps: dict[str, str] = {}
         for c in dcp_children:
             for role, p in _dcp_components(c).items():
@@ -106,8 +107,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
                 mp = next(c for c in it.children if c.is_dir and c.name.startswith("mp_rank_"))
                 f = mp.child("model_optim_rng.pt")
                 return "megatron-legacy", {"model+optimizer": (f or mp).path}
-    ckpts = [c for c in dirs if step_of(c.name) is not None and classify(c)[0] != "unknown"]
-    if ckpts:
+    if _checkpoint_dirs(node):
         return "run-folder", {}
     model_files = [c for c in node.children if MODEL_FILE_RE.match(c.name)]
     if model_files:
@@ -173,8 +173,8 @@ def _component_text(root: Node, path: str, role: str) -> str:
     dt = n.facts.get("dtypes") or []
     if dt:
         bits.append("/".join(short_dtype(d) for d in dt[:2]))
-    shown = path + ("/" if n.is_dir else "")
-    return f"{role} in `{shown}`" + (f" ({', '.join(bits)})" if bits else "")
+    shown = "this folder" if path == "." else "`" + path + ("/" if n.is_dir else "") + "`"
+    return f"{role} in {shown}" + (f" ({', '.join(bits)})" if bits else "")
 
 
 def _find(root: Node, path: str) -> Optional[Node]:
@@ -214,9 +214,14 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     if layout == "unknown":
         return "not a checkpoint: nothing here is a format ckpt-tui recognises"
     if layout == "run-folder":
-        ck = [c for c in root.children if c.is_dir and step_of(c.name) is not None]
-        steps = sorted((step_of(c.name) for c in ck), reverse=True)
-        return f"run folder with {len(ck)} checkpoints (newest: step {steps[0]})" if steps else "run folder"
+        ck = sorted(_checkpoint_dirs(root), key=lambda c: (step_of(c.name), c.name), reverse=True)
+        if not ck:
+            return "run folder"
+        newest = ck[0]
+        lay, comps = classify(newest)
+        plural = "s" if len(ck) != 1 else ""
+        return (f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: "
+                + summary(newest, lay, comps))
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, comps.get("model", comps.get("model+optimizer", ""))) if comps else None
     if n_model is not None and n_model.format == "deepspeed-zero":
@@ -270,7 +275,7 @@ def _label_frameworks(root: Node, layout: str) -> None:
     if root.is_dir:
         root.role = "run" if layout == "run-folder" else ("checkpoint" if layout != "unknown" and root.role == "unknown" else root.role)
     root.framework = fw
-    for c in root.children:
+    for c in (_checkpoint_dirs(root) if layout == "run-folder" else root.children):
         if c.is_dir and step_of(c.name) is not None and c.format == "dir":
             sub, _ = classify(c)
             c.framework = FRAMEWORK.get(sub)
@@ -288,17 +293,25 @@ def _label_frameworks_children(node: Node, layout: str) -> None:
             c.framework = fw
 
 
-def _checkpoints(root: Node) -> list[dict]:
+def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
+    """Checkpoint folders (checkpoint-N, global_stepN, step-N, iter_N, *step=N.ckpt) at most
+    three levels down (Lightning keeps them in lightning_logs/version_0/checkpoints/)."""
     out = []
-    for c in root.children:
+    for c in node.children:
         if not c.is_dir:
             continue
-        s = step_of(c.name)
-        if s is None:
-            continue
+        if step_of(c.name) is not None:
+            if classify(c)[0] != "unknown":
+                out.append(c)
+        elif depth < 2 and c.format == "dir":
+            out.extend(_checkpoint_dirs(c, depth + 1))
+    return out
+
+
+def _checkpoints(root: Node) -> list[dict]:
+    out = []
+    for c in _checkpoint_dirs(root):
         lay, comps = classify(c)
-        if lay == "unknown" and c.format == "dir":
-            continue
-        out.append({"path": c.path, "step": s, "layout": lay, "complete": True})
+        out.append({"path": c.path, "step": step_of(c.name), "layout": lay, "complete": True})
     out.sort(key=lambda d: (-d["step"], d["path"]))
     return out

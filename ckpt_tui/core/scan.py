@@ -366,11 +366,13 @@ def _analyze_dir(node: Node, inv: dict, trust: bool) -> None:
     nameset = set(names)
     if any(n.endswith(".distcp") for n in names) or ".metadata" in nameset or any(dcpfmt.RANK_META_RE.match(n) for n in names):
         _dcp_dir(node)
-    elif dsfmt.is_tag_dir(names):
-        _ds_tag(node)
     elif "zero" in nameset and node.child("zero").is_dir and _is_universal_zero(node.child("zero")):
         _universal_dir(node)
-    elif any(n.endswith(".safetensors") for n in names) and not node.children[0].path.startswith("zero/"):
+    elif dsfmt.is_tag_dir(names):
+        _ds_tag(node)
+    elif _is_dcp_safetensors(node):
+        _dcp_safetensors_dir(node)
+    elif any(n.endswith(".safetensors") for n in names):
         _hf_model_dir(node)
 
 
@@ -431,6 +433,38 @@ def _dcp_dir(node: Node) -> None:
     if info.chunk_dims:
         f["split_dims"] = sorted(info.chunk_dims)
     node._dcp = info  # type: ignore[attr-defined]
+
+
+def _is_dcp_safetensors(node: Node) -> bool:
+    sts = [c for c in node.children if c.format == "safetensors"]
+    return bool(sts) and all("DCP_SHARDING_INFO" in (c.facts.get("header_metadata") or {}) for c in sts)
+
+
+def _dcp_safetensors_dir(node: Node) -> None:
+    """DCP written in safetensors format (torch's HuggingFace storage writer): one file per rank,
+    each header carrying DCP_SHARDING_INFO."""
+    node.format = "dcp"
+    node.role = "model"
+    sts = [c for c in node.children if c.format == "safetensors"]
+    f = node.facts
+    f["storage"] = "safetensors"
+    f["shard_files"] = len(sts)
+    f["world_size"] = len(sts)
+    f["ranks_present"] = list(range(len(sts)))
+    names = set()
+    params = 0
+    dtypes: dict[str, int] = {}
+    for c in sts:
+        try:
+            info = json.loads(c.facts["header_metadata"]["DCP_SHARDING_INFO"])
+        except (ValueError, TypeError):
+            info = {}
+        names |= set(info)
+        for d in c.facts.get("dtypes") or []:
+            dtypes[d] = dtypes.get(d, 0) + 1
+    f["tensor_count"] = len(names)
+    f["dtypes"] = sorted(dtypes, key=lambda d: -dtypes[d])
+    f["containers"] = []
 
 
 def _tensor_facts_subset(node: Node, tensors) -> None:
@@ -627,6 +661,14 @@ def _hf_model_dir(node: Node) -> None:
     if idx:
         ic = idx[0]
         wm_files = ic.facts.get("shard_files") or []
+        shards = [c for c in node.children if c.name in set(wm_files) and "param_count" in c.facts]
+        if shards:
+            ic.facts["param_count"] = sum(c.facts["param_count"] for c in shards)
+            ic.facts["tensor_bytes"] = sum(c.facts.get("tensor_bytes", 0) for c in shards)
+            dts: list = []
+            for c in shards:
+                dts += [d for d in c.facts.get("dtypes", []) if d not in dts]
+            ic.facts["dtypes"] = dts
         missing = [x for x in wm_files if x not in names]
         if missing:
             f["index_missing_files"] = missing

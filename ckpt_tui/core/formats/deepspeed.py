@@ -114,7 +114,15 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
             if name in buffer_names:
                 tf.buffers[name] = t
         f["module_tensors"] = sum(1 for _ in iter_tensors(module))
-        f["module_params"] = sum(t.numel for n, t in iter_tensors(module) if n not in buffer_names)
+        seen_storage: set = set()
+        n_params = 0
+        for n, t in iter_tensors(module):
+            key = t.storage.key if t.storage is not None else id(t)
+            if n in buffer_names or key in seen_storage:
+                continue  # tied weights share one storage: count them once
+            seen_storage.add(key)
+            n_params += t.numel
+        f["module_params"] = n_params
     moe = obj.get("num_experts")
     if moe:
         f["moe"] = True

@@ -157,6 +157,28 @@ def _device(*args):
     return "device(" + ",".join(str(a) for a in args) + ")"
 
 
+class _ODict(dict):
+    """OrderedDict stand-in: torch state dicts carry a ``_metadata`` attribute set by BUILD."""
+
+
+def _codecs_encode(text, encoding="utf-8"):
+    # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1"); nothing else is allowed
+    if not isinstance(text, str) or str(encoding).lower().replace("-", "") not in ("latin1", "utf8"):
+        raise pickle.UnpicklingError("_codecs.encode with unexpected arguments")
+    return text.encode(encoding)
+
+
+def _safe_getattr(obj, name):
+    # only on our own inert stand-ins (enum members such as MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT)
+    if (isinstance(obj, type) and issubclass(obj, Stub)) or isinstance(obj, Stub):
+        return _stub_class(f"{getattr(obj, '_qualname', '?')}.{name}")
+    raise pickle.UnpicklingError("getattr on a real object is not allowed")
+
+
+def _rebuild_wrapper_subclass(cls, dtype, size, stride=None, storage_offset=0, *rest):
+    return TensorRef(None, int(storage_offset or 0), tuple(int(x) for x in size), _dtype_name(dtype))
+
+
 def _reconstructor(cls, base, state=None):
     return cls() if isinstance(cls, type) and issubclass(cls, Stub) else (base() if base in (dict, list, tuple, object) else None)
 
@@ -190,6 +212,16 @@ STUB_GLOBALS = {
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.distributed.checkpoint._extension.ExtensionRegistry",
     "torch.distributed.checkpoint.planner.WriteItemType",
+    # FSDP LOCAL_STATE_DICT files hold ShardedTensors
+    "torch.distributed._shard.metadata.ShardMetadata",
+    "torch.distributed._shard.sharded_tensor.api.ShardedTensor",
+    "torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING",
+    "torch.distributed._shard.sharded_tensor.metadata.ShardedTensorMetadata",
+    "torch.distributed._shard.sharded_tensor.metadata.TensorProperties",
+    "torch.distributed._shard.sharded_tensor.shard.Shard",
+    "torch.distributed.remote_device._remote_device",
+    "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
+    "torch.distributed.tensor.DTensor", "torch.distributed.tensor._api.DTensor",
     # transformers' TrainingArguments and the enums it holds
     "transformers.training_args.TrainingArguments",
     "transformers.training_args.OptimizerNames",
@@ -201,6 +233,14 @@ STUB_GLOBALS = {
     "transformers.trainer_utils.FSDPOption",
     "transformers.debug_utils.DebugOption",
     "accelerate.utils.dataclasses.DistributedType",
+    "accelerate.state.PartialState",
+    "accelerate.utils.dataclasses.DeepSpeedPlugin",
+    "accelerate.utils.dataclasses.FullyShardedDataParallelPlugin",
+    "accelerate.utils.dataclasses.TorchDynamoPlugin",
+    "accelerate.utils.dataclasses.DynamoBackend",
+    "transformers.integrations.deepspeed.HfDeepSpeedConfig",
+    "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
+    "transformers.trainer_pt_utils.AcceleratorConfig",
     "trl.trainer.sft_config.SFTConfig",
     # torch.optim.lr_scheduler state is plain data; schedulers sometimes pickle these
     "torch.optim.lr_scheduler.LambdaLR",
@@ -219,7 +259,12 @@ FUNCTIONS = {
     "torch.Size": _torch_size,
     "torch.serialization._get_layout": _get_layout,
     "torch.device": _device,
-    "collections.OrderedDict": dict,
+    "collections.OrderedDict": _ODict,
+    "_codecs.encode": _codecs_encode,
+    "torch.Tensor": "torch.Tensor",
+    "builtins.getattr": _safe_getattr,
+    "__builtin__.getattr": _safe_getattr,
+    "torch._utils._rebuild_wrapper_subclass": _rebuild_wrapper_subclass,
     "collections.defaultdict": lambda *a: {},
     "builtins.set": set,
     "builtins.frozenset": frozenset,
@@ -286,6 +331,10 @@ def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
     except MemoryError:
         raise FormatError("pickle asks for more memory than allowed") from None
     except Exception as e:  # any malformed stream: UnpicklingError, ValueError, TypeError, KeyError...
+        if result.unsafe:
+            # the stream needs code we refused to run: that is the finding, not corruption
+            result.obj = None
+            return result
         raise FormatError(f"not a readable pickle: {type(e).__name__}: {e}") from None
     return result
 

@@ -206,7 +206,7 @@ def main(argv=None) -> int:
         "|---|---:|",
         f"| wall, median of {n} | {_fmt_s(t_insp)} (runs: {', '.join(_fmt_s(x) for x in all_insp)}) |",
         f"| wall minus `ckpt-tui --version` start-up ({_fmt_s(t_ver)}) | {_fmt_s(t_insp - t_ver)} |",
-        f"| bytes read, whole process (`rchar`, incl. imports) | {io['process']:,} ({_fmt_b(io['process'])}) |",
+        f"| bytes read, whole probe process (`rchar`: imports + both calls) | {io['process']:,} ({_fmt_b(io['process'])}) |",
         f"| bytes read by `main([...])`, 1st call (incl. lazy imports) | {io['first']:,} ({_fmt_b(io['first'])}) |",
         f"| bytes read by `main([...])`, 2nd call (data only) | {io['second']:,} ({_fmt_b(io['second'])}) |",
         f"| headers-only floor: `.metadata` + non-shard files | {needed:,} ({_fmt_b(needed)}) |",

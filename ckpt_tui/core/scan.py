@@ -340,10 +340,10 @@ def _torch_facts(node: Node, ctx: dict) -> None:
 
             _tensor_facts(node, [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in tensors])
             # tied weights: two names viewing one storage
-            by_storage: dict[str, list[str]] = {}
+            by_storage: dict[tuple, list[str]] = {}
             for n, t in tensors:
                 if t.storage is not None:
-                    by_storage.setdefault(t.storage.key, []).append(n)
+                    by_storage.setdefault((t.storage.key, t.offset, t.shape), []).append(n)
             tied = [v for v in by_storage.values() if len(v) > 1]
             if tied:
                 node.facts["tied"] = tied[:16]
@@ -677,7 +677,7 @@ def _hf_model_dir(node: Node) -> None:
             wm = doc["weight_map"]
             have: dict[str, str] = {}
             for c in node.children:
-                if c.name.endswith(".safetensors") and "error" not in c.facts and c.name in set(wm.values()):
+                if c.name.endswith(".safetensors") and "error" not in c.facts:
                     for t in stfmt.read_header(c.abspath).tensors:
                         have[t.name] = c.name
             wrong = [k for k, v in wm.items() if v not in missing and have.get(k) != v]

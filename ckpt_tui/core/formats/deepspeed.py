@@ -117,7 +117,7 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
         seen_storage: set = set()
         n_params = 0
         for n, t in iter_tensors(module):
-            key = t.storage.key if t.storage is not None else id(t)
+            key = (t.storage.key, t.offset, t.shape) if t.storage is not None else id(t)
             if n in buffer_names or key in seen_storage:
                 continue  # tied weights share one storage: count them once
             seen_storage.add(key)

@@ -196,6 +196,7 @@ def demo_cmd(out):
 def _print_report(rep, show_all: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
+    from rich.padding import Padding
     from rich.tree import Tree
 
     from .core.humanize_bytes import count, naturalsize
@@ -269,7 +270,8 @@ def _print_report(rep, show_all: bool) -> None:
         for f in rep.findings:
             fix = f"  [dim](fix: {f.fix})[/]" if f.fix else ""
             con.print(f"[{COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{f.code}[/] "
-                      f"[dim]{escape(f.path)}[/]\n    {escape(f.message)}{fix}")
+                      f"[dim]{escape(f.path)}[/]")
+            con.print(Padding(f"{escape(f.message)}{fix}", (0, 0, 0, 4), expand=False))
     else:
         con.print("\n[green]✔ no problems found[/]")
 

@@ -265,8 +265,12 @@ def describe(root: Node, trust_pickles: bool = False) -> Inventory:
         if n.framework is None and n is not root:
             pass
     _label_frameworks(root, layout)
-    if layout == "run-folder" or (root.is_dir and layout in ("deepspeed", "hf-trainer-deepspeed")):
+    if layout == "run-folder":
         inv.checkpoints = _checkpoints(root)
+    elif root.is_dir and layout in ("deepspeed", "hf-trainer-deepspeed"):
+        tags = _checkpoints(root)
+        if len(tags) > 1:  # a DeepSpeed save_dir holding several tags
+            inv.checkpoints = tags
     return inv
 
 

@@ -62,10 +62,11 @@ class Node:
         return self.abspath.name
 
     def child(self, name: str) -> Optional["Node"]:
-        for c in self.children:
-            if c.name == name:
-                return c
-        return None
+        idx = self.__dict__.get("_index")
+        if idx is None or len(idx) != len(self.children):
+            idx = {c.abspath.name: c for c in self.children}
+            self.__dict__["_index"] = idx
+        return idx.get(name)
 
     def walk(self):
         yield self

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -192,8 +194,18 @@ def _run(cmd: list[str], cwd: Path, on_line: Callable[[str], None] | None, timeo
     tail: deque[str] = deque(maxlen=60)
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace", start_new_session=True,
+        errors="replace", start_new_session=True,  # own process group: torchrun and its ranks end together
     )
+
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    watchdog = threading.Timer(timeout, kill_group)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -201,11 +213,15 @@ def _run(cmd: list[str], cwd: Path, on_line: Callable[[str], None] | None, timeo
             tail.append(line)
             if on_line is not None:
                 on_line(line)
-        rc = proc.wait(timeout=timeout)
+        rc = proc.wait()
     except BaseException:
-        proc.kill()
+        kill_group()
         proc.wait()
         raise
+    finally:
+        watchdog.cancel()
+    if rc == -signal.SIGKILL:
+        tail.append(f"[killed after {timeout:.0f} s]")
     return rc, "\n".join(tail)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ..model import TensorInfo
 from . import FormatError
-from .pickles import DTYPE_ITEMSIZE, MAX_PICKLE_BYTES, Stub, safe_loads
+from .pickles import DTYPE_ITEMSIZE, MAX_PICKLE_BYTES, Record, Stub, safe_loads
 
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
@@ -39,7 +39,7 @@ class DcpInfo:
 
 
 def _get(o: Any, name: str, default=None):
-    if isinstance(o, Stub):
+    if isinstance(o, (Stub, Record)):
         return o.__dict__.get(name, default)
     if isinstance(o, dict):
         return o.get(name, default)
@@ -70,7 +70,7 @@ def read_metadata_file(path: Path) -> tuple[Any, set[str], int]:
     with open(path, "rb") as f:
         data = f.read()
     up = safe_loads(data)
-    if not isinstance(up.obj, Stub) or "state_dict_metadata" not in up.obj.__dict__:
+    if not isinstance(up.obj, (Stub, Record)) or "state_dict_metadata" not in up.obj.__dict__:
         raise FormatError("not a torch.distributed.checkpoint Metadata pickle")
     return up.obj, up.unsafe, size
 
@@ -120,13 +120,18 @@ def read(folder: Path) -> DcpInfo:
                     info.planner_data[str(k)] = tuple(str(x) for x in v)
         sd = _get(meta, "storage_data") or {}
         if isinstance(sd, dict):
-            for _idx, st in sd.items():
-                rel = _get(st, "relative_path")
-                if rel is None:
+            files = info.files
+            for st in sd.values():
+                d = getattr(st, "__dict__", None)
+                if d is None or d.get("relative_path") is None:
                     continue
-                end = int(_get(st, "offset", 0) or 0) + int(_get(st, "length", 0) or 0)
-                rel = str(rel)
-                info.files[rel] = max(info.files.get(rel, 0), end)
+                try:
+                    end = int(d.get("offset") or 0) + int(d.get("length") or 0)
+                except (TypeError, ValueError):
+                    raise FormatError("storage data with a non-numeric offset or length") from None
+                rel = str(d["relative_path"])
+                if end > files.get(rel, -1):
+                    files[rel] = end
     return info
 
 

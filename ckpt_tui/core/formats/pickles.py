@@ -79,6 +79,31 @@ def _stub_class(qualname: str) -> type:
     return type(qualname.rsplit(".", 1)[-1], (Stub,), {"_qualname": qualname})
 
 
+class Record:
+    """Stand-in for plain dataclasses pickled as NEWOBJ + BUILD(dict): no Python-level hooks, so
+    the C unpickler fills ``__dict__`` directly (DCP metadata has one per chunk: ~10^5 objects)."""
+
+    _qualname = "?"
+
+    def __repr__(self):
+        return f"<{self._qualname}>"
+
+
+def _record_class(qualname: str) -> type:
+    return type(qualname.rsplit(".", 1)[-1], (Record,), {"_qualname": qualname})
+
+
+RECORD_GLOBALS = {
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+}
+
+
 @dataclass
 class StorageRef:
     dtype: str
@@ -256,7 +281,7 @@ FUNCTIONS = {
     "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
     "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
     "torch.nn.parameter.Parameter": _rebuild_parameter,
-    "torch.Size": _torch_size,
+    "torch.Size": tuple,
     "torch.serialization._get_layout": _get_layout,
     "torch.device": _device,
     "collections.OrderedDict": _ODict,
@@ -296,6 +321,8 @@ class _Unpickler(pickle.Unpickler):
                 return ("storage-type", _STORAGE_DTYPE[name])
         if module == "torch.storage" and name in ("UntypedStorage", "TypedStorage"):
             return ("storage-type", "uint8")
+        if q in RECORD_GLOBALS:
+            return _record_class(q)
         if q in STUB_GLOBALS:
             return _stub_class(q)
         self._result.unsafe.add(q)

@@ -118,10 +118,22 @@ class StorageRef:
 @dataclass
 class TensorRef:
     storage: StorageRef | None
-    offset: int
+    offset: int  # in elements of the storage
     shape: tuple[int, ...]
     dtype: str
     requires_grad: bool = False
+    stride: tuple[int, ...] | None = None
+
+    @property
+    def contiguous(self) -> bool:
+        if self.stride is None:
+            return True
+        expect = 1
+        for d, s in zip(reversed(self.shape), reversed(self.stride)):
+            if d != 1 and s != expect:
+                return False
+            expect *= d
+        return True
 
     @property
     def numel(self) -> int:
@@ -151,7 +163,9 @@ def _dtype_name(x) -> str:
 def _rebuild_tensor(storage, storage_offset, size, stride=None, requires_grad=False, backward_hooks=None, metadata=None):
     size = tuple(int(s) for s in size)
     dtype = storage.dtype if isinstance(storage, StorageRef) else "uint8"
-    return TensorRef(storage if isinstance(storage, StorageRef) else None, int(storage_offset), size, dtype, bool(requires_grad))
+    st = tuple(int(x) for x in stride) if stride is not None else None
+    return TensorRef(storage if isinstance(storage, StorageRef) else None, int(storage_offset), size, dtype,
+                     bool(requires_grad), st)
 
 
 def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):

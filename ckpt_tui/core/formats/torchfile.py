@@ -156,3 +156,64 @@ def try_read(path: Path) -> tuple[Optional[TorchFile], Optional[FormatError]]:
         return read(path), None
     except FormatError as e:
         return None, e
+
+
+def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> dict[str, tuple[int, int]]:
+    """Absolute file offset and size of every ``data/<key>`` entry of a torch zip.
+
+    ``base``/``length`` select a zip embedded in a larger file (a DCP ``.distcp`` holds one
+    torch.save blob per chunk). Entries are stored uncompressed, so tensor bytes can be copied by
+    offset without unpickling anything.
+    """
+    import struct
+
+    out: dict[str, tuple[int, int]] = {}
+    with open(path, "rb") as f:
+        src = _Window(f, base, length if length is not None else os.fstat(f.fileno()).st_size - base)
+        with zipfile.ZipFile(src) as zf:
+            for i in zf.infolist():
+                if "/data/" not in i.filename and not i.filename.startswith("data/"):
+                    continue
+                if i.compress_type != zipfile.ZIP_STORED:
+                    raise FormatError(f"{i.filename} is compressed; expected a stored entry")
+                f.seek(base + i.header_offset)
+                hdr = f.read(30)
+                if len(hdr) < 30 or hdr[:4] != b"PK\x03\x04":
+                    raise FormatError(f"bad local header for {i.filename}", "corrupt")
+                name_len, extra_len = struct.unpack("<HH", hdr[26:30])
+                start = base + i.header_offset + 30 + name_len + extra_len
+                out[i.filename.rsplit("/", 1)[-1]] = (start, i.file_size)
+    return out
+
+
+class _Window:
+    """A read-only, seekable view of [base, base+length) of an open file."""
+
+    def __init__(self, f, base: int, length: int):
+        self.f, self.base, self.length, self.pos = f, base, length, 0
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, off, whence=0):
+        self.pos = off if whence == 0 else self.pos + off if whence == 1 else self.length + off
+        return self.pos
+
+    def read(self, n=-1):
+        if n is None or n < 0:
+            n = self.length - self.pos
+        n = max(0, min(n, self.length - self.pos))
+        self.f.seek(self.base + self.pos)
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+
+def read_window(path: Path, base: int, length: int) -> bytes:
+    """Bytes of a torch.save blob embedded in a larger file (bounded by the caller's length)."""
+    with open(path, "rb") as f:
+        f.seek(base)
+        return f.read(length)

@@ -1,0 +1,143 @@
+"""export(SRC, OUT): pick the model component the inspector found, plan, write, verify."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..formats import FormatError
+from ..inspect import Report, inspect
+from ..model import Node
+from ..progress import OnProgress
+from .plan import ExportPlan, make_plan
+from .sources import Source
+from .write import ExportError, ExportResult, execute
+
+
+def resolve(report: Report, tag: Optional[str] = None) -> tuple[Node, list[str]]:
+    """The node holding the model weights, and what was decided on the way (said to the user)."""
+    inv = report.inventory
+    said = []
+    root = inv.root
+    if inv.layout == "run-folder":
+        complete = [c for c in inv.checkpoints if c["complete"]]
+        if not complete:
+            raise ExportError("no complete checkpoint in this run folder (see `ckpt-tui inspect`)")
+        ck = complete[0]
+        said.append(f"exporting the newest complete checkpoint, `{ck['path']}/` (step {ck['step']})")
+        sub = inv.node(ck["path"])
+        from ..layout import classify
+
+        _, comps = classify(sub)
+        rel = comps.get("model") or comps.get("model+optimizer")
+        node = inv.node(rel) if rel else None
+    else:
+        rel = inv.components.get("model") or inv.components.get("model+optimizer")
+        node = inv.node(rel) if rel else None
+        if node is not None and node is not root:
+            said.append(f"the model is `{rel}`" + ("/" if node.is_dir else ""))
+    if tag and node is not None and node.format == "deepspeed-zero":
+        parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
+        alt = parent.child(tag) if parent is not None else None
+        if alt is None:
+            raise ExportError(f"no tag folder `{tag}` beside `{node.path}`")
+        node = alt
+    if node is None:
+        raise ExportError(f"no model weights found in {root.abspath} ({inv.summary})")
+    return node, said
+
+
+def _blocking_findings(report: Report, node: Node, trust: bool) -> list[str]:
+    out = []
+    for f in report.findings:
+        inside = node.path == "." or f.path == node.path or f.path.startswith(node.path + "/")
+        if not inside or f.severity != "error":
+            continue
+        if f.code == "unsafe-pickle" and trust:
+            continue
+        out.append(f"{f.code} at {f.path}: {f.message}")
+    return out
+
+
+def source_for(node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False) -> Source:
+    if node.format == "dcp":
+        if node.facts.get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
+            raise ExportError("DCP in safetensors format without .metadata: export its consolidated "
+                              "model-*.safetensors instead")
+        from .dcp_source import dcp_source
+
+        return dcp_source(node.abspath, strip_prefix=strip_prefix)
+    if node.format == "deepspeed-zero":
+        from .deepspeed_source import deepspeed_source
+
+        try:
+            src = deepspeed_source(node.abspath, exclude_frozen=exclude_frozen)
+        except ValueError as e:
+            raise ExportError(str(e)) from None
+        return _strip(src, strip_prefix)
+    if node.format == "deepspeed-universal":
+        from .deepspeed_source import universal_source
+
+        return _strip(universal_source(node.abspath), strip_prefix)
+    if node.format in ("safetensors", "safetensors-sharded-index"):
+        from .file_sources import safetensors_source
+
+        return _strip(safetensors_source(node.abspath), strip_prefix)
+    if node.format in ("torch-zip", "deepspeed-model-states"):
+        from .file_sources import torch_file_source
+
+        return torch_file_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
+    raise ExportError(f"`{node.path}` ({node.format}) is not a format ckpt-tui can export")
+
+
+def _strip(src: Source, prefix):
+    if prefix:
+        for t in src.tensors:
+            if t.name.startswith(prefix):
+                t.name = t.name[len(prefix):]
+            if t.tied_to and t.tied_to.startswith(prefix):
+                t.tied_to = t.tied_to[len(prefix):]
+    return src
+
+
+def config_dirs(node: Node, report: Report) -> list[Path]:
+    """Beside the checkpoint and in the run's output folder above it (HF Trainer writes no
+    config.json into sharded-FSDP checkpoints)."""
+    p = node.abspath if node.is_dir else node.abspath.parent
+    dirs = [p, p.parent, p.parent.parent]
+    if (p.parent.name.startswith("checkpoint-") or p.name.startswith("checkpoint-")):
+        dirs.append(p.parent.parent.parent)
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
+                config=None, tag=None, trust_pickles=False) -> tuple[ExportPlan, list[str]]:
+    report = inspect(src, trust_pickles=trust_pickles)
+    node, said = resolve(report, tag)
+    blocking = _blocking_findings(report, node, trust_pickles)
+    if blocking:
+        raise ExportError("the checkpoint has problems an export cannot work around:\n  " + "\n  ".join(blocking))
+    try:
+        source = source_for(node, strip_prefix=strip_prefix, exclude_frozen=exclude_frozen,
+                            trust_pickles=trust_pickles)
+    except FormatError as e:
+        raise ExportError(f"`{node.path}`: {e}") from None
+    plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size,
+                     exclude_frozen=exclude_frozen, config_dirs=config_dirs(node, report),
+                     config_path=Path(config) if config else None)
+    return plan, said
+
+
+def export(src, out, *, dtype="keep", max_shard_size="50GB", jobs=1, exclude_frozen=False, strip_prefix=None,
+           config=None, tag=None, overwrite=False, verify=True, trust_pickles=False,
+           on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
+    plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
+                             strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles)
+    res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
+    res.notes = said + res.notes
+    return res

@@ -1,0 +1,230 @@
+"""Weights of a torch.distributed.checkpoint folder as export sources.
+
+Fast path (checked per tensor): every chunk is a torch.save blob (TORCH_SAVE format, no
+extensions) holding one contiguous tensor, and chunks split the tensor only along dim 0 — then
+the full tensor is the concatenation of the chunks' raw storage bytes, located from each blob's
+zip headers. Anything else (tensor-parallel/2-D splits, safetensors-format DCP, compressed
+extensions) takes the general path: torch's own DCP loader, one tensor at a time, into a
+pre-allocated tensor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..formats import FormatError
+from ..formats import dcp as dcpfmt
+from ..formats.pickles import DTYPE_ITEMSIZE, Record, Stub, TensorRef, safe_loads
+from ..formats.torchfile import read_window, storage_offsets
+from .sources import ByteRange, Source, SourceTensor
+
+MODEL_CONTAINERS = ("model", "state_dict", "module", "model_state_dict")
+NON_MODEL_TOP = {"optimizer", "optim", "optimizers", "optimizer_states", "lr_scheduler", "scheduler", "dataloader",
+                 "train_state", "rng", "rng_state", "step", "epoch", "global_step", "args", "extra_state",
+                 "checkpoint_version", "iteration", "state", "param_groups"}
+
+
+def _d(o):
+    return o.__dict__ if isinstance(o, (Stub, Record)) else {}
+
+
+def model_names(info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None) -> dict[str, str]:
+    """Flattened DCP key -> output name, for the model's tensors only.
+
+    Unwraps a single top-level container by structure (planner_data), the way accelerate
+    merge-weights does, never by cutting text: FSDP2's own ``model.embed_tokens.weight`` stays.
+    """
+    paths = {t.name: info.planner_data.get(t.name) or tuple(t.name.split(".")) for t in info.tensors}
+    tops = {p[0] for p in paths.values()}
+    out: dict[str, str] = {}
+    if len(tops) == 1 and all(len(p) > 1 for p in paths.values()):
+        out = {k: ".".join(p[1:]) for k, p in paths.items()}
+    else:
+        cont = [c for c in MODEL_CONTAINERS if c in tops and all(len(p) > 1 for p in paths.values() if p[0] == c)]
+        if cont:
+            c = cont[0]
+            out = {k: ".".join(p[1:]) for k, p in paths.items() if p[0] == c}
+        else:  # model keys at top level beside optimizer/scheduler/... (torchtitan)
+            out = {k: ".".join(p) for k, p in paths.items() if p[0] not in NON_MODEL_TOP}
+    if strip_prefix:
+        out = {k: (v[len(strip_prefix):] if v.startswith(strip_prefix) else v) for k, v in out.items()}
+    return out
+
+
+def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_general: bool = False) -> Source:
+    folder = Path(folder)
+    info = dcpfmt.read(folder)
+    if info.unsafe:
+        raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
+    names = model_names(info, strip_prefix)
+    if not names:
+        raise FormatError("this DCP folder holds no model tensors (only optimizer or other state)")
+    glob_meta, rank_metas = dcpfmt.metadata_files(folder)
+    metas = [glob_meta] if glob_meta else rank_metas
+    chunks: dict[str, list] = {}
+    storage: dict[tuple, dict] = {}
+    for m in metas:
+        meta, _, _ = dcpfmt.read_metadata_file(m)
+        sdm = _d(meta).get("state_dict_metadata") or {}
+        for key, md in sdm.items():
+            if key in names:
+                chunks.setdefault(key, []).extend(_d(md).get("chunks") or [])
+        for idx, st in (_d(meta).get("storage_data") or {}).items():
+            di = _d(idx)
+            if di.get("fqn") in names:
+                storage[(di["fqn"], tuple(di.get("offset") or ()))] = _d(st)
+    tensors = []
+    by_name = {t.name: t for t in info.tensors}
+    for key, out_name in names.items():
+        ti = by_name[key]
+        st = None if force_general else _fast_ranges(folder, ti, chunks.get(key, []), storage)
+        if st is not None:
+            tensors.append(SourceTensor(out_name, ti.shape, ti.dtype, ranges=tuple(st)))
+        else:
+            tensors.append(SourceTensor(out_name, ti.shape, ti.dtype, load=_general_loader(folder, key, ti),
+                                        note="read with torch DCP (chunks are not contiguous byte ranges)"))
+    return Source("dcp", folder, tensors)
+
+
+def _fast_ranges(folder: Path, ti, chunk_list, storage) -> Optional[list[ByteRange]]:
+    if ti.dtype not in DTYPE_ITEMSIZE or not chunk_list:
+        return None
+    shape = ti.shape
+    item = DTYPE_ITEMSIZE[ti.dtype]
+    parts = []
+    for ch in chunk_list:
+        c = _d(ch)
+        offs, sizes = tuple(c.get("offsets") or ()), tuple(c.get("sizes") or ())
+        if len(offs) != len(shape):
+            return None
+        for d in range(1, len(shape)):
+            if offs[d] != 0 or sizes[d] != shape[d]:
+                return None  # split along another dim: general path
+        parts.append((offs, sizes))
+    # rank-local metadata lists a replicated tensor once per rank: one copy is enough
+    parts = list({p[0]: p for p in parts}.values())
+    parts.sort(key=lambda p: p[0][0] if p[0] else 0)
+    if len(shape) == 0:
+        if len(parts) != 1:
+            return None
+    else:
+        pos = 0
+        for offs, sizes in parts:
+            if offs[0] != pos:
+                return None
+            pos += sizes[0]
+        if pos != shape[0]:
+            return None
+    ranges = []
+    for offs, sizes in parts:
+        st = storage.get((ti.name, offs))
+        if st is None or st.get("transform_descriptors"):
+            return None
+        path = folder / str(st["relative_path"])
+        if _is_safetensors(path):
+            r = _safetensors_chunk(path, ti, offs, sizes)
+            if r is None:
+                return None
+            if r.length:
+                ranges.append(r)
+            continue
+        base, length = int(st["offset"]), int(st["length"])
+        numel = 1
+        for s in sizes:
+            numel *= s
+        if numel == 0:
+            continue
+        r = _blob_range(path, base, length, numel, ti.dtype, item)
+        if r is None:
+            return None
+        ranges.append(r)
+    return ranges
+
+
+_ST_CACHE: dict = {}
+
+
+def _is_safetensors(path: Path) -> bool:
+    """DCP's SAFETENSORS serialization format: each .distcp file is a safetensors file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        return len(head) == 9 and head[8:9] == b"{"
+    except OSError:
+        return False
+
+
+def _safetensors_chunk(path: Path, ti, offs, sizes) -> Optional[ByteRange]:
+    import json
+
+    from ..formats import safetensors_header as stfmt
+
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _ST_CACHE:
+        h = stfmt.read_header(path)
+        try:
+            info = json.loads(h.metadata.get("DCP_SHARDING_INFO", "{}"))
+        except ValueError:
+            info = {}
+        _ST_CACHE.clear()
+        _ST_CACHE[key] = (h, info)
+    h, info = _ST_CACHE[key]
+    saved = (info.get(ti.name) or {}).get("saved_offsets")
+    if saved is None or tuple(saved) != tuple(offs) or ti.name not in h.offsets:
+        return None
+    t = next(x for x in h.tensors if x.name == ti.name)
+    if t.shape != tuple(sizes) or t.dtype != ti.dtype:
+        return None
+    b, e = h.offsets[ti.name]
+    return ByteRange(str(path), h.data_start + b, e - b)
+
+
+def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item: int) -> Optional[ByteRange]:
+    """The raw bytes of the one tensor a torch.save blob holds, or None if it is not that simple."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(base)
+            if f.read(2) != b"PK":
+                return None  # safetensors-format DCP or an extension's encoding
+        offsets = storage_offsets(path, base, length)
+        import zipfile
+
+        from ..formats.torchfile import _Window
+
+        with open(path, "rb") as f, zipfile.ZipFile(_Window(f, base, length)) as zf:
+            pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
+            if not pkl or pkl[0].file_size > (1 << 20):
+                return None
+            up = safe_loads(zf.read(pkl[0]), persistent=True)
+    except (FormatError, OSError, ValueError, Exception):
+        return None
+    t = up.obj
+    if up.unsafe or not isinstance(t, TensorRef) or t.storage is None or not t.contiguous:
+        return None
+    if t.numel != numel or t.dtype != dtype or t.storage.key not in offsets:
+        return None
+    start, size = offsets[t.storage.key]
+    if (t.offset + numel) * item > size:
+        return None
+    return ByteRange(str(path), start + t.offset * item, numel * item)
+
+
+def _general_loader(folder: Path, key: str, ti):
+    def load():
+        import torch
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        sd: dict = {}
+        _load_state_dict(sd, storage_reader=FileSystemReader(str(folder)),
+                         planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
+        # the loaded dict is nested again: walk it by the key's structure
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+        flat, _ = flatten_state_dict(sd)
+        t = flat[key]
+        return t.contiguous()
+
+    return load

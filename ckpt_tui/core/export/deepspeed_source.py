@@ -1,0 +1,514 @@
+"""DeepSpeed ZeRO-1/2/3 tag folders and universal checkpoints as byte ranges.
+
+:func:`deepspeed_source` describes exactly the tensors DeepSpeed's ``zero_to_fp32``
+(``get_fp32_state_dict_from_zero_checkpoint``) reconstructs, with the same names and order, as
+byte ranges of the fp32 master partitions in the optimizer-states files. Nothing is loaded with
+torch: the files' data.pkl are read through the restricted unpickler and the zip directory gives
+where each storage's bytes are (entries are stored uncompressed).
+
+Reconstruction rules (``deepspeed/utils/zero_to_fp32.py``):
+
+* ZeRO-1/2: per param group, the ranks' ``single_partition_of_fp32_groups[g]`` concatenated in
+  rank order; params of ``param_shapes[g]`` are consecutive slices of it (plus
+  ``param_alignment_paddings`` where recorded). Frozen params are full tensors in the model
+  states' ``frozen_param_fragments``.
+* ZeRO-3: every param occupies ``ceil(numel / world)`` elements at the same offset of each rank's
+  ``fp32_flat_groups`` (the groups of a rank concatenated); the full param is the ranks' slices
+  concatenated and cut to ``numel`` (the padding is never read). Frozen params: per-rank
+  fragments in each ``zero_pp_rank_*_model_states.pt``, concatenated and cut the same way.
+* Order: buffers, frozen params, trainable params, then tied aliases (``shared_params``).
+
+ZeRO-1 records no ``frozen_param_*``, so ``zero_to_fp32`` silently drops frozen params; we take
+them from the model-states ``module`` weights (training dtype) instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import os
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Optional
+
+from ..formats import FormatError, torchfile
+from ..formats.deepspeed import LAYER_RE, MODEL_STATES_RE, OPTIM_STATES_RE, stage_value
+from ..formats.pickles import DTYPE_ITEMSIZE, TensorRef
+from .sources import ByteRange, Source, SourceTensor
+
+MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
+MAX_RANGES_PER_TENSOR = 1 << 20
+ZERO1_FROZEN_NOTE = "from module weights (ZeRO-1 saves no frozen_param_*)"
+
+
+# ---------------------------------------------------------------------------------------------
+# byte-range helpers
+
+
+class _File:
+    """One torch zip: its structure (data.pkl) and where each storage's bytes are."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            tf = torchfile.read(self.path)
+        except FormatError as e:
+            raise ValueError(f"{self.path.name}: {e}") from None
+        if not tf.is_zip:
+            raise ValueError(f"{self.path.name}: legacy (non-zip) torch file; byte ranges need the zip format")
+        if tf.unsafe and tf.obj is None:
+            raise ValueError(f"{self.path.name}: unreadable without running code it names: {sorted(tf.unsafe)[:3]}")
+        self.obj = tf.obj
+        self._offsets: Optional[dict[str, tuple[int, int]]] = None
+
+    @property
+    def offsets(self) -> dict[str, tuple[int, int]]:
+        if self._offsets is None:
+            try:
+                self._offsets = torchfile.storage_offsets(self.path)
+            except FormatError as e:
+                raise ValueError(f"{self.path.name}: {e}") from None
+        return self._offsets
+
+    def element_start(self, ref: TensorRef) -> tuple[int, int]:
+        """(absolute byte offset of the storage, storage size in bytes)."""
+        if ref.storage is None:
+            raise ValueError(f"{self.path.name}: a tensor without a storage (tensor subclass?)")
+        try:
+            return self.offsets[ref.storage.key]
+        except KeyError:
+            raise ValueError(f"{self.path.name}: storage data/{ref.storage.key} missing from the archive") from None
+
+
+def _merge(ranges: list[ByteRange]) -> tuple[ByteRange, ...]:
+    out: list[ByteRange] = []
+    for r in ranges:
+        if r.length == 0:
+            continue
+        if out and out[-1].path == r.path and out[-1].offset + out[-1].length == r.offset:
+            out[-1] = ByteRange(r.path, out[-1].offset, out[-1].length + r.length)
+        else:
+            out.append(r)
+    return tuple(out)
+
+
+def _ref_ranges(f: _File, ref: TensorRef, what: str) -> tuple[ByteRange, ...]:
+    """Byte ranges of a (possibly strided) tensor, in row-major order."""
+    item = DTYPE_ITEMSIZE.get(ref.dtype)
+    if item is None:
+        raise ValueError(f"{what}: unsupported dtype {ref.dtype}")
+    base, size = f.element_start(ref)
+    shape = tuple(ref.shape)
+    numel = math.prod(shape)
+    if numel == 0:
+        return ()
+    stride = ref.stride
+    if stride is None or ref.contiguous:
+        if stride is None:
+            stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        last = ref.offset + numel - 1
+        if ref.offset < 0 or (last + 1) * item > size:
+            raise ValueError(f"{what}: elements [{ref.offset}, {last + 1}) run past its storage in {f.path.name}")
+        return (ByteRange(str(f.path), base + ref.offset * item, numel * item),)
+    # strided: split into the trailing block of dims that is contiguous, iterate the rest
+    if any(s < 0 for s in stride):
+        raise ValueError(f"{what}: negative strides")
+    max_el = ref.offset + sum((d - 1) * s for d, s in zip(shape, stride))
+    if (max_el + 1) * item > size:
+        raise ValueError(f"{what}: elements run past its storage in {f.path.name}")
+    k = len(shape)
+    inner = 1
+    while k > 0 and (shape[k - 1] == 1 or stride[k - 1] == inner):
+        inner *= shape[k - 1]
+        k -= 1
+    outer = math.prod(shape[:k])
+    if outer > MAX_RANGES_PER_TENSOR:
+        raise ValueError(f"{what}: a strided layout that needs {outer} byte ranges")
+    out = []
+    for idx in itertools.product(*(range(d) for d in shape[:k])):
+        el = ref.offset + sum(i * s for i, s in zip(idx, stride[:k]))
+        out.append(ByteRange(str(f.path), base + el * item, inner * item))
+    return _merge(out)
+
+
+class _Flat:
+    """A virtual 1-D fp32 vector: several flat tensors (of one or more files) back to back."""
+
+    def __init__(self):
+        self.parts: list[tuple[str, int, int]] = []  # (path, byte offset of element 0, numel)
+        self.starts: list[int] = []
+        self.numel = 0
+
+    def add(self, f: _File, ref: TensorRef, what: str) -> None:
+        if ref.dtype != "float32":
+            raise ValueError(f"{what}: expected a float32 master partition, found {ref.dtype}")
+        if len(ref.shape) != 1 or not ref.contiguous:
+            raise ValueError(f"{what}: expected a flat contiguous tensor, found shape {ref.shape}")
+        (r,) = _ref_ranges(f, ref, what) or (ByteRange(str(f.path), 0, 0),)
+        self.starts.append(self.numel)
+        self.parts.append((r.path, r.offset, ref.shape[0]))
+        self.numel += ref.shape[0]
+
+    def slice(self, start: int, n: int) -> list[ByteRange]:
+        if start < 0 or start + n > self.numel:
+            raise ValueError(f"elements [{start}, {start + n}) outside a flat group of {self.numel}")
+        out = []
+        i = bisect.bisect_right(self.starts, start) - 1
+        while n > 0:
+            path, off, cnt = self.parts[i]
+            local = start - self.starts[i]
+            take = min(n, cnt - local)
+            if take > 0:
+                out.append(ByteRange(path, off + local * 4, take * 4))
+                start += take
+                n -= take
+            i += 1
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tag folder
+
+
+def _shape(s: Any, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}: unreadable shape {s!r}") from None
+
+
+def _train_dtype(model: dict) -> Optional[str]:
+    cfg = model.get("ds_config")
+    if isinstance(cfg, dict):
+        for key, name in (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16")):
+            sect = cfg.get(key)
+            if isinstance(sect, dict) and sect.get("enabled") in (True, "true", "auto"):
+                return name
+    return None
+
+
+def _check_model_states(model: Any, name: str) -> dict:
+    if not isinstance(model, dict) or "buffer_names" not in model or "param_shapes" not in model:
+        raise ValueError(f"{name} is not a DeepSpeed model-states file (no buffer_names/param_shapes)")
+    mp = model.get("mp_world_size")
+    if isinstance(mp, int) and mp > 1:
+        raise ValueError(f"model parallelism (mp_world_size={mp}) is not supported: "
+                         "zero_to_fp32 reconstructs a single model-parallel rank only")
+    dims = model.get("checkpoint_parallel_dimensions")
+    if isinstance(dims, dict):
+        for k in ("pp_degree", "tp_degree"):
+            v = dims.get(k)
+            if isinstance(v, int) and v > 1:
+                raise ValueError(f"{'pipeline' if k == 'pp_degree' else 'tensor'} parallelism ({k}={v}) is not supported")
+    if model.get("num_experts"):
+        raise ValueError("MoE checkpoints (expert parameters) are not supported")
+    return model
+
+
+def _param_shapes(model: dict, name: str) -> list["OrderedDict[str, tuple[int, ...]]"]:
+    ps = model.get("param_shapes")
+    if isinstance(ps, dict):  # very old DeepSpeed: one group
+        ps = [ps]
+    if not isinstance(ps, list):
+        raise ValueError(f"{name}: param_shapes is not a list of groups")
+    return [OrderedDict((str(k), _shape(v, f"{name}: {k}")) for k, v in g.items()) for g in ps]
+
+
+def _osd(f: _File) -> dict:
+    obj = f.obj
+    osd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
+    if not isinstance(osd, dict):
+        raise ValueError(f"{f.path.name} has no optimizer_state_dict")
+    return osd
+
+
+def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives."""
+    tag_dir = Path(tag_dir)
+    if not tag_dir.is_dir():
+        raise ValueError(f"{tag_dir} is not a folder")
+    names = sorted(os.listdir(tag_dir))
+    if any(LAYER_RE.match(n) for n in names):
+        raise ValueError("pipeline-parallel checkpoints (layer_*-model_states.pt files) are not supported")
+    if any(MOE_RE.search(n) for n in names):
+        raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
+    model_files: dict[tuple[int, int], str] = {}
+    optim_files: dict[tuple[int, int], str] = {}
+    for n in names:
+        m = MODEL_STATES_RE.match(n)
+        if m:
+            model_files[(int(m.group(1)) if m.group(1) is not None else -1, int(m.group(2)))] = n
+        m = OPTIM_STATES_RE.match(n)
+        if m:
+            optim_files[(int(m.group(2)), int(m.group(3)))] = n
+    if any(mp != 0 for _, mp in list(model_files) + list(optim_files)):
+        raise ValueError("model-parallel checkpoints (mp_rank > 0 files) are not supported")
+    if not optim_files:
+        raise ValueError(f"no *_optim_states.pt in {tag_dir}: the fp32 master weights live there "
+                         "(saved without optimizer states?)")
+
+    optim = {dp: _File(tag_dir / n) for (dp, _), n in sorted(optim_files.items())}
+    osd0 = _osd(optim[min(optim)])
+    if "zero_stage" not in osd0:
+        if "single_partition_of_fp32_groups" in osd0 or "fp32_groups_flat" in osd0:
+            raise ValueError("a DeepSpeed BF16_Optimizer checkpoint (bf16 without ZeRO, e.g. ZeRO stage 0 "
+                             "or pipeline bf16): zero_to_fp32 rejects it (no zero_stage in the optimizer "
+                             "states) and it is not supported")
+        raise ValueError(f"{optim[min(optim)].path.name} is not a ZeRO checkpoint (no zero_stage)")
+    stage = stage_value(osd0.get("zero_stage"))
+    if stage not in (1, 2, 3):
+        raise ValueError(f"unsupported ZeRO stage {osd0.get('zero_stage')!r}")
+    world = osd0.get("partition_count")
+    if isinstance(world, (list, tuple)):
+        if len(set(world)) > 1:
+            raise ValueError(f"param groups with different partition counts {list(world)} (MoE?) are not supported")
+        world = max(world)
+    if not isinstance(world, int) or world < 1:
+        raise ValueError(f"unreadable partition_count {osd0.get('partition_count')!r}")
+    if sorted(optim) != list(range(world)):
+        raise ValueError(f"expected {world} *_optim_states.pt (ranks 0..{world - 1}) in {tag_dir}, found ranks "
+                         f"{sorted(optim)}: an overwritten checkpoint, or one rank did not save")
+
+    if stage <= 2:
+        if (-1, 0) not in model_files:
+            raise ValueError(f"no mp_rank_00_model_states.pt in {tag_dir}")
+        models = [_File(tag_dir / model_files[(-1, 0)])]
+    else:
+        missing = [r for r in range(world) if (r, 0) not in model_files]
+        if missing:
+            raise ValueError(f"ZeRO-3 needs zero_pp_rank_<r>_mp_rank_00_model_states.pt for every rank; "
+                             f"missing ranks {missing}")
+        models = [_File(tag_dir / model_files[(r, 0)]) for r in range(world)]
+    for mf in models:
+        _check_model_states(mf.obj, mf.path.name)
+    m0f = models[0]
+    m0 = m0f.obj
+    shapes = _param_shapes(m0, m0f.path.name)
+    module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
+    buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
+    shared = m0.get("shared_params") if isinstance(m0.get("shared_params"), dict) else {}
+    frozen_shapes = m0.get("frozen_param_shapes")
+    notes: list[str] = []
+
+    out: "OrderedDict[str, SourceTensor]" = OrderedDict()
+
+    # buffers (zero_to_fp32 upcasts floating buffers to fp32; we keep them as stored)
+    for name, t in module.items():
+        if name in buffer_names and isinstance(t, TensorRef):
+            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(m0f, t, name))
+
+    # frozen params
+    if not exclude_frozen:
+        if isinstance(frozen_shapes, dict) and frozen_shapes:
+            if stage <= 2:
+                frags = m0.get("frozen_param_fragments") or {}
+                for name, s in frozen_shapes.items():
+                    shape = _shape(s, name)
+                    t = frags.get(name)
+                    if not isinstance(t, TensorRef):
+                        raise ValueError(f"frozen param {name} has no frozen_param_fragments entry")
+                    if math.prod(t.shape) != math.prod(shape):
+                        raise ValueError(f"frozen param {name}: fragment {t.shape} does not match shape {shape}")
+                    out[name] = SourceTensor(name, shape, t.dtype, _ref_ranges(m0f, t, name), frozen=True)
+            else:
+                for name, s in frozen_shapes.items():
+                    shape = _shape(s, name)
+                    numel = math.prod(shape)
+                    ranges, dtype, have = [], None, 0
+                    for mf in models:
+                        t = (mf.obj.get("frozen_param_fragments") or {}).get(name)
+                        if not isinstance(t, TensorRef):
+                            raise ValueError(f"frozen param {name}: no fragment in {mf.path.name}")
+                        if dtype is None:
+                            dtype = t.dtype
+                        elif t.dtype != dtype:
+                            raise ValueError(f"frozen param {name}: fragments of different dtypes")
+                        take = min(t.numel, numel - have)
+                        if take <= 0:
+                            break
+                        rs = _ref_ranges(mf, t, name)
+                        ranges += _cut(rs, take * DTYPE_ITEMSIZE[dtype])
+                        have += take
+                    if have != numel:
+                        raise ValueError(f"frozen param {name}: fragments hold {have} of {numel} elements")
+                    out[name] = SourceTensor(name, shape, dtype or "float32", _merge(ranges), frozen=True)
+        elif frozen_shapes is None and stage <= 2:
+            # ZeRO-1 saves no frozen_param_*: the frozen weights are only in the module (training dtype)
+            trainable = {n for g in shapes for n in g}
+            n_frozen = 0
+            for name, t in module.items():
+                if name in trainable or name in buffer_names or name in shared or not isinstance(t, TensorRef):
+                    continue
+                out[name] = SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(m0f, t, name),
+                                         frozen=True, note=ZERO1_FROZEN_NOTE)
+                n_frozen += 1
+            if n_frozen:
+                notes.append(f"{n_frozen} frozen param(s) taken from the model-states module weights "
+                             f"(ZeRO-{stage} records no frozen_param_shapes; zero_to_fp32 drops them)")
+
+    # trainable params
+    if stage <= 2:
+        _zero2_params(out, shapes, optim, world, osd0)
+    else:
+        _zero3_params(out, shapes, optim, world)
+
+    # tied weights
+    for alias, target in shared.items():
+        alias, target = str(alias), str(target)
+        if target in out:
+            t = out[target]
+            out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target, frozen=t.frozen,
+                                      note=t.note)
+
+    return Source("deepspeed", tag_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes)
+
+
+def _cut(ranges, nbytes: int) -> list[ByteRange]:
+    out = []
+    for r in ranges:
+        if nbytes <= 0:
+            break
+        take = min(nbytes, r.length)
+        out.append(ByteRange(r.path, r.offset, take))
+        nbytes -= take
+    return out
+
+
+def _zero2_params(out, shapes, optim: dict[int, _File], world: int, osd0: dict) -> None:
+    groups_per_rank = []
+    for r in range(world):
+        g = _osd(optim[r]).get("single_partition_of_fp32_groups")
+        if not isinstance(g, (list, tuple)):
+            raise ValueError(f"{optim[r].path.name}: no single_partition_of_fp32_groups")
+        groups_per_rank.append(g)
+    n_groups = len(groups_per_rank[0])
+    if any(len(g) != n_groups for g in groups_per_rank) or n_groups != len(shapes):
+        raise ValueError(f"{n_groups} fp32 param groups but {len(shapes)} groups in param_shapes")
+    paddings = osd0.get("param_alignment_paddings")
+    align_to = 2 * world
+    for gi, group_shapes in enumerate(shapes):
+        flat = _Flat()
+        for r in range(world):
+            flat.add(optim[r], groups_per_rank[r][gi], f"{optim[r].path.name} group {gi}")
+        pads = None
+        if paddings is not None:
+            pads = paddings[gi]
+            if len(pads) != len(group_shapes):
+                raise ValueError(f"expected {len(group_shapes)} parameter alignment paddings for group {gi}, "
+                                 f"found {len(pads)}")
+        offset = 0
+        for pi, (name, shape) in enumerate(group_shapes.items()):
+            n = math.prod(shape)
+            out[name] = SourceTensor(name, shape, "float32", _merge(flat.slice(offset, n)))
+            offset += n
+            if pads is not None:
+                offset += int(pads[pi])
+        # same sanity check as zero_to_fp32 (both rounded up to 2 * world)
+        if align_to * math.ceil(offset / align_to) != align_to * math.ceil(flat.numel / align_to):
+            raise ValueError(f"group {gi}: params consume {offset} of {flat.numel} fp32 elements - "
+                             "param_shapes and the optimizer partitions do not match")
+
+
+def _zero3_params(out, shapes, optim: dict[int, _File], world: int) -> None:
+    flats = []
+    sizes0 = None
+    for r in range(world):
+        groups = _osd(optim[r]).get("fp32_flat_groups")
+        if not isinstance(groups, (list, tuple)):
+            raise ValueError(f"{optim[r].path.name}: no fp32_flat_groups")
+        flat = _Flat()
+        for gi, t in enumerate(groups):
+            flat.add(optim[r], t, f"{optim[r].path.name} group {gi}")
+        sizes = [p[2] for p in flat.parts]
+        if sizes0 is None:
+            sizes0 = sizes
+        elif sizes != sizes0:
+            raise ValueError(f"ranks hold differently sized fp32 flat groups ({sizes0} vs {sizes})")
+        flats.append(flat)
+    offset = 0
+    merged = OrderedDict((k, v) for g in shapes for k, v in g.items())
+    for name, shape in merged.items():
+        n = math.prod(shape)
+        pn = math.ceil(n / world)
+        ranges, left = [], n
+        for r in range(world):
+            take = min(pn, left)
+            if take > 0:
+                ranges += flats[r].slice(offset, take)
+                left -= take
+            elif offset + pn > flats[r].numel:
+                raise ValueError(f"{name}: runs past the fp32 flat group of rank {r}")
+        out[name] = SourceTensor(name, shape, "float32", _merge(ranges))
+        offset += pn
+    if offset != flats[0].numel:
+        raise ValueError(f"params consume {offset * world} of {flats[0].numel * world} fp32 elements - "
+                         "param_shapes and the optimizer partitions do not match")
+
+
+# ---------------------------------------------------------------------------------------------
+# universal checkpoints
+
+
+def universal_source(universal_dir: Path) -> Source:
+    """A DeepSpeed universal checkpoint: ``zero/<param>/fp32.pt`` per param, buffers from model states."""
+    universal_dir = Path(universal_dir)
+    zdir = universal_dir / "zero"
+    if not zdir.is_dir():
+        raise ValueError(f"{universal_dir} has no zero/ folder: not a DeepSpeed universal checkpoint")
+    names = sorted(os.listdir(universal_dir))
+    if any(LAYER_RE.match(n) for n in names):
+        raise ValueError("pipeline-parallel universal checkpoints are not supported")
+    model_names = sorted((n for n in names if MODEL_STATES_RE.match(n)),
+                         key=lambda n: (0 if n.startswith("mp_rank_") else 1, int(MODEL_STATES_RE.match(n).group(1) or 0)))
+    mf = _File(universal_dir / model_names[0]) if model_names else None
+    m0 = mf.obj if mf is not None and isinstance(mf.obj, dict) else {}
+    if mf is not None:
+        _check_model_states(m0, mf.path.name)
+
+    params = {n for n in os.listdir(zdir) if (zdir / n / "fp32.pt").is_file()}
+    shapes: "OrderedDict[str, tuple[int, ...]]" = OrderedDict()
+    if m0:
+        for g in _param_shapes(m0, mf.path.name):
+            shapes.update(g)
+        fz = m0.get("frozen_param_shapes")
+        if isinstance(fz, dict):
+            for k, v in fz.items():
+                shapes.setdefault(str(k), _shape(v, k))
+    order = [n for n in shapes if n in params] + sorted(params - set(shapes))
+
+    out: "OrderedDict[str, SourceTensor]" = OrderedDict()
+    notes: list[str] = []
+    module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
+    buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
+    for name, t in module.items():
+        if name in buffer_names and isinstance(t, TensorRef):
+            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(mf, t, name))
+    missing = [n for n in shapes if n not in params]
+    if missing:
+        notes.append(f"{len(missing)} param(s) of param_shapes have no zero/<name>/fp32.pt (e.g. {missing[0]})")
+    for name in order:
+        f = _File(zdir / name / "fp32.pt")
+        obj = f.obj
+        if isinstance(obj, dict) and isinstance(obj.get("param"), TensorRef):
+            t = obj["param"]
+        elif isinstance(obj, TensorRef):
+            t = obj
+        else:
+            raise ValueError(f"zero/{name}/fp32.pt holds neither a tensor nor {{'param': tensor, ...}}")
+        shape = tuple(t.shape)
+        want = shapes.get(name)
+        if want is not None and want != shape:
+            if math.prod(want) != t.numel or not t.contiguous:
+                raise ValueError(f"zero/{name}/fp32.pt holds {t.numel} elements, param_shapes says {want}")
+            shape = want  # ZeRO-3 universal stores the param flat
+        ranges = _ref_ranges(f, t, name)
+        out[name] = SourceTensor(name, shape, t.dtype, ranges)
+    shared = m0.get("shared_params") if isinstance(m0.get("shared_params"), dict) else {}
+    for alias, target in shared.items():
+        alias, target = str(alias), str(target)
+        if target in out and alias not in params:
+            t = out[target]
+            out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target)
+    return Source("universal", universal_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes)

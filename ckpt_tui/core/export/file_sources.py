@@ -1,0 +1,107 @@
+"""Weights of single files as export sources: torch.save zips (pytorch_model.bin, .pt, .pth,
+Lightning .ckpt, FSDP full state dicts, Accelerate model_N.bin) and safetensors files/indexes.
+
+Tensors in a torch zip are storage entries stored uncompressed: a contiguous tensor is one byte
+range of the file, found from the zip headers; nothing is unpickled beyond the restricted reader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from ..formats import FormatError
+from ..formats import safetensors_header as stfmt
+from ..formats import torchfile
+from ..formats.pickles import DTYPE_ITEMSIZE, TensorRef, iter_tensors
+from .sources import ByteRange, Source, SourceTensor
+
+WRAPPERS = ("state_dict", "module", "model", "model_state_dict")
+
+
+def pick_state_dict(obj: Any) -> tuple[Any, Optional[str]]:
+    """The model's state dict inside a torch file: Lightning's ``state_dict``, DeepSpeed's ``module``,
+    Megatron's ``model``..., or the object itself."""
+    if isinstance(obj, dict):
+        for w in WRAPPERS:
+            inner = obj.get(w)
+            if isinstance(inner, dict) and any(True for _ in iter_tensors(inner)):
+                return inner, w
+    return obj, None
+
+
+def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
+    path = Path(path)
+    tf = torchfile.read(path)
+    if tf.unsafe and not trust_pickles:
+        raise FormatError(f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
+                          "pass --trust-pickles if you trust its origin")
+    if not tf.is_zip:
+        raise FormatError(f"{path.name} uses torch's legacy (pre-1.6) format; re-save it with torch.save first")
+    sd, wrapper = pick_state_dict(tf.obj)
+    offsets = torchfile.storage_offsets(path)
+    tensors: list[SourceTensor] = []
+    first_by_view: dict[tuple, str] = {}
+    for name, t in iter_tensors(sd):
+        out = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
+        if t.storage is None:
+            raise FormatError(f"{name} is not a plain tensor (a sharded or subclass tensor); export its "
+                              "folder's DCP/full state dict instead")
+        view = (t.storage.key, t.offset, t.shape, t.stride)
+        tied = first_by_view.get(view)
+        if tied is None:
+            first_by_view[view] = out
+        item = DTYPE_ITEMSIZE.get(t.dtype)
+        if item is None:
+            raise FormatError(f"{name} has unsupported dtype {t.dtype}")
+        if t.contiguous:
+            start, size = offsets[t.storage.key]
+            if (t.offset + t.numel) * item > size:
+                raise FormatError(f"{name} runs past its storage: the file is corrupt", "corrupt")
+            rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
+            tensors.append(SourceTensor(out, t.shape, t.dtype, ranges=rng, tied_to=tied))
+        else:
+            tensors.append(SourceTensor(out, t.shape, t.dtype, load=_strided_loader(path, t, offsets), tied_to=tied,
+                                        note="non-contiguous view, copied element-wise"))
+    if not tensors:
+        raise FormatError(f"{path.name} holds no tensors")
+    src = Source("torch-file", path, tensors)
+    if wrapper:
+        src.notes.append(f"weights taken from the file's `{wrapper}` entry")
+    return src
+
+
+def _strided_loader(path: Path, t: TensorRef, offsets):
+    def load():
+        import torch
+
+        start, size = offsets[t.storage.key]
+        with open(path, "rb") as f:
+            f.seek(start)
+            raw = bytearray(f.read(size))
+        base = torch.frombuffer(raw, dtype=getattr(torch, t.dtype)) if raw else torch.empty(0)
+        return torch.as_strided(base, t.shape, t.stride, t.offset).contiguous()
+
+    return load
+
+
+def safetensors_source(path: Path) -> Source:
+    """One safetensors file, or an index (``*.safetensors.index.json``) and its shards."""
+    path = Path(path)
+    files = [path]
+    if path.name.endswith(".index.json"):
+        doc = stfmt.read_index(path)
+        files = []
+        for fn in sorted({str(v) for v in doc["weight_map"].values()}):
+            fp = path.parent / fn
+            if fp.resolve().parent != path.parent.resolve():
+                raise FormatError(f"index points outside its folder: {fn}")
+            files.append(fp)
+    tensors = []
+    for fp in files:
+        h = stfmt.read_header(fp)
+        for t in h.tensors:
+            b, e = h.offsets[t.name]
+            rng = (ByteRange(str(fp), h.data_start + b, e - b),) if e > b else ()
+            tensors.append(SourceTensor(t.name, t.shape, t.dtype, ranges=rng))
+    return Source("safetensors", path, tensors)

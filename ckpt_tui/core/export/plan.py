@@ -1,0 +1,180 @@
+"""A pure, printable export plan: which source tensor goes to which output file, how many bytes."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..formats.pickles import DTYPE_ITEMSIZE
+from ..model import Plan, PlanStep
+from .sources import Source, SourceTensor
+
+DTYPES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+FLOATS = {"float32", "float16", "bfloat16", "float64"}
+ST_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+            "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64",
+            "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "complex64": "C64"}
+DEFAULT_MAX_SHARD = "50GB"  # transformers 5.x save_pretrained
+CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                "chat_template.jinja", "vocab.txt", "spiece.model", "preprocessor_config.json")
+
+
+def parse_size(text) -> int:
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(text), re.I)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 5GB, 500MB, 2GiB)")
+    n = float(m.group(1))
+    unit = (m.group(2) or "B").upper()
+    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    return int(n * mult)
+
+
+@dataclass
+class OutTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # output dtype
+    src: SourceTensor
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * DTYPE_ITEMSIZE[self.dtype]
+
+
+@dataclass
+class OutFile:
+    name: str
+    tensors: list[OutTensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass
+class ExportPlan:
+    source: Source
+    out: Path
+    files: list[OutFile]
+    index: bool
+    copies: list[tuple[Path, str]] = field(default_factory=list)  # (source file, name in out)
+    dropped_tied: list[tuple[str, str]] = field(default_factory=list)  # (alias, written name)
+    excluded: list[str] = field(default_factory=list)
+    missing_config: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    dtype: str = "keep"
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(f.nbytes for f in self.files)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tensor_bytes + sum(p.stat().st_size for p, _ in self.copies)
+
+    @property
+    def params(self) -> int:
+        return sum(t.src.numel for f in self.files for t in f.tensors)
+
+    def to_plan(self) -> Plan:
+        steps = [PlanStep("write", f.name, str(self.source.path), f.nbytes, f"{len(f.tensors)} tensors")
+                 for f in self.files]
+        if self.index:
+            steps.append(PlanStep("write", "model.safetensors.index.json", None, 0, "weight_map of every tensor"))
+        steps += [PlanStep("copy", name, str(p), p.stat().st_size) for p, name in self.copies]
+        notes = list(self.notes)
+        notes += [f"tied: {a} is {b} (written once, as save_pretrained does)" for a, b in self.dropped_tied]
+        if self.missing_config:
+            notes.append("no " + ", ".join(self.missing_config) + " found: " + _missing_text(self.missing_config))
+        return Plan(f"Export {self.source.path} -> {self.out} ({self.dtype})", tuple(steps), tuple(notes))
+
+
+def _missing_text(missing: list[str]) -> str:
+    if "config.json" in missing:
+        return "from_pretrained(out) will need the model's config (pass --config PATH or copy config.json in)"
+    return "from_pretrained will use defaults for these"
+
+
+def out_dtype(t: SourceTensor, dtype: str, source_kind: str) -> str:
+    want = DTYPES[dtype]
+    if want is None:
+        # DeepSpeed exports are fp32 masters; frozen weights taken from bf16 module weights join them in fp32
+        if source_kind == "deepspeed" and t.frozen and t.dtype in FLOATS:
+            return "float32"
+        return t.dtype
+    return want if t.dtype in FLOATS else t.dtype
+
+
+def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=DEFAULT_MAX_SHARD,
+              exclude_frozen: bool = False, config_dirs: list[Path] = (), config_path: Optional[Path] = None) -> ExportPlan:
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
+    limit = parse_size(max_shard_size)
+    outs: list[OutTensor] = []
+    dropped, excluded = [], []
+    names = {t.name for t in source.tensors}
+    for t in source.tensors:
+        if exclude_frozen and t.frozen:
+            excluded.append(t.name)
+            continue
+        if t.tied_to is not None and t.tied_to in names:
+            dropped.append((t.name, t.tied_to))
+            continue
+        outs.append(OutTensor(t.name, t.shape, out_dtype(t, dtype, source.kind), t))
+    seen = set()
+    for o in outs:
+        if o.name in seen:
+            raise ValueError(f"two source tensors map to the output name {o.name!r}; use --strip-prefix carefully")
+        seen.add(o.name)
+    groups: list[list[OutTensor]] = [[]]
+    size = 0
+    for o in outs:
+        if groups[-1] and size + o.nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(o)
+        size += o.nbytes
+    n = len(groups)
+    files = [OutFile("model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors", g)
+             for i, g in enumerate(groups)]
+    plan = ExportPlan(source, Path(out), files, n > 1, dropped_tied=dropped, excluded=excluded, dtype=dtype)
+    plan.notes.extend(source.notes)
+    if source.train_dtype and source.train_dtype != "float32" and dtype == "keep":
+        short = {"bfloat16": "bf16", "float16": "fp16"}.get(source.train_dtype, source.train_dtype)
+        plan.notes.append(f"the run trained in {short}; these are its fp32 master weights — "
+                          f"--dtype {short} halves the size")
+    for t in source.tensors:
+        if t.note and t.note not in plan.notes and "torch DCP" in t.note:
+            plan.notes.append(f"some tensors {t.note}")
+            break
+    _find_configs(plan, list(config_dirs), config_path)
+    return plan
+
+
+def _find_configs(plan: ExportPlan, dirs: list[Path], config_path: Optional[Path]) -> None:
+    found: dict[str, Path] = {}
+    if config_path is not None:
+        cp = Path(config_path)
+        if cp.is_file():
+            found[cp.name if cp.name in CONFIG_FILES else "config.json"] = cp
+            dirs = [cp.parent] + dirs
+        elif cp.is_dir():
+            dirs = [cp] + dirs
+        else:
+            raise FileNotFoundError(f"--config {cp}: no such file or folder")
+    for d in dirs:
+        for name in CONFIG_FILES:
+            p = Path(d) / name
+            if name not in found and p.is_file():
+                found[name] = p
+    plan.copies = [(p, name) for name, p in found.items()]
+    plan.missing_config = [n for n in ("config.json",) if n not in found]

@@ -1,0 +1,86 @@
+"""Where each output tensor's bytes are in the source.
+
+A :class:`SourceTensor` is either a list of byte ranges whose concatenation is the full tensor in
+row-major order (the fast path: bytes are moved by offset, never become Python objects), or a
+``load`` callable that materialises it with torch (the general path: layouts whose chunks are not
+contiguous byte ranges of the full tensor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..formats.pickles import DTYPE_ITEMSIZE
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    path: str
+    offset: int
+    length: int
+
+
+@dataclass
+class SourceTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name of the stored bytes, e.g. "float32"
+    ranges: Optional[tuple[ByteRange, ...]] = None
+    load: Optional[Callable[[], "object"]] = None  # -> torch.Tensor (general path)
+    tied_to: Optional[str] = None  # written once: this name is an alias of ``tied_to``
+    frozen: bool = False
+    note: str = ""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_ITEMSIZE[self.dtype]
+
+
+@dataclass
+class Source:
+    """Everything an export needs to know about the weights it reads."""
+
+    kind: str  # "dcp" | "deepspeed" | "universal" | "torch-file" | "safetensors"
+    path: Path
+    tensors: list[SourceTensor]
+    train_dtype: Optional[str] = None  # bf16/fp16 runs store fp32 masters: say --dtype bf16 halves the size
+    notes: list[str] = field(default_factory=list)
+
+
+def read_bytes(t: SourceTensor, limit: int = 1 << 62) -> bytes:
+    """All bytes of ``t`` (for tests and small tensors; the executor streams instead)."""
+    if t.ranges is None:
+        raise ValueError(f"{t.name} has no byte ranges")
+    out = bytearray()
+    for r in t.ranges:
+        with open(r.path, "rb") as f:
+            f.seek(r.offset)
+            data = f.read(r.length)
+        if len(data) != r.length:
+            raise OSError(f"{r.path}: expected {r.length} bytes at {r.offset}, got {len(data)}")
+        out += data
+        if len(out) > limit:
+            raise MemoryError("tensor larger than the limit")
+    return bytes(out)
+
+
+def to_torch(t: SourceTensor):
+    """Materialise ``t`` as a torch tensor (tests, verification, dtype conversion of one tensor)."""
+    import torch
+
+    if t.load is not None:
+        return t.load()
+    data = read_bytes(t)
+    dt = getattr(torch, t.dtype)
+    if not data:
+        return torch.empty(t.shape, dtype=dt)
+    return torch.frombuffer(bytearray(data), dtype=dt).reshape(t.shape)

@@ -1,0 +1,303 @@
+"""Execute an export plan: stream bytes into safetensors files in a temp folder, fsync, os.replace.
+
+Memory is bounded by one I/O buffer (plus one tensor where a dtype conversion of a general-path
+tensor needs it): same-dtype byte ranges move kernel-side with ``os.copy_file_range``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..formats.pickles import DTYPE_ITEMSIZE
+from ..progress import Cancelled, OnProgress, Progress, check_cancel
+from .plan import ST_NAMES, ExportPlan, OutFile, OutTensor
+from .sources import to_torch
+
+BUF = 16 * 1024 * 1024
+
+
+class ExportError(Exception):
+    """The export cannot run or failed; the message says why and what to do."""
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    files: list[str]
+    bytes: int
+    tensors: int
+    params: int
+    seconds: float
+    verified: Optional[bool] = None
+    mismatches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"out": str(self.out), "files": self.files, "bytes": self.bytes, "tensors": self.tensors,
+                "params": self.params, "seconds": round(self.seconds, 3), "verified": self.verified,
+                "mismatches": self.mismatches, "notes": self.notes}
+
+
+def header_bytes(f: OutFile) -> bytes:
+    hdr: dict = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for t in f.tensors:
+        hdr[t.name] = {"dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
+        off += t.nbytes
+    raw = json.dumps(hdr, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+class _Counter:
+    def __init__(self, total: int, on_progress: Optional[OnProgress], label: str):
+        self.done, self.total, self.cb, self.label = 0, total, on_progress, label
+        self.lock = threading.Lock()
+        self.last = 0.0
+
+    def add(self, n: int, force: bool = False) -> None:
+        with self.lock:
+            self.done += n
+            now = time.monotonic()
+            if self.cb and (force or now - self.last > 0.05 or self.done >= self.total):
+                self.last = now
+                self.cb(Progress(self.done, self.total, "bytes", self.label))
+
+
+def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, counter, cancel) -> None:
+    use_cfr = hasattr(os, "copy_file_range")
+    while length > 0:
+        check_cancel(cancel)
+        n = min(length, BUF * 4)
+        done = 0
+        if use_cfr:
+            try:
+                done = os.copy_file_range(src_fd, dst_fd, n, src_off, dst_off)
+            except OSError as e:
+                if e.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    use_cfr = False
+                else:
+                    raise
+        if not use_cfr:
+            data = os.pread(src_fd, min(n, BUF), src_off)
+            done = os.pwrite(dst_fd, data, dst_off) if data else 0
+        if done <= 0:
+            raise ExportError("source ended early while copying: it changed or is truncated")
+        src_off += done
+        dst_off += done
+        length -= done
+        counter.add(done)
+
+
+def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds: dict) -> None:
+    s = t.src
+    if s.ranges is not None and s.dtype == t.dtype:
+        for r in s.ranges:
+            fd = fds.get(r.path)
+            if fd is None:
+                fd = fds[r.path] = os.open(r.path, os.O_RDONLY)
+            _copy_range(fd, dst_fd, r.offset, dst_off, r.length, counter, cancel)
+            dst_off += r.length
+        return
+    import torch
+
+    dt = getattr(torch, t.dtype)
+    if s.ranges is not None:  # convert dtype chunk by chunk: bounded memory
+        item = DTYPE_ITEMSIZE[s.dtype]
+        sdt = getattr(torch, s.dtype)
+        for r in s.ranges:
+            fd = fds.get(r.path)
+            if fd is None:
+                fd = fds[r.path] = os.open(r.path, os.O_RDONLY)
+            pos, left = r.offset, r.length
+            while left > 0:
+                check_cancel(cancel)
+                n = min(left, (BUF // item) * item)
+                raw = bytearray(os.pread(fd, n, pos))
+                if len(raw) != n:
+                    raise ExportError("source ended early while copying: it changed or is truncated")
+                out = torch.frombuffer(raw, dtype=sdt).to(dt).view(torch.uint8).numpy()
+                os.pwrite(dst_fd, memoryview(out), dst_off)
+                dst_off += out.nbytes
+                pos += n
+                left -= n
+                counter.add(out.nbytes)
+        return
+    tensor = s.load().to(dt).contiguous()  # general path: one tensor in memory
+    check_cancel(cancel)
+    if tuple(tensor.shape) != tuple(t.shape):
+        raise ExportError(f"{t.name}: loaded shape {tuple(tensor.shape)} differs from the plan {t.shape}")
+    if tensor.numel():
+        data = memoryview(tensor.view(torch.uint8).reshape(-1).numpy())
+        written = 0
+        while written < len(data):
+            written += os.pwrite(dst_fd, data[written:written + BUF], dst_off + written)
+    counter.add(t.nbytes)
+
+
+def _write_file(f: OutFile, path: Path, counter, cancel) -> None:
+    hdr = header_bytes(f)
+    fds: dict[str, int] = {}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, hdr)
+        off = len(hdr)
+        for t in f.tensors:
+            check_cancel(cancel)
+            _write_tensor(t, fd, off, counter, cancel, fds)
+            off += t.nbytes
+        os.ftruncate(fd, off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        for x in fds.values():
+            os.close(x)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def preflight(plan: ExportPlan, overwrite: bool) -> None:
+    out = plan.out
+    parent = out.parent
+    if not parent.exists():
+        raise ExportError(f"{parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportError(f"no write permission in {parent}")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} is not empty; choose another --out or pass --overwrite")
+    need = plan.total_bytes + (1 << 20)
+    free = shutil.disk_usage(parent).free
+    if free < need:
+        from ..humanize_bytes import naturalsize
+
+        raise ExportError(f"no space left on {parent}: the export needs {naturalsize(need)}, "
+                          f"{naturalsize(free)} is free")
+    try:
+        if os.path.commonpath([out.resolve(), plan.source.path.resolve()]) == str(plan.source.path.resolve()):
+            raise ExportError("the output folder is inside the source checkpoint; choose a folder outside it")
+    except ValueError:
+        pass
+
+
+def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify: bool = True,
+            on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
+    t0 = time.monotonic()
+    preflight(plan, overwrite)
+    out = plan.out
+    lock_path = out.parent / f".{out.name}.ckpt-tui.lock"
+    lock = open(lock_path, "w")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(f"another ckpt-tui is exporting into {out}; wait for it or choose another --out") from None
+        for old in out.parent.glob(f".{out.name}.tmp-*"):  # leftovers of a killed run: we hold the lock
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            counter = _Counter(plan.tensor_bytes, on_progress, "writing")
+            if jobs > 1 and len(plan.files) > 1:
+                with ThreadPoolExecutor(max_workers=jobs) as pool:
+                    futs = [pool.submit(_write_file, f, tmp / f.name, counter, cancel) for f in plan.files]
+                    for fu in futs:
+                        fu.result()
+            else:
+                for f in plan.files:
+                    _write_file(f, tmp / f.name, counter, cancel)
+            counter.add(0, force=True)
+            if plan.index:
+                wm = {t.name: f.name for f in plan.files for t in f.tensors}
+                _write_small(tmp / "model.safetensors.index.json",
+                             json.dumps({"metadata": {"total_size": plan.tensor_bytes}, "weight_map": wm}, indent=2))
+            for src, name in plan.copies:
+                check_cancel(cancel)
+                shutil.copyfile(src, tmp / name)
+                with open(tmp / name, "rb+") as fh:
+                    os.fsync(fh.fileno())
+            result = ExportResult(out, [f.name for f in plan.files], plan.tensor_bytes,
+                                  sum(len(f.tensors) for f in plan.files), plan.params, 0.0)
+            if verify:
+                result.mismatches = verify_files(plan, tmp, on_progress, cancel)
+                result.verified = not result.mismatches
+                if result.mismatches:
+                    raise ExportError("verification failed: " + ", ".join(result.mismatches[:5]))
+            _fsync_dir(tmp)
+            if out.exists():
+                if not overwrite and any(out.iterdir()):
+                    raise ExportError(f"{out} appeared and is not empty; nothing was replaced")
+                trash = out.parent / f".{out.name}.old-{os.getpid()}"
+                os.replace(out, trash)
+                os.replace(tmp, out)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(tmp, out)
+            _fsync_dir(out.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            from ..humanize_bytes import naturalsize
+
+            raise ExportError(f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
+                              f"{naturalsize(shutil.disk_usage(out.parent).free + plan.total_bytes)} before "
+                              "starting; the partial output was removed") from None
+        raise
+    finally:
+        lock.close()
+        try:
+            os.unlink(lock_path)
+        except OSError:
+            pass
+    result.seconds = time.monotonic() - t0
+    result.notes = list(plan.to_plan().notes)
+    return result
+
+
+def _write_small(path: Path, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def verify_files(plan: ExportPlan, folder: Path, on_progress=None, cancel=None) -> list[str]:
+    """Reload every written tensor and compare it bit-exact with the source (cast as planned)."""
+    import torch
+    from safetensors import safe_open
+
+    bad: list[str] = []
+    counter = _Counter(plan.tensor_bytes, on_progress, "verifying")
+    for f in plan.files:
+        with safe_open(str(folder / f.name), framework="pt") as st:
+            meta = st.metadata() or {}
+            if meta.get("format") != "pt":
+                bad.append(f"{f.name}: header metadata lacks format=pt")
+            for t in f.tensors:
+                check_cancel(cancel)
+                got = st.get_tensor(t.name)
+                want = to_torch(t.src).to(getattr(torch, t.dtype))
+                if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(
+                        got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+                    bad.append(t.name)
+                counter.add(t.nbytes)
+    return bad

@@ -191,6 +191,118 @@ def demo_cmd(out):
     sys.exit(EXIT_OK)
 
 
+@main_group.command("export")
+@click.argument("src", type=click.Path(path_type=str, readable=False))
+@click.option("--out", "out", required=True, type=click.Path(path_type=str, readable=False),
+              help="Output folder (created; must be empty unless --overwrite).")
+@click.option("--dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep", show_default=True,
+              help="Output dtype of floating-point tensors. keep = as stored (DeepSpeed: the fp32 masters).")
+@click.option("--max-shard-size", default="50GB", show_default=True,
+              help="Split into model-0000k-of-0000n.safetensors + index above this size (as save_pretrained).")
+@click.option("--jobs", type=int, default=1, show_default=True, help="Write output shards in N parallel threads.")
+@click.option("--tag", default=None, help="DeepSpeed tag folder to export instead of the one `latest` names.")
+@click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
+@click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. Lightning's 'model.').")
+@click.option("--config", "config", default=None, type=click.Path(path_type=str, readable=False),
+              help="config.json (or a folder with config/tokenizer files) to copy into the output.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (files, tensors, bytes) and write nothing.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder (atomically, at the end).")
+@click.option("--no-verify", is_flag=True, help="Skip re-reading every tensor and comparing it with the source.")
+@click.option("--trust-pickles", is_flag=True, help="Load pickles that name code outside the allowlist.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan or the result as one JSON document.")
+def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip_prefix, config, dry_run,
+               overwrite, no_verify, trust_pickles, as_json):
+    """Export the model weights of SRC to safetensors in OUT, ready for from_pretrained.
+
+    \b
+    SRC may be the checkpoint folder (checkpoint-2000/: the model component is picked
+    and named), a run folder (its newest complete checkpoint), or a component: a DCP
+    folder, a DeepSpeed tag folder (fp32 weights rebuilt from the ZeRO partitions), a
+    universal checkpoint, a torch file, safetensors.
+    \b
+    Bytes are streamed by offset with bounded memory; the output is written to a temp
+    folder, fsynced and moved into place only when complete and verified.
+
+    \b
+    Examples:
+      ckpt-tui export checkpoint-2000 --out merged/
+      ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 --max-shard-size 5GB
+      ckpt-tui export checkpoint-2000 --out merged/ --dry-run
+    """
+    import threading
+
+    from .core.export.api import plan_export
+    from .core.export.plan import parse_size
+    from .core.export.write import ExportError, execute
+    from .core.humanize_bytes import count, naturalsize
+    from .core.model import SCHEMA_VERSION
+    from .core.progress import Cancelled
+    from .core.scan import ScanError
+
+    try:
+        parse_size(max_shard_size)
+    except ValueError as e:
+        _fail(str(e), EXIT_USAGE)
+    cancel = threading.Event()
+    try:
+        plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
+                                 strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles)
+    except ScanError as e:
+        _fail(str(e), EXIT_USAGE)
+    except (ExportError, FileNotFoundError, ValueError) as e:
+        _fail(str(e), EXIT_FINDINGS)
+    for line in said:
+        click.echo(f"ckpt-tui: {line}", err=True)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "plan": plan.to_plan().to_json()}, indent=2))
+        else:
+            click.echo(plan.to_plan().describe())
+        sys.exit(EXIT_OK)
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=err, transient=True, disable=as_json) as bar:
+        tasks: dict[str, int] = {}
+
+        def on_progress(p):
+            if p.label not in tasks:
+                tasks[p.label] = bar.add_task(p.label, total=p.total)
+            bar.update(tasks[p.label], completed=p.done, total=p.total)
+
+        try:
+            res = execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, on_progress=on_progress,
+                          cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            click.echo("ckpt-tui: interrupted; the partial output was removed, the source is untouched", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Cancelled:
+            click.echo("ckpt-tui: cancelled; the partial output was removed", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except ExportError as e:
+            _fail(str(e), EXIT_FINDINGS)
+        except OSError as e:
+            _fail(f"export failed: {e.strerror or e} ({getattr(e, 'filename', '') or ''}); "
+                  "the partial output was removed", EXIT_FINDINGS)
+    res.notes = said + res.notes
+    if as_json:
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
+        sys.exit(EXIT_OK)
+    ver = {True: "verified ✓ (every tensor re-read and compared bit-exact)", False: "verification FAILED",
+           None: "not verified (--no-verify)"}[res.verified]
+    click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
+               f"{count(res.params)} params to {res.out} in {res.seconds:.1f} s — {ver}")
+    for n in res.notes:
+        if not n.startswith("the model is") and not n.startswith("exporting the newest"):
+            click.echo(f"  note: {n}")
+    click.echo("Load it with:\n  from transformers import AutoModelForCausalLM\n"
+               f"  model = AutoModelForCausalLM.from_pretrained({str(res.out)!r})")
+    sys.exit(EXIT_OK)
+
+
 # ---------------------------------------------------------------- human output
 
 def _print_report(rep, show_all: bool) -> None:

@@ -35,7 +35,7 @@ def resolve(report: Report, tag: Optional[str] = None) -> tuple[Node, list[str]]
         rel = inv.components.get("model") or inv.components.get("model+optimizer")
         node = inv.node(rel) if rel else None
         if node is not None and node is not root:
-            said.append(f"the model is `{rel}`" + ("/" if node.is_dir else ""))
+            said.append(f"the model is `{rel}" + ("/" if node.is_dir else "") + "`")
     if tag and node is not None and node.format == "deepspeed-zero":
         parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
         alt = parent.child(tag) if parent is not None else None

@@ -184,7 +184,7 @@ def _train_dtype(model: dict) -> Optional[str]:
     if isinstance(cfg, dict):
         for key, name in (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16")):
             sect = cfg.get(key)
-            if isinstance(sect, dict) and sect.get("enabled") in (True, "true", "auto"):
+            if isinstance(sect, dict) and sect.get("enabled") in (True, "true"):
                 return name
     return None
 
@@ -438,8 +438,6 @@ def _zero3_params(out, shapes, optim: dict[int, _File], world: int) -> None:
             if take > 0:
                 ranges += flats[r].slice(offset, take)
                 left -= take
-            elif offset + pn > flats[r].numel:
-                raise ValueError(f"{name}: runs past the fp32 flat group of rank {r}")
         out[name] = SourceTensor(name, shape, "float32", _merge(ranges))
         offset += pn
     if offset != flats[0].numel:

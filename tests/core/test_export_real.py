@@ -212,3 +212,52 @@ def test_dry_run_plan_is_pure(real_ckpt, tmp_path):
     text = plan.to_plan().describe()
     assert "model-00001-of-" in text and "model.safetensors.index.json" in text
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variant", ["ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-tied",
+                                     "ds-zero2-frozen", "ds-zero3-frozen", "ds-zero2-3ranks", "ds-zero3-3ranks"])
+def test_deepspeed_export_equals_zero_to_fp32(real_ckpt, tmp_path, variant):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    res = export(real_ckpt(variant), tmp_path / "out")
+    ref = get_fp32_state_dict_from_zero_checkpoint(str(real_ckpt(variant)), tag="global_step2")
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    src_plan, _ = plan_export(real_ckpt(variant), tmp_path / "o2")
+    for alias, target in src_plan.dropped_tied:  # written once, as save_pretrained does
+        assert alias in ref and alias not in got
+        ref.pop(alias)
+    same(got, {k: v.float() if v.is_floating_point() else v for k, v in ref.items()})
+    assert res.verified
+
+
+def test_zero1_frozen_params_that_zero_to_fp32_drops(real_ckpt, tmp_path):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    ck = real_ckpt("ds-zero1-frozen")
+    export(ck, tmp_path / "out")
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    ref = get_fp32_state_dict_from_zero_checkpoint(str(ck), tag="global_step2")
+    dropped = set(got) - set(ref)
+    assert dropped == {"embed_tokens.weight"}
+    module = torch.load(ck / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert torch.equal(got["embed_tokens.weight"], module["embed_tokens.weight"].float())
+
+
+@pytest.mark.parametrize("variant", ["hf-ds-zero2", "hf-ds-zero2-tied-frozen", "hf-ds-zero3"])
+def test_trainer_deepspeed_export_loads_in_transformers(real_ckpt, tmp_path, variant):
+    transformers = pytest.importorskip("transformers")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    ck = real_ckpt(variant) / "checkpoint-2"
+    out = tmp_path / "out"
+    export(ck, out, max_shard_size="200KB")
+    assert (out / "config.json").is_file() and (out / "model.safetensors.index.json").is_file()
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    ref = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(ck))
+    ref.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(str(ck), tag="global_step2"), strict=False)
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)

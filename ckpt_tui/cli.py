@@ -303,6 +303,143 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
     sys.exit(EXIT_OK)
 
 
+def _bar(as_json: bool, unit: str = "bytes"):
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    cols = [TextColumn("{task.description}"), BarColumn()]
+    cols += [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()]
+    cols.append(TimeRemainingColumn())
+    return Progress(*cols, console=Console(stderr=True), transient=True, disable=as_json)
+
+
+def _run_core(fn, as_json: bool, unit: str = "bytes", label: str = ""):
+    """Run a long core function with a progress bar; map its errors to the exit-code contract."""
+    import threading
+
+    from .core.export.write import ExportError
+    from .core.formats import FormatError
+    from .core.progress import Cancelled
+    from .core.scan import ScanError
+
+    cancel = threading.Event()
+    with _bar(as_json, unit) as bar:
+        task = bar.add_task(label or "working", total=None)
+
+        def on_progress(p):
+            bar.update(task, completed=p.done, total=p.total, description=(label or p.label)[:40])
+
+        try:
+            return fn(on_progress=on_progress, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            _fail("interrupted", EXIT_INTERRUPTED)
+        except Cancelled:
+            _fail("cancelled", EXIT_INTERRUPTED)
+        except ScanError as e:
+            _fail(str(e), EXIT_USAGE)
+        except (ExportError, FormatError, ValueError) as e:
+            _fail(str(e), EXIT_FINDINGS)
+        except OSError as e:
+            _fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
+
+
+@main_group.command("verify")
+@click.argument("out", type=click.Path(path_type=str, readable=False))
+@click.option("--against", "against", required=True, type=click.Path(path_type=str, readable=False),
+              help="The checkpoint OUT was exported from.")
+@click.option("--strip-prefix", default=None, help="The --strip-prefix the export used.")
+@click.option("--trust-pickles", is_flag=True, help="Hand files with non-allowlisted pickles to the reference loaders.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def verify_cmd(out, against, strip_prefix, trust_pickles, as_json):
+    """Compare every tensor of an export with its source, bit-exact, read by an independent
+    reference path (torch DCP loader, DeepSpeed zero_to_fp32, torch.load).
+
+    The reference loaders unpickle freely, so they only get a checkpoint ckpt-tui screened.
+    """
+    from .core.model import SCHEMA_VERSION
+    from .core.verify import verify
+
+    res = _run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix, **kw),
+                    as_json, "files", "verifying")
+    if as_json:
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
+    else:
+        mark = "✓" if res.ok else "✖"
+        click.echo(f"{mark} {res.compared} tensors compared with {res.reference}: "
+                   f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export")
+        for n in res.mismatches[:20]:
+            click.echo(f"  mismatch: {n}")
+        for n in res.missing_in_output[:20]:
+            click.echo(f"  missing: {n}")
+        if res.not_in_reference:
+            click.echo(f"  {len(res.not_in_reference)} exported tensor(s) the reference does not produce "
+                       f"(e.g. {res.not_in_reference[0]}): not checked")
+    sys.exit(EXIT_OK if res.ok else EXIT_FINDINGS)
+
+
+@main_group.command("diff")
+@click.argument("a", type=click.Path(path_type=str, readable=False))
+@click.argument("b", type=click.Path(path_type=str, readable=False))
+@click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def diff_cmd(a, b, trust_pickles, as_json):
+    """Compare the model weights of A and B (two steps, or an export and its source): tensors only
+    in A, only in B, shape/dtype changes, max |a-b| per tensor. Exit 0 if identical, 1 if not."""
+    from .core.analysis import diff
+    from .core.model import SCHEMA_VERSION
+
+    res = _run_core(lambda **kw: diff(a, b, trust_pickles=trust_pickles, **kw), as_json, "bytes", "comparing")
+    if as_json:
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
+    else:
+        for n in res.only_a:
+            click.echo(f"- only in A: {n}")
+        for n in res.only_b:
+            click.echo(f"+ only in B: {n}")
+        for c in res.changed:
+            click.echo(f"~ {c['name']}: {c['a']['dtype']}{c['a']['shape']} -> {c['b']['dtype']}{c['b']['shape']}")
+        diffs = sorted(((v, k) for k, v in res.max_abs.items() if v != 0), reverse=True, key=lambda x: (x[0] == x[0], x[0]))
+        for v, k in diffs[:30]:
+            click.echo(f"≠ {k}: max |a-b| = {v:.6g}")
+        same = sum(1 for v in res.max_abs.values() if v == 0)
+        click.echo(f"{same} identical, {len(diffs)} differ, {len(res.only_a)} only in A, {len(res.only_b)} only in B, "
+                   f"{len(res.changed)} shape/dtype changes")
+    sys.exit(EXIT_OK if res.identical else EXIT_FINDINGS)
+
+
+@main_group.command("stats")
+@click.argument("path", type=click.Path(path_type=str, readable=False))
+@click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def stats_cmd(path, trust_pickles, as_json):
+    """Per-tensor min/max/mean/std and NaN/Inf counts of the model weights, streamed with bounded
+    memory — find a diverged run without loading the model. Exit 1 if any NaN/Inf."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .core.analysis import stats
+    from .core.model import SCHEMA_VERSION
+
+    rows = _run_core(lambda **kw: stats(path, trust_pickles=trust_pickles, **kw), as_json, "bytes", "reading")
+    bad = [r for r in rows if r.nan or r.inf]
+    if as_json:
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "tensors": [r.to_json() for r in rows]}, indent=1))
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("name", "dtype", "min", "max", "mean", "std", "nan", "inf"):
+            table.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+        fmt = lambda v: "" if v is None else f"{v:.4g}"
+        for r in rows:
+            style = "red" if (r.nan or r.inf) else None
+            table.add_row(r.name, r.dtype, fmt(r.min), fmt(r.max), fmt(r.mean), fmt(r.std), str(r.nan), str(r.inf),
+                          style=style)
+        Console(soft_wrap=False).print(table)
+        click.echo(f"{len(rows)} tensors; {len(bad)} with NaN or Inf" + (f" (first: {bad[0].name})" if bad else ""))
+    sys.exit(EXIT_FINDINGS if bad else EXIT_OK)
+
+
 # ---------------------------------------------------------------- human output
 
 def _print_report(rep, show_all: bool) -> None:

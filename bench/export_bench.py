@@ -1,0 +1,229 @@
+"""``ckpt-tui export`` against the peers, side by side, on real checkpoints built on CPU.
+
+    python bench/make_big.py                       # once: ~6.6 GB under bench/out/data/ (cached)
+    python bench/export_bench.py [--runs 3] [--only fsdp-1g ...] [--tools ours,accelerate,...]
+
+Checkpoints (from ``bench/make_big.py``): FSDP1 DCP ``fsdp-1g`` / ``fsdp-4g`` (HF Trainer layout,
+model in ``pytorch_model_fsdp_0/``), DeepSpeed ``ds-zero2`` / ``ds-zero3`` (134M params, bf16).
+
+Tools per checkpoint kind:
+  DCP:   ours (``ckpt-tui export CKPT --out X --no-verify``), ours+verify (same, default verify),
+         ``accelerate merge-weights CKPT/pytorch_model_fsdp_0 X``,
+         ``python -m torch.distributed.checkpoint.format_utils dcp_to_torch CKPT/pytorch_model_fsdp_0 X.pt``,
+         ``cp -r CKPT/pytorch_model_fsdp_0 X`` (the floor: the same bytes, no format change).
+  ZeRO:  ours, ours+verify, ``python CKPT/zero_to_fp32.py CKPT X --safe_serialization``.
+
+Each command runs under GNU ``/usr/bin/time -v`` ("Maximum resident set size" = peak RSS of the
+largest process; install with ``apt-get install -y time`` if missing). One warm-up run per
+(checkpoint, tool), then ``--runs`` timed runs; the median is reported. The page cache is not
+dropped (the checkpoint is warm for everyone). Outputs are removed between runs, and ``sync`` is
+called outside the timing after every run so no run inherits another's dirty pages.
+
+``ckpt-tui export`` fsyncs its output; the peers do not. So two times are reported: ``wall`` (the
+command) and ``+flush`` (the command plus the ``sync`` right after it, i.e. until the bytes are on
+disk) — the second is the like-for-like comparison.
+
+Writes the Markdown table (plus machine, raw per-run numbers and the issue's targets) to stdout
+and ``bench/out/export.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+DATA = OUT / "data"
+WORK = OUT / "export-run"
+PY = sys.executable
+BIN = Path(PY).parent
+
+CKPTS = {  # name -> kind
+    "fsdp-1g": "dcp",
+    "fsdp-4g": "dcp",
+    "ds-zero2": "zero",
+    "ds-zero3": "zero",
+}
+LARGER = {"dcp": "fsdp-4g", "zero": "ds-zero3"}
+
+
+def _exe(name: str) -> str:
+    p = BIN / name
+    return str(p) if p.exists() else (shutil.which(name) or name)
+
+
+def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
+    """tool -> (argv with {out} placeholder, output path kind 'dir'|'file')."""
+    ours = [_exe("ckpt-tui"), "export", str(ckpt), "--out", "{out}"]
+    t: dict[str, tuple[list[str], str]] = {
+        "ours": (ours + ["--no-verify"], "dir"),
+        "ours+verify": (ours, "dir"),
+    }
+    if kind == "dcp":
+        m = ckpt / "pytorch_model_fsdp_0"
+        t["accelerate merge-weights"] = ([_exe("accelerate"), "merge-weights", str(m), "{out}"], "dir")
+        t["dcp_to_torch"] = ([PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(m),
+                              "{out}.pt"], "file")
+        t["cp -r (floor)"] = (["cp", "-r", str(m), "{out}"], "dir")
+    else:
+        t["zero_to_fp32"] = ([PY, str(ckpt / "zero_to_fp32.py"), str(ckpt), "{out}", "--safe_serialization"], "dir")
+    return t
+
+
+def _du(p: Path) -> int:
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.exists() else 0
+
+
+def _clean(out: Path) -> None:
+    for p in (out, Path(str(out) + ".pt")):
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    os.sync()
+
+
+def run_once(argv: list[str], out: Path, env: dict) -> dict:
+    _clean(out)
+    cmd = ["/usr/bin/time", "-v"] + [a.replace("{out}", str(out)) for a in argv]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    t1 = time.perf_counter()
+    os.sync()
+    t2 = time.perf_counter()
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    produced = max(_du(out), _du(Path(str(out) + ".pt")))
+    if p.returncode != 0 or not m or produced == 0:
+        tail = "\n".join((p.stdout + p.stderr).splitlines()[-25:])
+        raise RuntimeError(f"failed (rc={p.returncode}, output {produced} B): {' '.join(cmd)}\n{tail}")
+    return {"wall": t1 - t0, "flush": t2 - t0, "rss_mb": int(m.group(1)) / 1024, "out_bytes": produced}
+
+
+def machine() -> dict:
+    mem = next(l for l in open("/proc/meminfo") if l.startswith("MemTotal"))
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    df = subprocess.run(["df", "-T", str(OUT)], capture_output=True, text=True).stdout.splitlines()[-1].split()
+    import torch  # noqa: F401  (versions only)
+    import deepspeed  # noqa: F401
+    import accelerate
+
+    vers = {m: __import__(m).__version__ for m in ("torch", "deepspeed", "accelerate")}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gb": round(int(mem.split()[1]) / 1024**2, 1),
+        "fs": f"{df[1]} on {df[0]} ({df[-1]})",
+        "python": platform.python_version(),
+        **vers,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None, help=f"checkpoints (of {list(CKPTS)})")
+    ap.add_argument("--tools", default=None, help="comma-separated subset of tool names")
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--no-warmup", action="store_true")
+    args = ap.parse_args()
+    if not Path("/usr/bin/time").exists():
+        raise SystemExit("GNU time missing: apt-get install -y time")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    WORK.mkdir(parents=True, exist_ok=True)
+    want_tools = set(args.tools.split(",")) if args.tools else None
+
+    results = []  # dicts: ckpt, size, tool, runs[...]
+    for name in args.only or list(CKPTS):
+        ckpt = args.data / name
+        if not (ckpt / ".done").exists():
+            raise SystemExit(f"{ckpt} missing: run python bench/make_big.py {name}")
+        kind = CKPTS[name]
+        size = _du(ckpt / "pytorch_model_fsdp_0") if kind == "dcp" else _du(ckpt)
+        for tool, (argv, _) in tools(kind, ckpt).items():
+            if want_tools and tool not in want_tools:
+                continue
+            out = WORK / re.sub(r"[^a-z0-9]+", "_", tool.lower()).strip("_")
+            print(f"[bench] {name} {tool} ...", file=sys.stderr, flush=True)
+            if not args.no_warmup:
+                run_once(argv, out, env)
+            runs = [run_once(argv, out, env) for _ in range(args.runs)]
+            _clean(out)
+            results.append({"ckpt": name, "kind": kind, "size": size, "tool": tool, "runs": runs})
+            med = statistics.median(r["wall"] for r in runs)
+            print(f"[bench]   wall {med:.2f}s  rss {max(r['rss_mb'] for r in runs):.0f} MB", file=sys.stderr)
+    shutil.rmtree(WORK, ignore_errors=True)
+
+    md = render(results, machine(), args.runs)
+    print(md)
+    (OUT / "export.md").write_text(md)
+    (OUT / "export.json").write_text(json.dumps(results, indent=1))
+
+
+def _med(r: dict, key: str) -> float:
+    return statistics.median(x[key] for x in r["runs"])
+
+
+def render(results: list[dict], mach: dict, runs: int) -> str:
+    L = ["# ckpt-tui export vs peers", "",
+         f"Machine: {mach['nproc']} CPUs ({mach['cpu']}), {mach['ram_gb']} GB RAM, bench/out on {mach['fs']}; "
+         f"Python {mach['python']}, torch {mach['torch']}, deepspeed {mach['deepspeed']}, "
+         f"accelerate {mach['accelerate']}.",
+         f"Median of {runs} runs after one warm-up; page cache warm. `wall` = command; `+flush` = command + `sync` "
+         "(ours fsyncs itself, the peers do not). Ratio = tool / ours (ours = `--no-verify`).", "",
+         "| checkpoint | size | tool | wall s | +flush s | peak RSS MB | wall ratio | +flush ratio | output |",
+         "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    ours = {r["ckpt"]: r for r in results if r["tool"] == "ours"}
+    for r in results:
+        o = ours.get(r["ckpt"])
+        w, f = _med(r, "wall"), _med(r, "flush")
+        rss = statistics.median(x["rss_mb"] for x in r["runs"])
+        wr = f"{w / _med(o, 'wall'):.2f}×" if o else "–"
+        fr = f"{f / _med(o, 'flush'):.2f}×" if o else "–"
+        L.append(f"| {r['ckpt']} | {r['size'] / 1e9:.2f} GB | {r['tool']} | {w:.2f} | {f:.2f} | {rss:.0f} | "
+                 f"{wr} | {fr} | {r['runs'][0]['out_bytes'] / 1e9:.2f} GB |")
+
+    # verification cost
+    L += ["", "Verification cost (ours+verify − ours, median wall):", ""]
+    for name, o in ours.items():
+        v = next((r for r in results if r["ckpt"] == name and r["tool"] == "ours+verify"), None)
+        if v:
+            L.append(f"- {name}: {_med(v, 'wall') - _med(o, 'wall'):+.2f} s "
+                     f"({_med(v, 'wall'):.2f} vs {_med(o, 'wall'):.2f})")
+
+    # targets
+    L += ["", "Targets (issue):", ""]
+    by = {(r["ckpt"], r["tool"]): r for r in results}
+    for kind, peer, limit in (("dcp", "accelerate merge-weights", 0.25), ("zero", "zero_to_fp32", 0.4)):
+        name = LARGER[kind]
+        o, p = by.get((name, "ours")), by.get((name, peer))
+        if o and p:
+            for key in ("wall", "flush"):
+                ratio = _med(o, key) / _med(p, key)
+                L.append(f"- {name} {key}: ours / {peer} = {ratio:.2f} (target ≤ {limit}) "
+                         f"{'PASS' if ratio <= limit else 'MISS'}")
+    rss = [(r["ckpt"], r["tool"], max(x["rss_mb"] for x in r["runs"])) for r in results if r["tool"].startswith("ours")]
+    for name, tool, mx in rss:
+        L.append(f"- {name} {tool} peak RSS {mx:.0f} MB (target ≤ 400) {'PASS' if mx <= 400 else 'MISS'}")
+
+    L += ["", "Raw runs (wall s / +flush s / RSS MB):", ""]
+    for r in results:
+        raw = ", ".join(f"{x['wall']:.2f}/{x['flush']:.2f}/{x['rss_mb']:.0f}" for x in r["runs"])
+        L.append(f"- {r['ckpt']} {r['tool']}: {raw}")
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    main()

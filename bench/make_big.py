@@ -1,0 +1,192 @@
+"""Generate large real-framework checkpoints for ``bench/export_bench.py`` (CPU only).
+
+    python bench/make_big.py [--data DIR] [NAME ...]       # driver: builds what is missing
+
+Checkpoints (cached under ``bench/out/data/<NAME>/``, skipped when ``<NAME>/.done`` exists):
+
+- ``fsdp-1g`` / ``fsdp-4g``: 16 / 64 x ``nn.Linear(4096, 4096, bias=False)`` fp32 (1.07 / 4.29 GB),
+  2 ranks, FSDP1 ``FullyShardedDataParallel(model, device_id=cpu)`` on gloo, each Linear wrapped
+  (``ModuleWrapPolicy``) and built on ``meta`` then materialised one at a time with a per-layer
+  seed (so the 4.3 GB model never exists twice per rank), ``SHARDED_STATE_DICT``,
+  ``dcp.save({"model": sd}, checkpoint_id=<ckpt>/pytorch_model_fsdp_0)`` (HF Trainer layout).
+- ``ds-zero2`` / ``ds-zero3``: 8 x ``nn.Linear(4096, 4096)`` (134M params), DeepSpeed engine,
+  bf16, Adam (torch_adam), 2 ranks, one forward/backward/step, ``engine.save_checkpoint``.
+
+The driver launches itself under ``python -m torch.distributed.run --standalone
+--nproc_per_node 2`` with ``OMP_NUM_THREADS=1`` (and ``DS_ACCELERATOR=cpu`` and a cached
+``TORCH_EXTENSIONS_DIR`` for DeepSpeed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "out" / "data"
+SEED = 1234
+DIM = 4096
+
+# name -> (kind, layers)
+CKPTS: dict[str, tuple[str, int]] = {
+    "fsdp-1g": ("fsdp", 16),
+    "fsdp-4g": ("fsdp", 64),
+    "ds-zero2": ("zero2", 8),
+    "ds-zero3": ("zero3", 8),
+}
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _model(layers: int, bias: bool, device: str = "cpu"):
+    import torch
+    from torch import nn
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(DIM, DIM, bias=bias, device=device) for _ in range(layers))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.tanh(layer(x))
+            return x
+
+    return Stack()
+
+
+def _fsdp_worker(out: Path, layers: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = _model(layers, bias=False, device="meta")
+    index = {m: i for i, m in enumerate(model.layers)}
+    bound = 1.0 / DIM**0.5
+
+    def init_fn(m: nn.Module) -> None:
+        m.to_empty(device="cpu", recurse=False)
+        if m in index:
+            g = torch.Generator().manual_seed(SEED + index[m])
+            with torch.no_grad():
+                m.weight.uniform_(-bound, bound, generator=g)
+
+    model = FSDP(
+        model,
+        device_id=torch.device("cpu"),
+        auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+        param_init_fn=init_fn,
+    )
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        sd = model.state_dict()
+    dcp.save({"model": sd}, checkpoint_id=str(out / "pytorch_model_fsdp_0"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _ds_worker(out: Path, layers: int, stage: int) -> None:
+    import torch
+    import deepspeed
+
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = deepspeed.comm.get_rank()
+    torch.manual_seed(SEED)
+    model = _model(layers, bias=True)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=model.parameters(),
+        config={
+            "train_batch_size": 2,
+            "steps_per_print": 10**9,
+            "bf16": {"enabled": True},
+            "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        },
+    )
+    g = torch.Generator().manual_seed(SEED + rank)
+    x = torch.randn(1, DIM, generator=g).to(torch.bfloat16)
+    loss = engine(x).float().pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    engine.save_checkpoint(str(out))
+    engine.destroy()
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _worker(name: str, out: Path) -> None:
+    kind, layers = CKPTS[name]
+    if kind == "fsdp":
+        _fsdp_worker(out, layers)
+    else:
+        _ds_worker(out, layers, int(kind[-1]))
+
+
+# ----------------------------------------------------------------------------- driver side
+
+
+def _complete(name: str, d: Path) -> bool:
+    kind, _ = CKPTS[name]
+    if kind == "fsdp":
+        m = d / "pytorch_model_fsdp_0"
+        return (m / ".metadata").is_file() and len(list(m.glob("*.distcp"))) == 2
+    tag = (d / "latest").read_text().strip() if (d / "latest").is_file() else None
+    return bool(tag) and (d / "zero_to_fp32.py").is_file() and len(list((d / tag).glob("*optim_states.pt"))) == 2
+
+
+def build(name: str, data: Path) -> Path:
+    d = data / name
+    if (d / ".done").exists():
+        return d
+    if d.exists():
+        shutil.rmtree(d)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ckpt-tui" / "torch_extensions"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).resolve()), "--worker", name, str(d)]
+    t = time.perf_counter()
+    print(f"[make_big] {name}: {' '.join(cmd[2:])}", flush=True)
+    rc = subprocess.run(cmd, env=env).returncode
+    if not _complete(name, d):
+        raise SystemExit(f"[make_big] {name}: incomplete (rc={rc}); see output above")
+    (d / ".done").write_text("")
+    size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    print(f"[make_big] {name}: {size / 1e9:.2f} GB in {time.perf_counter() - t:.0f}s (rc={rc})", flush=True)
+    return d
+
+
+def main() -> None:
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    if argv[:1] == ["--worker"]:
+        _worker(argv[1], Path(argv[2]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("names", nargs="*", help=f"subset of {list(CKPTS)}")
+    args = ap.parse_args(argv)
+    names = args.names or list(CKPTS)
+    unknown = sorted(set(names) - set(CKPTS))
+    if unknown:
+        raise SystemExit(f"unknown {unknown}; known: {list(CKPTS)}")
+    for n in names:
+        build(n, args.data)
+
+
+if __name__ == "__main__":
+    main()

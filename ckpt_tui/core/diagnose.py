@@ -143,7 +143,8 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"`{p}/` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks {_ranks(ranks)}) but no "
                            ".metadata: the save was interrupted before rank 0 wrote it (or .metadata exists only on "
                            "another node's disk). Nothing can load this folder; copy .metadata from the node that "
-                           "wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n)))
+                           "wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n),
+                           "dcp-metadata" if n.child(".metadata.tmp") is not None else None))
     if f.get("missing_files"):
         miss = f["missing_files"]
         out.append(Finding("shard-missing", "error", p,
@@ -180,7 +181,7 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
                            "with `python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state "
                            f"--input_folder {p} --output_folder {p}_universal` (supplies the info in memory, "
                            "the source is not modified), then load with {\"checkpoint\": {\"load_universal\": true}}.",
-                           "universal"))
+                           "universal-info"))
     if f.get("missing_files"):
         miss = f["missing_files"]
         ws = f.get("world_size")

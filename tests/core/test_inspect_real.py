@@ -106,7 +106,7 @@ def test_first_user_report_layout(real_ckpt):
 def test_second_user_report_layout(real_ckpt):
     rep = inspect(real_ckpt("hf-ds-zero2") / "checkpoint-2")
     f = [f for f in rep.findings if f.code == "universal-info-missing"]
-    assert f and f[0].severity == "warning" and f[0].fix == "universal"
+    assert f and f[0].severity == "warning" and f[0].fix == "universal-info"
     assert "Required universal_checkpoint_info state is missing" in f[0].message
 
 

@@ -102,11 +102,24 @@ def inspect_cmd(path, as_json, trust_pickles, show_all):
 @main_group.command("open")
 @click.argument("path", type=click.Path(path_type=str, readable=False), default=".")
 @click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
-def open_cmd(path, trust_pickles):
-    """Open PATH (the default command: `ckpt-tui PATH`). Until the TUI lands this prints `inspect`."""
-    rep = _report(path, trust_pickles)
-    _print_report(rep, False)
-    sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
+@click.option("--print", "print_only", is_flag=True, help="Print the inspection instead of opening the TUI.")
+def open_cmd(path, trust_pickles, print_only):
+    """Open PATH in the terminal UI (the default command: `ckpt-tui PATH`).
+
+    Without a terminal (piped output, CI), prints the inspection instead.
+    """
+    if print_only or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        rep = _report(path, trust_pickles)
+        _print_report(rep, False)
+        sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
+    from .core.scan import ScanError, walk
+
+    if not os.path.exists(path):
+        _fail(f"{path}: no such file or folder", EXIT_USAGE)
+    from .ui.app import make_app
+
+    make_app(path, trust_pickles=trust_pickles).run()
+    sys.exit(EXIT_OK)
 
 
 @main_group.command("tensors")
@@ -162,7 +175,8 @@ def tensors_cmd(path, as_json, limit):
 @main_group.command("demo")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Where to build the demo (default: a new temporary folder).")
-def demo_cmd(out):
+@click.option("--no-open", is_flag=True, help="Print the inspection instead of opening the TUI.")
+def demo_cmd(out, no_open):
     """Build a real demo run (torch DCP + DeepSpeed on CPU, ~1 min) showing both classic
     problems, then inspect it.
 
@@ -184,6 +198,11 @@ def demo_cmd(out):
     except Exception as e:  # the generator failed: say why, no traceback
         _fail(f"could not build the demo: {e}", EXIT_FINDINGS)
     click.echo(f"Demo run folder: {path}", err=True)
+    if not no_open and sys.stdout.isatty() and sys.stdin.isatty():
+        from .ui.app import make_app
+
+        make_app(path).run()
+        sys.exit(EXIT_OK)
     for sub in sorted(p for p in Path(path).iterdir() if p.is_dir()):
         click.echo("")
         rep = _report(str(sub), False)

@@ -1,0 +1,137 @@
+"""`ckpt-tui universal`: convert a DeepSpeed ZeRO checkpoint to a universal checkpoint.
+
+Registered by the main group (``main_group.add_command(universal_cmd)``). Exit codes as every
+command: 0 ok · 1 failed · 2 bad path or usage · 130 interrupted; messages on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+
+def _fail(msg: str, code: int):
+    click.echo(f"ckpt-tui: {msg}", err=True)
+    sys.exit(code)
+
+
+@click.command("universal")
+@click.argument("src", type=click.Path(path_type=str, readable=False))
+@click.option("--out", "out", default=None, type=click.Path(path_type=str, readable=False),
+              help="Output folder (default: <tag>_universal beside the tag folder). Must not exist or be empty.")
+@click.option("--dry-run", is_flag=True, help="Print what would be done and write nothing.")
+@click.option("--export-frozen", is_flag=True,
+              help="Also write frozen parameters and buffers (not restored by load_universal) to "
+                   "frozen_params.safetensors next to the output.")
+@click.option("--target-stage", type=click.IntRange(0, 3), default=None,
+              help="The ZeRO stage you will resume with: warns when DeepSpeed cannot load across stages.")
+@click.option("--trust-pickles", is_flag=True,
+              help="Convert even if a pickle names code outside ckpt-tui's allowlist (DeepSpeed's converter "
+                   "unpickles without restriction). Only for checkpoints you trust.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan or the result as one JSON document.")
+def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles, as_json):
+    """Convert the DeepSpeed ZeRO checkpoint SRC to a universal checkpoint (loadable at any world size).
+
+    \b
+    SRC: a checkpoint folder (checkpoint-2000/), a DeepSpeed tag folder (global_step2000/)
+    or a Lightning *.ckpt/ folder. Runs DeepSpeed's own ds_to_universal in a subprocess
+    (logged to a file), supplies a missing universal_checkpoint_info in memory, verifies
+    every parameter against the source's fp32 masters bit-exact, moves the result into place
+    and writes latest_universal. The source is never modified.
+
+    \b
+    Examples:
+      ckpt-tui universal checkpoint-2000
+      ckpt-tui universal checkpoint-2000 --export-frozen --target-stage 2
+      ckpt-tui universal checkpoint-2000 --dry-run
+    """
+    import threading
+
+    from .core.model import SCHEMA_VERSION
+    from .core.progress import Cancelled
+    from .core.repair.universal import UniversalError, convert_to_universal, universal_plan
+    from .core.scan import ScanError
+
+    try:
+        plan = universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,
+                              export_frozen=export_frozen)
+    except ScanError as e:
+        _fail(str(e), EXIT_USAGE)
+    except UniversalError as e:
+        _fail(str(e), EXIT_FINDINGS)
+    except (OSError, ValueError) as e:
+        _fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
+    for w in plan.warnings:
+        click.echo(f"ckpt-tui: warning: {w}", err=True)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "plan": plan.to_json()}, indent=2))
+        else:
+            click.echo(plan.to_plan().describe())
+        sys.exit(EXIT_OK)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    cancel = threading.Event()
+    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
+            TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*cols, console=Console(stderr=True), transient=True, disable=as_json) as bar:
+        task = bar.add_task("converting", total=plan.expected_files)
+
+        def on_progress(p):
+            bar.update(task, completed=p.done, total=p.total, description=p.label or "converting")
+
+        try:
+            res = convert_to_universal(plan, on_progress=on_progress, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            _fail("interrupted; the converter was stopped and the partial output removed, the source is untouched",
+                  EXIT_INTERRUPTED)
+        except Cancelled:
+            _fail("cancelled; the partial output was removed", EXIT_INTERRUPTED)
+        except UniversalError as e:
+            _fail(str(e), EXIT_FINDINGS)
+        except OSError as e:
+            _fail(f"conversion failed: {e.strerror or e} ({getattr(e, 'filename', '') or ''}); "
+                  "the partial output was removed", EXIT_FINDINGS)
+        except ValueError as e:
+            _fail(f"conversion failed: {e}", EXIT_FINDINGS)
+    if as_json:
+        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
+        sys.exit(EXIT_OK)
+    v = res.verification
+    click.echo(f"Wrote {res.out} ({res.files} files) in {res.seconds:.1f} s — verified ✓ ({v.checked} parameters; "
+               "fp32 bit-exact vs the source masters)")
+    if res.frozen_file:
+        click.echo(f"Frozen parameters/buffers written to {res.frozen_file}")
+    for w in res.verification.notes:
+        click.echo(f"  note: {w}")
+    click.echo("")
+    click.echo(res.instructions)
+    sys.exit(EXIT_OK)
+
+
+def main(argv=None) -> None:  # standalone entry (tests, before the lead registers the command)
+    try:
+        universal_cmd.main(args=argv, prog_name="ckpt-tui universal", standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("interrupted", EXIT_INTERRUPTED)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        _fail("interrupted", EXIT_INTERRUPTED)
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - never a traceback
+        _fail(f"internal error: {type(e).__name__}: {e}", EXIT_FINDINGS)
+    sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Safe in-place writes shared by every repair.
+
+A repair writes the new content to a temp file beside the target, fsyncs it, checks that the
+source did not change while it worked (size, mtime, inode), keeps the old file as a backup by hard
+link (no copy, no extra space), ``os.replace``s the temp file over the target and fsyncs the
+folder. A crash at any point leaves under the final name either the old file or the new one, and
+the backup intact; the next run removes its own dead temp files and reuses a backup that is still a
+hard link of the target (left by a run killed before the replace).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat as _stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Optional
+
+from ..progress import check_cancel, report
+
+BACKUP_SUFFIX = ".ckpt-tui-bak"
+TMP_MARK = ".ckpt-tui-tmp-"
+FREE_MARGIN = 64 << 20  # leave this much free beyond what a write needs
+
+
+class RepairError(Exception):
+    """A repair refused or failed with a clear reason; nothing was changed."""
+
+
+def backup_path(target: Path) -> Path:
+    return target.with_name(target.name + BACKUP_SUFFIX)
+
+
+def tmp_prefix(target: Path) -> str:
+    return f".{target.name}{TMP_MARK}"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    size: int
+    mtime_ns: int
+    ino: int
+    dev: int
+
+
+def stamp(path: Path) -> Optional[Stamp]:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return Stamp(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def check_unchanged(path: Path, before: Optional[Stamp]) -> None:
+    now = stamp(path)
+    if now != before:
+        raise RepairError(f"{path} changed while the repair ran (size/mtime/inode differ): a job may still be "
+                          "writing this checkpoint. Nothing was replaced; run the repair again once it has finished.")
+
+
+def _os_error(e: OSError, what: str) -> RepairError:
+    if e.errno == errno.EROFS:
+        return RepairError(f"{what}: the filesystem is read-only. Nothing was changed; copy the checkpoint to a "
+                           "writable place and repair the copy.")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return RepairError(f"{what}: permission denied. Nothing was changed; run as the checkpoint's owner or fix "
+                           "its mode (`ls -l`).")
+    if e.errno == errno.ENOSPC:
+        return RepairError(f"{what}: no space left on the device. Nothing was changed.")
+    return RepairError(f"{what}: {e.strerror or e}. Nothing was changed.")
+
+
+def check_writable(folder: Path) -> None:
+    """Refuse read-only filesystems and folders we may not write, before touching anything."""
+    try:
+        vfs = os.statvfs(folder)
+    except OSError as e:
+        raise _os_error(e, str(folder)) from None
+    if vfs.f_flag & os.ST_RDONLY:
+        raise _os_error(OSError(errno.EROFS, "read-only"), str(folder))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _os_error(OSError(errno.EACCES, "permission denied"), str(folder))
+
+
+def free_bytes(folder: Path) -> int:
+    vfs = os.statvfs(folder)
+    return vfs.f_bavail * vfs.f_frsize
+
+
+def check_free_space(folder: Path, needed: int) -> None:
+    free = free_bytes(folder)
+    if free < needed + FREE_MARGIN:
+        from ..humanize_bytes import naturalsize
+
+        raise RepairError(f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old file "
+                          f"is kept as the backup) and only {naturalsize(free)} is free. Nothing was changed.")
+
+
+def cleanup_leftovers(target: Path) -> list[Path]:
+    """Remove temp files a killed earlier run left beside ``target`` (ours only: our name pattern,
+    and the pid in the name no longer alive). Returns what was removed."""
+    removed = []
+    pre = tmp_prefix(target)
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return removed
+    for n in names:
+        if not n.startswith(pre):
+            continue
+        pid = n[len(pre):].split(".", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        p = target.parent / n
+        try:
+            if _stat.S_ISREG(os.lstat(p).st_mode):
+                os.unlink(p)
+                removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # a leftover from an earlier call in this process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def backup_state(target: Path) -> str:
+    """'none' (no backup), 'ours' (a hard link of the current target: a killed run's, reusable),
+    'other' (an older backup that differs: refuse)."""
+    b = backup_path(target)
+    try:
+        bs = os.lstat(b)
+    except FileNotFoundError:
+        return "none"
+    try:
+        ts = os.stat(target)
+    except FileNotFoundError:
+        return "other"
+    return "ours" if (bs.st_ino, bs.st_dev) == (ts.st_ino, ts.st_dev) else "other"
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: bool, needed: int,
+                 watch: tuple[Path, ...] = (), verify: Optional[Callable[[Path], None]] = None,
+                 on_progress=None, cancel=None, label: str = "") -> Optional[Path]:
+    """Write ``target`` anew through ``write(fileobj)``: temp file beside it, fsync, checks, backup by
+    hard link, ``os.replace``, fsync of the folder. ``verify(tmp)`` re-reads the written temp file
+    before anything is replaced (raise to abort). ``watch``: files (besides the target) whose
+    change during the write aborts it. Returns the backup path (or None). On any error nothing is
+    changed: the temp file is removed, and a backup link this call made is removed again."""
+    target = Path(target)
+    folder = target.parent
+    check_writable(folder)
+    check_free_space(folder, needed)
+    cleanup_leftovers(target)
+    watched = (target, *watch)
+    before = {p: stamp(p) for p in watched}
+    bak = backup_path(target) if backup and before[target] is not None else None
+    made_link = False
+    if bak is not None:
+        st = backup_state(target)
+        if st == "other":
+            raise RepairError(f"a backup {bak} already exists and is not the current file: move it away (it may be "
+                              "the only copy of an earlier version). Nothing was changed.")
+    tmp = folder / f"{tmp_prefix(target)}{os.getpid()}"
+    fd = None
+    try:
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise _os_error(e, str(folder)) from None
+        with os.fdopen(fd, "wb") as f:
+            fd = None
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before[target] is not None:
+            try:
+                shutil.copymode(target, tmp)
+            except OSError:
+                pass
+        if verify is not None:
+            verify(tmp)
+        check_cancel(cancel)
+        for p in watched:
+            check_unchanged(p, before[p])
+        report(on_progress, 1, 3, "files", label or "written")
+        if bak is not None and backup_state(target) == "none":
+            try:
+                os.link(target, bak)
+            except OSError as e:
+                if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise RepairError(f"cannot keep a backup of {target}: this filesystem does not allow hard "
+                                      f"links ({e.strerror}). Nothing was changed.") from None
+                raise _os_error(e, str(bak)) from None
+            made_link = True
+            report(on_progress, 2, 3, "files", "backup kept")
+        check_cancel(cancel)
+        for p in watched:
+            check_unchanged(p, before[p])
+        os.replace(tmp, target)
+        made_link = False
+        fsync_dir(folder)
+        report(on_progress, 3, 3, "files", "replaced")
+        return bak
+    except OSError as e:
+        raise _os_error(e, str(target)) from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+        if tmp.exists():
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if made_link and bak is not None:
+            try:
+                os.unlink(bak)
+            except OSError:
+                pass

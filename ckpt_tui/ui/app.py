@@ -1,0 +1,400 @@
+"""ckpt-tui's terminal UI: browse, understand and fix a checkpoint from the keyboard."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Footer, Static, Tree
+
+from ..core.inspect import Report
+from ..core.model import Node
+from .actions import ACTIONS, bindings
+from .jobs import Job, JobFinished, JobProgress, run_in_thread
+from .screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
+from .widgets.details import Details, Facts, TensorTable
+from .widgets.jobs_panel import JobsPanel
+from .widgets.tree import CheckpointTree
+
+
+class TreeReady(Message):
+    def __init__(self, root: Node) -> None:
+        super().__init__()
+        self.root = root
+
+
+class TensorsReady(Message):
+    def __init__(self, path: str, rows, note: str) -> None:
+        super().__init__()
+        self.path, self.rows, self.note = path, rows, note
+
+
+class CkptApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "ckpt-tui"
+    BINDINGS = bindings()
+
+    def __init__(self, path: str | Path, *, clock=None, trust_pickles: bool = False):
+        super().__init__()
+        self.path = Path(path)
+        self.report: Optional[Report] = None
+        self.clock = clock
+        self.trust_pickles = trust_pickles
+        self.selected: Optional[Node] = None
+        self.jobs: list[Job] = []
+        self._scan_job: Optional[Job] = None
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Static(f"Scanning {self.path} …", id="summary")
+        with Horizontal(id="main"):
+            yield CheckpointTree(id="tree")
+            with Vertical(id="right"):
+                yield Details()
+                yield TensorTable()
+        yield JobsPanel(clock=self.clock, id="jobs")
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one(CheckpointTree).focus()
+        self.start_scan()
+
+    # ------------------------------------------------------------------ scanning
+    def start_scan(self) -> None:
+        from ..core.inspect import inspect
+
+        job = Job(f"scan {self.path.name}", "scan")
+        self._scan_job = job
+        state: dict = {"root": None, "sent": False}
+
+        def fn(on_progress, cancel):
+            def on_node(ev):
+                if state["root"] is None:
+                    state["root"] = ev.node  # the walk reports the root first
+                if ev.kind == "analyzed" and not state["sent"]:
+                    state["sent"] = True  # the walk is complete: draw the whole tree at once
+                    self.post_message(TreeReady(state["root"]))
+
+            return inspect(self.path, on_node=on_node, on_progress=on_progress, cancel=cancel,
+                           trust_pickles=self.trust_pickles)
+
+        self._start(job, fn, show=False)
+
+    def on_tree_ready(self, msg: TreeReady) -> None:
+        if self.report is None and msg.root is not None:
+            self.query_one(CheckpointTree).load(msg.root, {})
+
+    def _scan_done(self, job: Job) -> None:
+        if job.state != "done":
+            if job.state == "failed":
+                self.query_one("#summary", Static).update(f"✖ {job.error}")
+                self.push_screen(MessageDialog("Cannot open this path", job.error, error=True))
+            return
+        self.report = job.result
+        inv = self.report.inventory
+        by_path: dict[str, list] = {}
+        for f in self.report.findings:
+            by_path.setdefault(f.path, []).append(f)
+        counts = {s: sum(1 for f in self.report.findings if f.severity == s) for s in ("error", "warning", "info")}
+        marks = "  ".join(f"{g} {counts[s]}" for s, g in (("error", "✖"), ("warning", "▲"), ("info", "●")) if counts[s])
+        self.query_one("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
+        tree = self.query_one(CheckpointTree)
+        tree.load(inv.root, by_path)
+        target = inv.components.get("model") or inv.components.get("model+optimizer")
+        if inv.layout == "run-folder" and inv.checkpoints:
+            target = inv.checkpoints[0]["path"]
+        if target:
+            tree.select_path(target)
+        self.show_node(inv.node(target) if target else inv.root)
+
+    # ------------------------------------------------------------------ details
+    @on(Tree.NodeHighlighted)
+    def _highlighted(self, event: Tree.NodeHighlighted) -> None:
+        if isinstance(event.node.data, Node):
+            self.show_node(event.node.data)
+
+    def show_node(self, node: Optional[Node]) -> None:
+        if node is None:
+            return
+        self.selected = node
+        findings = [f for f in (self.report.findings if self.report else []) if f.path == node.path]
+        self.query_one(Facts).show(node, findings)
+        if self.report is not None:
+            self.load_tensors(node)
+
+    def _component_for(self, node: Node) -> tuple[Optional[Node], str]:
+        if node.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "safetensors",
+                           "safetensors-sharded-index") or (node.format == "torch-zip" and node.facts.get("tensor_count")):
+            return node, ""
+        if self.report is None:
+            return None, ""
+        from ..core.layout import classify
+
+        if node.is_dir:
+            _, comps = classify(node)
+            rel = comps.get("model") or comps.get("model+optimizer")
+            if rel:
+                sub = self.report.inventory.node(rel)
+                if sub is not None:
+                    return sub, f"model component `{rel}`"
+        return None, ""
+
+    @work(thread=True, exclusive=True, group="tensors", exit_on_error=False)
+    def load_tensors(self, node: Node) -> None:
+        from ..core.tensors import list_tensors
+
+        comp, note = self._component_for(node)
+        rows = []
+        if comp is not None:
+            try:
+                rows = list(list_tensors(comp))
+            except Exception as e:  # a broken file: say so in the table's caption
+                note = f"cannot list tensors: {e}"
+        self.post_message(TensorsReady(node.path, rows, note))
+
+    def on_tensors_ready(self, msg: TensorsReady) -> None:
+        if self.selected is not None and self.selected.path == msg.path:
+            self.query_one(TensorTable).set_rows(msg.rows, msg.note)
+
+    # ------------------------------------------------------------------ jobs
+    def _start(self, job: Job, fn, show: bool = True) -> None:
+        self.jobs.append(job)
+        if show:
+            self.query_one(JobsPanel).add_job(job)
+        run_in_thread(self, job, fn)
+
+    def on_job_progress(self, msg: JobProgress) -> None:
+        self.query_one(JobsPanel).update_job(msg.job)
+
+    def on_job_finished(self, msg: JobFinished) -> None:
+        job = msg.job
+        self.query_one(JobsPanel).update_job(job)
+        if job.kind == "scan":
+            self._scan_done(job)
+            return
+        if job.state == "failed":
+            body = job.error + (f"\n\nLog: {job.log}" if job.log else "")
+            self.push_screen(MessageDialog(f"{job.title} failed", body, error=True))
+        elif job.state == "cancelled":
+            self.notify(f"{job.title}: cancelled. {job.cleanup_note}".strip())
+        elif job.state == "done":
+            handler = getattr(self, f"_done_{job.kind}", None)
+            if handler:
+                handler(job)
+
+    def running_jobs(self) -> list[Job]:
+        return [j for j in self.jobs if j.state == "running" and j.kind != "scan"]
+
+    def action_cancel_job(self) -> None:
+        running = self.running_jobs()
+        if not running:
+            self.notify("No job is running.")
+            return
+        job = running[-1]
+
+        def answer(yes: bool | None) -> None:
+            if yes and job.state == "running":
+                job.cancel.set()
+
+        self.push_screen(ConfirmDialog(f"Cancel {job.title}?", job.cleanup_note or "", yes="Cancel job",
+                                       no="Keep running"), answer)
+
+    def action_quit_app(self) -> None:
+        if self.running_jobs():
+            def answer(yes: bool | None) -> None:
+                if yes:
+                    for j in self.running_jobs():
+                        j.cancel.set()
+                    self.exit()
+
+            self.push_screen(ConfirmDialog("A job is running. Quit anyway?",
+                                           "Running jobs are cancelled and their temp output removed.",
+                                           yes="Quit", no="Stay"), answer)
+        else:
+            self.exit()
+
+    # ------------------------------------------------------------------ actions
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_rescan(self) -> None:
+        self.report = None
+        self.query_one("#summary", Static).update(f"Scanning {self.path} …")
+        self.start_scan()
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
+
+    def action_filter(self) -> None:
+        self.query_one(TensorTable).open_filter()
+
+    def action_findings(self) -> None:
+        if self.report is None:
+            self.notify("Still scanning…")
+            return
+        from .screens.findings import FindingsScreen
+
+        def done(res) -> None:
+            if not res:
+                return
+            kind, finding = res
+            self.query_one(CheckpointTree).select_path(finding.path)
+            node = self.report.inventory.node(finding.path)
+            self.show_node(node)
+            if kind == "fix":
+                self.start_fix(finding)
+
+        self.push_screen(FindingsScreen(self.report.findings), done)
+
+    def action_fix(self) -> None:
+        if self.report is None:
+            self.notify("Still scanning…")
+            return
+        sel = self.selected.path if self.selected else "."
+        fixable = [f for f in self.report.findings if f.fix]
+        mine = [f for f in fixable if f.path == sel or f.path.startswith(sel + "/") or sel == "."]
+        pick = (mine or fixable)
+        if not pick:
+            self.notify("Nothing here has a fix.")
+            return
+        self.start_fix(pick[0])
+
+    def start_fix(self, finding) -> None:
+        if finding.fix == "export":
+            self.action_export()
+            return
+        try:
+            from ..core.repair import repairs_for
+        except ImportError:
+            self.push_screen(MessageDialog("Repairs", "Repairs are not available in this build.", error=True))
+            return
+        reps = [r for r in repairs_for(self.report) if r.id == finding.fix and r.path == finding.path] or \
+               [r for r in repairs_for(self.report) if r.id == finding.fix]
+        if not reps:
+            self.push_screen(MessageDialog("No repair", f"No automatic repair applies to {finding.code} at "
+                                           f"{finding.path}.\n\n{finding.message}"))
+            return
+        from .screens.wizards import RepairWizard
+
+        def go(res) -> None:
+            if res:
+                self.run_repair(res["repair"])
+
+        self.push_screen(RepairWizard(reps[0]), go)
+
+    def run_repair(self, repair) -> None:
+        job = Job(f"repair {repair.id}", "repair")
+        job.cleanup_note = "nothing was replaced; the original is untouched"
+        self._start(job, lambda on_progress, cancel: repair.apply(on_progress=on_progress, cancel=cancel))
+
+    def _done_repair(self, job: Job) -> None:
+        res = job.result
+        gone = getattr(res, "finding_gone", None)
+        text = getattr(res, "summary", None) or str(res)
+        title = "Repaired ✔" + (" — the finding is gone" if gone else "")
+        self.push_screen(MessageDialog(title, text))
+        self.action_rescan()
+
+    def action_export(self) -> None:
+        if self.report is None:
+            self.notify("Still scanning…")
+            return
+        from .screens.wizards import ExportWizard
+
+        def go(res) -> None:
+            if res and res.get("plan") is not None:
+                self.run_export(res["plan"])
+
+        sel = self.selected.path if self.selected else None
+        self.push_screen(ExportWizard(self.report, sel), go)
+
+    def run_export(self, plan) -> None:
+        from ..core.export.write import execute
+
+        job = Job(f"export {plan.out.name}", "export")
+        job.cleanup_note = f"the temp output was removed; {plan.out} was not created"
+        self._start(job, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress,
+                                                             cancel=cancel))
+
+    def _done_export(self, job: Job) -> None:
+        r = job.result
+        from .format import size
+
+        notes = "\n".join(f"• {n}" for n in r.notes)
+        body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {r.out}\n"
+                f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}\n\n"
+                f"{notes}\n\nLoad it with:\n  from transformers import AutoModelForCausalLM\n"
+                f"  model = AutoModelForCausalLM.from_pretrained({str(r.out)!r})")
+        self.push_screen(MessageDialog("Export finished ✔", body))
+
+    def action_universal(self) -> None:
+        if self.report is None:
+            self.notify("Still scanning…")
+            return
+        inv = self.report.inventory
+        tags = [n for n in inv.nodes() if n.format == "deepspeed-zero"]
+        if self.selected is not None and self.selected.format == "deepspeed-zero":
+            tag = self.selected
+        elif tags:
+            comp = inv.components.get("model")
+            tag = inv.node(comp) if comp and inv.node(comp) is not None and inv.node(comp).format == "deepspeed-zero" \
+                else tags[0]
+        else:
+            self.notify("Universal conversion needs a DeepSpeed ZeRO checkpoint; none here.", severity="warning")
+            return
+        from .screens.wizards import UniversalWizard
+
+        def go(res) -> None:
+            if res and res.get("plan") is not None:
+                self.run_universal(res["plan"])
+
+        self.push_screen(UniversalWizard(self.report, tag.path), go)
+
+    def run_universal(self, plan) -> None:
+        from ..core.repair.universal import convert_to_universal
+
+        job = Job("universal", "universal")
+        job.cleanup_note = "the converter was stopped and its temp output removed"
+        self._start(job, lambda on_progress, cancel: convert_to_universal(plan, on_progress=on_progress,
+                                                                          cancel=cancel))
+
+    def _done_universal(self, job: Job) -> None:
+        r = job.result
+        text = getattr(r, "instructions", None) or str(r)
+        self.push_screen(MessageDialog("Universal checkpoint ready ✔", text))
+        self.action_rescan()
+
+    def action_stats(self) -> None:
+        if self.selected is None:
+            return
+        comp, _ = self._component_for(self.selected)
+        if comp is None:
+            self.notify("Select a model component to compute statistics.")
+            return
+        from ..core.analysis import stats
+
+        job = Job(f"stats {comp.name}", "stats")
+        self._start(job, lambda on_progress, cancel: stats(comp.abspath, trust_pickles=self.trust_pickles,
+                                                           on_progress=on_progress, cancel=cancel))
+
+    def _done_stats(self, job: Job) -> None:
+        self.query_one(TensorTable).set_stats(job.result)
+        bad = [s for s in job.result if s.nan or s.inf]
+        self.notify(f"{len(job.result)} tensors: " + (f"{len(bad)} with NaN/Inf ✖" if bad else "no NaN/Inf ✔"),
+                    severity="error" if bad else "information")
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for a in ACTIONS:
+            if a.action != "noop":
+                yield SystemCommand(a.label or a.id, a.help, getattr(self, f"action_{a.action}"))
+
+
+def make_app(path, **kw) -> CkptApp:
+    """The one factory used by the entry point, the tests and the screenshot script."""
+    return CkptApp(path, **kw)

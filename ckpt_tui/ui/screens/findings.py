@@ -1,0 +1,66 @@
+"""All findings of the tree, most severe first. Enter jumps to the file; x starts its fix."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from ...core.model import SEVERITY_RANK
+from ..format import GLYPH
+
+
+class FindingsScreen(ModalScreen):
+    DEFAULT_CSS = """
+    FindingsScreen { align: center middle; }
+    FindingsScreen > Vertical { width: 96%; height: 90%; border: thick $primary; background: $surface; }
+    FindingsScreen DataTable { height: 1fr; }
+    FindingsScreen #finding-message { height: auto; max-height: 8; padding: 0 1; border-top: solid $primary; }
+    """
+    BINDINGS = [Binding("escape", "close", "Close"), Binding("f", "close", "Close", show=False),
+                Binding("x", "fix", "Fix"), Binding("j", "down", "Down", show=False),
+                Binding("k", "up", "Up", show=False)]
+
+    def __init__(self, findings):
+        super().__init__()
+        self.findings = sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f" Findings ({len(self.findings)}) — enter: go to the file · x: fix · esc: close")
+            yield DataTable(cursor_type="row", id="findings-table")
+            yield Static("", id="finding-message")
+
+    def on_mount(self) -> None:
+        t = self.query_one(DataTable)
+        t.add_columns("", "severity", "code", "path", "fix")
+        for i, f in enumerate(self.findings):
+            t.add_row(GLYPH[f.severity], f.severity, f.code, f.path, f.fix or "", key=str(i))
+        t.focus()
+        self._show(0)
+
+    def _show(self, i: int) -> None:
+        if self.findings:
+            self.query_one("#finding-message", Static).update(self.findings[i].message)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show(event.cursor_row)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(("goto", self.findings[event.cursor_row]))
+
+    def action_fix(self) -> None:
+        t = self.query_one(DataTable)
+        if self.findings:
+            self.dismiss(("fix", self.findings[t.cursor_row]))
+
+    def action_down(self) -> None:
+        self.query_one(DataTable).action_cursor_down()
+
+    def action_up(self) -> None:
+        self.query_one(DataTable).action_cursor_up()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,407 @@
+"""Guided wizards: keyboard-only modal steps; Esc goes back (or closes on the first step); every
+step says what will happen. They return what to run; the app runs it as a job."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, ContentSwitcher, Input, OptionList, Select, Static
+from textual.widgets.option_list import Option
+
+from ..format import size
+
+WIZARD_CSS = """
+{name} {{ align: center middle; }}
+{name} > Vertical {{ width: 94%; max-width: 110; height: auto; max-height: 94%; border: thick $primary;
+                     background: $surface; padding: 0 1; }}
+{name} .title {{ text-style: bold; }}
+{name} .step {{ color: $text-muted; }}
+{name} ContentSwitcher {{ height: auto; }}
+{name} .pane {{ height: auto; }}
+{name} .explain {{ margin: 1 0; }}
+{name} VerticalScroll {{ height: auto; max-height: 14; }}
+{name} OptionList {{ height: auto; max-height: 8; }}
+{name} .buttons {{ height: 3; align: right middle; }}
+{name} Button {{ margin-left: 1; }}
+"""
+
+
+class Wizard(ModalScreen):
+    STEPS: tuple[str, ...] = ()
+    TITLE = ""
+    BINDINGS = [Binding("escape", "back", "Back"), Binding("ctrl+n", "next", "Next", show=False)]
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.TITLE, classes="title")
+            yield Static("", id="step-label", classes="step")
+            with ContentSwitcher(initial=self.STEPS[0]):
+                yield from self.panes()
+            with Horizontal(classes="buttons"):
+                yield Button("Back (esc)", id="back")
+                yield Button("Next (enter)", id="next", variant="primary")
+
+    def panes(self) -> ComposeResult:
+        raise NotImplementedError
+
+    def on_mount(self) -> None:
+        self.show_step()
+
+    def show_step(self) -> None:
+        name = self.STEPS[self.step]
+        self.query_one(ContentSwitcher).current = name
+        self.query_one("#step-label", Static).update(
+            f"Step {self.step + 1} of {len(self.STEPS)}: {self.step_titles()[self.step]}")
+        last = self.step == len(self.STEPS) - 1
+        self.query_one("#next", Button).label = (self.run_label() if last else "Next") + " (enter)"
+        self.query_one("#back", Button).label = "Cancel (esc)" if self.step == 0 else "Back (esc)"
+        self.enter_step(name)
+        self.focus_step(name)
+
+    def step_titles(self) -> list[str]:
+        return list(self.STEPS)
+
+    def run_label(self) -> str:
+        return "Run"
+
+    def enter_step(self, name: str) -> None:
+        pass
+
+    def focus_step(self, name: str) -> None:
+        pane = self.query_one(f"#{name}")
+        for w in pane.query("Input, OptionList, Select"):
+            w.focus()
+            return
+        self.query_one("#next", Button).focus()
+
+    def validate_step(self, name: str) -> Optional[str]:
+        return None
+
+    def action_back(self) -> None:
+        if self.step == 0:
+            self.dismiss(None)
+        else:
+            self.step -= 1
+            self.show_step()
+
+    def action_next(self) -> None:
+        err = self.validate_step(self.STEPS[self.step])
+        if err:
+            self.notify(err, severity="error")
+            return
+        if self.step == len(self.STEPS) - 1:
+            self.dismiss(self.result())
+        else:
+            self.step += 1
+            self.show_step()
+
+    def result(self):
+        raise NotImplementedError
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "next":
+            self.action_next()
+        else:
+            self.action_back()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_next()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.action_next()
+
+
+class ExportWizard(Wizard):
+    DEFAULT_CSS = WIZARD_CSS.format(name="ExportWizard")
+    STEPS = ("source", "output", "dtype", "shards", "confirm")
+    TITLE = "Export to safetensors"
+
+    def __init__(self, report, selected_path: Optional[str] = None):
+        super().__init__()
+        self.report = report
+        inv = report.inventory
+        self.candidates = _model_candidates(inv)
+        self.default = selected_path if selected_path in [c[0] for c in self.candidates] else (
+            self.candidates[0][0] if self.candidates else ".")
+        self.plan = None
+        self.plan_error = ""
+
+    def step_titles(self):
+        return ["what to export", "where to write it", "output dtype", "shard size", "check the plan and run"]
+
+    def run_label(self):
+        return "Export"
+
+    def panes(self) -> ComposeResult:
+        inv = self.report.inventory
+        with Vertical(id="source", classes="pane"):
+            yield Static("The model weights to export. ckpt-tui picked the model component of this checkpoint;"
+                         " pick another if you want.", classes="explain")
+            ol = OptionList(*[Option(f"{p}  —  {desc}", id=p) for p, desc in self.candidates], id="source-list")
+            yield ol
+        with Vertical(id="output", classes="pane"):
+            yield Static("A new folder. Files are written to a hidden temp folder beside it and moved into place "
+                         "only when complete and verified; the checkpoint is never modified.", classes="explain")
+            yield Input(value=str(_default_out(inv)), id="out")
+            yield Static("", id="space")
+        with Vertical(id="dtype", classes="pane"):
+            yield Static("", id="dtype-note", classes="explain")
+            yield OptionList(Option("keep (as stored)", id="keep"), Option("fp32", id="fp32"),
+                             Option("bf16", id="bf16"), Option("fp16", id="fp16"), id="dtype-list")
+        with Vertical(id="shards", classes="pane"):
+            yield Static("Max shard size: above it the weights are split into model-0000k-of-0000n.safetensors "
+                         "plus model.safetensors.index.json (50GB is save_pretrained's default).", classes="explain")
+            yield Input(value="50GB", id="shard")
+        with Vertical(id="confirm", classes="pane"):
+            yield Static("Planning…", id="plan-text")
+
+    def on_mount(self) -> None:
+        ol = self.query_one("#source-list", OptionList)
+        for i, (p, _) in enumerate(self.candidates):
+            if p == self.default:
+                ol.highlighted = i
+        self.query_one("#dtype-list", OptionList).highlighted = 0
+        super().on_mount()
+
+    def enter_step(self, name: str) -> None:
+        if name == "output":
+            self._space()
+        elif name == "dtype":
+            node = self.report.inventory.node(self.source())
+            td = None
+            if node is not None:
+                td = node.facts.get("train_dtype")
+            note = "keep writes the tensors as stored"
+            if node is not None and node.format == "deepspeed-zero":
+                note = "DeepSpeed keeps fp32 master weights: keep writes fp32"
+                if td in ("bfloat16", "float16"):
+                    short = "bf16" if td == "bfloat16" else "fp16"
+                    note += f"; the run trained in {short}, so --dtype {short} halves the size"
+            self.query_one("#dtype-note", Static).update("Output dtype of floating-point tensors: " + note + ".")
+        elif name == "confirm":
+            self.query_one("#plan-text", Static).update("Planning (reading headers)…")
+            self.make_plan()
+
+    def _space(self) -> None:
+        out = Path(self.query_one("#out", Input).value).expanduser()
+        parent = out.parent if out.parent.exists() else Path.cwd()
+        try:
+            free = shutil.disk_usage(parent).free
+            node = self.report.inventory.node(self.source())
+            need = node.size if node is not None else 0
+            ok = "enough" if free > need else "NOT ENOUGH"
+            self.query_one("#space", Static).update(f"Free in {parent}: {size(free)} — the export needs about "
+                                                    f"{size(need)} ({ok}).")
+        except OSError as e:
+            self.query_one("#space", Static).update(f"Cannot check free space: {e.strerror}")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "out":
+            self._space()
+
+    def source(self) -> str:
+        ol = self.query_one("#source-list", OptionList)
+        if ol.highlighted is None or not self.candidates:
+            return self.default
+        return self.candidates[ol.highlighted][0]
+
+    def options(self) -> dict:
+        return {"src": str(_abs(self.report, self.source())), "out": self.query_one("#out", Input).value,
+                "dtype": self.dtype(), "max_shard_size": self.query_one("#shard", Input).value}
+
+    def dtype(self) -> str:
+        ol = self.query_one("#dtype-list", OptionList)
+        return ["keep", "fp32", "bf16", "fp16"][ol.highlighted or 0]
+
+    def validate_step(self, name: str) -> Optional[str]:
+        if name == "output":
+            out = Path(self.query_one("#out", Input).value).expanduser()
+            if not out.parent.exists():
+                return f"{out.parent} does not exist"
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                return f"{out} exists and is not empty: choose another folder"
+        if name == "shards":
+            from ...core.export.plan import parse_size
+
+            try:
+                parse_size(self.query_one("#shard", Input).value)
+            except ValueError as e:
+                return str(e)
+        if name == "confirm" and self.plan is None:
+            return self.plan_error or "the plan is not ready yet"
+        return None
+
+    @work(thread=True, exclusive=True, exit_on_error=False)
+    def make_plan(self) -> None:
+        from ...core.export.api import plan_export
+
+        o = self.options()
+        try:
+            plan, said = plan_export(o["src"], Path(o["out"]).expanduser(), dtype=o["dtype"],
+                                     max_shard_size=o["max_shard_size"])
+            text = "\n".join(said + [plan.to_plan().describe()])
+            self.app.call_from_thread(self._planned, plan, text, "")
+        except Exception as e:  # shown, never a traceback
+            self.app.call_from_thread(self._planned, None, "", str(e))
+
+    def _planned(self, plan, text, err) -> None:
+        self.plan, self.plan_error = plan, err
+        self.query_one("#plan-text", Static).update(
+            text + "\n\nPress enter to export (then verify every tensor)." if plan else f"Cannot export: {err}")
+
+    def result(self):
+        return {"plan": self.plan}
+
+
+class UniversalWizard(Wizard):
+    DEFAULT_CSS = WIZARD_CSS.format(name="UniversalWizard")
+    STEPS = ("why", "output", "confirm")
+    TITLE = "Convert to a DeepSpeed universal checkpoint"
+
+    def __init__(self, report, tag_path: str):
+        super().__init__()
+        self.report = report
+        self.tag_path = tag_path
+        self.plan = None
+        self.plan_error = ""
+
+    def step_titles(self):
+        return ["why", "where to write it", "check the plan and run"]
+
+    def run_label(self):
+        return "Convert"
+
+    def panes(self) -> ComposeResult:
+        node = self.report.inventory.node(self.tag_path)
+        f = node.facts if node else {}
+        why = (f"`{self.tag_path}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
+               f"{f.get('world_size', '?')} ranks. To resume with a different number of ranks, DeepSpeed needs a "
+               "universal checkpoint (per-parameter fp32 weights and optimizer state).\n\n")
+        if f.get("universal_checkpoint_info") is False:
+            why += ("Its mp_rank_00_model_states.pt has no `universal_checkpoint_info`, so DeepSpeed's "
+                    "ds_to_universal stops with \"Required universal_checkpoint_info state is missing\". ckpt-tui "
+                    "runs DeepSpeed's own converter and supplies that info in memory: the source is not modified.")
+        else:
+            why += "ckpt-tui runs DeepSpeed's own converter (ds_to_universal) in the background."
+        if f.get("frozen_params"):
+            why += ("\n\nThis run has frozen parameters: a universal checkpoint restores only optimizer-tracked "
+                    "parameters, so ckpt-tui will also write their weights to frozen_params.safetensors and show "
+                    "how to load them.")
+        tag = _abs(self.report, self.tag_path)
+        with Vertical(id="why", classes="pane"):
+            yield Static(why, classes="explain")
+        with Vertical(id="output", classes="pane"):
+            yield Static("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
+                         "`latest_universal`):", classes="explain")
+            yield Input(value=str(tag.parent / f"{tag.name}_universal"), id="out")
+        with Vertical(id="confirm", classes="pane"):
+            yield Static("Planning…", id="plan-text")
+
+    def enter_step(self, name: str) -> None:
+        if name == "confirm":
+            self.query_one("#plan-text", Static).update("Planning…")
+            self.make_plan()
+
+    def validate_step(self, name: str) -> Optional[str]:
+        if name == "confirm" and self.plan is None:
+            return self.plan_error or "the plan is not ready yet"
+        return None
+
+    @work(thread=True, exclusive=True, exit_on_error=False)
+    def make_plan(self) -> None:
+        try:
+            from ...core.repair.universal import universal_plan
+
+            out = self.query_one("#out", Input).value
+            plan = universal_plan(str(_abs(self.report, self.tag_path)), Path(out).expanduser())
+            text = plan.to_plan().describe()
+            self.app.call_from_thread(self._planned, plan, text, "")
+        except Exception as e:
+            self.app.call_from_thread(self._planned, None, "", str(e))
+
+    def _planned(self, plan, text, err) -> None:
+        self.plan, self.plan_error = plan, err
+        self.query_one("#plan-text", Static).update(
+            text + "\n\nPress enter to convert." if plan else f"Cannot convert: {err}")
+
+    def result(self):
+        return {"plan": self.plan}
+
+
+class RepairWizard(Wizard):
+    DEFAULT_CSS = WIZARD_CSS.format(name="RepairWizard")
+    STEPS = ("diff", "confirm")
+    TITLE = "Repair"
+
+    def __init__(self, repair):
+        super().__init__()
+        self.repair = repair
+
+    def step_titles(self):
+        return ["what will change (dry run)", "confirm"]
+
+    def run_label(self):
+        return "Repair"
+
+    def panes(self) -> ComposeResult:
+        with Vertical(id="diff", classes="pane"):
+            yield Static(f"{self.repair.title}", classes="explain")
+            with VerticalScroll():
+                yield Static(self.repair.plan.describe())
+        with Vertical(id="confirm", classes="pane"):
+            yield Static("The original is kept as a backup (named in the plan above); the new file is written to a "
+                         "temp name, fsynced and moved into place. Afterwards ckpt-tui re-inspects the checkpoint."
+                         "\n\nPress enter to repair.", classes="explain")
+
+    def result(self):
+        return {"repair": self.repair}
+
+
+def _abs(report, rel: str) -> Path:
+    node = report.inventory.node(rel)
+    return node.abspath if node is not None else report.inventory.root.abspath
+
+
+def _default_out(inv) -> Path:
+    root = inv.root.abspath
+    base = root if root.is_dir() else root.parent
+    return base.parent / f"{base.name}-safetensors"
+
+
+def _model_candidates(inv) -> list[tuple[str, str]]:
+    """(relative path, description): the inventory's model component first, then other weights."""
+    out: list[tuple[str, str]] = []
+    first = inv.components.get("model") or inv.components.get("model+optimizer")
+    if inv.layout == "run-folder" and inv.checkpoints:
+        from ...core.layout import classify
+
+        for ck in inv.checkpoints:
+            sub = inv.node(ck["path"])
+            _, comps = classify(sub)
+            rel = comps.get("model") or comps.get("model+optimizer")
+            if rel:
+                out.append((rel, f"step {ck['step']}" + (" (complete)" if ck["complete"] else " (INCOMPLETE)")))
+    if first and first not in [o[0] for o in out]:
+        out.insert(0, (first, "the model component"))
+    for n in inv.nodes():
+        if n.role in ("model", "model+optimizer") and n.format in (
+                "dcp", "deepspeed-zero", "deepspeed-universal", "safetensors", "safetensors-sharded-index",
+                "torch-zip") and n.path not in [o[0] for o in out]:
+            if n.format == "safetensors" and n.abspath.parent.joinpath("model.safetensors.index.json").exists():
+                continue
+            out.append((n.path, n.format))
+    return out[:30]

@@ -1,0 +1,123 @@
+"""Right pane: the selected node's facts, its findings (with the key that fixes each), and a
+tensor table that filters as you type."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, Input, Static
+
+from ..format import GLYPH, SEV_STYLE, fact_rows, size
+
+FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}
+MAX_ROWS = 500
+
+
+class Facts(Static):
+    def show(self, node, findings) -> None:
+        if node is None:
+            self.update("")
+            return
+        t = Table.grid(padding=(0, 1))
+        t.add_column(style="dim", no_wrap=True)
+        t.add_column()
+        for k, v in fact_rows(node):
+            t.add_row(k, v)
+        parts = [Text(node.path if node.path != "." else node.abspath.name, style="bold"), t]
+        for f in findings:
+            line = Text()
+            line.append(f"{GLYPH[f.severity]} {f.severity} ", style=SEV_STYLE[f.severity])
+            line.append(f.code, style="bold")
+            if f.fix:
+                line.append(f"  [{FIX_KEYS.get(f.fix, 'x')}] {f.fix}", style="reverse")
+            parts.append(Text(""))
+            parts.append(line)
+            parts.append(Text(f.message))
+        self.update(Group(*parts))
+
+
+class TensorTable(Vertical):
+    """Rows are kept in memory and only the first MAX_ROWS matches are drawn, so a keystroke
+    costs the same at 100,000 tensors as at 10."""
+
+    DEFAULT_CSS = """
+    TensorTable { height: 1fr; }
+    TensorTable Input { height: 3; display: none; }
+    TensorTable Input.visible { display: block; }
+    TensorTable #tensor-count { height: 1; color: $text-muted; }
+    """
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.rows: list = []
+        self.stats: dict[str, object] = {}
+        self.last_filter_ms = 0.0
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter tensors by name…", id="tensor-filter")
+        yield Static("", id="tensor-count")
+        table = DataTable(id="tensor-table", cursor_type="row", zebra_stripes=False)
+        yield table
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).add_columns("size", "dtype", "shape", "min", "max", "NaN", "name")
+
+    def set_rows(self, rows, note: str = "") -> None:
+        self.rows = list(rows)
+        self.note = note
+        self.refilter()
+
+    def set_stats(self, stats) -> None:
+        self.stats = {s.name: s for s in stats}
+        self.refilter()
+
+    def refilter(self) -> None:
+        t0 = time.perf_counter()
+        text = self.query_one(Input).value.strip().lower()
+        table = self.query_one(DataTable)
+        table.clear()
+        shown = 0
+        matches = 0
+        for r in self.rows:
+            if text and text not in r.name.lower():
+                continue
+            matches += 1
+            if shown >= MAX_ROWS:
+                continue
+            st = self.stats.get(r.name)
+            fmt = lambda v: "" if v is None else f"{v:.3g}"
+            table.add_row(size(r.nbytes), r.dtype, "×".join(map(str, r.shape)) or "scalar",
+                          fmt(getattr(st, "min", None)), fmt(getattr(st, "max", None)),
+                          "" if st is None else str(st.nan + st.inf), r.name)
+            shown += 1
+        note = getattr(self, "note", "")
+        self.query_one("#tensor-count", Static).update(
+            f"{matches:,} tensor(s)" + (f", first {MAX_ROWS} shown" if matches > shown else "") +
+            (f" matching '{text}'" if text else "") + (f" — {note}" if note else ""))
+        self.last_filter_ms = (time.perf_counter() - t0) * 1000
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.refilter()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(DataTable).focus()
+
+    def open_filter(self) -> None:
+        inp = self.query_one(Input)
+        inp.add_class("visible")
+        inp.focus()
+
+
+class Details(VerticalScroll):
+    DEFAULT_CSS = """
+    Details { height: 1fr; }
+    Details Facts { height: auto; padding: 0 1; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Facts(id="facts")

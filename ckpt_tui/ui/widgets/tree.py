@@ -1,0 +1,79 @@
+"""The checkpoint tree: children are added when a folder is expanded, so a folder of 100,000
+files shows at once."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.widgets import Tree
+
+from ...core.model import Node
+from ..format import node_label
+
+MAX_CHILDREN = 400
+
+
+class CheckpointTree(Tree[Node]):
+    BINDINGS = [Binding("j", "cursor_down", "Down", show=False), Binding("k", "cursor_up", "Up", show=False)]
+
+    def __init__(self, **kw):
+        super().__init__("…", **kw)
+        self.show_root = True
+        self.guide_depth = 2
+        self.findings_by_path: dict[str, list] = {}
+        self._by_path: dict[str, object] = {}
+
+    def load(self, root: Node, findings_by_path: dict[str, list]) -> None:
+        self.findings_by_path = findings_by_path
+        self.clear()
+        self._by_path = {}
+        self.root.set_label(node_label(root, self._subtree_findings(root)))
+        self.root.data = root
+        self._by_path["."] = self.root
+        self._fill(self.root, root)
+        self.root.expand()
+        for tn in list(self.root.children):
+            n = tn.data
+            if n is not None and n.is_dir and len(n.children) <= 40 and n.format not in ("dcp",):
+                self._fill(tn, n)
+                tn.expand()
+
+    def _subtree_findings(self, node: Node) -> list:
+        if not node.is_dir:
+            return self.findings_by_path.get(node.path, [])
+        pre = "" if node.path == "." else node.path + "/"
+        return [f for p, fs in self.findings_by_path.items() if p == node.path or p.startswith(pre) for f in fs]
+
+    def _fill(self, tnode, node: Node) -> None:
+        if getattr(tnode, "_filled", False):
+            return
+        tnode._filled = True
+        kids = sorted(node.children, key=lambda c: (not c.is_dir, c.name))
+        for c in kids[:MAX_CHILDREN]:
+            label = node_label(c, self._subtree_findings(c))
+            if c.is_dir:
+                child = tnode.add(label, data=c, allow_expand=bool(c.children))
+            else:
+                child = tnode.add_leaf(label, data=c)
+            self._by_path[c.path] = child
+        if len(kids) > MAX_CHILDREN:
+            tnode.add_leaf(f"… {len(kids) - MAX_CHILDREN} more (use `ckpt-tui inspect --all`)")
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
+        if event.node.data is not None:
+            self._fill(event.node, event.node.data)
+
+    def select_path(self, path: str) -> None:
+        """Expand the way down to ``path`` and move the cursor there."""
+        parts = [] if path == "." else path.split("/")
+        tnode = self.root
+        node = self.root.data
+        for i in range(len(parts)):
+            self._fill(tnode, node)
+            tnode.expand()
+            sub = "/".join(parts[: i + 1])
+            nxt = self._by_path.get(sub)
+            if nxt is None:
+                break
+            tnode, node = nxt, nxt.data
+        self.move_cursor(tnode)
+        self.scroll_to_node(tnode)

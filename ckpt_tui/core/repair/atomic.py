@@ -30,7 +30,10 @@ class RepairError(Exception):
 
 
 def backup_path(target: Path) -> Path:
-    return target.with_name(target.name + BACKUP_SUFFIX)
+    """``.<name>.ckpt-tui-bak`` beside the target. Hidden on purpose: loaders pick files by prefix
+    (DeepSpeed counts every ``mp_rank_*`` file of a tag folder as a model-states file), so a
+    backup named ``mp_rank_00_model_states.pt.bak`` would break ds_to_universal."""
+    return target.with_name(f".{target.name}{BACKUP_SUFFIX}")
 
 
 def tmp_prefix(target: Path) -> str:

@@ -1,0 +1,103 @@
+"""`ckpt-tui fix PATH`: list the repairs that apply, show their plans, apply them (the lead registers
+the command on the main group)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+
+def _fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
+    click.echo(f"ckpt-tui: {msg}", err=True)
+    sys.exit(code)
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@click.command("fix")
+@click.argument("path", type=click.Path(path_type=str, readable=False))
+@click.option("--only", "only", default=None, metavar="ID",
+              help="Apply only this fix id (universal-info, latest, dcp-metadata) or finding code.")
+@click.option("--dry-run", is_flag=True, help="Print exactly what each repair would change; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed without a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (schema_version 1).")
+@click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
+def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
+    """Repair what `inspect` flags in PATH, safely: each repair shows its plan first (--dry-run
+    stops there), keeps a backup (hard link, no copy), writes atomically (temp file + fsync +
+    rename), then re-inspects to check the finding is gone.
+
+    \b
+    Examples:
+      ckpt-tui fix checkpoint-2000 --dry-run
+      ckpt-tui fix checkpoint-2000/global_step2000 --only universal-info --yes
+
+    Exit codes: 0 ok, 1 a repair failed or errors remain, 2 bad path or usage, 130 interrupted.
+    """
+    from .core.inspect import inspect
+    from .core.model import SCHEMA_VERSION
+    from .core.progress import Cancelled
+    from .core.repair import repairs_for
+    from .core.scan import ScanError
+
+    try:
+        try:
+            rep = inspect(path, trust_pickles=trust_pickles)
+        except ScanError as e:
+            _fail(str(e), EXIT_USAGE)
+        reps = repairs_for(rep)
+        if only:
+            known = {"universal-info", "latest", "dcp-metadata", "export"}
+            reps = [r for r in reps if only in (r.id, r.code)]
+            if not reps and only not in known and only not in {f.code for f in rep.findings}:
+                _fail(f"unknown fix id {only!r}; ids: {', '.join(sorted(known))}", EXIT_USAGE)
+        applicable = [r for r in reps if r.can_apply]
+        if not dry_run and applicable and not yes and not _interactive():
+            _fail("no terminal to ask for confirmation: pass --yes to apply the repairs (or --dry-run to see "
+                  "them)", EXIT_USAGE)
+        results = []
+        for r in reps:
+            if not as_json:
+                click.echo(("[dry run] " if dry_run else "") + r.plan.describe())
+            if dry_run or not r.can_apply:
+                continue
+            if not yes and not click.confirm(f"Apply `{r.id}` to {r.path}?", default=False, err=True):
+                click.echo(f"ckpt-tui: skipped {r.id} at {r.path}", err=True)
+                continue
+            res = r.apply(on_progress=None, cancel=None)
+            results.append(res)
+            if not as_json:
+                click.echo(("✓ " if res.ok else "✖ ") + res.message)
+            elif not res.ok:
+                click.echo(f"ckpt-tui: {r.id} at {r.path}: {res.message}", err=True)
+        after = inspect(path, trust_pickles=trust_pickles) if results else rep
+    except KeyboardInterrupt:
+        _fail("interrupted (a repair stopped before its rename leaves the original untouched)", EXIT_INTERRUPTED)
+    except Cancelled:
+        _fail("cancelled", EXIT_INTERRUPTED)
+    except ScanError as e:
+        _fail(str(e), EXIT_USAGE)
+    except OSError as e:
+        _fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
+    failed = any(not x.ok for x in results)
+    errors = [f for f in after.findings if f.severity == "error"]
+    if as_json:
+        doc = {"schema_version": SCHEMA_VERSION, "path": str(after.inventory.path), "dry_run": dry_run,
+               "repairs": [r.to_json() for r in reps], "results": [x.to_json() for x in results],
+               "findings": [f.to_json() for f in after.findings]}
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        if not reps:
+            click.echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)
+        for f in errors:
+            click.echo(f"ckpt-tui: still an error: {f.code} at {f.path}", err=True)
+    sys.exit(EXIT_FINDINGS if failed or errors else EXIT_OK)

@@ -1,0 +1,381 @@
+"""The repairs themselves: build a Repair (with its dry-run Plan) per fixable finding, and run it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from ..formats import FormatError
+from ..model import Finding, Plan, PlanStep
+from ..progress import report
+from . import Repair, RepairResult
+from .atomic import RepairError, backup_path, replace_file, stamp
+from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
+
+# deepspeed.checkpoint.constants UNIVERSAL_CHECKPOINT_INFO / _VERSION_KEY / _VERSION_VALUE (0.19.8; the
+# tests check they still match; not imported here: importing deepspeed takes seconds and logs)
+UCI_KEY = "universal_checkpoint_info"
+UCI_VALUE = {"universal_checkpoint_version": 0.4}
+
+NEXT_TIME = (
+    "Next time DeepSpeed writes it itself: it saves `universal_checkpoint_info` when the module it wraps has that "
+    "attribute at save time (DeepSpeedEngine._save_checkpoint reads getattr(engine.module, "
+    "'universal_checkpoint_info')). HF Trainer: `model.universal_checkpoint_info = "
+    "{'universal_checkpoint_version': 0.4}` before `Trainer(model=model, ...)`. Lightning (DeepSpeed wraps a "
+    "wrapper of your LightningModule): in your LightningModule, `def on_fit_start(self): "
+    "self.trainer.strategy.model.module.universal_checkpoint_info = {'universal_checkpoint_version': 0.4}`."
+)
+
+ADVICE_ONLY = "export"
+
+
+def _rel(root: Path, p: Path) -> str:
+    try:
+        return str(p.relative_to(root)) or "."
+    except ValueError:
+        return str(p)
+
+
+def repairs_for(rep) -> list[Repair]:
+    inv = rep.inventory
+    out: list[Repair] = []
+    seen = set()
+    for f in rep.findings:
+        if not f.fix or (f.fix, f.path) in seen:
+            continue
+        seen.add((f.fix, f.path))
+        r = None
+        try:
+            if f.fix == "universal-info":
+                r = _universal_info(rep, f)
+            elif f.fix == "latest":
+                r = _latest(rep, f)
+            elif f.fix == "dcp-metadata":
+                r = _dcp_metadata(rep, f)
+            elif f.fix == ADVICE_ONLY:
+                r = _export_advice(rep, f)
+        except (OSError, FormatError, EditError) as e:  # planning read something it could not: say so
+            r = _cannot(rep, f, f.fix, f"cannot plan this repair: {e}")
+        if r is not None:
+            r.trust_pickles = inv.trust_pickles
+            out.append(r)
+    return out
+
+
+def _cannot(rep, f: Finding, rid: str, why: str, notes: tuple[str, ...] = ()) -> Repair:
+    return Repair(rid, f.code, f.path, f"cannot repair {f.code} at {f.path}", Plan(f"No change: {why}", (), notes),
+                  root=rep.inventory.path, can_apply=False)
+
+
+# ------------------------------------------------------------------ universal_checkpoint_info
+
+
+def _universal_info(rep, f: Finding) -> Repair:
+    inv = rep.inventory
+    node = inv.node(f.path)
+    root = inv.path
+    target = (node.abspath if node else root / f.path) / "mp_rank_00_model_states.pt"
+    if not target.is_file():
+        return _cannot(rep, f, "universal-info", f"{target} does not exist")
+    with open(target, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        entries = read_entries(fh, size)
+        e = pickle_entry(entries)
+        pkl = read_pickle(fh, e)
+        try:
+            new = add_top_level_key(pkl, UCI_KEY, UCI_VALUE)
+        except EditError as err:
+            return _cannot(rep, f, "universal-info", str(err))
+    new_size = size + (len(new) - len(pkl)) + 64  # upper bound (alignment padding may shift by < 64)
+    bak = backup_path(target)
+    steps = (
+        PlanStep("backup", _rel(root, bak), _rel(root, target), 0,
+                 "hard link to the current file: the original stays as it is, no copy, no extra space"),
+        PlanStep("write", _rel(root, target), None, new_size,
+                 f"adds {UCI_KEY} = {UCI_VALUE!r} to the top-level dict (+{len(new) - len(pkl)} pickle bytes "
+                 f"inserted before STOP); the other {len(entries) - 1} zip records are copied byte for byte "
+                 "(written to a temp file beside it, fsync'd, then os.replace)"),
+    )
+    notes = (
+        f"needs {new_size:,} bytes free in {_rel(root, target.parent)} (the old file is kept as the backup)",
+        "nothing else in the file is unpickled or rewritten: framework objects (Lightning hyper-parameters, "
+        "loops, callbacks) stay exactly as written",
+        NEXT_TIME,
+    )
+    title = f"add universal_checkpoint_info to {_rel(root, target)}"
+    r = Repair("universal-info", f.code, f.path, title, Plan(title, steps, notes), root=root)
+    r._run = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel)
+    return r
+
+
+def _apply_universal_info(target: Path, on_progress, cancel) -> tuple[bool, str, Optional[Path], list[Path]]:
+    if not target.is_file():
+        raise RepairError(f"{target} no longer exists")
+    with open(target, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        entries = read_entries(src, size)
+        e = pickle_entry(entries)
+        pkl = read_pickle(src, e)
+        from ..formats.pickles import safe_loads
+
+        top = safe_loads(pkl, persistent=True).obj
+        if isinstance(top, dict) and UCI_KEY in top:
+            return False, f"{target.name} already has {UCI_KEY}: nothing to do", None, []
+        new = add_top_level_key(pkl, UCI_KEY, UCI_VALUE)
+        total = sum(x.size for x in entries if x is not e)
+        done = [0]
+
+        def on_bytes(n: int) -> None:
+            done[0] += n
+            report(on_progress, done[0], total, "bytes", "copying records")
+
+        def write(dst) -> None:
+            rewrite_zip(src, entries, {e.name: new}, dst, on_bytes=on_bytes, cancel=cancel)
+
+        def verify(tmp: Path) -> None:
+            with open(tmp, "rb") as t:
+                got = read_entries(t, os.fstat(t.fileno()).st_size)
+                if [x.name for x in got] != [x.name for x in entries]:
+                    raise RepairError("verification failed: the rewritten zip lists different records")
+                for a, b in zip(entries, got):
+                    if a is e:
+                        if read_pickle(t, b) != new:
+                            raise RepairError("verification failed: data.pkl differs from what was written")
+                    elif (a.crc, a.size) != (b.crc, b.size):
+                        raise RepairError(f"verification failed: record {a.name!r} changed")
+                    elif b.data_offset % 64 and a.data_offset % 64 == 0:
+                        raise RepairError(f"verification failed: record {a.name!r} lost its alignment")
+                obj = safe_loads(read_pickle(t, pickle_entry(got)), persistent=True).obj
+                if not isinstance(obj, dict) or obj.get(UCI_KEY) != UCI_VALUE or \
+                        set(obj) != set(top) | {UCI_KEY}:
+                    raise RepairError("verification failed: the re-read top-level dict is not the old one plus the key")
+
+        bak = replace_file(target, write, backup=True, needed=size + len(new) - len(pkl) + 4096, verify=verify,
+                           on_progress=on_progress, cancel=cancel, label="verified")
+    return True, f"added {UCI_KEY} = {UCI_VALUE!r} to {target.name}; the original is kept as {bak.name}", bak, [target]
+
+
+# ------------------------------------------------------------------ latest / latest_universal / megatron
+
+
+def _step(name: str) -> int:
+    from ..scan import step_of
+
+    s = step_of(name)
+    return -1 if s is None else s
+
+
+def _complete(rep, rel: str) -> bool:
+    return not any(x.severity == "error" and (x.path == rel or x.path.startswith(rel + "/")) for x in rep.findings)
+
+
+def _latest(rep, f: Finding) -> Repair:
+    from ..scan import step_of
+
+    inv = rep.inventory
+    root = inv.path
+    node = inv.node(f.path)
+    if node is None:
+        return _cannot(rep, f, "latest", f"{f.path} is no longer in the report")
+    if node.is_dir:  # latest-missing: the folder holding the tags
+        parent = node
+        tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-zero"]
+        if tags:
+            name = "latest"
+        else:
+            name = "latest_universal"
+            tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-universal"]
+    else:
+        name = node.name
+        parent = inv.node(f.path.rsplit("/", 1)[0] if "/" in f.path else ".")
+        if parent is None:
+            return _cannot(rep, f, "latest", "its folder is not in the report")
+        if name == "latest_checkpointed_iteration.txt":
+            tags = [c for c in parent.children if c.is_dir and step_of(c.name) is not None]
+        elif name == "latest_universal":
+            tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-universal"]
+        else:
+            tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-zero"]
+        if not tags:
+            tags = [c for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
+                                                                 or step_of(c.name) is not None)]
+    complete = [c for c in tags if _complete(rep, c.path)]
+    target = parent.abspath / name
+    if not complete:
+        why = "no complete tag folder here" + (f" (incomplete: {', '.join(t.name for t in tags[:4])})" if tags else "")
+        return _cannot(rep, f, "latest", why)
+    best = max(complete, key=lambda c: (_step(c.name), c.abspath.stat().st_mtime if c.abspath.exists() else 0))
+    if name == "latest_checkpointed_iteration.txt":
+        content = "release" if best.name == "release" else str(_step(best.name))
+    else:
+        content = best.name
+    old = None
+    if target.is_file():
+        try:
+            old = target.read_bytes()[:200].decode("utf-8", "replace")
+        except OSError:
+            old = None
+    steps = []
+    if target.exists():
+        steps.append(PlanStep("backup", _rel(root, backup_path(target)), _rel(root, target), 0,
+                              "hard link to the current file"))
+    steps.append(PlanStep("write", _rel(root, target), None, len(content),
+                          f"{old!r} -> {content!r}" if old is not None else f"new file containing {content!r}"))
+    skipped = [t.name for t in tags if t not in complete]
+    notes = [f"`{best.name}` is the newest tag with no error finding"]
+    if skipped:
+        notes.append(f"skipped incomplete: {', '.join(skipped[:6])}")
+    title = f"point {_rel(root, target)} at {best.name}"
+    r = Repair("latest", f.code, f.path, title, Plan(title, tuple(steps), tuple(notes)), root=root)
+    r._run = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel)
+    return r
+
+
+def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel):
+    if not tagdir.is_dir():
+        raise RepairError(f"{tagdir} no longer exists")
+    if target.is_file():
+        try:
+            if target.read_text(encoding="utf-8", errors="replace").strip() == content:
+                return False, f"{target.name} already names {content}: nothing to do", None, []
+        except OSError as e:
+            raise RepairError(f"{target}: {e.strerror}") from None
+    data = content.encode()
+    bak = replace_file(target, lambda fh: fh.write(data), backup=True, needed=len(data) + 4096,
+                       on_progress=on_progress, cancel=cancel)
+    msg = f"{target.name} now names {content}" + (f"; the old file is kept as {bak.name}" if bak else "")
+    return True, msg, bak, [target]
+
+
+# ------------------------------------------------------------------ DCP .metadata from .metadata.tmp
+
+
+def check_metadata_tmp(folder: Path, trust: bool = False) -> tuple[bool, str]:
+    """Is ``folder/.metadata.tmp`` a complete DCP Metadata whose every storage record lies inside an
+    existing shard file? Returns (ok, reason)."""
+    from ..formats.dcp import read_metadata_file
+
+    tmp = folder / ".metadata.tmp"
+    try:
+        md, unsafe, _ = read_metadata_file(tmp)
+    except FormatError as e:
+        return False, f".metadata.tmp cannot be read as DCP metadata ({e}): the save stopped while writing it"
+    except OSError as e:
+        return False, f".metadata.tmp cannot be read: {e.strerror}"
+    if unsafe and not trust:
+        return False, f".metadata.tmp names code outside the allowlist ({', '.join(sorted(unsafe)[:4])})"
+    sd = md.__dict__.get("storage_data")
+    if not isinstance(sd, dict) or not sd:
+        return False, ".metadata.tmp has no storage records"
+    need: dict[str, int] = {}
+    for info in sd.values():
+        d = getattr(info, "__dict__", {})
+        rp, off, ln = d.get("relative_path"), d.get("offset"), d.get("length")
+        if not isinstance(rp, str) or not isinstance(off, int) or not isinstance(ln, int) or "/" in rp or rp in ("", ".", ".."):
+            return False, ".metadata.tmp has a malformed storage record"
+        need[rp] = max(need.get(rp, 0), off + ln)
+    for rp, end in sorted(need.items()):
+        p = folder / rp
+        if not p.is_file():
+            return False, f"it names shard file {rp}, which is not here"
+        if p.stat().st_size < end:
+            return False, f"shard file {rp} is {p.stat().st_size} bytes but .metadata.tmp needs {end}: it is truncated"
+    return True, f"verified against {len(need)} shard file(s), {len(sd)} storage records"
+
+
+def _dcp_metadata(rep, f: Finding) -> Repair:
+    from ..diagnose import _last_complete_sibling
+
+    inv = rep.inventory
+    root = inv.path
+    node = inv.node(f.path)
+    folder = node.abspath if node else root / f.path
+    ok, why = check_metadata_tmp(folder, inv.trust_pickles)
+    target = folder / ".metadata"
+    tmp = folder / ".metadata.tmp"
+    if not ok:
+        sib = _last_complete_sibling(inv, node) if node is not None else None
+        note = (f"the last complete checkpoint beside it is `{sib}`",) if sib else \
+            ("no complete sibling checkpoint was found here",)
+        return _cannot(rep, f, "dcp-metadata", f".metadata cannot be rebuilt from .metadata.tmp: {why}", note)
+    size = tmp.stat().st_size
+    steps = (PlanStep("write", _rel(root, target), _rel(root, tmp), size,
+                      "copy of .metadata.tmp (torch writes .metadata.tmp, then renames it; the rename did not happen); "
+                      ".metadata.tmp is left in place"),)
+    title = f"rebuild {_rel(root, target)} from .metadata.tmp"
+    r = Repair("dcp-metadata", f.code, f.path, title, Plan(title, steps, (why,)), root=root)
+    trust = inv.trust_pickles
+    r._run = lambda on_progress, cancel: _apply_dcp(folder, trust, on_progress, cancel)
+    return r
+
+
+def _apply_dcp(folder: Path, trust: bool, on_progress, cancel):
+    target = folder / ".metadata"
+    tmp = folder / ".metadata.tmp"
+    if target.is_file():
+        return False, ".metadata already exists: nothing to do", None, []
+    ok, why = check_metadata_tmp(folder, trust)
+    if not ok:
+        raise RepairError(f".metadata cannot be rebuilt: {why}")
+    before = stamp(tmp)
+    data = tmp.read_bytes()
+    if stamp(tmp) != before:
+        raise RepairError(".metadata.tmp changed while it was read: a save may still be running")
+
+    def verify(p: Path) -> None:
+        if p.read_bytes() != data:
+            raise RepairError("verification failed: the written .metadata differs from .metadata.tmp")
+
+    replace_file(target, lambda fh: fh.write(data), backup=False, needed=len(data) + 4096, watch=(tmp,),
+                 verify=verify, on_progress=on_progress, cancel=cancel)
+    return True, f"wrote .metadata ({len(data)} bytes) from .metadata.tmp ({why})", None, [target]
+
+
+# ------------------------------------------------------------------ advice only
+
+
+def _export_advice(rep, f: Finding) -> Repair:
+    inv = rep.inventory
+    root = inv.path
+    node = inv.node(f.path)
+    sub = None
+    if f.code == "dcp-components" and node is not None:
+        models = [c for c in node.children if c.is_dir and c.format == "dcp" and c.role in ("model", "model+optimizer")]
+        sub = (models or [c for c in node.children if c.is_dir and c.format == "dcp"] or [None])[0]
+    src = sub.abspath if sub is not None else (node.abspath if node is not None else root / f.path)
+    cmd = f"ckpt-tui export {src} --out {src}_exported"
+    title = f"{f.code} at {f.path}: nothing to write; export instead"
+    plan = Plan(title, (), (f"run `{cmd}` (a single safetensors model any tool can load)",))
+    return Repair("export", f.code, f.path, title, plan, root=root, writes=False, can_apply=False)
+
+
+# ------------------------------------------------------------------ running
+
+
+def run_repair(r: Repair, on_progress=None, cancel=None) -> RepairResult:
+    from ..inspect import inspect
+    from ..progress import Cancelled
+
+    if not r.can_apply or r._run is None:
+        return RepairResult(r.id, r.code, r.path, False, False, r.plan.title if not r.plan.notes else
+                            r.plan.title + " — " + "; ".join(r.plan.notes))
+    try:
+        changed, msg, bak, written = r._run(on_progress, cancel)
+    except Cancelled:
+        raise
+    except RepairError as e:
+        return RepairResult(r.id, r.code, r.path, False, False, str(e))
+    except EditError as e:
+        return RepairResult(r.id, r.code, r.path, False, False, f"{e}. Nothing was changed.")
+    except FormatError as e:
+        return RepairResult(r.id, r.code, r.path, False, False, f"{e}. Nothing was changed.")
+    except OSError as e:
+        return RepairResult(r.id, r.code, r.path, False, False,
+                            f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}. Nothing was changed.")
+    rep = inspect(r.root, trust_pickles=r.trust_pickles)
+    gone = not any(x.code == r.code and x.path == r.path for x in rep.findings)
+    if not gone:
+        msg += f"; but re-inspecting still reports {r.code} at {r.path}"
+    return RepairResult(r.id, r.code, r.path, gone, changed, msg, gone, str(bak) if bak else None,
+                        [str(p) for p in written])

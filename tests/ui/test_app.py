@@ -1,0 +1,144 @@
+"""The TUI driven with Textual's Pilot on real fixture checkpoints."""
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_tui.ui.app import make_app
+from ckpt_tui.ui.jobs import Job
+from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
+from ckpt_tui.ui.screens.findings import FindingsScreen
+from ckpt_tui.ui.screens.wizards import ExportWizard
+from ckpt_tui.ui.widgets.details import TensorTable
+
+
+async def wait_for(pilot, cond, timeout=30.0):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError("timed out waiting")
+        await pilot.pause(0.05)
+
+
+def screen_text(app) -> str:
+    return "\n".join(str(s.render()) for s in app.screen.query("Static"))
+
+
+@pytest.fixture
+def fsdp_ckpt(real_ckpt, tmp_path):
+    d = tmp_path / "checkpoint-2000"
+    shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2", d)
+    return d
+
+
+async def test_open_first_user_report_shows_model_and_optimizer(fsdp_ckpt):
+    app = make_app(fsdp_ckpt)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        summary = str(app.query_one("#summary").render())
+        assert "model in `pytorch_model_fsdp_0/`" in summary and "optimizer in `optimizer_0/`" in summary
+        tree = app.query_one("#tree")
+        labels = {str(n.label) for n in tree.root.children}
+        assert any("pytorch_model_fsdp_0/" in l and "MODEL" in l for l in labels)
+        assert any("optimizer_0/" in l and "OPTIM" in l for l in labels)
+        assert app.selected.path == "pytorch_model_fsdp_0"
+        await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) == 21)
+        # filter as you type
+        await pilot.press("slash", "q", "_", "p", "r", "o", "j")
+        table = app.query_one(TensorTable)
+        assert table.query_one("DataTable").row_count == 2  # q_proj of layers 0 and 1
+        assert table.last_filter_ms < 100
+
+
+async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
+    app = make_app(fsdp_ckpt)
+    out = fsdp_ckpt.parent / "checkpoint-2000-safetensors"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await pilot.press("e")
+        assert isinstance(app.screen, ExportWizard)
+        await pilot.press("enter", "enter", "enter", "enter")  # source, output, dtype, shard size
+        wiz = app.screen
+        await wait_for(pilot, lambda: wiz.plan is not None)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=60)
+        assert "verified ✔" in screen_text(app)
+        assert (out / "model.safetensors").is_file()
+        job = [j for j in app.jobs if j.kind == "export"][0]
+        assert job.state == "done" and job.progress.done == job.progress.total
+
+
+async def test_cancel_an_export_midway_leaves_no_output(tmp_path):
+    src = tmp_path / "big"
+    src.mkdir()
+    torch.save({f"w{i}": torch.zeros(1024, 1024 * 16) for i in range(6)}, src / "model.pt")  # 400 MB
+    app = make_app(src)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        from ckpt_tui.core.export.api import plan_export
+
+        plan, _ = plan_export(src, tmp_path / "out", max_shard_size="70MB")
+        app.run_export(plan)
+        job = app.jobs[-1]
+        await wait_for(pilot, lambda: job.progress is not None and job.progress.done > 0, timeout=60)
+        await pilot.press("c")
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: job.state != "running", timeout=60)
+        assert job.state == "cancelled"
+        assert not (tmp_path / "out").exists()
+        assert not list(tmp_path.glob(".out.*"))
+
+
+async def test_failure_opens_an_error_dialog(fsdp_ckpt, tmp_path):
+    app = make_app(fsdp_ckpt)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        from ckpt_tui.core.export.api import plan_export
+
+        plan, _ = plan_export(fsdp_ckpt, Path("/proc/ckpt-tui-out"))  # nobody can write there
+        app.run_export(plan)
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=30)
+        text = screen_text(app)
+        assert "failed" in text and "Traceback" not in text
+
+
+async def test_findings_panel_on_second_user_report(real_ckpt):
+    app = make_app(real_ckpt("hf-ds-zero2") / "checkpoint-2")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await pilot.press("f")
+        assert isinstance(app.screen, FindingsScreen)
+        table = app.screen.query_one("DataTable")
+        codes = [table.get_row_at(i)[2] for i in range(table.row_count)]
+        assert "universal-info-missing" in codes
+        while table.get_row_at(table.cursor_row)[2] != "universal-info-missing":
+            await pilot.press("j")
+        assert "universal_checkpoint_info" in str(app.screen.query_one("#finding-message").render())
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert app.selected.path == "global_step2"
+
+
+async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
+    app = make_app(fsdp_ckpt)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        # a running job makes quit ask first
+        job = Job("fake wait", "stats")
+        gate = asyncio.Event()
+        app.jobs.append(job)
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmDialog)
+        await pilot.press("n")
+        assert app.is_running
+        job.state = "done"
+        commands = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Export" in commands and "Findings" in commands

@@ -1,0 +1,67 @@
+"""End to end in a real terminal: ckpt-tui inside tmux (a pty, as over SSH) at 80×24."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+class Tmux:
+    def __init__(self, cmd: str, env: dict):
+        self.name = f"ckpt-{uuid.uuid4().hex[:8]}"
+        envs = " ".join(f"{k}={v}" for k, v in env.items())
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "80", "-y", "24",
+                        f"env {envs} {cmd}; sleep 60"], check=True)
+
+    def keys(self, *keys):
+        for k in keys:
+            subprocess.run(["tmux", "send-keys", "-t", self.name, k], check=True)
+            time.sleep(0.3)
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+
+    def wait_for(self, text: str, timeout: float = 40.0) -> str:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            s = self.screen()
+            if text in s:
+                return s
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} not on screen:\n{self.screen()}")
+
+    def close(self):
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+@pytest.mark.parametrize("term", ["xterm-256color", "screen"])
+def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
+    ck = tmp_path / "checkpoint-2000"
+    shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2", ck)
+    exe = f"{sys.executable} -m ckpt_tui"
+    env = {"TERM": term, "COLUMNS": "80", "LINES": "24"}
+    if term == "screen":
+        env["NO_COLOR"] = "1"
+    t = Tmux(f"{exe} {ck}", env)
+    try:
+        t.wait_for("optimizer in")  # the scan is done: the summary line is in
+        s = t.wait_for("OPTIM")
+        assert "pytorch_model_fsdp_0/" in s and "MODEL" in s
+        assert "optimizer_0/" in s and "● 1" in s  # the dcp-components finding, as a glyph
+        t.keys("e")
+        t.wait_for("Export to safetensors")
+        t.keys("Enter", "Enter", "Enter", "Enter")
+        t.wait_for("Press enter to export")
+        t.keys("Enter")
+        s = t.wait_for("Export finished")
+        assert "verified" in s
+        assert (tmp_path / "checkpoint-2000-safetensors" / "model.safetensors").is_file()
+        t.keys("Enter", "q")
+    finally:
+        t.close()

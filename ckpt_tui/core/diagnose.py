@@ -143,7 +143,9 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"`{p}/` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks {_ranks(ranks)}) but no "
                            ".metadata: the save was interrupted before rank 0 wrote it (or .metadata exists only on "
                            "another node's disk). Nothing can load this folder; copy .metadata from the node that "
-                           "wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n),
+                           "wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n)
+                           + (f" A complete .metadata.tmp may survive (the final rename was interrupted): "
+                              f"`ckpt-tui fix {p} --only dcp-metadata`." if n.child(".metadata.tmp") is not None else ""),
                            "dcp-metadata" if n.child(".metadata.tmp") is not None else None))
     if f.get("missing_files"):
         miss = f["missing_files"]
@@ -180,7 +182,8 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
                            "The checkpoint resumes fine at the same world size. To change world size, convert it "
                            "with `python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state "
                            f"--input_folder {p} --output_folder {p}_universal` (supplies the info in memory, "
-                           "the source is not modified), then load with {\"checkpoint\": {\"load_universal\": true}}.",
+                           "the source is not modified), then load with {\"checkpoint\": {\"load_universal\": true}}. "
+                           f"To add the key in place (other tools need it): `ckpt-tui fix {p} --only universal-info`.",
                            "universal-info"))
     if f.get("missing_files"):
         miss = f["missing_files"]
@@ -254,7 +257,8 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"{'`' + p + '/`' if p != '.' else 'This folder'} has DeepSpeed tag folder(s) "
                            f"({', '.join(t.name for t in tags[:4])}) but no `latest` file, so "
                            "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
-                           f"Write the newest tag's name into it: `echo {sorted(t.name for t in tags)[-1]} > {'' if p == '.' else p + '/'}latest`.", "latest"))
+                           f"Write the newest tag's name into it: `echo {sorted(t.name for t in tags)[-1]} > {'' if p == '.' else p + '/'}latest`, "
+                           f"or run `ckpt-tui fix {p} --only latest` (picks the newest complete tag).", "latest"))
     unis = [c for c in n.children if c.is_dir and c.format == "deepspeed-universal"]
     if unis and "latest_universal" not in names and not tags:
         out.append(Finding("latest-missing", "warning", p,
@@ -312,7 +316,7 @@ def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
     tags = [c.name for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
                                                              or step_of(c.name) is not None)]
     newest = sorted(tags, key=lambda t: (step_of(t) or -1, t))[-1] if tags else None
-    hint = f" The newest tag here is `{newest}`: write that name into `{n.name}`." if newest else ""
+    hint = f" The newest tag here is `{newest}`: write that name into `{n.name}`, or run `ckpt-tui fix {parent_path} --only latest` (picks the newest complete tag)." if newest else ""
     return [Finding("latest-dangling", "error", n.path,
                     f"`{n.path}` names `{shown}`, which is not a folder beside it: loaders that follow it will fail."
                     + hint, "latest" if newest else None)]

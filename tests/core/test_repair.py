@@ -355,23 +355,38 @@ def _as_nobody(fn):
     return json.loads(data)
 
 
-def test_permission_denied_nothing_changed(real_ckpt_copy, tmp_path):
-    root = real_ckpt_copy("lightning-ds-zero2")
-    os.chmod(tmp_path, 0o755)
+def test_permission_denied_nothing_changed(real_ckpt, tmp_path):
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ckpt-tui-repair-perm-"))  # pytest's tmp_path is not traversable by nobody
+    os.chmod(base, 0o755)
+    root = base / "ck"
+    shutil.copytree(real_ckpt("lightning-ds-zero2"), root)
     for p in [root, *root.rglob("*")]:
         os.chmod(p, 0o755 if p.is_dir() else 0o644)  # readable by anyone, writable by the owner only
     before = _sums(root)
 
+    from click.testing import CliRunner
+
+    from ckpt_tui.cli_fix import fix_cmd
+
+    warm = base / "warm"  # nobody cannot read the interpreter's files: import everything lazy first, as root
+    shutil.copytree(root, warm)
+    assert _only(warm, "universal-info")[0].apply().ok
+    CliRunner().invoke(fix_cmd, [str(warm), "--yes"])
+
     def child():
         res = _only(root, "universal-info")[0].apply()
-        p = subprocess.run([*FIX, str(root), "--yes"], capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        return [res.ok, res.message, p.returncode, p.stderr + p.stdout]
+        p = CliRunner().invoke(fix_cmd, [str(root), "--yes"])
+        return [res.ok, res.message, p.exit_code, p.output]
 
-    ok, msg, rc, text = _as_nobody(child)
-    assert not ok and ("permission denied" in msg or "read-only" in msg), msg
-    assert rc == 1 and "permission denied" in text and "Traceback" not in text
-    assert _sums(root) == before
+    try:
+        ok, msg, rc, text = _as_nobody(child)
+        assert not ok and ("permission denied" in msg or "read-only" in msg), msg
+        assert rc == 1 and "permission denied" in text and "Traceback" not in text, text
+        assert _sums(root) == before
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ kill -9 at several points

@@ -304,8 +304,9 @@ def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
     (tmp_path / "snippet.py").write_text(snippet)
     script = tmp_path / "load.py"
     script.write_text(LOAD_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    from ckpt_tui.samples import launch_env
+
+    env = launch_env()  # the fixture generators' env: DeepSpeed's CPU comm op is already built in their cache
     r = subprocess.run([sys.executable, str(script), str(ckdir), str(tmp_path), str(tmp_path / "snippet.py")],
                        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

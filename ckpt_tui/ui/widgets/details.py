@@ -12,6 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
+from ...core.scan import short_dtype
 from ..format import GLYPH, SEV_STYLE, fact_rows, size
 
 FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}
@@ -28,16 +29,17 @@ class Facts(Static):
         t.add_column()
         for k, v in fact_rows(node):
             t.add_row(k, v)
-        parts = [Text(node.path if node.path != "." else node.abspath.name, style="bold"), t]
-        for f in findings:
+        parts = [Text(node.path if node.path != "." else node.abspath.name, style="bold")]
+        for f in findings:  # what is wrong comes first
             line = Text()
             line.append(f"{GLYPH[f.severity]} {f.severity} ", style=SEV_STYLE[f.severity])
             line.append(f.code, style="bold")
             if f.fix:
-                line.append(f"  [{FIX_KEYS.get(f.fix, 'x')}] {f.fix}", style="reverse")
-            parts.append(Text(""))
+                line.append(f"  press {FIX_KEYS.get(f.fix, 'x')}: {f.fix}", style="reverse")
             parts.append(line)
             parts.append(Text(f.message))
+            parts.append(Text(""))
+        parts.append(t)
         self.update(Group(*parts))
 
 
@@ -65,15 +67,26 @@ class TensorTable(Vertical):
         yield table
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("size", "dtype", "shape", "min", "max", "NaN", "name")
+        self._columns(False)
+
+    def _columns(self, with_stats: bool) -> None:
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        cols = ["size", "dtype", "shape"] + (["min", "max", "NaN/Inf"] if with_stats else []) + ["name"]
+        table.add_columns(*cols)
+        self._with_stats = with_stats
 
     def set_rows(self, rows, note: str = "") -> None:
         self.rows = list(rows)
         self.note = note
+        if self.stats:
+            self.stats = {}
+            self._columns(False)
         self.refilter()
 
     def set_stats(self, stats) -> None:
         self.stats = {s.name: s for s in stats}
+        self._columns(True)
         self.refilter()
 
     def refilter(self) -> None:
@@ -89,11 +102,14 @@ class TensorTable(Vertical):
             matches += 1
             if shown >= MAX_ROWS:
                 continue
-            st = self.stats.get(r.name)
-            fmt = lambda v: "" if v is None else f"{v:.3g}"
-            table.add_row(size(r.nbytes), r.dtype, "×".join(map(str, r.shape)) or "scalar",
-                          fmt(getattr(st, "min", None)), fmt(getattr(st, "max", None)),
-                          "" if st is None else str(st.nan + st.inf), r.name)
+            cells = [size(r.nbytes), short_dtype(r.dtype), "×".join(map(str, r.shape)) or "scalar"]
+            if getattr(self, "_with_stats", False):
+                st = self.stats.get(r.name)
+                fmt = lambda v: "" if v is None else f"{v:.3g}"
+                bad = 0 if st is None else st.nan + st.inf
+                cells += [fmt(getattr(st, "min", None)), fmt(getattr(st, "max", None)),
+                          Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0")]
+            table.add_row(*cells, r.name)
             shown += 1
         note = getattr(self, "note", "")
         self.query_one("#tensor-count", Static).update(

@@ -544,6 +544,20 @@ def _print_report(rep, show_all: bool) -> None:
         con.print("\n[green]✔ no problems found[/]")
 
 
+def _register() -> None:
+    from .cli_fix import fix_cmd
+
+    main_group.add_command(fix_cmd)
+    try:
+        from .cli_universal import universal_cmd
+    except ImportError:  # pragma: no cover - during development only
+        return
+    main_group.add_command(universal_cmd)
+
+
+_register()
+
+
 def main(argv=None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:

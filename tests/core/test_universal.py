@@ -322,3 +322,43 @@ def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
     frozen_ckpt = to_torch(source["embed_tokens.weight"])  # bf16, as trained
     assert not torch.equal(st["frozen_before"], frozen_ckpt)  # load_universal did not restore it
     assert torch.equal(st["frozen_after"], frozen_ckpt)  # the exported file did
+
+
+HF_RESUME = r'''
+import json, sys, torch
+from ckpt_tui.samples._common import TINY_LLAMA, init_dist
+from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
+init_dist()
+import deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+ck = sys.argv[1]
+cfg = hf_ds_config(2)
+cfg["checkpoint"] = {"load_universal": True}
+args = TrainingArguments(output_dir=sys.argv[2], deepspeed=cfg, per_device_train_batch_size=2, max_steps=3,
+                         save_strategy="no", logging_steps=1, learning_rate=1e-3, bf16=True, use_cpu=True, report_to=[],
+                         seed=99, disable_tqdm=True, dataloader_num_workers=0)
+torch.manual_seed(99)
+model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
+tr = Trainer(model=model, args=args, train_dataset=_Data())
+tr.train(resume_from_checkpoint=ck)
+print("RESULT " + json.dumps({"global_step": tr.state.global_step, "engine_steps": tr.deepspeed.global_steps}))
+'''
+
+
+def test_hf_trainer_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
+    """HF Trainer ZeRO-2 saved by 2 ranks resumes with 1 rank: resume_from_checkpoint=checkpoint-2 with
+    load_universal; the default output (checkpoint-2/global_step2_universal + latest_universal) is where the
+    Trainer's engine.load_checkpoint(checkpoint-2) looks."""
+    from ckpt_tui.samples import launch_env
+
+    ck = real_ckpt_copy("hf-ds-zero2") / "checkpoint-2"
+    res = convert_to_universal(universal_plan(ck))
+    assert f"resume_from_checkpoint={str(ck)!r}" in res.instructions
+    script = tmp_path / "resume.py"
+    script.write_text(HF_RESUME)
+    r = subprocess.run([sys.executable, str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
+                       env=launch_env(), timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
+    assert json.loads(line[7:]) == {"global_step": 3, "engine_steps": 3}

@@ -197,10 +197,32 @@ def preflight(plan: ExportPlan, overwrite: bool) -> None:
         pass
 
 
+def source_files(plan: ExportPlan) -> list[Path]:
+    """Every file the export reads (byte ranges; whole folder for tensors read by torch)."""
+    files = {Path(r.path) for f in plan.files for t in f.tensors for r in (t.src.ranges or ())}
+    if any(t.src.ranges is None for f in plan.files for t in f.tensors):
+        root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
+        files |= {p for p in root.iterdir() if p.is_file()}
+    return sorted(files)
+
+
+def snapshot(files: list[Path]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for p in files:
+        try:
+            st = os.stat(p)
+            out[str(p)] = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            out[str(p)] = (-1, -1)
+    return out
+
+
 def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify: bool = True,
             on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
     t0 = time.monotonic()
     preflight(plan, overwrite)
+    watched = source_files(plan)
+    before = snapshot(watched)
     out = plan.out
     lock_path = out.parent / f".{out.name}.ckpt-tui.lock"
     lock = open(lock_path, "w")
@@ -235,6 +257,11 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
                     os.fsync(fh.fileno())
             result = ExportResult(out, [f.name for f in plan.files], plan.tensor_bytes,
                                   sum(len(f.tensors) for f in plan.files), plan.params, 0.0)
+            changed = [p for p, v in snapshot(watched).items() if before.get(p) != v]
+            if changed:  # a live job is writing the checkpoint: what we copied may be half old, half new
+                raise ExportError(f"the source changed during the export ({', '.join(Path(c).name for c in changed[:3])}"
+                                  f"{' …' if len(changed) > 3 else ''}): nothing was written; export again once the "
+                                  "checkpoint is complete")
             if verify:
                 result.mismatches = verify_files(plan, tmp, on_progress, cancel)
                 result.verified = not result.mismatches

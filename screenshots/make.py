@@ -1,0 +1,181 @@
+"""Regenerate the README screenshots by driving the real app on real fixture checkpoints.
+
+    python screenshots/make.py            # writes screenshots/*.svg (and /tmp/ckpt-tui-shots/png/*.png)
+
+The checkpoints are copied to fixed, readable paths under /tmp/ckpt-tui-shots so the pictures
+show the user reports' names; ProgressBars run on a MockClock so the bars are stable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from textual.clock import MockClock  # noqa: E402
+
+from ckpt_tui.ui.app import make_app  # noqa: E402
+from tests.fixtures import fixture_path  # noqa: E402
+
+BASE = Path("/tmp/ckpt-tui-shots")
+SIZE = (80, 24)  # the target terminal
+
+
+def fresh_copy(src: Path, dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def big_checkpoint(dest: Path, gib: float = 1.0) -> Path:
+    """A ~1 GB HF-style torch checkpoint (pytorch_model.bin), written once and reused."""
+    f = dest / "pytorch_model.bin"
+    if f.is_file() and f.stat().st_size > gib * 0.9 * 2**30:
+        return dest
+    import torch
+
+    dest.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    sd, total, i = {}, 0, 0
+    while total < gib * 2**30:
+        for name, shape in (("self_attn.q_proj", (2048, 2048)), ("self_attn.k_proj", (2048, 2048)),
+                            ("self_attn.v_proj", (2048, 2048)), ("self_attn.o_proj", (2048, 2048)),
+                            ("mlp.up_proj", (5632, 2048)), ("mlp.down_proj", (2048, 5632))):
+            t = torch.randn(*shape, generator=g)
+            sd[f"model.layers.{i}.{name}.weight"] = t
+            total += t.numel() * 4
+        i += 1
+    torch.save(sd, f)
+    (dest / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}\n')
+    return dest
+
+
+async def wait_for(pilot, cond, timeout=60.0, step=0.05):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError("timed out waiting")
+        await pilot.pause(step)
+
+
+def save(app, name: str) -> Path:
+    out = HERE / f"{name}.svg"
+    out.write_text(app.export_screenshot(title=f"ckpt-tui — {name}"))
+    print(f"wrote {out.relative_to(ROOT)}")
+    return out
+
+
+async def shot_main_and_wizard(ckpt: Path) -> None:
+    from ckpt_tui.ui.screens.wizards import ExportWizard
+
+    app = make_app(ckpt, clock=MockClock())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        from ckpt_tui.ui.widgets.details import TensorTable
+
+        await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) > 0)
+        await pilot.pause(0.2)
+        save(app, "main")
+
+        out = ckpt.parent / f"{ckpt.name}-safetensors"
+        if out.exists():
+            shutil.rmtree(out)
+        await pilot.press("e")
+        assert isinstance(app.screen, ExportWizard), app.screen
+        await pilot.press("enter", "enter", "enter", "enter")
+        wiz = app.screen
+        await wait_for(pilot, lambda: wiz.plan is not None)
+        await pilot.pause(0.2)
+        save(app, "export-wizard")
+
+
+async def shot_findings(ckpt: Path) -> None:
+    from ckpt_tui.ui.screens.findings import FindingsScreen
+
+    app = make_app(ckpt, clock=MockClock())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await pilot.press("f")
+        assert isinstance(app.screen, FindingsScreen)
+        table = app.screen.query_one("DataTable")
+        for _ in range(table.row_count):
+            if table.get_row_at(table.cursor_row)[2] == "universal-info-missing":
+                break
+            await pilot.press("j")
+        assert table.get_row_at(table.cursor_row)[2] == "universal-info-missing"
+        await pilot.pause(0.2)
+        save(app, "findings")
+
+
+async def shot_export_progress(ckpt: Path) -> None:
+    from textual.widgets import ProgressBar
+
+    from ckpt_tui.core.export.api import plan_export
+    from ckpt_tui.ui.widgets.jobs_panel import JobRow
+
+    out = ckpt.parent / f"{ckpt.name}-safetensors"
+    if out.exists():
+        shutil.rmtree(out)
+    app = make_app(ckpt, clock=MockClock())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        plan, _ = plan_export(ckpt, out, max_shard_size="300MB")
+        app.run_export(plan)
+        job = app.jobs[-1]
+
+        def shown():
+            rows = [r for r in app.query(JobRow) if r.job is job]
+            if not rows or job.state != "running" or not job.rate:
+                return None
+            bar = rows[0].query_one(ProgressBar)
+            p = job.progress
+            if not bar.total or p is None or p.label != "writing":
+                return None
+            return bar.progress / bar.total
+
+        await wait_for(pilot, lambda: (shown() or 0) >= 0.35, timeout=300, step=0.02)
+        frac = shown()
+        svg = app.export_screenshot(title="ckpt-tui — export-progress")
+        if frac is None or not 0.2 <= frac <= 0.9:
+            raise RuntimeError(f"missed the window: progress {frac}")
+        (HERE / "export-progress.svg").write_text(svg)
+        print(f"wrote screenshots/export-progress.svg at {frac:.0%}")
+        job.cancel.set()
+        await wait_for(pilot, lambda: job.state != "running", timeout=120)
+
+
+def to_png(svgs) -> None:
+    if not shutil.which("rsvg-convert"):
+        return
+    pngdir = BASE / "png"
+    pngdir.mkdir(parents=True, exist_ok=True)
+    for s in svgs:
+        png = pngdir / (s.stem + ".png")
+        subprocess.run(["rsvg-convert", str(s), "-o", str(png)], check=True)
+        print(f"  {png}")
+
+
+def main() -> int:
+    os.environ.setdefault("CKPT_TUI_FIXTURE_CACHE", "/tmp/fxc")
+    fsdp = fresh_copy(fixture_path("hf-fsdp1") / "checkpoint-2", BASE / "run" / "checkpoint-2000")
+    ds = fresh_copy(fixture_path("hf-ds-zero2") / "checkpoint-2", BASE / "deepspeed-run" / "checkpoint-3")
+    big = big_checkpoint(BASE / "llama-run" / "checkpoint-500")
+    asyncio.run(shot_main_and_wizard(fsdp))
+    asyncio.run(shot_findings(ds))
+    asyncio.run(shot_export_progress(big))
+    to_png(sorted(HERE.glob("*.svg")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Faults while exporting: kill -9, disk full, Ctrl-C, two exports into one folder, the source
+changing under us. The source is byte-identical afterwards and nothing half-written carries the
+final name."""
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def digest(p: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+        if f.is_file():
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A real torch.save checkpoint of ~320 MB: big enough to interrupt an export midway."""
+    d = tmp_path_factory.mktemp("big") / "ckpt"
+    d.mkdir()
+    torch.save({f"layer{i}.weight": torch.full((1024, 1024 * 8), float(i)) for i in range(10)}, d / "model.pt")
+    return d
+
+
+def start(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "ckpt_tui", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def wait_tmp(parent: Path, name: str, proc, timeout=60) -> Path:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        tmps = list(parent.glob(f".{name}.tmp-*"))
+        if tmps and any(tmps[0].iterdir()):
+            return tmps[0]
+        if proc.poll() is not None:
+            raise AssertionError(f"export ended before it could be interrupted: {proc.stderr.read()}")
+        time.sleep(0.01)
+    raise AssertionError("no temp folder appeared")
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
+def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
+    before = digest(big)
+    p = start("export", big, "--out", tmp_path / "out", "--max-shard-size", "40MB")
+    wait_tmp(tmp_path, "out", p)
+    p.send_signal(signum)
+    p.wait(timeout=60)
+    assert p.returncode == code
+    assert not (tmp_path / "out").exists()
+    assert digest(big) == before
+    if signum == signal.SIGINT:
+        assert "interrupted" in p.stderr.read() and not list(tmp_path.glob(".out.tmp-*"))
+    # the next run cleans up what a killed one left, and succeeds
+    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(tmp_path / "out"),
+                        "--no-verify"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not list(tmp_path.glob(".out.tmp-*")) and (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_second_export_into_the_same_folder_refuses(big, tmp_path):
+    p = start("export", big, "--out", tmp_path / "out", "--max-shard-size", "40MB")
+    try:
+        wait_tmp(tmp_path, "out", p)
+        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "another ckpt-tui is exporting" in r.stderr
+    finally:
+        p.wait(timeout=300)
+    assert p.returncode == 0, p.stderr.read()
+
+
+def test_source_changing_during_export_is_detected(big, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(big, src)
+    p = start("export", src, "--out", tmp_path / "out", "--max-shard-size", "40MB")
+    wait_tmp(tmp_path, "out", p)
+    with open(src / "model.pt", "r+b") as f:  # a live job rewriting the checkpoint
+        f.seek(-10, os.SEEK_END)
+        f.write(b"0123456789")
+    p.wait(timeout=300)
+    assert p.returncode == 1 and "source changed during the export" in p.stderr.read()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare for a private tmpfs")
+def test_disk_full_on_a_real_small_filesystem(real_ckpt, tmp_path):
+    src = real_ckpt("hf-fsdp1") / "checkpoint-2"
+    before = digest(src)
+    script = (f"mount -t tmpfs -o size=256k tmpfs {tmp_path} && mkdir {tmp_path}/mnt && "
+              f"{sys.executable} -m ckpt_tui export {src} --out {tmp_path}/mnt/out; echo rc=$?; ls -a {tmp_path}/mnt")
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    if "mount" in r.stderr and "rc=" not in r.stdout:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    assert "rc=1" in r.stdout, r.stdout + r.stderr
+    assert "no space left" in r.stderr and "needs" in r.stderr and "free" in r.stderr
+    assert r.stdout.split("rc=1")[1].split() == [".", ".."]  # nothing left behind
+    assert digest(src) == before

@@ -92,6 +92,11 @@ def read_header(path: Path) -> SafetensorsHeader:
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
             raise FormatError(f"tensors {n0!r} and {n1!r} overlap in the data block")
+    end = max((e for _, e, _ in spans), default=0)
+    if end != data_len:
+        # safetensors requires the tensors to cover the data block exactly ("incomplete buffer")
+        raise FormatError(f"the tensors cover {end} bytes of a {data_len}-byte data block: the header length or "
+                          "the offsets are wrong")
     return SafetensorsHeader(path, size, n, tensors, offsets, metadata)
 
 

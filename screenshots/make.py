@@ -1,6 +1,7 @@
 """Regenerate the README screenshots by driving the real app on real fixture checkpoints.
 
     python screenshots/make.py            # writes screenshots/*.svg (and /tmp/ckpt-tui-shots/png/*.png)
+    python screenshots/make.py --size 100x30   # a trial at another size, under /tmp/ckpt-tui-shots/100x30
 
 The checkpoints are copied to fixed, readable paths under /tmp/ckpt-tui-shots so the pictures
 show the user reports' names; ProgressBars run on a MockClock so the bars are stable.
@@ -26,7 +27,10 @@ from ckpt_tui.ui.app import make_app  # noqa: E402
 from tests.fixtures import fixture_path  # noqa: E402
 
 BASE = Path("/tmp/ckpt-tui-shots")
-SIZE = (80, 24)  # the target terminal
+SIZE = (80, 24)  # the target terminal; `--size 100x30` to try another
+if "--size" in sys.argv:
+    SIZE = tuple(int(v) for v in sys.argv[sys.argv.index("--size") + 1].split("x"))  # type: ignore[assignment]
+HERE_OUT = HERE if SIZE == (80, 24) else Path(f"/tmp/ckpt-tui-shots/{SIZE[0]}x{SIZE[1]}")
 
 
 def fresh_copy(src: Path, dest: Path) -> Path:
@@ -69,9 +73,10 @@ async def wait_for(pilot, cond, timeout=60.0, step=0.05):
 
 
 def save(app, name: str) -> Path:
-    out = HERE / f"{name}.svg"
+    HERE_OUT.mkdir(parents=True, exist_ok=True)
+    out = HERE_OUT / f"{name}.svg"
     out.write_text(app.export_screenshot(title=f"ckpt-tui — {name}"))
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out}")
     return out
 
 
@@ -148,8 +153,9 @@ async def shot_export_progress(ckpt: Path) -> None:
         svg = app.export_screenshot(title="ckpt-tui — export-progress")
         if frac is None or not 0.2 <= frac <= 0.9:
             raise RuntimeError(f"missed the window: progress {frac}")
-        (HERE / "export-progress.svg").write_text(svg)
-        print(f"wrote screenshots/export-progress.svg at {frac:.0%}")
+        HERE_OUT.mkdir(parents=True, exist_ok=True)
+        (HERE_OUT / "export-progress.svg").write_text(svg)
+        print(f"wrote {HERE_OUT / 'export-progress.svg'} at {frac:.0%}")
         job.cancel.set()
         await wait_for(pilot, lambda: job.state != "running", timeout=120)
 
@@ -160,7 +166,7 @@ def to_png(svgs) -> None:
     pngdir = BASE / "png"
     pngdir.mkdir(parents=True, exist_ok=True)
     for s in svgs:
-        png = pngdir / (s.stem + ".png")
+        png = pngdir / (s.stem + ("" if SIZE == (80, 24) else f"-{SIZE[0]}x{SIZE[1]}") + ".png")
         subprocess.run(["rsvg-convert", str(s), "-o", str(png)], check=True)
         print(f"  {png}")
 
@@ -173,7 +179,7 @@ def main() -> int:
     asyncio.run(shot_main_and_wizard(fsdp))
     asyncio.run(shot_findings(ds))
     asyncio.run(shot_export_progress(big))
-    to_png(sorted(HERE.glob("*.svg")))
+    to_png(sorted(HERE_OUT.glob("*.svg")))
     return 0
 
 

@@ -179,11 +179,10 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("universal-info-missing", "warning", p,
                            f"`{p}/mp_rank_00_model_states.pt` has no `universal_checkpoint_info`, so DeepSpeed's "
                            "ds_to_universal will stop with \"Required universal_checkpoint_info state is missing\". "
-                           "The checkpoint resumes fine at the same world size. To change world size, convert it "
-                           "with `python -m deepspeed.checkpoint.ds_to_universal --inject_missing_state "
-                           f"--input_folder {p} --output_folder {p}_universal` (supplies the info in memory, "
-                           "the source is not modified), then load with {\"checkpoint\": {\"load_universal\": true}}. "
-                           f"To add the key in place (other tools need it): `ckpt-tui fix {p} --only universal-info`.",
+                           "The checkpoint resumes fine at the same world size. To change world size, convert it: "
+                           f"`ckpt-tui universal {p}` (runs DeepSpeed's converter, supplies the info in memory, "
+                           "leaves the source untouched and prints how to load the result). To add the key in "
+                           f"place for other tools: `ckpt-tui fix {p} --only universal-info`.",
                            "universal-info"))
     if f.get("missing_files"):
         miss = f["missing_files"]

@@ -48,6 +48,7 @@ class CkptApp(App):
         self.selected: Optional[Node] = None
         self.jobs: list[Job] = []
         self._scan_job: Optional[Job] = None
+        self._tensor_cache: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -61,8 +62,13 @@ class CkptApp(App):
         yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
-        self.query_one(CheckpointTree).focus()
+        self._main(CheckpointTree).focus()
         self.start_scan()
+
+    def _main(self, selector, expect=None):
+        """Widgets of the main screen, even while a dialog or wizard is on top."""
+        screen = self.screen_stack[0] if self.screen_stack else self.screen
+        return screen.query_one(selector, expect) if expect is not None else screen.query_one(selector)
 
     # ------------------------------------------------------------------ scanning
     def start_scan(self) -> None:
@@ -86,24 +92,26 @@ class CkptApp(App):
         self._start(job, fn, show=False)
 
     def on_tree_ready(self, msg: TreeReady) -> None:
-        if self.report is None and msg.root is not None:
-            self.query_one(CheckpointTree).load(msg.root, {})
+        if self.screen_stack and self.report is None and msg.root is not None:
+            self._main(CheckpointTree).load(msg.root, {})
 
     def _scan_done(self, job: Job) -> None:
         if job.state != "done":
             if job.state == "failed":
-                self.query_one("#summary", Static).update(f"✖ {job.error}")
+                self._main("#summary", Static).update(f"✖ {job.error}")
                 self.push_screen(MessageDialog("Cannot open this path", job.error, error=True))
             return
         self.report = job.result
+        self._tensor_cache = {}
+        self._shown_component = "unset"
         inv = self.report.inventory
         by_path: dict[str, list] = {}
         for f in self.report.findings:
             by_path.setdefault(f.path, []).append(f)
         counts = {s: sum(1 for f in self.report.findings if f.severity == s) for s in ("error", "warning", "info")}
         marks = "  ".join(f"{g} {counts[s]}" for s, g in (("error", "✖"), ("warning", "▲"), ("info", "●")) if counts[s])
-        self.query_one("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
-        tree = self.query_one(CheckpointTree)
+        self._main("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
+        tree = self._main(CheckpointTree)
         tree.load(inv.root, by_path)
         target = inv.components.get("model") or inv.components.get("model+optimizer")
         if inv.layout == "run-folder" and inv.checkpoints:
@@ -123,7 +131,7 @@ class CkptApp(App):
             return
         self.selected = node
         findings = [f for f in (self.report.findings if self.report else []) if f.path == node.path]
-        self.query_one(Facts).show(node, findings)
+        self._main(Facts).show(node, findings)
         if self.report is not None:
             self.load_tensors(node)
 
@@ -144,36 +152,53 @@ class CkptApp(App):
                     return sub, f"model component `{rel}`"
         return None, ""
 
-    @work(thread=True, exclusive=True, group="tensors", exit_on_error=False)
     def load_tensors(self, node: Node) -> None:
+        comp, note = self._component_for(node)
+        key = comp.path if comp is not None else None
+        if key == getattr(self, "_shown_component", "unset"):
+            return  # moving inside the same component: the table is already right
+        self._shown_component = key
+        if comp is None:
+            self._main(TensorTable).set_rows([], "")
+            return
+        cached = self._tensor_cache.get(key)
+        if cached is not None:
+            self._main(TensorTable).set_rows(*cached)
+            return
+        self._list_tensors(node.path, comp, note)
+
+    @work(thread=True, exclusive=True, group="tensors", exit_on_error=False)
+    def _list_tensors(self, path: str, comp: Node, note: str) -> None:
         from ..core.tensors import list_tensors
 
-        comp, note = self._component_for(node)
         rows = []
-        if comp is not None:
-            try:
-                rows = list(list_tensors(comp))
-            except Exception as e:  # a broken file: say so in the table's caption
-                note = f"cannot list tensors: {e}"
-        self.post_message(TensorsReady(node.path, rows, note))
+        try:
+            rows = list(list_tensors(comp))
+        except Exception as e:  # a broken file: say so in the table's caption
+            note = f"cannot list tensors: {e}"
+        self._tensor_cache[comp.path] = (rows, note)
+        self.post_message(TensorsReady(path, rows, note))
 
     def on_tensors_ready(self, msg: TensorsReady) -> None:
-        if self.selected is not None and self.selected.path == msg.path:
-            self.query_one(TensorTable).set_rows(msg.rows, msg.note)
+        if self.screen_stack and self.selected is not None and self.selected.path == msg.path:
+            self._main(TensorTable).set_rows(msg.rows, msg.note)
 
     # ------------------------------------------------------------------ jobs
     def _start(self, job: Job, fn, show: bool = True) -> None:
         self.jobs.append(job)
         if show:
-            self.query_one(JobsPanel).add_job(job)
+            self._main(JobsPanel).add_job(job)
         run_in_thread(self, job, fn)
 
     def on_job_progress(self, msg: JobProgress) -> None:
-        self.query_one(JobsPanel).update_job(msg.job)
+        if self.screen_stack:
+            self._main(JobsPanel).update_job(msg.job)
 
     def on_job_finished(self, msg: JobFinished) -> None:
         job = msg.job
-        self.query_one(JobsPanel).update_job(job)
+        if not self.screen_stack:  # the app is closing
+            return
+        self._main(JobsPanel).update_job(job)
         if job.kind == "scan":
             self._scan_done(job)
             return
@@ -224,14 +249,14 @@ class CkptApp(App):
 
     def action_rescan(self) -> None:
         self.report = None
-        self.query_one("#summary", Static).update(f"Scanning {self.path} …")
+        self._main("#summary", Static).update(f"Scanning {self.path} …")
         self.start_scan()
 
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
 
     def action_filter(self) -> None:
-        self.query_one(TensorTable).open_filter()
+        self._main(TensorTable).open_filter()
 
     def action_findings(self) -> None:
         if self.report is None:
@@ -243,7 +268,7 @@ class CkptApp(App):
             if not res:
                 return
             kind, finding = res
-            self.query_one(CheckpointTree).select_path(finding.path)
+            self._main(CheckpointTree).select_path(finding.path)
             node = self.report.inventory.node(finding.path)
             self.show_node(node)
             if kind == "fix":
@@ -383,7 +408,7 @@ class CkptApp(App):
                                                            on_progress=on_progress, cancel=cancel))
 
     def _done_stats(self, job: Job) -> None:
-        self.query_one(TensorTable).set_stats(job.result)
+        self._main(TensorTable).set_stats(job.result)
         bad = [s for s in job.result if s.nan or s.inf]
         self.notify(f"{len(job.result)} tensors: " + (f"{len(bad)} with NaN/Inf ✖" if bad else "no NaN/Inf ✔"),
                     severity="error" if bad else "information")

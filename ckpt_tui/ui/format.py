@@ -32,11 +32,14 @@ def node_label(node, findings=()) -> Text:
     sev = worst(findings)
     if sev:
         t.append(GLYPH[sev] + " ", style=SEV_STYLE[sev])
-    t.append(name, style="bold" if node.is_dir else "")
     badge = ROLE_BADGE.get(node.role)
-    if badge and node.role not in ("shard", "metadata"):
+    if badge and node.role not in ("shard", "metadata") and badge.isupper():  # model/optimizer first: never cut
+        t.append(f"{badge}", style=BADGE_STYLE.get(badge, "reverse"))
         t.append(" ")
-        t.append(f" {badge} ", style=BADGE_STYLE.get(badge, "reverse"))
+    t.append(name, style="bold" if node.is_dir else "")
+    if badge and node.role not in ("shard", "metadata") and not badge.isupper():
+        t.append(" ")
+        t.append(f"{badge}", style="dim reverse")
     if node.size:
         t.append(f" {size(node.size)}", style="dim")
     return t

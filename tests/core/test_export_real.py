@@ -261,3 +261,15 @@ def test_trainer_deepspeed_export_loads_in_transformers(real_ckpt, tmp_path, var
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref(ids).logits)
+
+
+def test_builtin_verification_catches_a_flipped_byte(real_ckpt, tmp_path):
+    from ckpt_tui.core.export.write import execute, verify_files
+
+    plan, _ = plan_export(real_ckpt("ds-zero2-bf16"), tmp_path / "out")
+    execute(plan, verify=False)
+    f = tmp_path / "out" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-5] ^= 1  # inside the last tensor's bytes
+    f.write_bytes(bytes(data))
+    assert verify_files(plan, tmp_path / "out") == [plan.files[0].tensors[-1].name]

@@ -75,13 +75,13 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
 async def test_cancel_an_export_midway_leaves_no_output(tmp_path):
     src = tmp_path / "big"
     src.mkdir()
-    torch.save({f"w{i}": torch.zeros(1024, 1024 * 16) for i in range(6)}, src / "model.pt")  # 400 MB
+    torch.save({f"w{i}": torch.zeros(1024, 1024 * 8) for i in range(24)}, src / "model.pt")  # 800 MB
     app = make_app(src)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
         from ckpt_tui.core.export.api import plan_export
 
-        plan, _ = plan_export(src, tmp_path / "out", max_shard_size="70MB")
+        plan, _ = plan_export(src, tmp_path / "out", max_shard_size="40MB")
         app.run_export(plan)
         job = app.jobs[-1]
         await wait_for(pilot, lambda: job.progress is not None and job.progress.done > 0, timeout=60)
@@ -142,3 +142,52 @@ async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
         job.state = "done"
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert "Export" in commands and "Findings" in commands
+
+
+@pytest.fixture
+def ds_ckpt(real_ckpt, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", run / "checkpoint-3")
+    return run / "checkpoint-3"
+
+
+async def test_universal_wizard_converts_and_shows_how_to_load(ds_ckpt):
+    from ckpt_tui.ui.screens.wizards import UniversalWizard
+
+    app = make_app(ds_ckpt)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await pilot.press("u")
+        assert isinstance(app.screen, UniversalWizard)
+        assert "universal_checkpoint_info" in screen_text(app)
+        await pilot.press("enter", "enter")
+        wiz = app.screen
+        await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
+        assert wiz.plan is not None, wiz.plan_error
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=240)
+        text = screen_text(app)
+        assert "Universal checkpoint ready" in text and "load_universal" in text
+        assert (ds_ckpt / "global_step2_universal" / "zero").is_dir()
+        assert (ds_ckpt / "latest_universal").read_text().strip() == "global_step2_universal"
+
+
+async def test_repair_wizard_fixes_in_place_and_rescans(ds_ckpt):
+    from ckpt_tui.ui.screens.wizards import RepairWizard
+
+    app = make_app(ds_ckpt)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        assert "universal-info-missing" in {f.code for f in app.report.findings}
+        await pilot.press("x")
+        assert isinstance(app.screen, RepairWizard)
+        assert "universal_checkpoint_info" in screen_text(app)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=60)
+        assert "Repaired" in screen_text(app)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.report is not None and "universal-info-missing" not in
+                       {f.code for f in app.report.findings}, timeout=60)

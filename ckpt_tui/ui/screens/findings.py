@@ -16,8 +16,8 @@ class FindingsScreen(ModalScreen):
     DEFAULT_CSS = """
     FindingsScreen { align: center middle; }
     FindingsScreen > Vertical { width: 96%; height: 90%; border: thick $primary; background: $surface; }
-    FindingsScreen DataTable { height: 1fr; }
-    FindingsScreen #finding-message { height: auto; max-height: 8; padding: 0 1; border-top: solid $primary; }
+    FindingsScreen DataTable { height: 1fr; min-height: 4; }
+    FindingsScreen #finding-message { height: auto; max-height: 14; padding: 0 1; border-top: solid $primary; }
     """
     BINDINGS = [Binding("escape", "close", "Close"), Binding("f", "close", "Close", show=False),
                 Binding("x", "fix", "Fix"), Binding("j", "down", "Down", show=False),

@@ -16,7 +16,8 @@ from ...core.scan import short_dtype
 from ..format import GLYPH, SEV_STYLE, fact_rows, size
 
 FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}
-MAX_ROWS = 500
+MAX_ROWS = 200
+NAME_WIDTH = 34
 
 
 class Facts(Static):
@@ -72,12 +73,13 @@ class TensorTable(Vertical):
     def _columns(self, with_stats: bool) -> None:
         table = self.query_one(DataTable)
         table.clear(columns=True)
-        cols = ["size", "dtype", "shape"] + (["min", "max", "NaN/Inf"] if with_stats else []) + ["name"]
+        cols = ["name", "size", "dtype", "shape"] + (["min", "max", "NaN/Inf"] if with_stats else [])
         table.add_columns(*cols)
         self._with_stats = with_stats
 
     def set_rows(self, rows, note: str = "") -> None:
         self.rows = list(rows)
+        self._lower = [r.name.lower() for r in self.rows]
         self.note = note
         if self.stats:
             self.stats = {}
@@ -96,25 +98,29 @@ class TensorTable(Vertical):
         table.clear()
         shown = 0
         matches = 0
-        for r in self.rows:
-            if text and text not in r.name.lower():
+        lower = getattr(self, "_lower", [])
+        for r, low in zip(self.rows, lower):
+            if text and text not in low:
                 continue
             matches += 1
             if shown >= MAX_ROWS:
                 continue
-            cells = [size(r.nbytes), short_dtype(r.dtype), "×".join(map(str, r.shape)) or "scalar"]
+            name = r.name if len(r.name) <= NAME_WIDTH else "…" + r.name[-(NAME_WIDTH - 1):]
+            cells = [Text(name), Text(size(r.nbytes)), Text(short_dtype(r.dtype)),
+                     Text("×".join(map(str, r.shape)) or "scalar")]
             if getattr(self, "_with_stats", False):
                 st = self.stats.get(r.name)
                 fmt = lambda v: "" if v is None else f"{v:.3g}"
                 bad = 0 if st is None else st.nan + st.inf
                 cells += [fmt(getattr(st, "min", None)), fmt(getattr(st, "max", None)),
                           Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0")]
-            table.add_row(*cells, r.name)
+            table.add_row(*cells)
             shown += 1
         note = getattr(self, "note", "")
-        self.query_one("#tensor-count", Static).update(
-            f"{matches:,} tensor(s)" + (f", first {MAX_ROWS} shown" if matches > shown else "") +
-            (f" matching '{text}'" if text else "") + (f" — {note}" if note else ""))
+        count = f"{matches:,}/{len(self.rows):,} match '{text}'" if text else f"{matches:,} tensors"
+        if matches > shown:
+            count += f" ({shown} shown)"
+        self.query_one("#tensor-count", Static).update(Text(count + (f" — {note}" if note else "")))
         self.last_filter_ms = (time.perf_counter() - t0) * 1000
 
     def on_input_changed(self, event: Input.Changed) -> None:

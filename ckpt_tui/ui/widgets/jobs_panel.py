@@ -15,8 +15,9 @@ STATE_TEXT = {"running": "", "done": "✔ done", "failed": "✖ failed", "cancel
 class JobRow(Horizontal):
     DEFAULT_CSS = """
     JobRow { height: 1; }
-    JobRow .title { width: 22; }
-    JobRow ProgressBar { width: 30; }
+    JobRow .title { width: 18; }
+    JobRow ProgressBar { width: auto; }
+    JobRow ProgressBar Bar { width: 14; }
     JobRow .status { width: 1fr; }
     """
 
@@ -26,7 +27,7 @@ class JobRow(Horizontal):
         self.clock = clock
 
     def compose(self) -> ComposeResult:
-        yield Static(self.job.title[:21], classes="title")
+        yield Static(self.job.title[:17], classes="title")
         kw = {"clock": self.clock} if self.clock is not None else {}
         yield ProgressBar(total=None, show_eta=False, show_percentage=True, **kw)
         yield Static("", classes="status")
@@ -54,10 +55,20 @@ class JobRow(Horizontal):
             text = f"{p.done}/{p.total or '?'} files"
         eta = j.eta
         if eta is not None:
-            text += f" ETA {humanize.naturaldelta(eta)}" if eta >= 1 else " ETA <1s"
+            text += f" ETA {_short_delta(eta)}"
         if p.label:
-            text += f" · {p.label[:24]}"
+            text = f"{p.label[:10]}: " + text
         status.update(text)
+
+
+def _short_delta(seconds: float) -> str:
+    if seconds < 1:
+        return "<1s"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return humanize.naturaldelta(seconds)
 
 
 class JobsPanel(Vertical):

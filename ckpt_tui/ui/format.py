@@ -35,13 +35,13 @@ def node_label(node, findings=()) -> Text:
     badge = ROLE_BADGE.get(node.role)
     if badge and node.role not in ("shard", "metadata") and badge.isupper():  # model/optimizer first: never cut
         t.append(f"{badge}", style=BADGE_STYLE.get(badge, "reverse"))
-        t.append(" ")
+        t.append("\u00a0")
     t.append(name, style="bold" if node.is_dir else "")
     if badge and node.role not in ("shard", "metadata") and not badge.isupper():
-        t.append(" ")
+        t.append("\u00a0")
         t.append(f"{badge}", style="dim reverse")
     if node.size:
-        t.append(f" {size(node.size)}", style="dim")
+        t.append(f"\u00a0{size(node.size)}", style="dim")
     return t
 
 

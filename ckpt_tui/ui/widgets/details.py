@@ -17,7 +17,7 @@ from ..format import GLYPH, SEV_STYLE, fact_rows, size
 
 FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}
 MAX_ROWS = 200
-NAME_WIDTH = 34
+NAME_WIDTH = 26
 
 
 class Facts(Static):

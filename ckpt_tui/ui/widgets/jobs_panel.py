@@ -18,7 +18,7 @@ class JobRow(Horizontal):
     JobRow .title { width: 18; }
     JobRow ProgressBar { width: auto; }
     JobRow ProgressBar Bar { width: 14; }
-    JobRow .status { width: 1fr; }
+    JobRow .status { width: 1fr; padding-left: 1; }
     """
 
     def __init__(self, job, clock=None):

@@ -24,7 +24,7 @@ from .formats import torchfile
 from .formats.pickles import iter_tensors
 from .humanize_bytes import count, naturalsize
 from .model import Inventory, Node
-from .progress import OnProgress, check_cancel, report
+from .progress import Cancelled, OnProgress, check_cancel, report
 
 MAX_DEPTH = 24
 MAX_ENTRIES = 1_000_000
@@ -265,6 +265,12 @@ def _analyze_file(node: Node, inv_ctx: dict) -> None:
     except OSError as e:
         node.facts["error"] = f"cannot read: {e.strerror or e}"
         node.facts["error_kind"] = "unreadable"
+    except (RecursionError, MemoryError):
+        node.facts["error"] = "structure too deep or too large to read safely"
+        node.facts["error_kind"] = "corrupt"
+    except Exception as e:  # a value of the wrong type somewhere in a damaged file: a finding, never a crash
+        node.facts["error"] = f"malformed content ({type(e).__name__}: {e})"
+        node.facts["error_kind"] = "corrupt"
 
 
 def _read_text(path: Path) -> str:
@@ -628,6 +634,9 @@ def _zip_check(c: Node) -> None:
     except OSError as e:
         c.facts["error"] = f"cannot read: {e.strerror or e}"
         c.facts["error_kind"] = "unreadable"
+    except Exception as e:  # zipfile raises NotImplementedError, ValueError... on a corrupt directory
+        c.facts["error"] = f"corrupt zip directory: {type(e).__name__}: {e}"
+        c.facts["error_kind"] = "corrupt"
 
 
 def _is_universal_zero(zero: Node) -> bool:
@@ -709,7 +718,16 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
             for c in n.children:
                 visit(c)
             if "error_kind" not in n.facts or n.facts.get("error_kind") in ("too-many",):
-                _analyze_dir(n, {}, trust_pickles)
+                try:
+                    _analyze_dir(n, {}, trust_pickles)
+                except Cancelled:
+                    raise
+                except (RecursionError, MemoryError):
+                    n.facts["error"] = "metadata too deep or too large to read safely"
+                    n.facts["error_kind"] = "corrupt"
+                except Exception as e:  # malformed metadata (wrong types, missing fields): a finding
+                    n.facts["error"] = f"malformed metadata ({type(e).__name__}: {e})"
+                    n.facts["error_kind"] = "corrupt"
         else:
             if n.format == "unknown" and n.role == "unknown":
                 _classify_file(n)

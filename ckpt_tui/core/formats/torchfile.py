@@ -71,8 +71,9 @@ def _read_zip(path: Path, size: int) -> TorchFile:
         # starts like a zip but has no end-of-central-directory record: cut short while being written
         raise FormatError(f"zip archive without its central directory (file is {size} bytes): "
                           "the file was cut short, most likely by an interrupted save", "truncated") from None
-    except (OSError, ValueError) as e:
-        raise FormatError(f"unreadable zip archive: {e}") from None
+    except (OSError, ValueError, NotImplementedError, EOFError, UnicodeDecodeError, Exception) as e:
+        # a corrupt directory can make zipfile raise almost anything (e.g. "zip file version 25.5")
+        raise FormatError(f"unreadable zip archive: {type(e).__name__}: {e}") from None
     with zf:
         infos = zf.infolist()
         pkl = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
@@ -92,8 +93,8 @@ def _read_zip(path: Path, size: int) -> TorchFile:
             raise FormatError(f"data.pkl of {info.file_size} bytes exceeds the {MAX_PICKLE_BYTES} byte limit")
         try:
             data = zf.read(info)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
-            raise FormatError(f"cannot read data.pkl: {e}") from None
+        except Exception as e:  # BadZipFile, zlib.error, NotImplementedError, EOFError, ...
+            raise FormatError(f"cannot read data.pkl: {type(e).__name__}: {e}") from None
         up = safe_loads(data, persistent=True)
         names = {i.filename for i in infos}
         missing = [k for k in up.storages if f"{prefix}data/{k}" not in names]
@@ -170,7 +171,11 @@ def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> 
     out: dict[str, tuple[int, int]] = {}
     with open(path, "rb") as f:
         src = _Window(f, base, length if length is not None else os.fstat(f.fileno()).st_size - base)
-        with zipfile.ZipFile(src) as zf:
+        try:
+            zf = zipfile.ZipFile(src)
+        except Exception as e:  # a corrupt directory: any zipfile error
+            raise FormatError(f"unreadable zip archive: {type(e).__name__}: {e}") from None
+        with zf:
             for i in zf.infolist():
                 if "/data/" not in i.filename and not i.filename.startswith("data/"):
                     continue

@@ -1,0 +1,158 @@
+"""Fuzz the inspector with mutations of real fixture files (property-based, hypothesis).
+
+    python -m tests.hardening.fuzz_inspect --cases 10000     # the full run (minutes)
+
+Each case takes a real checkpoint written by a framework on CPU, mutates one of its files (flip,
+overwrite, insert, delete, truncate bytes) and inspects it under a per-case time limit and a
+process-wide memory limit (RLIMIT_AS). The property: ``inspect`` returns a report (or raises
+``ScanError`` for an unusable path) — never any other exception, never a hang. A crashing input
+is saved under tests/hardening/crashes/ and replayed by tests/hardening/test_fuzz.py forever after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+CRASHES = Path(__file__).parent / "crashes"
+SEEDS = [  # (fixture, sub-path of the checkpoint to inspect, file to mutate inside it)
+    ("accelerate-save-state", "", "model.safetensors"),
+    ("ds-zero2-bf16", "", "global_step2/mp_rank_00_model_states.pt"),
+    ("ds-zero2-bf16", "", "global_step2/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+    ("ds-zero3-bf16", "", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"),
+    ("fsdp1-dcp", "", ".metadata"),
+    ("fsdp1-dcp", "", "__0_0.distcp"),
+    ("hf-model-sharded", "", "model.safetensors.index.json"),
+    ("hf-ds-zero2", "checkpoint-2", "training_args.bin"),
+    ("hf-ds-zero2", "checkpoint-2", "trainer_state.json"),
+    ("ds-zero2-bf16", "", "latest"),
+    ("dcp-ranklocal", "", "__0.metadata"),
+]
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout()
+
+
+def mutate(data: bytes, muts) -> bytes:
+    b = bytearray(data)
+    for op, pos, val in muts:
+        if not b and op != "insert":
+            continue
+        p = pos % (len(b) + 1) if op == "insert" else pos % len(b)
+        if op == "flip":
+            b[p] ^= (val[0] if val else 0xFF) or 1
+        elif op == "set":
+            b[p:p + len(val)] = val
+        elif op == "insert":
+            b[p:p] = val
+        elif op == "delete":
+            del b[p:p + max(1, len(val))]
+        elif op == "truncate":
+            del b[p:]
+    return bytes(b)
+
+
+def prepare(workdir: Path):
+    """Copy each seed checkpoint once; return [(seed index, checkpoint dir, file path, original bytes)]."""
+    from tests.fixtures import fixture_path
+
+    out = []
+    for i, (fx, sub, rel) in enumerate(SEEDS):
+        dst = workdir / f"seed{i}"
+        shutil.copytree(fixture_path(fx), dst, symlinks=True)
+        ck = dst / sub if sub else dst
+        out.append((i, ck, ck / rel, (ck / rel).read_bytes()))
+    return out
+
+
+def check(ck: Path, f: Path, data: bytes, seed: int, seconds: float = 10.0) -> None:
+    """The property. Saves the input and re-raises on a violation."""
+    from ckpt_tui.core.inspect import inspect
+    from ckpt_tui.core.scan import ScanError
+
+    f.write_bytes(data)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        rep = inspect(ck)
+        json.dumps(rep.to_json())  # the JSON contract holds too
+    except ScanError:
+        pass
+    except BaseException as e:
+        save_crash(seed, data, e)
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def save_crash(seed: int, data: bytes, e: BaseException) -> Path:
+    CRASHES.mkdir(exist_ok=True)
+    h = hashlib.sha256(data).hexdigest()[:16]
+    p = CRASHES / f"seed{seed}-{h}.bin"
+    p.write_bytes(data)
+    (CRASHES / f"seed{seed}-{h}.json").write_text(json.dumps(
+        {"seed": SEEDS[seed], "error": "".join(traceback.format_exception_only(type(e), e)).strip()}, indent=1))
+    return p
+
+
+def run(cases: int, memory_mb: int = 3072, seed: int | None = None) -> dict:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    signal.signal(signal.SIGALRM, _alarm)
+    work = Path(tempfile.mkdtemp(prefix="ckpt-tui-fuzz-"))
+    stats = {"cases": 0}
+    soft = hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    try:
+        seeds = prepare(work)
+        import ckpt_tui.core.inspect  # noqa: F401  imported before the memory limit
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, hard))  # soft limit: restorable
+        op = st.sampled_from(["flip", "set", "insert", "delete", "truncate"])
+        mut = st.tuples(op, st.integers(0, 1 << 24), st.binary(min_size=0, max_size=16))
+
+        @settings(max_examples=cases, deadline=None, database=None, derandomize=seed is not None,
+                  suppress_health_check=list(HealthCheck), print_blob=True)
+        @given(which=st.integers(0, len(seeds) - 1), muts=st.lists(mut, min_size=1, max_size=6))
+        def prop(which, muts):
+            i, ck, f, orig = seeds[which]
+            stats["cases"] += 1
+            try:
+                check(ck, f, mutate(orig, muts), i)
+            finally:
+                f.write_bytes(orig)
+
+        t0 = time.monotonic()
+        prop()
+        stats["seconds"] = round(time.monotonic() - t0, 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        shutil.rmtree(work, ignore_errors=True)
+    return stats
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.hardening.fuzz_inspect")
+    ap.add_argument("--cases", type=int, default=10000)
+    ap.add_argument("--memory-mb", type=int, default=3072)
+    args = ap.parse_args(argv)
+    stats = run(args.cases, args.memory_mb)
+    print(f"{stats['cases']} cases in {stats.get('seconds')} s: no crash, no hang")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

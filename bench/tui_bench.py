@@ -21,6 +21,7 @@ are built under bench/out/tui-data once.
 from __future__ import annotations
 
 import argparse
+import re
 import asyncio
 import json
 import os
@@ -412,18 +413,20 @@ def tmux_filter(wide: Path, n: int) -> dict:
     lat = []
     try:
         t0 = time.perf_counter()
-        tmux_wait(name, lambda s: f"{n:,} tensor(s)" in s, timeout=120)
+        tmux_wait(name, lambda s: f"{n:,} tensors" in s, timeout=120)
         t_rows = time.perf_counter() - t0
         tmux("send-keys", "-t", name, "/")
         tmux_wait(name, lambda s: "filter tensors by name" in s)
         for key, text in steps:
-            want = f"{sum(1 for x in names if text in x):,} tensor(s)"
+            m = sum(1 for x in names if text in x)
+            want = f"{m:,}/{n:,} match" if text else f"{n:,} tensors"
             t0 = time.perf_counter()
             tmux("send-keys", "-t", name, *(["-l", key] if key != "BSpace" else [key]))
             while True:
                 s = pane(name)
-                cl = [l.strip("│ ") for l in s.splitlines() if "tensor(s)" in l]
-                if cl and cl[0].startswith(want) and (text or "matching" not in cl[0]):
+                cl = [x for x in (l.strip("│ ") for l in s.splitlines())
+                      if re.match(r"^[\d,]+(/[\d,]+ match| tensors)", x)]
+                if cl and cl[0].startswith(want):
                     break
                 if time.perf_counter() - t0 > 10:
                     raise TimeoutError(f"count line did not become {want!r} after {key!r}:\n{s}")

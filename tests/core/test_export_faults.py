@@ -49,6 +49,48 @@ def wait_tmp(parent: Path, name: str, proc, timeout=60) -> Path:
     raise AssertionError("no temp folder appeared")
 
 
+KILLER = """
+import sys, time
+from ckpt_tui.core.export.api import export
+
+def on_progress(p):
+    print("EVENT", p.label, p.done, flush=True)
+    time.sleep(0.05)
+
+export(sys.argv[1], sys.argv[2], max_shard_size="40MB", on_progress=on_progress)
+print("DONE", flush=True)
+"""
+
+
+def test_kill_minus_9_after_n_progress_events(big, tmp_path):
+    """Killed while writing, while verifying, around the final rename: never a partial OUT, the
+    source byte-identical, and the next run cleans up."""
+    before = digest(big)
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    points = 0
+    for n in (1, 4, 9, 16, 30, 60):
+        out = tmp_path / f"out{n}"
+        proc = subprocess.Popen([sys.executable, str(script), str(big), str(out)], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        events, killed = 0, False
+        for line in proc.stdout:
+            if line.startswith("EVENT"):
+                events += 1
+                if events >= n:
+                    proc.send_signal(signal.SIGKILL)
+                    killed = True
+                    break
+        proc.wait()
+        if killed:
+            assert not out.exists()  # nothing half-written under the final name
+        else:  # it finished before the n-th event: complete, with its index
+            assert (out / "model.safetensors.index.json").is_file()
+        assert digest(big) == before
+        points += killed
+    assert points >= 4
+
+
 @pytest.mark.parametrize("signum,code", [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
 def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
     before = digest(big)

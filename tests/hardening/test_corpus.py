@@ -120,6 +120,7 @@ def corpus(real_ckpt, tmp_path_factory):
 def test_every_case_gives_a_finding_or_a_clear_error(corpus):
     results = run_corpus(corpus)
     assert len(results) == len(corpus)
+    print(f"\ncorpus: {len(corpus)} bad inputs, outcomes {sorted({r['outcome'] for r in results})}")
     bad = [r for r in results if r["outcome"] not in ("ok", "scan-error")]
     assert not bad, json.dumps(bad[:3], indent=1)
     by_name = {Path(r["path"]).name: r for r in results}

@@ -65,3 +65,26 @@ def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
         t.keys("Enter", "q")
     finally:
         t.close()
+
+
+def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    ck = run / "checkpoint-3"
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ck)
+    t = Tmux(f"{sys.executable} -m ckpt_tui {ck}", {"TERM": "xterm-256color"})
+    try:
+        t.wait_for("model and optimizer in")
+        s = t.wait_for("universal-info-missing")
+        assert "universal_checkpoint_info" in s
+        t.keys("u")
+        t.wait_for("Convert to a DeepSpeed universal")
+        t.keys("Enter", "Enter")
+        t.wait_for("Press enter to convert", timeout=60)
+        t.keys("Enter")
+        s = t.wait_for("Universal checkpoint ready", timeout=240)
+        assert "load_universal" in s
+        assert (ck / "latest_universal").read_text().strip() == "global_step2_universal"
+        t.keys("Enter", "q")
+    finally:
+        t.close()

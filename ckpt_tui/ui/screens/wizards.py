@@ -26,7 +26,7 @@ WIZARD_CSS = """
 {name} ContentSwitcher {{ height: auto; }}
 {name} .pane {{ height: auto; }}
 {name} .explain {{ margin: 1 0; }}
-{name} VerticalScroll {{ height: auto; max-height: 14; }}
+{name} VerticalScroll {{ height: auto; max-height: 9; }}
 {name} OptionList {{ height: auto; max-height: 8; }}
 {name} .buttons {{ height: 3; align: right middle; }}
 {name} Button {{ margin-left: 1; }}
@@ -167,7 +167,9 @@ class ExportWizard(Wizard):
                          "plus model.safetensors.index.json (50GB is save_pretrained's default).", classes="explain")
             yield Input(value="50GB", id="shard")
         with Vertical(id="confirm", classes="pane"):
-            yield Static("Planning…", id="plan-text")
+            yield Static("", id="plan-head", classes="explain")
+            with VerticalScroll():
+                yield Static("Planning…", id="plan-text")
 
     def on_mount(self) -> None:
         ol = self.query_one("#source-list", OptionList)
@@ -193,6 +195,7 @@ class ExportWizard(Wizard):
                     note += f"; the run trained in {short}, so --dtype {short} halves the size"
             self.query_one("#dtype-note", Static).update("Output dtype of floating-point tensors: " + note + ".")
         elif name == "confirm":
+            self.query_one("#plan-head", Static).update("")
             self.query_one("#plan-text", Static).update("Planning (reading headers)…")
             self.make_plan()
 
@@ -260,8 +263,9 @@ class ExportWizard(Wizard):
 
     def _planned(self, plan, text, err) -> None:
         self.plan, self.plan_error = plan, err
-        self.query_one("#plan-text", Static).update(
-            text + "\n\nPress enter to export (then verify every tensor)." if plan else f"Cannot export: {err}")
+        self.query_one("#plan-head", Static).update(
+            "Press enter to export (then verify every tensor). The plan:" if plan else f"Cannot export: {err}")
+        self.query_one("#plan-text", Static).update(text if plan else "")
 
     def result(self):
         return {"plan": self.plan}
@@ -309,10 +313,13 @@ class UniversalWizard(Wizard):
                          "`latest_universal`):", classes="explain")
             yield Input(value=str(tag.parent / f"{tag.name}_universal"), id="out")
         with Vertical(id="confirm", classes="pane"):
-            yield Static("Planning…", id="plan-text")
+            yield Static("", id="plan-head", classes="explain")
+            with VerticalScroll():
+                yield Static("Planning…", id="plan-text")
 
     def enter_step(self, name: str) -> None:
         if name == "confirm":
+            self.query_one("#plan-head", Static).update("")
             self.query_one("#plan-text", Static).update("Planning…")
             self.make_plan()
 
@@ -335,8 +342,10 @@ class UniversalWizard(Wizard):
 
     def _planned(self, plan, text, err) -> None:
         self.plan, self.plan_error = plan, err
-        self.query_one("#plan-text", Static).update(
-            text + "\n\nPress enter to convert." if plan else f"Cannot convert: {err}")
+        self.query_one("#plan-head", Static).update(
+            "Press enter to convert (DeepSpeed's converter runs in the background). The plan:" if plan
+            else f"Cannot convert: {err}")
+        self.query_one("#plan-text", Static).update(text if plan else "")
 
     def result(self):
         return {"plan": self.plan}

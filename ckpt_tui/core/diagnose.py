@@ -249,7 +249,8 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"{where} holds torch.distributed.checkpoint folders rather than being one: "
                            + "; ".join(parts) + ". Tools that need a single DCP folder (accelerate merge-weights, "
                            f"torch dcp_to_torch) must be given `{target}`, e.g. "
-                           f"`accelerate merge-weights {target} {target}_merged`.", "export"))
+                           f"`accelerate merge-weights {target} {target}_merged`; `ckpt-tui export "
+                           f"{p if p != '.' else inv.root.abspath.name} --out DIR` picks it for you.", "export"))
     tags = [c for c in n.children if c.is_dir and c.format == "deepspeed-zero"]
     if tags and "latest" not in names:
         out.append(Finding("latest-missing", "warning", p,

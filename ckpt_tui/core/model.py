@@ -23,6 +23,14 @@ SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
 
+def numel(shape) -> int:
+    """Number of elements of a tensor of this shape (1 for a scalar)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor as the headers describe it; no data."""
@@ -34,10 +42,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return numel(self.shape)
 
     def to_json(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "bytes": self.nbytes}

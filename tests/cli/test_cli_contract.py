@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from ckpt_tui.cli import main_group
+from tests.util import as_nobody
 
 
 def run(*args, cwd=None):
@@ -48,31 +49,6 @@ def test_empty_folder_is_not_a_checkpoint(tmp_path):
     assert [f["code"] for f in doc["findings"]] == ["not-a-checkpoint"]
 
 
-def _as_nobody(fn):
-    """Run fn() in a forked child that dropped root (CI runs as root, which reads everything)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        code = 99
-        try:
-            if os.geteuid() == 0:
-                os.setgid(65534)
-                os.setuid(65534)
-            out = fn()
-            os.write(w, json.dumps(out).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return json.loads(data)
-
-
 def test_permission_denied_folder_and_file(tmp_path):
     import tempfile
 
@@ -95,7 +71,7 @@ def test_permission_denied_folder_and_file(tmp_path):
         return out
 
     try:
-        out = _as_nobody(child)
+        out = as_nobody(child)
     finally:
         os.chmod(locked, 0o755)
     code, text = out["dir"]

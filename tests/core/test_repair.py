@@ -21,6 +21,7 @@ from ckpt_tui.core.inspect import inspect
 from ckpt_tui.core.repair import repairs_for
 from ckpt_tui.core.repair.atomic import backup_path
 from ckpt_tui.core.repair.fix import UCI_KEY, UCI_VALUE
+from tests.util import as_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
 MS = "mp_rank_00_model_states.pt"
@@ -332,29 +333,6 @@ def test_source_changing_during_repair_aborts(real_ckpt_copy):
     assert not [p for p in target.parent.iterdir() if "ckpt-tui" in p.name]
 
 
-def _as_nobody(fn):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        code = 99
-        try:
-            if os.geteuid() == 0:
-                os.setgid(65534)
-                os.setuid(65534)
-            os.write(w, json.dumps(fn()).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return json.loads(data)
-
-
 def test_permission_denied_nothing_changed(real_ckpt, tmp_path):
     import tempfile
 
@@ -381,7 +359,7 @@ def test_permission_denied_nothing_changed(real_ckpt, tmp_path):
         return [res.ok, res.message, p.exit_code, p.output]
 
     try:
-        ok, msg, rc, text = _as_nobody(child)
+        ok, msg, rc, text = as_nobody(child)
         assert not ok and ("permission denied" in msg or "read-only" in msg), msg
         assert rc == 1 and "permission denied" in text and "Traceback" not in text, text
         assert _sums(root) == before

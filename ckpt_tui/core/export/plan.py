@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats.pickles import DTYPE_ITEMSIZE
-from ..model import Plan, PlanStep
+from ..model import Plan, PlanStep, numel
 from .sources import Source, SourceTensor
 
 DTYPES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -44,10 +44,7 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * DTYPE_ITEMSIZE[self.dtype]
+        return numel(self.shape) * DTYPE_ITEMSIZE[self.dtype]
 
 
 @dataclass

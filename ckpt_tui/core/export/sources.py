@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..formats.pickles import DTYPE_ITEMSIZE
+from ..model import numel
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,7 @@ class SourceTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return numel(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import FormatError
+from ..model import numel
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused
 
@@ -137,10 +138,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return numel(self.shape)
 
     @property
     def nbytes(self) -> int:

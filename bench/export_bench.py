@@ -117,7 +117,6 @@ def machine() -> dict:
     df = subprocess.run(["df", "-T", str(OUT)], capture_output=True, text=True).stdout.splitlines()[-1].split()
     import torch  # noqa: F401  (versions only)
     import deepspeed  # noqa: F401
-    import accelerate
 
     vers = {m: __import__(m).__version__ for m in ("torch", "deepspeed", "accelerate")}
     return {

@@ -112,7 +112,6 @@ def open_cmd(path, trust_pickles, print_only):
         rep = _report(path, trust_pickles)
         _print_report(rep, False)
         sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
-    from .core.scan import ScanError, walk
 
     if not os.path.exists(path):
         _fail(f"{path}: no such file or folder", EXIT_USAGE)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from .export.api import ExportError, _blocking_findings, resolve, source_for

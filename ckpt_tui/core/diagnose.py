@@ -10,7 +10,7 @@ from typing import Optional
 
 from .humanize_bytes import count
 from .model import SEVERITY_RANK, Finding, Inventory, Node
-from .scan import short_dtype, step_of
+from .scan import step_of
 
 CODES = (
     "dcp-metadata-missing", "dcp-components", "universal-info-missing", "shard-missing", "world-size-mismatch",
@@ -224,9 +224,6 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("world-size-mismatch", "info", p,
                            f"`{p}/` is a {what} DeepSpeed checkpoint; export and universal conversion of this "
                            "layout are not supported by ckpt-tui yet."))
-    td = f.get("train_dtype")
-    if td and td != "float32":
-        pass  # said in the summary and the export wizard (fp32 masters; --dtype bf16 halves the size)
     return out
 
 

@@ -157,10 +157,6 @@ def _latest_tag(node: Node, tags: list[Node]) -> Node:
     return sorted(tags, key=lambda t: (step_of(t.name) or -1, t.name))[-1]
 
 
-def _rel(node: Node, path: str) -> str:
-    return path
-
-
 def _component_text(root: Node, path: str, role: str) -> str:
     n = _find(root, path)
     if n is None:
@@ -261,9 +257,6 @@ def describe(root: Node, trust_pickles: bool = False) -> Inventory:
     layout, comps = classify(root)
     inv = Inventory(root=root, layout=layout, summary=summary(root, layout, comps), framework=FRAMEWORK.get(layout),
                     components=comps, trust_pickles=trust_pickles)
-    for n in root.walk():
-        if n.framework is None and n is not root:
-            pass
     _label_frameworks(root, layout)
     if layout == "run-folder":
         inv.checkpoints = _checkpoints(root)

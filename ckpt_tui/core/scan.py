@@ -22,7 +22,7 @@ from .formats import deepspeed as dsfmt
 from .formats import safetensors_header as stfmt
 from .formats import torchfile
 from .formats.pickles import iter_tensors
-from .humanize_bytes import count, naturalsize
+from .humanize_bytes import naturalsize
 from .model import Inventory, Node
 from .progress import Cancelled, OnProgress, check_cancel, report
 
@@ -458,7 +458,6 @@ def _dcp_safetensors_dir(node: Node) -> None:
     f["world_size"] = len(sts)
     f["ranks_present"] = list(range(len(sts)))
     names = set()
-    params = 0
     dtypes: dict[str, int] = {}
     for c in sts:
         try:
@@ -576,7 +575,6 @@ def _ds_tag(node: Node) -> None:
     f["optim_prefix"] = tf.optim_prefix
     dp_present = sorted({k[0] for k in tf.optim_files})
     f["ranks_present"] = dp_present
-    mp_present = sorted({k[1] for k in tf.optim_files} | {k[1] for k in tf.model_files})
     ws = f.get("dp_world_size")
     mp = f.get("mp_world_size") or 1
     f["world_size"] = ws

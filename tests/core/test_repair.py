@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -275,7 +274,6 @@ def test_dcp_metadata_rebuilt_from_interrupted_rename(real_ckpt_copy):
     assert res.ok and res.finding_gone, res.message
     assert (root / ".metadata").read_bytes() == meta and (root / ".metadata.tmp").read_bytes() == meta
     assert not inspect(root).has_errors
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
     md = FileSystemReader(str(root)).read_metadata()

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tui.core.inspect import inspect
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT_MB = 3072  # torch-free inspector; far above what a header read needs, far below a 2^63 header

@@ -7,7 +7,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -1,12 +1,10 @@
 """The TUI driven with Textual's Pilot on real fixture checkpoints."""
 
-import asyncio
 import shutil
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.jobs import Job
@@ -75,7 +73,6 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
 def _sparse_safetensors(path: Path, gib: int) -> None:
     """A valid safetensors file whose 3 GiB of zeros are a hole: instant to make, slow to export."""
     import json
-    import os
 
     n = gib * (1 << 30) // 4
     header = json.dumps({"__metadata__": {"format": "pt"},
@@ -147,7 +144,6 @@ async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
         await pilot.press("escape")
         # a running job makes quit ask first
         job = Job("fake wait", "stats")
-        gate = asyncio.Event()
         app.jobs.append(job)
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmDialog)

@@ -1,6 +1,5 @@
 """End to end in a real terminal: ckpt-tui inside tmux (a pty, as over SSH) at 80×24."""
 
-import os
 import shutil
 import subprocess
 import sys

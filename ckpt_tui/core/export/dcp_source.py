@@ -16,7 +16,7 @@ from typing import Optional
 from ..formats import FormatError
 from ..formats import dcp as dcpfmt
 from ..formats.pickles import DTYPE_ITEMSIZE, Record, Stub, TensorRef, safe_loads
-from ..formats.torchfile import read_window, storage_offsets
+from ..formats.torchfile import storage_offsets
 from .sources import ByteRange, Source, SourceTensor
 
 MODEL_CONTAINERS = ("model", "state_dict", "module", "model_state_dict")
@@ -212,7 +212,6 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
 
 def _general_loader(folder: Path, key: str, ti):
     def load():
-        import torch
         from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict

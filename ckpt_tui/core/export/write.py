@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats.pickles import DTYPE_ITEMSIZE
-from ..progress import Cancelled, OnProgress, Progress, check_cancel
+from ..progress import OnProgress, Progress, check_cancel
 from .plan import ST_NAMES, ExportPlan, OutFile, OutTensor
-from .sources import to_torch
 
 BUF = 16 * 1024 * 1024
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..model import TensorInfo
-from .pickles import DTYPE_ITEMSIZE, Stub, TensorRef, iter_tensors
+from .pickles import Stub, TensorRef, iter_tensors
 from . import torchfile
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")

@@ -118,7 +118,6 @@ def _read_legacy(path: Path, size: int) -> TorchFile:
 
 def _legacy_loads(data: bytes) -> Unpickled:
     import io
-    import pickle
 
     from .pickles import _Unpickler, Unpickled as U
 

@@ -17,8 +17,6 @@ signal fires, and it SIGKILLs its whole process group — the converter and its 
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import shutil
 import signal

@@ -1,0 +1,83 @@
+"""After the in-place `universal-info` repair, the HF Trainer still resumes the checkpoint (2 ranks,
+as saved), on CPU with the real Trainer and DeepSpeed."""
+
+import json
+import subprocess
+import sys
+
+from ckpt_tui.core.inspect import inspect
+from ckpt_tui.core.repair import repairs_for
+
+HF_RESUME = r'''
+import json, sys, torch
+from ckpt_tui.samples._common import TINY_LLAMA, init_dist
+from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
+init_dist()
+import deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+ck = sys.argv[1]
+args = TrainingArguments(output_dir=sys.argv[2], deepspeed=hf_ds_config(2), per_device_train_batch_size=2,
+                         max_steps=3, save_strategy="no", logging_steps=1, learning_rate=1e-3, bf16=True,
+                         use_cpu=True, report_to=[], seed=99, disable_tqdm=True, dataloader_num_workers=0)
+torch.manual_seed(99)
+model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
+tr = Trainer(model=model, args=args, train_dataset=_Data())
+tr.train(resume_from_checkpoint=ck)
+print("RESULT " + json.dumps({"global_step": tr.state.global_step, "engine_steps": tr.deepspeed.global_steps}))
+'''
+
+
+def test_hf_trainer_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
+    from ckpt_tui.samples import launch_env
+
+    ck = real_ckpt_copy("hf-ds-zero2") / "checkpoint-2"
+    [rep] = [r for r in repairs_for(inspect(ck)) if r.id == "universal-info"]
+    assert rep.apply().ok
+    assert "universal-info-missing" not in {f.code for f in inspect(ck).findings}
+    script = tmp_path / "resume.py"
+    script.write_text(HF_RESUME)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
+                       env=launch_env(), timeout=400, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert results and all(x == {"global_step": 3, "engine_steps": 3} for x in results)
+
+
+LIGHTNING_RESUME = r'''
+import json, os, sys, torch
+import lightning as L
+from ckpt_tui.samples._common import init_dist, seed_all
+from ckpt_tui.samples import lightning_ckpt as lc
+init_dist()
+seed_all()
+ds_cls, _ = lc._strategies()
+strategy = ds_cls(config={"steps_per_print": 10**9,
+                          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+                          "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}},
+                  process_group_backend="gloo")
+trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", "1")), strategy=strategy,
+                    precision="bf16-mixed", max_epochs=2, limit_train_batches=lc.STEPS, default_root_dir=sys.argv[2],
+                    logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+trainer.fit(lc._module_cls()(), torch.utils.data.DataLoader(lc._Data(), batch_size=2), ckpt_path=sys.argv[1])
+print("RESULT " + json.dumps({"global_step": trainer.global_step, "epoch": trainer.current_epoch}))
+'''
+
+
+def test_lightning_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
+    """Lightning's own file (hyper-parameters, loops, callbacks pickled inside) keeps working after the
+    pickle-stream edit: fit(ckpt_path=...) resumes at step 2 and trains epoch 1."""
+    from ckpt_tui.samples import launch_env
+
+    ck = real_ckpt_copy("lightning-ds-zero2") / "checkpoints" / "epoch=0-step=2.ckpt"
+    [rep] = [r for r in repairs_for(inspect(ck)) if r.id == "universal-info"]
+    assert rep.apply().ok
+    script = tmp_path / "resume.py"
+    script.write_text(LIGHTNING_RESUME)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
+                       env=launch_env(), timeout=400, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert results and all(x["global_step"] == 4 for x in results), results

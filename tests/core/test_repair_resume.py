@@ -81,3 +81,23 @@ def test_lightning_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert results and all(x["global_step"] == 4 for x in results), results
+
+
+def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
+    """The README's Lightning steps, proven: a ZeRO-2 run saved by 2 ranks resumes on 1 rank from its
+    universal conversion with load_universal and fit(ckpt_path=<the .ckpt folder>)."""
+    from ckpt_tui.core.repair.universal import convert_to_universal, universal_plan
+    from ckpt_tui.samples import launch_env
+
+    ck = real_ckpt_copy("lightning-ds-zero2") / "checkpoints" / "epoch=0-step=2.ckpt"
+    res = convert_to_universal(universal_plan(ck))
+    assert f"ckpt_path={str(ck)!r}" in res.instructions
+    script = tmp_path / "resume.py"
+    script.write_text(LIGHTNING_RESUME.replace('"zero_optimization": {"stage": 2}',
+                                               '"zero_optimization": {"stage": 2}, "checkpoint": {"load_universal": True}'))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                        str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
+                       env=launch_env(), timeout=400, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert results and results[0]["global_step"] == 4, results

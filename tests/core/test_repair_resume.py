@@ -101,3 +101,67 @@ def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert results and results[0]["global_step"] == 4, results
+
+
+HF_SAVE_WITH_INFO = r'''
+import sys, torch
+from ckpt_tui.samples._common import TINY_LLAMA, init_dist, seed_all
+from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
+init_dist()
+import deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+seed_all()
+args = TrainingArguments(output_dir=sys.argv[1], deepspeed=hf_ds_config(2), per_device_train_batch_size=2, max_steps=2,
+                         save_steps=2, save_strategy="steps", bf16=True, use_cpu=True, report_to=[],
+                         disable_tqdm=True, dataloader_num_workers=0)
+model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
+model.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}   # the README's one line
+Trainer(model=model, args=args, train_dataset=_Data()).train()
+'''
+
+LIGHTNING_SAVE_WITH_INFO = r'''
+import os, sys, torch
+import lightning as L
+from ckpt_tui.samples._common import init_dist, seed_all
+from ckpt_tui.samples import lightning_ckpt as lc
+init_dist()
+seed_all()
+ds_cls, _ = lc._strategies()
+base = lc._module_cls()
+
+class WithInfo(base):
+    def on_fit_start(self):   # the README's one line
+        self.trainer.strategy.model.module.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}
+
+strategy = ds_cls(config={"steps_per_print": 10**9,
+                          "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+                          "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}},
+                  process_group_backend="gloo")
+out = sys.argv[1]
+trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", "1")), strategy=strategy,
+                    precision="bf16-mixed", max_epochs=1, limit_train_batches=lc.STEPS, default_root_dir=out,
+                    logger=False, enable_progress_bar=False, enable_model_summary=False,
+                    callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"))])
+trainer.fit(WithInfo(), torch.utils.data.DataLoader(lc._Data(), batch_size=2))
+'''
+
+
+def test_next_time_advice_makes_deepspeed_write_the_key(tmp_path):
+    """The README's one line for HF Trainer and for Lightning: the saved checkpoint then has
+    universal_checkpoint_info, so ds_to_universal accepts it and the finding does not appear."""
+    from ckpt_tui.samples import launch_env
+
+    for name, code, ck in (("hf", HF_SAVE_WITH_INFO, "checkpoint-2"),
+                           ("lightning", LIGHTNING_SAVE_WITH_INFO, "checkpoints/epoch=0-step=2.ckpt")):
+        script = tmp_path / f"save_{name}.py"
+        script.write_text(code)
+        out = tmp_path / name
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                            str(script), str(out)], capture_output=True, text=True, env=launch_env(), timeout=400,
+                           cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        rep = inspect(out / ck)
+        tags = [n for n in rep.inventory.nodes() if n.format == "deepspeed-zero"]
+        assert tags and all(t.facts["universal_checkpoint_info"] is True for t in tags), name
+        assert "universal-info-missing" not in {f.code for f in rep.findings}, name

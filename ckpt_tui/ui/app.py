@@ -101,6 +101,11 @@ class CkptApp(App):
                 self.push_screen(MessageDialog("Cannot open this path", job.error, error=True))
             return
         self.report = job.result
+        # the inventory is long-lived: move it out of the GC's way, so later collections (which run
+        # on the UI thread) do not walk hundreds of thousands of nodes between two key presses
+        import gc
+
+        gc.freeze()
         self._tensor_cache = {}
         self._shown_component = "unset"
         inv = self.report.inventory
@@ -179,6 +184,9 @@ class CkptApp(App):
         self.post_message(TensorsReady(path, rows, note))
 
     def on_tensors_ready(self, msg: TensorsReady) -> None:
+        import gc
+
+        gc.freeze()  # the listing is long-lived too (see _scan_done)
         if self.screen_stack and self.selected is not None and self.selected.path == msg.path:
             self._main(TensorTable).set_rows(msg.rows, msg.note)
 

@@ -16,7 +16,7 @@ from ...core.scan import short_dtype
 from ..format import GLYPH, SEV_STYLE, fact_rows, size
 
 FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}
-MAX_ROWS = 200
+MAX_ROWS = 100
 NAME_WIDTH = 26
 
 

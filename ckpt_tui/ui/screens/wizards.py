@@ -197,7 +197,7 @@ class ExportWizard(Wizard):
         elif name == "confirm":
             self.query_one("#plan-head", Static).update("")
             self.query_one("#plan-text", Static).update("Planning (reading headers)…")
-            self.make_plan()
+            self.make_plan(self.options())  # widget values are read here, on the UI thread
 
     def _space(self) -> None:
         out = Path(self.query_one("#out", Input).value).expanduser()
@@ -249,10 +249,9 @@ class ExportWizard(Wizard):
         return None
 
     @work(thread=True, exclusive=True, exit_on_error=False)
-    def make_plan(self) -> None:
+    def make_plan(self, o: dict) -> None:
         from ...core.export.api import plan_export
 
-        o = self.options()
         try:
             plan, said = plan_export(o["src"], Path(o["out"]).expanduser(), dtype=o["dtype"],
                                      max_shard_size=o["max_shard_size"])
@@ -321,7 +320,7 @@ class UniversalWizard(Wizard):
         if name == "confirm":
             self.query_one("#plan-head", Static).update("")
             self.query_one("#plan-text", Static).update("Planning…")
-            self.make_plan()
+            self.make_plan(self.query_one("#out", Input).value)  # read on the UI thread
 
     def validate_step(self, name: str) -> Optional[str]:
         if name == "confirm" and self.plan is None:
@@ -329,11 +328,10 @@ class UniversalWizard(Wizard):
         return None
 
     @work(thread=True, exclusive=True, exit_on_error=False)
-    def make_plan(self) -> None:
+    def make_plan(self, out: str) -> None:
         try:
             from ...core.repair.universal import universal_plan
 
-            out = self.query_one("#out", Input).value
             plan = universal_plan(str(_abs(self.report, self.tag_path)), Path(out).expanduser())
             text = plan.to_plan().describe()
             self.app.call_from_thread(self._planned, plan, text, "")

@@ -63,8 +63,8 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
         wiz = app.screen
         await wait_for(pilot, lambda: wiz.plan is not None)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=60)
-        assert "verified ✔" in screen_text(app)
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "verified ✔" in screen_text(app),
+                       timeout=60)
         assert (out / "model.safetensors").is_file()
         job = [j for j in app.jobs if j.kind == "export"][0]
         assert job.state == "done" and job.progress.done == job.progress.total
@@ -113,9 +113,9 @@ async def test_failure_opens_an_error_dialog(fsdp_ckpt, tmp_path):
 
         plan, _ = plan_export(fsdp_ckpt, Path("/proc/ckpt-tui-out"))  # nobody can write there
         app.run_export(plan)
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=30)
-        text = screen_text(app)
-        assert "failed" in text and "Traceback" not in text
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "failed" in screen_text(app),
+                       timeout=30)
+        assert "Traceback" not in screen_text(app)
 
 
 async def test_findings_panel_on_second_user_report(real_ckpt):
@@ -176,9 +176,9 @@ async def test_universal_wizard_converts_and_shows_how_to_load(ds_ckpt):
         await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
         assert wiz.plan is not None, wiz.plan_error
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=240)
-        text = screen_text(app)
-        assert "Universal checkpoint ready" in text and "load_universal" in text
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog)
+                       and "Universal checkpoint ready" in screen_text(app), timeout=240)
+        assert "load_universal" in screen_text(app)
         assert (ds_ckpt / "global_step2_universal" / "zero").is_dir()
         assert (ds_ckpt / "latest_universal").read_text().strip() == "global_step2_universal"
 
@@ -196,8 +196,8 @@ async def test_repair_wizard_fixes_in_place_and_rescans(ds_ckpt):
         await pilot.press("enter")
         await pilot.pause(0.2)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=60)
-        assert "Repaired" in screen_text(app)
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Repaired" in screen_text(app),
+                       timeout=60)
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.report is not None and "universal-info-missing" not in
                        {f.code for f in app.report.findings}, timeout=60)

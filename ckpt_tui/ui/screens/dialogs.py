@@ -25,6 +25,7 @@ DIALOG_CSS = """
 
 class ConfirmDialog(ModalScreen[bool]):
     DEFAULT_CSS = DIALOG_CSS.format(name="ConfirmDialog")
+    AUTO_FOCUS = "#yes"
     BINDINGS = [Binding("escape", "no", "No"), Binding("y", "yes", "Yes"), Binding("n", "no", "No")]
 
     def __init__(self, title: str, body: str = "", yes: str = "Yes", no: str = "No"):
@@ -40,9 +41,6 @@ class ConfirmDialog(ModalScreen[bool]):
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.no} (n)", id="no")
                 yield Button(f"{self.yes} (y)", id="yes", variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one("#yes", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")
@@ -60,6 +58,7 @@ class MessageDialog(ModalScreen[None]):
     DEFAULT_CSS = DIALOG_CSS.format(name="MessageDialog") + """
     MessageDialog.error > Vertical { border: thick $error; }
     """
+    AUTO_FOCUS = "#close"
     BINDINGS = [Binding("escape", "close", "Close"), Binding("enter", "close", "Close")]
 
     def __init__(self, title: str, body, error: bool = False):
@@ -73,9 +72,6 @@ class MessageDialog(ModalScreen[None]):
                 yield Static(self.body)
             with Horizontal(classes="buttons"):
                 yield Button("Close (enter)", id="close", variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one(Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)

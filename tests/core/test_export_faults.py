@@ -32,6 +32,24 @@ def big(tmp_path_factory):
     return d
 
 
+@pytest.fixture
+def slow(tmp_path):
+    """A valid safetensors file of 1 GiB of zeros held in a hole: instant to make; exporting it with
+    --dtype bf16 casts every byte, which takes seconds — long enough for a second process to race it."""
+    import json as _json
+
+    d = tmp_path / "slow"
+    d.mkdir()
+    n = (1 << 30) // 4
+    header = _json.dumps({"__metadata__": {"format": "pt"},
+                          "big.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(d / "model.safetensors", "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + n * 4)
+    return d
+
+
 def start(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "ckpt_tui", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
@@ -110,26 +128,27 @@ def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
     assert not list(tmp_path.glob(".out.tmp-*")) and (tmp_path / "out" / "model.safetensors").is_file()
 
 
-def test_second_export_into_the_same_folder_refuses(big, tmp_path):
-    p = start("export", big, "--out", tmp_path / "out", "--max-shard-size", "40MB")
+def test_second_export_into_the_same_folder_refuses(slow, tmp_path):
+    p = start("export", slow, "--out", tmp_path / "out", "--dtype", "bf16")
     try:
         wait_tmp(tmp_path, "out", p)
-        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(tmp_path / "out")],
+        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(slow), "--out", str(tmp_path / "out")],
                            capture_output=True, text=True, timeout=120)
+        assert p.poll() is None, "the first export finished before the race"
         assert r.returncode == 1 and "another ckpt-tui is exporting" in r.stderr
     finally:
         p.wait(timeout=300)
     assert p.returncode == 0, p.stderr.read()
 
 
-def test_source_changing_during_export_is_detected(big, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(big, src)
-    p = start("export", src, "--out", tmp_path / "out", "--max-shard-size", "40MB")
+def test_source_changing_during_export_is_detected(slow, tmp_path):
+    src = slow
+    p = start("export", src, "--out", tmp_path / "out", "--dtype", "bf16")
     wait_tmp(tmp_path, "out", p)
-    with open(src / "model.pt", "r+b") as f:  # a live job rewriting the checkpoint
-        f.seek(-10, os.SEEK_END)
-        f.write(b"0123456789")
+    with open(src / "model.safetensors", "r+b") as f:  # a live job rewriting the checkpoint
+        f.seek(-16, os.SEEK_END)
+        f.write(b"\x00" * 16)
+    assert p.poll() is None, "the export finished before the source changed"
     p.wait(timeout=300)
     assert p.returncode == 1 and "source changed during the export" in p.stderr.read()
     assert not (tmp_path / "out").exists()

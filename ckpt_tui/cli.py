@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .cli_support import fail, run_core
 from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
@@ -63,11 +64,6 @@ def main_group(ctx, debug):
         click.echo(ctx.get_help())
 
 
-def _fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
-    click.echo(f"ckpt-tui: {msg}", err=True)
-    sys.exit(code)
-
-
 def _report(path: str, trust: bool, quiet_progress: bool = False):
     from .core.inspect import inspect
     from .core.scan import ScanError
@@ -75,7 +71,7 @@ def _report(path: str, trust: bool, quiet_progress: bool = False):
     try:
         return inspect(path, trust_pickles=trust)
     except ScanError as e:
-        _fail(str(e), EXIT_USAGE)
+        fail(str(e), EXIT_USAGE)
 
 
 @main_group.command("inspect")
@@ -114,7 +110,7 @@ def open_cmd(path, trust_pickles, print_only):
         sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
 
     if not os.path.exists(path):
-        _fail(f"{path}: no such file or folder", EXIT_USAGE)
+        fail(f"{path}: no such file or folder", EXIT_USAGE)
     from .ui.app import make_app
 
     make_app(path, trust_pickles=trust_pickles).run()
@@ -150,7 +146,7 @@ def tensors_cmd(path, as_json, limit):
                 break
             rows.append(t)
     except FormatError as e:
-        _fail(f"{node.path}: {e}", EXIT_FINDINGS)
+        fail(f"{node.path}: {e}", EXIT_FINDINGS)
     if as_json:
         from .core.model import SCHEMA_VERSION
 
@@ -195,7 +191,7 @@ def demo_cmd(out, no_open):
     try:
         path = demo(target, on_line=lambda s: click.echo(f"  {s}", err=True))
     except Exception as e:  # the generator failed: say why, no traceback
-        _fail(f"could not build the demo: {e}", EXIT_FINDINGS)
+        fail(f"could not build the demo: {e}", EXIT_FINDINGS)
     click.echo(f"Demo run folder: {path}", err=True)
     if not no_open and sys.stdout.isatty() and sys.stdin.isatty():
         from .ui.app import make_app
@@ -247,28 +243,25 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
       ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 --max-shard-size 5GB
       ckpt-tui export checkpoint-2000 --out merged/ --dry-run
     """
-    import threading
 
     from .core.export.api import plan_export
     from .core.export.plan import parse_size
     from .core.export.write import ExportError, execute
     from .core.humanize_bytes import count, naturalsize
     from .core.model import SCHEMA_VERSION
-    from .core.progress import Cancelled
     from .core.scan import ScanError
 
     try:
         parse_size(max_shard_size)
     except ValueError as e:
-        _fail(str(e), EXIT_USAGE)
-    cancel = threading.Event()
+        fail(str(e), EXIT_USAGE)
     try:
         plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
                                  strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles)
     except ScanError as e:
-        _fail(str(e), EXIT_USAGE)
+        fail(str(e), EXIT_USAGE)
     except (ExportError, FileNotFoundError, ValueError) as e:
-        _fail(str(e), EXIT_FINDINGS)
+        fail(str(e), EXIT_FINDINGS)
     for line in said:
         click.echo(f"ckpt-tui: {line}", err=True)
     if dry_run:
@@ -277,34 +270,8 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
         else:
             click.echo(plan.to_plan().describe())
         sys.exit(EXIT_OK)
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-    err = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True, disable=as_json) as bar:
-        tasks: dict[str, int] = {}
-
-        def on_progress(p):
-            if p.label not in tasks:
-                tasks[p.label] = bar.add_task(p.label, total=p.total)
-            bar.update(tasks[p.label], completed=p.done, total=p.total)
-
-        try:
-            res = execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, on_progress=on_progress,
-                          cancel=cancel)
-        except KeyboardInterrupt:
-            cancel.set()
-            click.echo("ckpt-tui: interrupted; the partial output was removed, the source is untouched", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        except Cancelled:
-            click.echo("ckpt-tui: cancelled; the partial output was removed", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        except ExportError as e:
-            _fail(str(e), EXIT_FINDINGS)
-        except OSError as e:
-            _fail(f"export failed: {e.strerror or e} ({getattr(e, 'filename', '') or ''}); "
-                  "the partial output was removed", EXIT_FINDINGS)
+    res = run_core(lambda **kw: execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw),
+                   as_json=as_json, cleanup="the partial output was removed, the source is untouched")
     res.notes = said + res.notes
     if as_json:
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
@@ -319,48 +286,6 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
     click.echo("Load it with:\n  from transformers import AutoModelForCausalLM\n"
                f"  model = AutoModelForCausalLM.from_pretrained({str(res.out)!r})")
     sys.exit(EXIT_OK)
-
-
-def _bar(as_json: bool, unit: str = "bytes"):
-    from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
-
-    cols = [TextColumn("{task.description}"), BarColumn()]
-    cols += [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()]
-    cols.append(TimeRemainingColumn())
-    return Progress(*cols, console=Console(stderr=True), transient=True, disable=as_json)
-
-
-def _run_core(fn, as_json: bool, unit: str = "bytes", label: str = ""):
-    """Run a long core function with a progress bar; map its errors to the exit-code contract."""
-    import threading
-
-    from .core.export.write import ExportError
-    from .core.formats import FormatError
-    from .core.progress import Cancelled
-    from .core.scan import ScanError
-
-    cancel = threading.Event()
-    with _bar(as_json, unit) as bar:
-        task = bar.add_task(label or "working", total=None)
-
-        def on_progress(p):
-            bar.update(task, completed=p.done, total=p.total, description=(label or p.label)[:40])
-
-        try:
-            return fn(on_progress=on_progress, cancel=cancel)
-        except KeyboardInterrupt:
-            cancel.set()
-            _fail("interrupted", EXIT_INTERRUPTED)
-        except Cancelled:
-            _fail("cancelled", EXIT_INTERRUPTED)
-        except ScanError as e:
-            _fail(str(e), EXIT_USAGE)
-        except (ExportError, FormatError, ValueError) as e:
-            _fail(str(e), EXIT_FINDINGS)
-        except OSError as e:
-            _fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
 
 
 @main_group.command("verify")
@@ -379,8 +304,8 @@ def verify_cmd(out, against, strip_prefix, trust_pickles, as_json):
     from .core.model import SCHEMA_VERSION
     from .core.verify import verify
 
-    res = _run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix, **kw),
-                    as_json, "files", "verifying")
+    res = run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix, **kw),
+                   as_json=as_json, unit="files", label="verifying")
     if as_json:
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
     else:
@@ -408,7 +333,7 @@ def diff_cmd(a, b, trust_pickles, as_json):
     from .core.analysis import diff
     from .core.model import SCHEMA_VERSION
 
-    res = _run_core(lambda **kw: diff(a, b, trust_pickles=trust_pickles, **kw), as_json, "bytes", "comparing")
+    res = run_core(lambda **kw: diff(a, b, trust_pickles=trust_pickles, **kw), as_json=as_json, label="comparing")
     if as_json:
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
     else:
@@ -440,7 +365,7 @@ def stats_cmd(path, trust_pickles, as_json):
     from .core.analysis import stats
     from .core.model import SCHEMA_VERSION
 
-    rows = _run_core(lambda **kw: stats(path, trust_pickles=trust_pickles, **kw), as_json, "bytes", "reading")
+    rows = run_core(lambda **kw: stats(path, trust_pickles=trust_pickles, **kw), as_json=as_json, label="reading")
     bad = [r for r in rows if r.nan or r.inf]
     if as_json:
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "tensors": [r.to_json() for r in rows]}, indent=1))
@@ -545,12 +470,9 @@ def _print_report(rep, show_all: bool) -> None:
 
 def _register() -> None:
     from .cli_fix import fix_cmd
+    from .cli_universal import universal_cmd
 
     main_group.add_command(fix_cmd)
-    try:
-        from .cli_universal import universal_cmd
-    except ImportError:  # pragma: no cover - during development only
-        return
     main_group.add_command(universal_cmd)
 
 

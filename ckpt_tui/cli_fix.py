@@ -1,5 +1,5 @@
-"""`ckpt-tui fix PATH`: list the repairs that apply, show their plans, apply them (the lead registers
-the command on the main group)."""
+"""`ckpt-tui fix PATH`: list the repairs that apply, show their plans, apply them (registered on
+the main group in ``cli.py``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,8 @@ import sys
 
 import click
 
+from .cli_support import fail
 from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-
-
-def _fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
-    click.echo(f"ckpt-tui: {msg}", err=True)
-    sys.exit(code)
 
 
 def _interactive() -> bool:
@@ -53,16 +49,16 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         try:
             rep = inspect(path, trust_pickles=trust_pickles)
         except ScanError as e:
-            _fail(str(e), EXIT_USAGE)
+            fail(str(e), EXIT_USAGE)
         reps = repairs_for(rep)
         if only:
             known = {"universal-info", "latest", "dcp-metadata", "export"}
             reps = [r for r in reps if only in (r.id, r.code)]
             if not reps and only not in known and only not in {f.code for f in rep.findings}:
-                _fail(f"unknown fix id {only!r}; ids: {', '.join(sorted(known))}", EXIT_USAGE)
+                fail(f"unknown fix id {only!r}; ids: {', '.join(sorted(known))}", EXIT_USAGE)
         applicable = [r for r in reps if r.can_apply]
         if not dry_run and applicable and not yes and not _interactive():
-            _fail("no terminal to ask for confirmation: pass --yes to apply the repairs (or --dry-run to see "
+            fail("no terminal to ask for confirmation: pass --yes to apply the repairs (or --dry-run to see "
                   "them)", EXIT_USAGE)
         results = []
         for r in reps:
@@ -81,13 +77,13 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
                 click.echo(f"ckpt-tui: {r.id} at {r.path}: {res.message}", err=True)
         after = inspect(path, trust_pickles=trust_pickles) if results else rep
     except KeyboardInterrupt:
-        _fail("interrupted (a repair stopped before its rename leaves the original untouched)", EXIT_INTERRUPTED)
+        fail("interrupted (a repair stopped before its rename leaves the original untouched)", EXIT_INTERRUPTED)
     except Cancelled:
-        _fail("cancelled", EXIT_INTERRUPTED)
+        fail("cancelled", EXIT_INTERRUPTED)
     except ScanError as e:
-        _fail(str(e), EXIT_USAGE)
+        fail(str(e), EXIT_USAGE)
     except OSError as e:
-        _fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
+        fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
     failed = any(not x.ok for x in results)
     errors = [f for f in after.findings if f.severity == "error"]
     if as_json:

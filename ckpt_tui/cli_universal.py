@@ -1,7 +1,7 @@
 """`ckpt-tui universal`: convert a DeepSpeed ZeRO checkpoint to a universal checkpoint.
 
-Registered by the main group (``main_group.add_command(universal_cmd)``). Exit codes as every
-command: 0 ok · 1 failed · 2 bad path or usage · 130 interrupted; messages on stderr.
+Registered on the main group in ``cli.py``. Exit codes as every command: 0 ok · 1 failed ·
+2 bad path or usage · 130 interrupted; messages on stderr.
 """
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ import sys
 
 import click
 
-from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-
-
-def _fail(msg: str, code: int):
-    click.echo(f"ckpt-tui: {msg}", err=True)
-    sys.exit(code)
+from .cli_support import fail, run_core
+from .core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 
 
 @click.command("universal")
@@ -49,10 +45,7 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
       ckpt-tui universal checkpoint-2000 --export-frozen --target-stage 2
       ckpt-tui universal checkpoint-2000 --dry-run
     """
-    import threading
-
     from .core.model import SCHEMA_VERSION
-    from .core.progress import Cancelled
     from .core.repair.universal import UniversalError, convert_to_universal, universal_plan
     from .core.scan import ScanError
 
@@ -60,11 +53,11 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
         plan = universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,
                               export_frozen=export_frozen)
     except ScanError as e:
-        _fail(str(e), EXIT_USAGE)
+        fail(str(e), EXIT_USAGE)
     except UniversalError as e:
-        _fail(str(e), EXIT_FINDINGS)
+        fail(str(e), EXIT_FINDINGS)
     except (OSError, ValueError) as e:
-        _fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
+        fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
     for w in plan.warnings:
         click.echo(f"ckpt-tui: warning: {w}", err=True)
     if dry_run:
@@ -74,33 +67,9 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
             click.echo(plan.to_plan().describe())
         sys.exit(EXIT_OK)
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    cancel = threading.Event()
-    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
-            TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*cols, console=Console(stderr=True), transient=True, disable=as_json) as bar:
-        task = bar.add_task("converting", total=plan.expected_files)
-
-        def on_progress(p):
-            bar.update(task, completed=p.done, total=p.total, description=p.label or "converting")
-
-        try:
-            res = convert_to_universal(plan, on_progress=on_progress, cancel=cancel)
-        except KeyboardInterrupt:
-            cancel.set()
-            _fail("interrupted; the converter was stopped and the partial output removed, the source is untouched",
-                  EXIT_INTERRUPTED)
-        except Cancelled:
-            _fail("cancelled; the partial output was removed", EXIT_INTERRUPTED)
-        except UniversalError as e:
-            _fail(str(e), EXIT_FINDINGS)
-        except OSError as e:
-            _fail(f"conversion failed: {e.strerror or e} ({getattr(e, 'filename', '') or ''}); "
-                  "the partial output was removed", EXIT_FINDINGS)
-        except ValueError as e:
-            _fail(f"conversion failed: {e}", EXIT_FINDINGS)
+    res = run_core(lambda **kw: convert_to_universal(plan, **kw), as_json=as_json, unit="files",
+                   label="converting", cleanup="the converter was stopped and the partial output removed, "
+                                               "the source is untouched")
     if as_json:
         click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
         sys.exit(EXIT_OK)
@@ -115,23 +84,3 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
     click.echo(res.instructions)
     sys.exit(EXIT_OK)
 
-
-def main(argv=None) -> None:  # standalone entry (tests, before the lead registers the command)
-    try:
-        universal_cmd.main(args=argv, prog_name="ckpt-tui universal", standalone_mode=False)
-    except click.exceptions.Abort:
-        _fail("interrupted", EXIT_INTERRUPTED)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(EXIT_USAGE)
-    except KeyboardInterrupt:
-        _fail("interrupted", EXIT_INTERRUPTED)
-    except SystemExit:
-        raise
-    except Exception as e:  # noqa: BLE001 - never a traceback
-        _fail(f"internal error: {type(e).__name__}: {e}", EXIT_FINDINGS)
-    sys.exit(EXIT_OK)
-
-
-if __name__ == "__main__":
-    main()

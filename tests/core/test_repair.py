@@ -25,7 +25,7 @@ from tests.util import as_nobody
 ROOT = Path(__file__).resolve().parents[2]
 MS = "mp_rank_00_model_states.pt"
 # the command as the lead will register it (`ckpt-tui fix`), run directly so this file does not depend on that
-FIX = [sys.executable, "-c", "from ckpt_tui.cli_fix import fix_cmd; fix_cmd(prog_name='ckpt-tui fix')"]
+FIX = [sys.executable, "-m", "ckpt_tui", "fix"]  # the real entry point
 TAGS = {
     "ds-zero1-bf16": "global_step2",
     "ds-zero2-bf16": "global_step2",

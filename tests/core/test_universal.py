@@ -209,7 +209,7 @@ def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt, tmp_path):
     src = real_ckpt("ds-zero3-bf16")
     out = tmp_path / "uc"
     marker = str(tmp_path / TMP_PREFIX)
-    cli = subprocess.Popen([sys.executable, "-m", "ckpt_tui.cli_universal", str(src), "--out", str(out)],
+    cli = subprocess.Popen([sys.executable, "-m", "ckpt_tui", "universal", str(src), "--out", str(out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
         end = time.monotonic() + 60
@@ -233,7 +233,7 @@ def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt, tmp_path):
 
 
 def test_cli(real_ckpt, tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckpt_tui.cli_universal", *a], capture_output=True,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ckpt_tui", "universal", *a], capture_output=True,
                                     text=True, cwd=ROOT)
     r = run(str(tmp_path / "nope"))
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -6,9 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .export.api import ExportError, _blocking_findings, resolve, source_for
+from .export.api import screened_model, source_for
 from .export.sources import Source, SourceTensor, to_torch
-from .inspect import inspect
 from .progress import OnProgress, Progress, check_cancel
 
 CHUNK_ELEMS = 4 * 1024 * 1024
@@ -16,11 +15,7 @@ CHUNK_ELEMS = 4 * 1024 * 1024
 
 def open_source(path, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None) -> Source:
     """The model weights at ``path`` as a Source (what export would read), after the safety screen."""
-    rep = inspect(path, trust_pickles=trust_pickles)
-    node, _ = resolve(rep)
-    blocking = _blocking_findings(rep, node, trust_pickles)
-    if blocking:
-        raise ExportError("cannot read the weights:\n  " + "\n  ".join(blocking))
+    _, node, _ = screened_model(path, trust_pickles=trust_pickles)
     return source_for(node, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
 
 

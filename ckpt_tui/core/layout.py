@@ -174,10 +174,7 @@ def _component_text(root: Node, path: str, role: str) -> str:
 
 
 def _find(root: Node, path: str) -> Optional[Node]:
-    for n in root.walk():
-        if n.path == path:
-            return n
-    return None
+    return root.find(path)
 
 
 def _step(root: Node, comps: dict[str, str]) -> Optional[int]:

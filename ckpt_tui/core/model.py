@@ -73,6 +73,20 @@ class Node:
             self.__dict__["_index"] = idx
         return idx.get(name)
 
+    def find(self, rel: str) -> Optional["Node"]:
+        """The node at ``rel`` (a path relative to the scanned root) in this subtree, by name lookups."""
+        if rel == self.path:
+            return self
+        prefix = "" if self.path == "." else self.path + "/"
+        if not rel.startswith(prefix):
+            return None
+        node = self
+        for part in rel[len(prefix):].split("/"):
+            node = node.child(part)
+            if node is None:
+                return None
+        return node
+
     def walk(self):
         yield self
         for c in self.children:
@@ -120,10 +134,7 @@ class Inventory:
         return self.root.walk()
 
     def node(self, rel: str) -> Optional[Node]:
-        for n in self.root.walk():
-            if n.path == rel:
-                return n
-        return None
+        return self.root.find(rel)
 
 
 @dataclass(frozen=True)

@@ -310,17 +310,10 @@ def _json_facts(node: Node) -> None:
 
 
 def _tensor_facts(node: Node, tensors) -> None:
-    dtypes = {}
-    params = 0
-    nbytes = 0
-    for t in tensors:
-        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
-        params += t.numel
-        nbytes += t.nbytes
+    """tensor_count and the sums over ``tensors`` (a file: all it holds)."""
+    tensors = list(tensors)
+    _tensor_facts_subset(node, tensors)
     node.facts["tensor_count"] = len(tensors)
-    node.facts["param_count"] = params
-    node.facts["tensor_bytes"] = nbytes
-    node.facts["dtypes"] = sorted(dtypes, key=lambda d: -dtypes[d])
 
 
 def _torch_facts(node: Node, ctx: dict) -> None:
@@ -473,6 +466,8 @@ def _dcp_safetensors_dir(node: Node) -> None:
 
 
 def _tensor_facts_subset(node: Node, tensors) -> None:
+    """param_count, tensor_bytes and dtypes (most frequent first) over ``tensors`` — for a folder,
+    the model's tensors only; its tensor_count is set by the caller."""
     dtypes = {}
     params = 0
     nbytes = 0

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .export.api import ExportError, _blocking_findings, resolve, source_for
+from .export.api import ExportError, screened_model, source_for
 from .export.dcp_source import model_names
-from .inspect import inspect
 from .progress import OnProgress, Progress, check_cancel
 
 
@@ -130,11 +129,8 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     import torch
     from safetensors import safe_open
 
-    rep = inspect(against, trust_pickles=trust_pickles)
-    node, _ = resolve(rep)
-    blocking = _blocking_findings(rep, node, trust_pickles)
-    if blocking:
-        raise ExportError("refusing to hand this checkpoint to the reference loaders:\n  " + "\n  ".join(blocking))
+    _, node, _ = screened_model(against, trust_pickles=trust_pickles,
+                                why="refusing to hand this checkpoint to the reference loaders")
     outs = _output_tensors(Path(out))
     res = VerifyResult(reference=REFERENCE_NAMES.get(node.format, node.format))
     # tied aliases the reference returns under both names are written once, as save_pretrained does

@@ -59,6 +59,19 @@ def _blocking_findings(report: Report, node: Node, trust: bool) -> list[str]:
     return out
 
 
+def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot read the weights"
+                   ) -> tuple[Report, Node, list[str]]:
+    """Inspect ``src``, pick the node holding the model weights, and refuse (ExportError) if an
+    error finding inside it — unsafe pickles above all — says it must not be read. Every path that
+    reads weights (export, verify, stats, diff) starts here."""
+    report = inspect(src, trust_pickles=trust_pickles)
+    node, said = resolve(report, tag)
+    blocking = _blocking_findings(report, node, trust_pickles)
+    if blocking:
+        raise ExportError(f"{why}:\n  " + "\n  ".join(blocking))
+    return report, node, said
+
+
 def source_for(node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False) -> Source:
     if node.format == "dcp":
         if node.facts.get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
@@ -117,11 +130,8 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
 
 def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
                 config=None, tag=None, trust_pickles=False) -> tuple[ExportPlan, list[str]]:
-    report = inspect(src, trust_pickles=trust_pickles)
-    node, said = resolve(report, tag)
-    blocking = _blocking_findings(report, node, trust_pickles)
-    if blocking:
-        raise ExportError("the checkpoint has problems an export cannot work around:\n  " + "\n  ".join(blocking))
+    report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles,
+                                        why="the checkpoint has problems an export cannot work around")
     try:
         source = source_for(node, strip_prefix=strip_prefix, exclude_frozen=exclude_frozen,
                             trust_pickles=trust_pickles)

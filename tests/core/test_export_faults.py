@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.util import sparse_safetensors
+
 
 def digest(p: Path) -> str:
     h = hashlib.sha256()
@@ -34,19 +36,10 @@ def big(tmp_path_factory):
 
 @pytest.fixture
 def slow(tmp_path):
-    """A valid safetensors file of 1 GiB of zeros held in a hole: instant to make; exporting it with
-    --dtype bf16 casts every byte, which takes seconds — long enough for a second process to race it."""
-    import json as _json
-
+    """1 GiB of zeros in a hole; exported with --dtype bf16 it takes seconds: a race is certain."""
     d = tmp_path / "slow"
     d.mkdir()
-    n = (1 << 30) // 4
-    header = _json.dumps({"__metadata__": {"format": "pt"},
-                          "big.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with open(d / "model.safetensors", "wb") as f:
-        f.write(len(header).to_bytes(8, "little") + header)
-        f.truncate(8 + len(header) + n * 4)
+    sparse_safetensors(d / "model.safetensors", 1)
     return d
 
 

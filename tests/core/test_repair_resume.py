@@ -1,15 +1,13 @@
 """After the in-place `universal-info` repair, the HF Trainer still resumes the checkpoint (2 ranks,
 as saved), on CPU with the real Trainer and DeepSpeed."""
 
-import json
-import subprocess
-import sys
 
 from ckpt_tui.core.inspect import inspect
 from ckpt_tui.core.repair import repairs_for
+from tests.util import torchrun
 
 HF_RESUME = r'''
-import json, sys, torch
+import json, os, sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, init_dist
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
 init_dist()
@@ -24,13 +22,15 @@ torch.manual_seed(99)
 model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
 tr = Trainer(model=model, args=args, train_dataset=_Data())
 tr.train(resume_from_checkpoint=ck)
-if int(__import__("os").environ.get("RANK", "0")) == 0:  # one line: two ranks would interleave
-    print("RESULT " + json.dumps({"global_step": tr.state.global_step, "engine_steps": tr.deepspeed.global_steps}))
+if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleave
+    # one write() of one line: a pipe shared by two ranks never splits it (print may, when it buffers)
+    sys.stdout.flush()
+    os.write(1, ("RESULT " + json.dumps({"global_step": tr.state.global_step,
+                                          "engine_steps": tr.deepspeed.global_steps}) + "\n").encode())
 '''
 
 
 def test_hf_trainer_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
-    from ckpt_tui.samples import launch_env
 
     ck = real_ckpt_copy("hf-ds-zero2") / "checkpoint-2"
     [rep] = [r for r in repairs_for(inspect(ck)) if r.id == "universal-info"]
@@ -38,12 +38,8 @@ def test_hf_trainer_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
     assert "universal-info-missing" not in {f.code for f in inspect(ck).findings}
     script = tmp_path / "resume.py"
     script.write_text(HF_RESUME)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
-                       env=launch_env(), timeout=400, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert results and all(x == {"global_step": 3, "engine_steps": 3} for x in results)
+    results = torchrun(script, ck, tmp_path / "run", cwd=tmp_path)
+    assert results == [{"global_step": 3, "engine_steps": 3}]
 
 
 LIGHTNING_RESUME = r'''
@@ -63,33 +59,29 @@ trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", 
                     logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
 trainer.fit(lc._module_cls()(), torch.utils.data.DataLoader(lc._Data(), batch_size=2), ckpt_path=sys.argv[1])
 if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleave
-    print("RESULT " + json.dumps({"global_step": trainer.global_step, "epoch": trainer.current_epoch}))
+    sys.stdout.flush()
+    os.write(1, ("RESULT " + json.dumps({"global_step": trainer.global_step,
+                                          "epoch": trainer.current_epoch}) + "\n").encode())
 '''
 
 
 def test_lightning_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
     """Lightning's own file (hyper-parameters, loops, callbacks pickled inside) keeps working after the
     pickle-stream edit: fit(ckpt_path=...) resumes at step 2 and trains epoch 1."""
-    from ckpt_tui.samples import launch_env
 
     ck = real_ckpt_copy("lightning-ds-zero2") / "checkpoints" / "epoch=0-step=2.ckpt"
     [rep] = [r for r in repairs_for(inspect(ck)) if r.id == "universal-info"]
     assert rep.apply().ok
     script = tmp_path / "resume.py"
     script.write_text(LIGHTNING_RESUME)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
-                       env=launch_env(), timeout=400, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert results and all(x["global_step"] == 4 for x in results), results
+    results = torchrun(script, ck, tmp_path / "run", cwd=tmp_path)
+    assert [x["global_step"] for x in results] == [4], results
 
 
 def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     """The README's Lightning steps, proven: a ZeRO-2 run saved by 2 ranks resumes on 1 rank from its
     universal conversion with load_universal and fit(ckpt_path=<the .ckpt folder>)."""
     from ckpt_tui.core.repair.universal import convert_to_universal, universal_plan
-    from ckpt_tui.samples import launch_env
 
     ck = real_ckpt_copy("lightning-ds-zero2") / "checkpoints" / "epoch=0-step=2.ckpt"
     res = convert_to_universal(universal_plan(ck))
@@ -97,12 +89,8 @@ def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     script = tmp_path / "resume.py"
     script.write_text(LIGHTNING_RESUME.replace('"zero_optimization": {"stage": 2}',
                                                '"zero_optimization": {"stage": 2}, "checkpoint": {"load_universal": True}'))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                        str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
-                       env=launch_env(), timeout=400, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    results = [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert results and results[0]["global_step"] == 4, results
+    results = torchrun(script, ck, tmp_path / "run", nproc=1, cwd=tmp_path)
+    assert [x["global_step"] for x in results] == [4], results
 
 
 HF_SAVE_WITH_INFO = r'''
@@ -152,17 +140,13 @@ trainer.fit(WithInfo(), torch.utils.data.DataLoader(lc._Data(), batch_size=2))
 def test_next_time_advice_makes_deepspeed_write_the_key(tmp_path):
     """The README's one line for HF Trainer and for Lightning: the saved checkpoint then has
     universal_checkpoint_info, so ds_to_universal accepts it and the finding does not appear."""
-    from ckpt_tui.samples import launch_env
 
     for name, code, ck in (("hf", HF_SAVE_WITH_INFO, "checkpoint-2"),
                            ("lightning", LIGHTNING_SAVE_WITH_INFO, "checkpoints/epoch=0-step=2.ckpt")):
         script = tmp_path / f"save_{name}.py"
         script.write_text(code)
         out = tmp_path / name
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                            str(script), str(out)], capture_output=True, text=True, env=launch_env(), timeout=400,
-                           cwd=tmp_path)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        torchrun(script, out, cwd=tmp_path)
         rep = inspect(out / ck)
         tags = [n for n in rep.inventory.nodes() if n.format == "deepspeed-zero"]
         assert tags and all(t.facts["universal_checkpoint_info"] is True for t in tags), name

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tui.ui.app import make_app
+from tests.util import sparse_safetensors
 from ckpt_tui.ui.jobs import Job
 from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
 from ckpt_tui.ui.screens.findings import FindingsScreen
@@ -70,23 +71,10 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
         assert job.state == "done" and job.progress.done == job.progress.total
 
 
-def _sparse_safetensors(path: Path, gib: int) -> None:
-    """A valid safetensors file whose 3 GiB of zeros are a hole: instant to make, slow to export."""
-    import json
-
-    n = gib * (1 << 30) // 4
-    header = json.dumps({"__metadata__": {"format": "pt"},
-                         "big.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with open(path, "wb") as f:
-        f.write(len(header).to_bytes(8, "little") + header)
-        f.truncate(8 + len(header) + n * 4)
-
-
 async def test_cancel_an_export_midway_leaves_no_output(tmp_path):
     src = tmp_path / "big"
     src.mkdir()
-    _sparse_safetensors(src / "model.safetensors", 3)
+    sparse_safetensors(src / "model.safetensors", 3)
     app = make_app(src)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)

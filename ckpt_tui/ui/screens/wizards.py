@@ -125,10 +125,67 @@ class Wizard(ModalScreen):
         self.action_next()
 
 
-class ExportWizard(Wizard):
+class PlannedWizard(Wizard):
+    """A wizard whose last step ("confirm") shows a plan made in a worker from the values of the
+    earlier steps; it returns {"plan": plan} for the app to run."""
+
+    READY = ""  # said above the plan once it is ready
+    FAILED = ""  # prefix of the reason when it cannot be planned
+
+    def __init__(self):
+        super().__init__()
+        self.plan = None
+        self.plan_error = ""
+
+    def confirm_pane(self) -> ComposeResult:
+        with Vertical(id="confirm", classes="pane"):
+            yield Static("", id="plan-head", classes="explain")
+            with VerticalScroll():
+                yield Static("Planning…", id="plan-text")
+
+    def plan_inputs(self):
+        """The earlier steps' values, read on the UI thread."""
+        raise NotImplementedError
+
+    def build_plan(self, inputs) -> tuple[object, str]:
+        """(plan, its text) — runs in a worker thread: no widget access."""
+        raise NotImplementedError
+
+    def enter_step(self, name: str) -> None:
+        if name == "confirm":
+            self.plan, self.plan_error = None, ""
+            self.query_one("#plan-head", Static).update("")
+            self.query_one("#plan-text", Static).update("Planning (reading headers)…")
+            self._plan_worker(self.plan_inputs())
+
+    @work(thread=True, exclusive=True, exit_on_error=False)
+    def _plan_worker(self, inputs) -> None:
+        try:
+            plan, text = self.build_plan(inputs)
+            self.app.call_from_thread(self._planned, plan, text, "")
+        except Exception as e:  # shown in the wizard, never a traceback
+            self.app.call_from_thread(self._planned, None, "", str(e))
+
+    def _planned(self, plan, text, err) -> None:
+        self.plan, self.plan_error = plan, err
+        self.query_one("#plan-head", Static).update(self.READY if plan else f"{self.FAILED}: {err}")
+        self.query_one("#plan-text", Static).update(text if plan else "")
+
+    def validate_step(self, name: str) -> Optional[str]:
+        if name == "confirm" and self.plan is None:
+            return self.plan_error or "the plan is not ready yet"
+        return None
+
+    def result(self):
+        return {"plan": self.plan}
+
+
+class ExportWizard(PlannedWizard):
     DEFAULT_CSS = WIZARD_CSS.format(name="ExportWizard")
     STEPS = ("source", "output", "dtype", "shards", "confirm")
     TITLE = "Export to safetensors"
+    READY = "Press enter to export (then verify every tensor). The plan:"
+    FAILED = "Cannot export"
 
     def __init__(self, report, selected_path: Optional[str] = None):
         super().__init__()
@@ -137,8 +194,6 @@ class ExportWizard(Wizard):
         self.candidates = _model_candidates(inv)
         self.default = selected_path if selected_path in [c[0] for c in self.candidates] else (
             self.candidates[0][0] if self.candidates else ".")
-        self.plan = None
-        self.plan_error = ""
 
     def step_titles(self):
         return ["what to export", "where to write it", "output dtype", "shard size", "check the plan and run"]
@@ -166,10 +221,7 @@ class ExportWizard(Wizard):
             yield Static("Max shard size: above it the weights are split into model-0000k-of-0000n.safetensors "
                          "plus model.safetensors.index.json (50GB is save_pretrained's default).", classes="explain")
             yield Input(value="50GB", id="shard")
-        with Vertical(id="confirm", classes="pane"):
-            yield Static("", id="plan-head", classes="explain")
-            with VerticalScroll():
-                yield Static("Planning…", id="plan-text")
+        yield from self.confirm_pane()
 
     def on_mount(self) -> None:
         ol = self.query_one("#source-list", OptionList)
@@ -194,10 +246,7 @@ class ExportWizard(Wizard):
                     short = "bf16" if td == "bfloat16" else "fp16"
                     note += f"; the run trained in {short}, so --dtype {short} halves the size"
             self.query_one("#dtype-note", Static).update("Output dtype of floating-point tensors: " + note + ".")
-        elif name == "confirm":
-            self.query_one("#plan-head", Static).update("")
-            self.query_one("#plan-text", Static).update("Planning (reading headers)…")
-            self.make_plan(self.options())  # widget values are read here, on the UI thread
+        super().enter_step(name)
 
     def _space(self) -> None:
         out = Path(self.query_one("#out", Input).value).expanduser()
@@ -244,43 +293,30 @@ class ExportWizard(Wizard):
                 parse_size(self.query_one("#shard", Input).value)
             except ValueError as e:
                 return str(e)
-        if name == "confirm" and self.plan is None:
-            return self.plan_error or "the plan is not ready yet"
-        return None
+        return super().validate_step(name)
 
-    @work(thread=True, exclusive=True, exit_on_error=False)
-    def make_plan(self, o: dict) -> None:
+    def plan_inputs(self):
+        return self.options()
+
+    def build_plan(self, o):
         from ...core.export.api import plan_export
 
-        try:
-            plan, said = plan_export(o["src"], Path(o["out"]).expanduser(), dtype=o["dtype"],
-                                     max_shard_size=o["max_shard_size"])
-            text = "\n".join(said + [plan.to_plan().describe()])
-            self.app.call_from_thread(self._planned, plan, text, "")
-        except Exception as e:  # shown, never a traceback
-            self.app.call_from_thread(self._planned, None, "", str(e))
-
-    def _planned(self, plan, text, err) -> None:
-        self.plan, self.plan_error = plan, err
-        self.query_one("#plan-head", Static).update(
-            "Press enter to export (then verify every tensor). The plan:" if plan else f"Cannot export: {err}")
-        self.query_one("#plan-text", Static).update(text if plan else "")
-
-    def result(self):
-        return {"plan": self.plan}
+        plan, said = plan_export(o["src"], Path(o["out"]).expanduser(), dtype=o["dtype"],
+                                 max_shard_size=o["max_shard_size"])
+        return plan, "\n".join(said + [plan.to_plan().describe()])
 
 
-class UniversalWizard(Wizard):
+class UniversalWizard(PlannedWizard):
     DEFAULT_CSS = WIZARD_CSS.format(name="UniversalWizard")
     STEPS = ("why", "output", "confirm")
     TITLE = "Convert to a DeepSpeed universal checkpoint"
+    READY = "Press enter to convert (DeepSpeed's converter runs in the background). The plan:"
+    FAILED = "Cannot convert"
 
     def __init__(self, report, tag_path: str):
         super().__init__()
         self.report = report
         self.tag_path = tag_path
-        self.plan = None
-        self.plan_error = ""
 
     def step_titles(self):
         return ["why", "where to write it", "check the plan and run"]
@@ -311,42 +347,16 @@ class UniversalWizard(Wizard):
             yield Static("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
                          "`latest_universal`):", classes="explain")
             yield Input(value=str(tag.parent / f"{tag.name}_universal"), id="out")
-        with Vertical(id="confirm", classes="pane"):
-            yield Static("", id="plan-head", classes="explain")
-            with VerticalScroll():
-                yield Static("Planning…", id="plan-text")
+        yield from self.confirm_pane()
 
-    def enter_step(self, name: str) -> None:
-        if name == "confirm":
-            self.query_one("#plan-head", Static).update("")
-            self.query_one("#plan-text", Static).update("Planning…")
-            self.make_plan(self.query_one("#out", Input).value)  # read on the UI thread
+    def plan_inputs(self):
+        return self.query_one("#out", Input).value
 
-    def validate_step(self, name: str) -> Optional[str]:
-        if name == "confirm" and self.plan is None:
-            return self.plan_error or "the plan is not ready yet"
-        return None
+    def build_plan(self, out):
+        from ...core.repair.universal import universal_plan
 
-    @work(thread=True, exclusive=True, exit_on_error=False)
-    def make_plan(self, out: str) -> None:
-        try:
-            from ...core.repair.universal import universal_plan
-
-            plan = universal_plan(str(_abs(self.report, self.tag_path)), Path(out).expanduser())
-            text = plan.to_plan().describe()
-            self.app.call_from_thread(self._planned, plan, text, "")
-        except Exception as e:
-            self.app.call_from_thread(self._planned, None, "", str(e))
-
-    def _planned(self, plan, text, err) -> None:
-        self.plan, self.plan_error = plan, err
-        self.query_one("#plan-head", Static).update(
-            "Press enter to convert (DeepSpeed's converter runs in the background). The plan:" if plan
-            else f"Cannot convert: {err}")
-        self.query_one("#plan-text", Static).update(text if plan else "")
-
-    def result(self):
-        return {"plan": self.plan}
+        plan = universal_plan(str(_abs(self.report, self.tag_path)), Path(out).expanduser())
+        return plan, plan.to_plan().describe()
 
 
 class RepairWizard(Wizard):

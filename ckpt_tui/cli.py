@@ -64,7 +64,7 @@ def main_group(ctx, debug):
         click.echo(ctx.get_help())
 
 
-def _report(path: str, trust: bool, quiet_progress: bool = False):
+def _report(path: str, trust: bool):
     from .core.inspect import inspect
     from .core.scan import ScanError
 

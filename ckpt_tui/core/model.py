@@ -8,18 +8,6 @@ from typing import Any, Optional
 
 SCHEMA_VERSION = 1
 
-# Formats a node can have.
-FORMATS = (
-    "dir", "dcp", "dcp-shard", "deepspeed-zero", "deepspeed-model-states", "deepspeed-optim-states",
-    "deepspeed-universal", "safetensors", "safetensors-sharded-index", "torch-zip", "torch-pickle-legacy",
-    "pickle", "json", "text", "python", "unknown", "special",
-)
-ROLES = (
-    "checkpoint", "run", "model", "optimizer", "model+optimizer", "rng", "scheduler", "trainer-state",
-    "training-args", "config", "tokenizer", "script", "data-loader", "marker", "shard", "metadata",
-    "scaler", "sampler", "unknown",
-)
-SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
 

@@ -23,7 +23,7 @@ from .formats import safetensors_header as stfmt
 from .formats import torchfile
 from .formats.pickles import iter_tensors
 from .humanize_bytes import naturalsize
-from .model import Inventory, Node
+from .model import Inventory, Node, TensorInfo, numel
 from .progress import Cancelled, OnProgress, check_cancel, report
 
 MAX_DEPTH = 24
@@ -223,7 +223,7 @@ def _classify_file(node: Node) -> None:
     node.format, node.role = fmt, role
 
 
-def _analyze_file(node: Node, inv_ctx: dict) -> None:
+def _analyze_file(node: Node) -> None:
     if node.format == "special":
         return
     if node.role == "unknown" and node.format == "unknown":
@@ -235,7 +235,7 @@ def _analyze_file(node: Node, inv_ctx: dict) -> None:
         return
     try:
         if node.format == "torch-zip":
-            _torch_facts(node, inv_ctx)
+            _torch_facts(node)
         elif node.format in ("deepspeed-optim-states", "deepspeed-model-states"):
             pass  # read once per tag folder (rank 0) by _ds_tag; the other ranks get a zip check
         elif node.format == "safetensors":
@@ -316,7 +316,7 @@ def _tensor_facts(node: Node, tensors) -> None:
     node.facts["tensor_count"] = len(tensors)
 
 
-def _torch_facts(node: Node, ctx: dict) -> None:
+def _torch_facts(node: Node) -> None:
     tf = torchfile.read(node.abspath)
     if tf.unsafe:
         node.facts["unsafe_globals"] = sorted(tf.unsafe)
@@ -335,7 +335,6 @@ def _torch_facts(node: Node, ctx: dict) -> None:
                 break
         tensors = list(iter_tensors(sd))
         if tensors:
-            from .model import TensorInfo
 
             _tensor_facts(node, [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in tensors])
             # tied weights: two names viewing one storage
@@ -360,7 +359,7 @@ def _torch_facts(node: Node, ctx: dict) -> None:
 
 # ---------------------------------------------------------------- folders
 
-def _analyze_dir(node: Node, inv: dict, trust: bool) -> None:
+def _analyze_dir(node: Node) -> None:
     names = [c.name for c in node.children]
     nameset = set(names)
     if any(n.endswith(".distcp") for n in names) or ".metadata" in nameset or any(dcpfmt.RANK_META_RE.match(n) for n in names):
@@ -531,7 +530,7 @@ def _ds_tag(node: Node) -> None:
         c = node.child(ms_name)
         if "error" not in c.facts:
             try:
-                _torch_facts(c, {})
+                _torch_facts(c)
             except FormatError as e:
                 c.facts["error"] = str(e)
                 c.facts["error_kind"] = e.kind
@@ -592,7 +591,7 @@ def _ds_tag(node: Node) -> None:
     ts = dsfmt.tensors(tf)
     _tensor_facts_subset(node, ts)
     f["tensor_count"] = len(ts)
-    f["params_trainable"] = sum(dsfmt._numel(s) for s in tf.param_shapes.values())
+    f["params_trainable"] = sum(numel(s) for s in tf.param_shapes.values())
     if tf.frozen_shapes:
         f["frozen_params"] = sorted(tf.frozen_shapes)
     elif f.get("module_params") and f["module_params"] > f["params_trainable"] and stage in (1, 2):
@@ -712,7 +711,7 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
                 visit(c)
             if "error_kind" not in n.facts or n.facts.get("error_kind") in ("too-many",):
                 try:
-                    _analyze_dir(n, {}, trust_pickles)
+                    _analyze_dir(n)
                 except Cancelled:
                     raise
                 except (RecursionError, MemoryError):
@@ -725,7 +724,7 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
             if n.format == "unknown" and n.role == "unknown":
                 _classify_file(n)
             if "error" not in n.facts:
-                _analyze_file(n, {})
+                _analyze_file(n)
             done[0] += 1
             report(on_progress, done[0], total_files, "files", n.path)
         _emit(on_node, "analyzed", n)

@@ -3,7 +3,9 @@ torch DCP, Accelerate, Transformers) on CPU: layout, components, facts and findi
 
 import pytest
 
+from ckpt_tui.core.diagnose import CODES
 from ckpt_tui.core.inspect import inspect
+from ckpt_tui.core.layout import LAYOUTS
 from ckpt_tui.core.tensors import list_tensors
 
 
@@ -64,6 +66,7 @@ def test_layout_components_findings(real_ckpt, variant, sub, layout, comps, pres
     rep = inspect(path)
     inv = rep.inventory
     assert inv.layout == layout, inv.summary
+    assert layout in LAYOUTS and codes(rep) <= set(CODES)  # the documented vocabularies are complete
     for role, p in comps.items():
         assert inv.components.get(role) == p, inv.components
     assert present <= codes(rep), rep.findings

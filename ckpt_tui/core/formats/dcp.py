@@ -135,10 +135,6 @@ def read(folder: Path) -> DcpInfo:
     return info
 
 
-def shard_files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".distcp"))
-
-
 def ranks_of(files) -> set[int]:
     out = set()
     for f in files:

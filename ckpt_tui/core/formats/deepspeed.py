@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
-from ..model import TensorInfo
+from ..model import TensorInfo, numel
 from .pickles import Stub, TensorRef, iter_tensors
-from . import torchfile
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -32,13 +30,6 @@ def stage_value(x: Any) -> Optional[int]:
         return int(x)
     except (TypeError, ValueError):
         return None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 @dataclass
@@ -154,12 +145,9 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
 
 def tensors(tf: TagFacts) -> list[TensorInfo]:
     """What an fp32 reconstruction of this tag yields: trainable and frozen params, then buffers."""
-    out = [TensorInfo(n, s, "float32", _numel(s) * 4) for n, s in tf.param_shapes.items()]
-    out += [TensorInfo(n, s, "float32", _numel(s) * 4) for n, s in tf.frozen_shapes.items() if n not in tf.param_shapes]
+    out = [TensorInfo(n, s, "float32", numel(s) * 4) for n, s in tf.param_shapes.items()]
+    out += [TensorInfo(n, s, "float32", numel(s) * 4) for n, s in tf.frozen_shapes.items() if n not in tf.param_shapes]
     for n, t in tf.buffers.items():
         out.append(TensorInfo(n, t.shape, t.dtype, t.nbytes))
     return out
 
-
-def read_file(path: Path):
-    return torchfile.try_read(path)

@@ -183,10 +183,6 @@ def _rebuild_from_type_v2(func, new_type, args, state):
     return func(*args)
 
 
-def _torch_size(*args):
-    return tuple(int(x) for x in (args[0] if args else ()))
-
-
 def _get_layout(name):
     return str(name)
 

@@ -215,9 +215,3 @@ class _Window:
         self.pos += len(data)
         return data
 
-
-def read_window(path: Path, base: int, length: int) -> bytes:
-    """Bytes of a torch.save blob embedded in a larger file (bounded by the caller's length)."""
-    with open(path, "rb") as f:
-        f.seek(base)
-        return f.read(length)

@@ -85,26 +85,9 @@ def fsdp_checkpoint() -> Path:
 
 def big_checkpoint(gib: float = 1.5) -> Path:
     """An HF-style folder with a ~1.5 GB pytorch_model.bin (torch.save), built once."""
-    dest = DATA / "big-run" / "checkpoint-500"
-    f = dest / "pytorch_model.bin"
-    if f.is_file() and f.stat().st_size > gib * 0.9 * 2**30:
-        return dest
-    import torch
+    from ckpt_tui.samples import big_torch_checkpoint
 
-    dest.mkdir(parents=True, exist_ok=True)
-    sd, total, i = {}, 0, 0
-    g = torch.Generator().manual_seed(0)
-    while total < gib * 2**30:
-        for name, shape in (("self_attn.q_proj", (2048, 2048)), ("self_attn.k_proj", (2048, 2048)),
-                            ("self_attn.v_proj", (2048, 2048)), ("self_attn.o_proj", (2048, 2048)),
-                            ("mlp.up_proj", (5632, 2048)), ("mlp.down_proj", (2048, 5632))):
-            t = torch.randn(*shape, generator=g)
-            sd[f"model.layers.{i}.{name}.weight"] = t
-            total += t.numel() * 4
-        i += 1
-    torch.save(sd, f)
-    (dest / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}\n')
-    return dest
+    return big_torch_checkpoint(DATA / "big-run" / "checkpoint-500", gib)
 
 
 def many_tensors(n: int = 100_000) -> Path:

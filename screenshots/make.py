@@ -43,25 +43,9 @@ def fresh_copy(src: Path, dest: Path) -> Path:
 
 def big_checkpoint(dest: Path, gib: float = 1.0) -> Path:
     """A ~1 GB HF-style torch checkpoint (pytorch_model.bin), written once and reused."""
-    f = dest / "pytorch_model.bin"
-    if f.is_file() and f.stat().st_size > gib * 0.9 * 2**30:
-        return dest
-    import torch
+    from ckpt_tui.samples import big_torch_checkpoint
 
-    dest.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator().manual_seed(0)
-    sd, total, i = {}, 0, 0
-    while total < gib * 2**30:
-        for name, shape in (("self_attn.q_proj", (2048, 2048)), ("self_attn.k_proj", (2048, 2048)),
-                            ("self_attn.v_proj", (2048, 2048)), ("self_attn.o_proj", (2048, 2048)),
-                            ("mlp.up_proj", (5632, 2048)), ("mlp.down_proj", (2048, 5632))):
-            t = torch.randn(*shape, generator=g)
-            sd[f"model.layers.{i}.{name}.weight"] = t
-            total += t.numel() * 4
-        i += 1
-    torch.save(sd, f)
-    (dest / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}\n')
-    return dest
+    return big_torch_checkpoint(dest, gib)
 
 
 async def wait_for(pilot, cond, timeout=60.0, step=0.05):

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "demo", "launch_env"]
+__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "demo", "launch_env",
+           "big_torch_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -304,3 +305,27 @@ def demo(outdir: Path, on_line: Callable[[str], None] | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def big_torch_checkpoint(dest: Path, gib: float = 1.0) -> Path:
+    """A Llama-shaped HF folder with a ~``gib`` GiB ``pytorch_model.bin`` (torch.save, seeded), for
+    benchmarks and screenshots of long jobs; written once and reused."""
+    f = dest / "pytorch_model.bin"
+    if f.is_file() and f.stat().st_size > gib * 0.9 * 2**30:
+        return dest
+    import torch
+
+    dest.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    sd, total, i = {}, 0, 0
+    while total < gib * 2**30:
+        for name, shape in (("self_attn.q_proj", (2048, 2048)), ("self_attn.k_proj", (2048, 2048)),
+                            ("self_attn.v_proj", (2048, 2048)), ("self_attn.o_proj", (2048, 2048)),
+                            ("mlp.up_proj", (5632, 2048)), ("mlp.down_proj", (2048, 5632))):
+            t = torch.randn(*shape, generator=g)
+            sd[f"model.layers.{i}.{name}.weight"] = t
+            total += t.numel() * 4
+        i += 1
+    torch.save(sd, f)
+    (dest / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}\n')
+    return dest

@@ -28,9 +28,9 @@ class TreeReady(Message):
 
 
 class TensorsReady(Message):
-    def __init__(self, path: str, rows, note: str) -> None:
+    def __init__(self, path: str, rows, note: str, component: str) -> None:
         super().__init__()
-        self.path, self.rows, self.note = path, rows, note
+        self.path, self.rows, self.note, self.component = path, rows, note, component
 
 
 class CkptApp(App):
@@ -180,13 +180,13 @@ class CkptApp(App):
             rows = list(list_tensors(comp))
         except Exception as e:  # a broken file: say so in the table's caption
             note = f"cannot list tensors: {e}"
-        self._tensor_cache[comp.path] = (rows, note)
-        self.post_message(TensorsReady(path, rows, note))
+        self.post_message(TensorsReady(path, rows, note, comp.path))  # the UI thread caches and shows it
 
     def on_tensors_ready(self, msg: TensorsReady) -> None:
         import gc
 
         gc.freeze()  # the listing is long-lived too (see _scan_done)
+        self._tensor_cache[msg.component] = (msg.rows, msg.note)
         if self.screen_stack and self.selected is not None and self.selected.path == msg.path:
             self._main(TensorTable).set_rows(msg.rows, msg.note)
 

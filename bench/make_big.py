@@ -100,7 +100,9 @@ def _ds_worker(out: Path, layers: int, stage: int) -> None:
     import torch
     import deepspeed
 
-    torch.set_num_threads(1)
+    from ckpt_tui.samples._common import init_dist
+
+    init_dist(deepspeed=True)  # gloo, one thread, and no build of DeepSpeed's unused CPU comm op
     deepspeed.init_distributed(dist_backend="gloo")
     rank = deepspeed.comm.get_rank()
     torch.manual_seed(SEED)
@@ -157,7 +159,6 @@ def build(name: str, data: Path) -> Path:
         shutil.rmtree(d)
     d.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ckpt-tui" / "torch_extensions"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(Path(__file__).resolve()), "--worker", name, str(d)]
     t = time.perf_counter()

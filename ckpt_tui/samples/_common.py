@@ -79,9 +79,21 @@ def seed_all(seed: int = SEED) -> None:
     torch.manual_seed(seed)
 
 
-def init_dist() -> tuple[int, int]:
-    """Initialise gloo from the torchrun environment (or a 1-rank group when run bare)."""
+def init_dist(deepspeed: bool = False) -> tuple[int, int]:
+    """Initialise gloo from the torchrun environment (or a 1-rank group when run bare).
+
+    ``deepspeed=True`` for a process that will start DeepSpeed: it then skips building DeepSpeed's CPU
+    shared-memory communication op. On CPU, DeepSpeed compiles that op with g++ the first time any process group
+    starts (about 30 s, silently), yet it only serves ``inference_all_reduce`` (tensor-parallel inference
+    kernels); training, ``save_checkpoint`` and ``load_checkpoint`` go through gloo all the same, so the
+    checkpoints written are the same bytes with or without it.
+    """
     torch.set_num_threads(1)
+    if deepspeed:
+        import importlib
+
+        # not `import deepspeed.comm.torch as m`: that binds the attribute deepspeed.comm.torch, which is torch
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
@@ -99,9 +111,18 @@ def _free_port() -> int:
 
 
 def finish() -> None:
+    """End a generator rank: wait for the others, then leave without the interpreter's teardown.
+
+    Every file is written and closed by now; the teardown only runs C++ destructors of gloo/DeepSpeed threads,
+    which now and then abort ("terminate called without an active exception") after all the work is done and
+    turn a complete launch into a failed one.
+    """
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def parse_args(all_variants: list[str]) -> tuple[Path, list[str]]:

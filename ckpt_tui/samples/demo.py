@@ -22,18 +22,18 @@ DS_STEPS = 3
 
 def main() -> None:
     outdir, _ = parse_args(VARIANTS)
-    init_dist()
+    init_dist(deepspeed=True)
     from ckpt_tui.samples import ds_engine, torch_dcp
 
     root = outdir / "demo"
     ckpt = root / "fsdp-trainer-run" / f"checkpoint-{FSDP_STEPS}"
-    log("demo: FSDP sharded checkpoint ...")
+    log(f"torch FSDP: {FSDP_STEPS} training steps, then a sharded save as HF Trainer writes it")
     model, opt, sched = torch_dcp.fsdp1_model(steps=FSDP_STEPS, sched=True)
     torch_dcp.save_accelerate_fsdp_sharded(model, opt, ckpt)
     torch_dcp.save_trainer_extras(ckpt, sched, FSDP_STEPS, dist.get_world_size())
     dist.barrier()
     del model, opt, sched
-    log("demo: DeepSpeed ZeRO-2 bf16 ...")
+    log(f"DeepSpeed ZeRO-2 (bf16): {DS_STEPS} training steps, then save_checkpoint")
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

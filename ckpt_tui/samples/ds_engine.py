@@ -64,7 +64,7 @@ def train_and_save(save_dir: Path, stage: int, bf16: bool, tied: bool, frozen: b
 
 def main() -> None:
     outdir, variants = parse_args(list(VARIANTS))
-    init_dist()
+    init_dist(deepspeed=True)
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

@@ -133,7 +133,7 @@ def run_variant(out: Path, kind: str, n: int, tied: bool, frozen: bool) -> None:
 
 def main() -> None:
     outdir, variants = parse_args(list(VARIANTS))
-    init_dist()
+    init_dist(deepspeed=True)
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

@@ -126,7 +126,7 @@ def run_variant(out: Path, kind: str, stage: int) -> None:
 
 def main() -> None:
     outdir, variants = parse_args(list(VARIANTS))
-    init_dist()
+    init_dist(deepspeed=True)
     for name in variants:
         log(f"{name} ...")
         run_variant(outdir / name, *VARIANTS[name])

@@ -162,7 +162,7 @@ RESUME = textwrap.dedent('''
     import sys, json, torch, deepspeed
     from ckpt_tui.samples._common import TinyLM, init_dist, seed_all
     from ckpt_tui.samples.ds_engine import ds_config
-    init_dist(); deepspeed.init_distributed(dist_backend="gloo")
+    init_dist(deepspeed=True); deepspeed.init_distributed(dist_backend="gloo")
     out = {}
     for name, stage, fixed, orig in json.loads(sys.argv[1]):
         res = []
@@ -191,7 +191,8 @@ RESUME = textwrap.dedent('''
     dist.barrier()
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
-    dist.barrier(); dist.destroy_process_group()
+    from ckpt_tui.samples._common import finish
+    finish()
 ''')
 
 

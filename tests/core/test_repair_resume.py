@@ -8,9 +8,9 @@ from tests.util import torchrun
 
 HF_RESUME = r'''
 import json, os, sys, torch
-from ckpt_tui.samples._common import TINY_LLAMA, init_dist
+from ckpt_tui.samples._common import TINY_LLAMA, finish, init_dist
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
-init_dist()
+init_dist(deepspeed=True)
 import deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
@@ -27,6 +27,7 @@ if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleav
     sys.stdout.flush()
     os.write(1, ("RESULT " + json.dumps({"global_step": tr.state.global_step,
                                           "engine_steps": tr.deepspeed.global_steps}) + "\n").encode())
+finish()  # leave without the interpreter's teardown (see _common.finish)
 '''
 
 
@@ -45,9 +46,9 @@ def test_hf_trainer_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
 LIGHTNING_RESUME = r'''
 import json, os, sys, torch
 import lightning as L
-from ckpt_tui.samples._common import init_dist, seed_all
+from ckpt_tui.samples._common import finish, init_dist, seed_all
 from ckpt_tui.samples import lightning_ckpt as lc
-init_dist()
+init_dist(deepspeed=True)
 seed_all()
 ds_cls, _ = lc._strategies()
 strategy = ds_cls(config={"steps_per_print": 10**9,
@@ -62,6 +63,7 @@ if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleav
     sys.stdout.flush()
     os.write(1, ("RESULT " + json.dumps({"global_step": trainer.global_step,
                                           "epoch": trainer.current_epoch}) + "\n").encode())
+finish()  # leave without the interpreter's teardown (see _common.finish)
 '''
 
 
@@ -95,9 +97,9 @@ def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
 
 HF_SAVE_WITH_INFO = r'''
 import sys, torch
-from ckpt_tui.samples._common import TINY_LLAMA, init_dist, seed_all
+from ckpt_tui.samples._common import TINY_LLAMA, finish, init_dist, seed_all
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
-init_dist()
+init_dist(deepspeed=True)
 import deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
@@ -108,14 +110,15 @@ args = TrainingArguments(output_dir=sys.argv[1], deepspeed=hf_ds_config(2), per_
 model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
 model.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}   # the README's one line
 Trainer(model=model, args=args, train_dataset=_Data()).train()
+finish()  # leave without the interpreter's teardown (see _common.finish)
 '''
 
 LIGHTNING_SAVE_WITH_INFO = r'''
 import os, sys, torch
 import lightning as L
-from ckpt_tui.samples._common import init_dist, seed_all
+from ckpt_tui.samples._common import finish, init_dist, seed_all
 from ckpt_tui.samples import lightning_ckpt as lc
-init_dist()
+init_dist(deepspeed=True)
 seed_all()
 ds_cls, _ = lc._strategies()
 base = lc._module_cls()
@@ -134,6 +137,7 @@ trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", 
                     logger=False, enable_progress_bar=False, enable_model_summary=False,
                     callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"))])
 trainer.fit(WithInfo(), torch.utils.data.DataLoader(lc._Data(), batch_size=2))
+finish()  # leave without the interpreter's teardown (see _common.finish)
 '''
 
 

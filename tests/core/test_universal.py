@@ -259,7 +259,7 @@ from pathlib import Path
 import torch
 from ckpt_tui.samples._common import TinyLM, batch, init_dist, lm_loss
 from ckpt_tui.samples.ds_engine import ds_config
-init_dist()
+init_dist(deepspeed=True)
 import deepspeed
 from deepspeed.utils import safe_get_full_fp32_param
 deepspeed.init_distributed(dist_backend="gloo")
@@ -327,7 +327,7 @@ HF_RESUME = r'''
 import json, sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, init_dist
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
-init_dist()
+init_dist(deepspeed=True)
 import deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments

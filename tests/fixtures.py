@@ -4,7 +4,7 @@
     python -m tests.fixtures --all            # pre-generate everything, print timing per group
     python -m tests.fixtures --list
 
-Cache: $CKPT_TUI_FIXTURE_CACHE, else ~/.cache/ckpt-tui/fixtures/<key>, where <key> hashes the versions of
+Cache: $CKPT_TUI_FIXTURE_CACHE, else ~/.cache/ckpt-tui/fixtures/<key> ($XDG_CACHE_HOME is honoured), where <key> hashes the versions of
 torch/deepspeed/transformers/accelerate/lightning and the source of ckpt_tui/samples/*.py.
 Each group is generated into a temp folder and os.replace'd into place under a file lock.
 The cached folders are shared: copy before modifying (real_ckpt_copy).
@@ -27,6 +27,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from ckpt_tui import samples  # noqa: E402
+from ckpt_tui.core.userdirs import cache_home  # noqa: E402
 
 FRAMEWORKS = ("torch", "deepspeed", "transformers", "accelerate", "lightning")
 
@@ -52,7 +53,7 @@ def cache_dir() -> Path:
     env = os.environ.get("CKPT_TUI_FIXTURE_CACHE")
     if env:
         return Path(env)
-    return Path.home() / ".cache" / "ckpt-tui" / "fixtures" / cache_key()
+    return cache_home() / "fixtures" / cache_key()
 
 
 def group_path(group: str, on_line=None) -> Path:

@@ -6,7 +6,7 @@ that writes one sub-folder per *variant* under OUTDIR. This module only launches
 
     generate("ds_engine", Path("out"))            # all variants of a group
     generate("torch_dcp", Path("out"), ["fsdp2-dcp"])
-    demo(Path("somewhere"))                       # -> somewhere/demo (torch + deepspeed only)
+    build_demo(Path("somewhere/demo"))            # the `ckpt-tui demo` run (torch + deepspeed only)
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "demo", "launch_env",
+from ..core.userdirs import cache_home
+
+__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "DEMO_STAMP", "launch_env",
            "big_torch_checkpoint"]
 
 
@@ -182,9 +184,7 @@ def launch_env() -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         CUDA_VISIBLE_DEVICES="",
         PYTHONUNBUFFERED="1",
-        TORCH_EXTENSIONS_DIR=os.environ.get(
-            "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ckpt-tui" / "torch_extensions")
-        ),
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_home() / "torch_extensions")),
     )
     if "HF_HOME" in os.environ:
         env["HF_HOME"] = os.environ["HF_HOME"]
@@ -291,16 +291,44 @@ def _to_universal(src: Path, dst: Path, on_line, timeout: float) -> tuple[int, s
     return _run(cmd, dst, on_line, timeout)
 
 
-def demo(outdir: Path, on_line: Callable[[str], None] | None = None) -> Path:
-    """Build ``outdir/demo``: an HF-Trainer-style FSDP sharded run and a DeepSpeed ZeRO-2 bf16 checkpoint."""
-    outdir = Path(outdir)
-    target = outdir / "demo"
-    if target.exists():
-        raise FileExistsError(target)
-    outdir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-", dir=outdir))
+DEMO_STAMP = ".ckpt-tui-demo"
+
+
+def _demo_key() -> str:
+    """Changes when the code that writes the demo changes: a demo built by another version is rebuilt."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for src in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def demo_is_built(target: Path) -> bool:
+    """``target`` holds a complete demo run written by this version's generator."""
+    stamp = Path(target) / DEMO_STAMP
+    try:
+        if stamp.read_text().strip() != _demo_key():
+            return False
+    except OSError:
+        return False
+    return all(any(Path(target).glob(p)) for p in EXPECTED["demo"])
+
+
+def build_demo(target: Path, on_line: Callable[[str], None] | None = None) -> Path:
+    """Build the demo run into ``target`` (``fsdp-trainer-run/``, ``deepspeed-zero2/``): generated in a temp
+    folder beside it, stamped, then moved into place, so ``target`` is either the old state or complete.
+    A folder that is already there is replaced only if it is an earlier demo (it has the stamp)."""
+    target = Path(target)
+    if target.exists() and any(target.iterdir()) and not (target / DEMO_STAMP).exists():
+        raise FileExistsError(f"{target} exists and is not a ckpt-tui demo; give an empty or new folder")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
         generate("demo", tmp, on_line=on_line)
+        (tmp / "demo" / DEMO_STAMP).write_text(_demo_key() + "\n")
+        if target.exists():
+            shutil.rmtree(target)
         os.replace(tmp / "demo", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -38,30 +38,52 @@ class _Group(click.Group):
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(cls=_Group, context_settings=CONTEXT, invoke_without_command=True)
+@click.group(cls=_Group, context_settings=CONTEXT, invoke_without_command=True,
+             subcommand_metavar="[PATH | COMMAND [ARGS]]")
 @click.version_option(__version__, "--version", "-V", prog_name="ckpt-tui")
 @click.option("--debug", is_flag=True, help="Show a traceback when something fails (for bug reports).")
 @click.pass_context
 def main_group(ctx, debug):
     """Open a distributed-training checkpoint and make it usable.
 
+    `ckpt-tui PATH` opens PATH in the terminal UI; every command below works
+    without it. `ckpt-tui help COMMAND` (or `COMMAND --help`) explains one.
+
     \b
     Examples:
-      ckpt-tui inspect checkpoint-2000          what is this, which part is the model, what is wrong
-      ckpt-tui inspect checkpoint-2000 --json   the same as one JSON document (schema in the README)
-      ckpt-tui tensors checkpoint-2000/pytorch_model_fsdp_0   every tensor: name, shape, dtype, size
-      ckpt-tui demo                             build a real demo checkpoint and inspect it
+      ckpt-tui checkpoint-2000                 browse it, fix it, export it
+      ckpt-tui inspect checkpoint-2000         what it is, what is wrong
+      ckpt-tui inspect checkpoint-2000 --json  the same as JSON
+      ckpt-tui export checkpoint-2000 --out merged/   to safetensors
+      ckpt-tui demo                            try it on a real demo run
 
-    Reads headers and metadata only: inspecting a 1 TB checkpoint reads a few MB, and
-    never runs code from a pickle (see --trust-pickles).
+    Reads headers and metadata only: inspecting a 1 TB checkpoint reads a few
+    MB, and never runs code from a pickle (see --trust-pickles).
 
-    Exit codes: 0 ok, 1 errors found or the operation failed, 2 unreadable path or bad
-    usage, 130 interrupted.
+    Exit codes: 0 ok, 1 errors found or the operation failed, 2 unreadable path
+    or bad usage, 130 interrupted.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
+
+
+@main_group.command("help", short_help="Show the help of ckpt-tui or of one command.")
+@click.argument("command", required=False)
+@click.pass_context
+def help_cmd(ctx, command):
+    """Show the help of ckpt-tui, or of COMMAND (the same as `ckpt-tui COMMAND --help`)."""
+    group = ctx.parent.command
+    if not command:
+        click.echo(group.get_help(ctx.parent))
+        sys.exit(EXIT_OK)
+    cmd = group.get_command(ctx, command)
+    if cmd is None:
+        fail(f"no command {command!r}; the commands are: {', '.join(sorted(group.commands))}", EXIT_USAGE)
+    sub = click.Context(cmd, info_name=command, parent=ctx.parent)
+    click.echo(cmd.get_help(sub))
+    sys.exit(EXIT_OK)
 
 
 def _report(path: str, trust: bool):
@@ -74,7 +96,7 @@ def _report(path: str, trust: bool):
         fail(str(e), EXIT_USAGE)
 
 
-@main_group.command("inspect")
+@main_group.command("inspect", short_help="Say what a checkpoint is and what is wrong with it.")
 @click.argument("path", type=click.Path(path_type=str, readable=False), default=".")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema_version 1) instead of a tree.")
 @click.option("--trust-pickles", is_flag=True,
@@ -95,11 +117,12 @@ def inspect_cmd(path, as_json, trust_pickles, show_all):
     sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
 
 
-@main_group.command("open")
+@main_group.command("open", short_help="Open a checkpoint in the terminal UI (the default).")
 @click.argument("path", type=click.Path(path_type=str, readable=False), default=".")
 @click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
 @click.option("--print", "print_only", is_flag=True, help="Print the inspection instead of opening the TUI.")
-def open_cmd(path, trust_pickles, print_only):
+@click.pass_context
+def open_cmd(ctx, path, trust_pickles, print_only):
     """Open PATH in the terminal UI (the default command: `ckpt-tui PATH`).
 
     Without a terminal (piped output, CI), prints the inspection instead.
@@ -111,13 +134,17 @@ def open_cmd(path, trust_pickles, print_only):
 
     if not os.path.exists(path):
         fail(f"{path}: no such file or folder", EXIT_USAGE)
+    sys.exit(_run_tui(ctx, path, trust_pickles=trust_pickles))
+
+
+def _run_tui(ctx, path, **kw) -> int:
     from .ui.app import make_app
+    from .ui.run import run_app
 
-    make_app(path, trust_pickles=trust_pickles).run()
-    sys.exit(EXIT_OK)
+    return run_app(make_app(path, **kw), debug=bool(ctx.find_root().obj.get("debug")))
 
 
-@main_group.command("tensors")
+@main_group.command("tensors", short_help="List every tensor: name, shape, dtype, size.")
 @click.argument("path", type=click.Path(path_type=str, readable=False))
 @click.option("--json", "as_json", is_flag=True, help="One JSON document with every tensor.")
 @click.option("--limit", type=int, default=0, help="Show at most N tensors (0: all).")
@@ -167,45 +194,86 @@ def tensors_cmd(path, as_json, limit):
     sys.exit(EXIT_OK)
 
 
-@main_group.command("demo")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Where to build the demo (default: a new temporary folder).")
+@main_group.command("demo", short_help="Build a real demo run once, then open it.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Build it here instead of ~/.cache/ckpt-tui/demo.")
 @click.option("--no-open", is_flag=True, help="Print the inspection instead of opening the TUI.")
-def demo_cmd(out, no_open):
-    """Build a real demo run (torch DCP + DeepSpeed on CPU, ~1 min) showing both classic
-    problems, then inspect it.
+@click.option("--rebuild", is_flag=True, help="Build it again even if it is already there.")
+@click.option("--clean", is_flag=True, help="Remove the demo folder and stop.")
+@click.pass_context
+def demo_cmd(ctx, out, no_open, rebuild, clean):
+    """Build a small but real training run that shows both problems of the
+    user reports, then open it in the terminal UI.
 
     \b
-    - checkpoint-20/: HF-Trainer-style FSDP, model and optimizer in DCP sub-folders
-      (what makes `accelerate merge-weights checkpoint-20` fail with `.metadata` missing)
-    - deepspeed/: a ZeRO-2 bf16 checkpoint without universal_checkpoint_info
-      (what makes DeepSpeed's ds_to_universal assert)
+    Two runs, trained and saved on 2 CPU ranks by the real frameworks:
+      fsdp-trainer-run/checkpoint-20/  HF-Trainer-style FSDP save: model
+        and optimizer in DCP sub-folders (so `accelerate merge-weights
+        checkpoint-20` fails with `.metadata` missing)
+      deepspeed-zero2/  DeepSpeed ZeRO-2 bf16 without
+        universal_checkpoint_info (so ds_to_universal asserts)
+
+    The first run builds it in ~/.cache/ckpt-tui/demo (about 15 s on 2 cores);
+    later runs reuse it. `ckpt-tui demo --clean` removes it.
     """
-    import tempfile
+    import shutil
+    import time
 
-    from .samples import demo
+    from .core.humanize_bytes import naturalsize
+    from .core.userdirs import demo_dir, log_file
+    from .samples import DEMO_STAMP, build_demo, demo_is_built
 
-    target = out or Path(tempfile.mkdtemp(prefix="ckpt-tui-demo-"))
-    click.echo(f"Building a demo checkpoint in {target} (real torch.distributed.checkpoint and DeepSpeed "
-               "runs on CPU; this takes about a minute)...", err=True)
-    try:
-        path = demo(target, on_line=lambda s: click.echo(f"  {s}", err=True))
-    except Exception as e:  # the generator failed: say why, no traceback
-        fail(f"could not build the demo: {e}", EXIT_FINDINGS)
-    click.echo(f"Demo run folder: {path}", err=True)
-    if not no_open and sys.stdout.isatty() and sys.stdin.isatty():
-        from .ui.app import make_app
-
-        make_app(path).run()
+    target = Path(out) if out else demo_dir()
+    if clean:
+        if not target.exists():
+            click.echo(f"Nothing to remove: {target} does not exist.", err=True)
+            sys.exit(EXIT_OK)
+        if not (target / DEMO_STAMP).exists():
+            fail(f"{target} is not a ckpt-tui demo folder; not removing it", EXIT_USAGE)
+        size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+        shutil.rmtree(target)
+        click.echo(f"Removed the demo run {target} ({naturalsize(size)}).", err=True)
         sys.exit(EXIT_OK)
-    for sub in sorted(p for p in Path(path).iterdir() if p.is_dir()):
+
+    if demo_is_built(target) and not rebuild:
+        click.echo(f"Using the demo run built earlier in {target} "
+                   "(`ckpt-tui demo --clean` removes it).", err=True)
+    else:
+        t0 = time.monotonic()
+
+        def step(msg: str) -> None:
+            click.echo(f"  {time.monotonic() - t0:5.1f} s  {msg}", err=True)
+
+        click.echo(f"Building the demo run in {target}: real torch FSDP and DeepSpeed training on 2 CPU ranks, "
+                   "once (later runs reuse it).", err=True)
+        step("starting 2 ranks with torchrun (each imports torch and DeepSpeed)")
+        log = log_file("demo")
+        with open(log, "w", encoding="utf-8") as lf:
+            def on_line(line: str) -> None:  # the frameworks' chatter goes to the log, our steps to the user
+                lf.write(line + "\n")
+                if line.startswith("[samples] "):
+                    step(line[len("[samples] "):])
+
+            try:
+                build_demo(target, on_line=on_line)
+            except FileExistsError as e:
+                fail(str(e), EXIT_USAGE)
+            except Exception as e:  # the generator failed: say why, no traceback
+                lf.flush()
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                fail(f"could not build the demo: {first}; the full log is in {log}", EXIT_FINDINGS)
+        log.unlink()
+        step(f"done: {target}")
+    if not no_open and sys.stdout.isatty() and sys.stdin.isatty():
+        sys.exit(_run_tui(ctx, target))
+    for sub in sorted(p for p in target.iterdir() if p.is_dir()):
         click.echo("")
         rep = _report(str(sub), False)
         _print_report(rep, False)
     sys.exit(EXIT_OK)
 
 
-@main_group.command("export")
+@main_group.command("export", short_help="Export the model weights to safetensors.")
 @click.argument("src", type=click.Path(path_type=str, readable=False))
 @click.option("--out", "out", required=True, type=click.Path(path_type=str, readable=False),
               help="Output folder (created; must be empty unless --overwrite).")
@@ -226,21 +294,23 @@ def demo_cmd(out, no_open):
 @click.option("--json", "as_json", is_flag=True, help="Print the plan or the result as one JSON document.")
 def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip_prefix, config, dry_run,
                overwrite, no_verify, trust_pickles, as_json):
-    """Export the model weights of SRC to safetensors in OUT, ready for from_pretrained.
+    """Export the model weights of SRC to safetensors in OUT, ready for
+    from_pretrained.
 
-    \b
-    SRC may be the checkpoint folder (checkpoint-2000/: the model component is picked
-    and named), a run folder (its newest complete checkpoint), or a component: a DCP
-    folder, a DeepSpeed tag folder (fp32 weights rebuilt from the ZeRO partitions), a
-    universal checkpoint, a torch file, safetensors.
-    \b
-    Bytes are streamed by offset with bounded memory; the output is written to a temp
-    folder, fsynced and moved into place only when complete and verified.
+    SRC may be the checkpoint folder (checkpoint-2000/: the model component is
+    picked and named), a run folder (its newest complete checkpoint), or a
+    component: a DCP folder, a DeepSpeed tag folder (fp32 weights rebuilt from
+    the ZeRO partitions), a universal checkpoint, a torch file, safetensors.
+
+    Bytes are streamed by offset with bounded memory; the output is written to
+    a temp folder, fsynced and moved into place only when complete and
+    verified.
 
     \b
     Examples:
       ckpt-tui export checkpoint-2000 --out merged/
-      ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 --max-shard-size 5GB
+      ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 \\
+          --max-shard-size 5GB
       ckpt-tui export checkpoint-2000 --out merged/ --dry-run
     """
 
@@ -288,7 +358,7 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
     sys.exit(EXIT_OK)
 
 
-@main_group.command("verify")
+@main_group.command("verify", short_help="Check an export against its source, bit-exact.")
 @click.argument("out", type=click.Path(path_type=str, readable=False))
 @click.option("--against", "against", required=True, type=click.Path(path_type=str, readable=False),
               help="The checkpoint OUT was exported from.")
@@ -322,7 +392,7 @@ def verify_cmd(out, against, strip_prefix, trust_pickles, as_json):
     sys.exit(EXIT_OK if res.ok else EXIT_FINDINGS)
 
 
-@main_group.command("diff")
+@main_group.command("diff", short_help="Compare the weights of two checkpoints.")
 @click.argument("a", type=click.Path(path_type=str, readable=False))
 @click.argument("b", type=click.Path(path_type=str, readable=False))
 @click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
@@ -352,7 +422,7 @@ def diff_cmd(a, b, trust_pickles, as_json):
     sys.exit(EXIT_OK if res.identical else EXIT_FINDINGS)
 
 
-@main_group.command("stats")
+@main_group.command("stats", short_help="Per-tensor min/max/mean/std and NaN/Inf counts.")
 @click.argument("path", type=click.Path(path_type=str, readable=False))
 @click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")

@@ -19,7 +19,7 @@ def _interactive() -> bool:
         return False
 
 
-@click.command("fix")
+@click.command("fix", short_help="Repair what inspect flags, with a backup and a dry run.")
 @click.argument("path", type=click.Path(path_type=str, readable=False))
 @click.option("--only", "only", default=None, metavar="ID",
               help="Apply only this fix id (universal-info, latest, dcp-metadata) or finding code.")

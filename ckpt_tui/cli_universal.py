@@ -15,7 +15,7 @@ from .cli_support import fail, run_core
 from .core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 
 
-@click.command("universal")
+@click.command("universal", short_help="Convert DeepSpeed ZeRO to a universal checkpoint.")
 @click.argument("src", type=click.Path(path_type=str, readable=False))
 @click.option("--out", "out", default=None, type=click.Path(path_type=str, readable=False),
               help="Output folder (default: <tag>_universal beside the tag folder). Must not exist or be empty.")
@@ -30,14 +30,15 @@ from .core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
                    "unpickles without restriction). Only for checkpoints you trust.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan or the result as one JSON document.")
 def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles, as_json):
-    """Convert the DeepSpeed ZeRO checkpoint SRC to a universal checkpoint (loadable at any world size).
+    """Convert the DeepSpeed ZeRO checkpoint SRC to a universal checkpoint
+    (loadable at any world size).
 
-    \b
-    SRC: a checkpoint folder (checkpoint-2000/), a DeepSpeed tag folder (global_step2000/)
-    or a Lightning *.ckpt/ folder. Runs DeepSpeed's own ds_to_universal in a subprocess
-    (logged to a file), supplies a missing universal_checkpoint_info in memory, verifies
-    every parameter against the source's fp32 masters bit-exact, moves the result into place
-    and writes latest_universal. The source is never modified.
+    SRC: a checkpoint folder (checkpoint-2000/), a DeepSpeed tag folder
+    (global_step2000/) or a Lightning *.ckpt/ folder. Runs DeepSpeed's own
+    ds_to_universal in a subprocess (logged to a file), supplies a missing
+    universal_checkpoint_info in memory, verifies every parameter against the
+    source's fp32 masters bit-exact, moves the result into place and writes
+    latest_universal. The source is never modified.
 
     \b
     Examples:

@@ -12,6 +12,28 @@ except ImportError:  # tests/ collected as rootdir-relative modules
     from fixtures import fixture_path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_under_basetemp(tmp_path_factory):
+    """Everything the tests and their subprocesses put in a temp folder (torchrun's logs, DeepSpeed's,
+    tempfile.mkdtemp) goes under pytest's base temp folder, which pytest removes after a passing run
+    (tmp_path_retention_policy = "failed" in pyproject.toml): a full run leaves nothing behind but the
+    fixture cache."""
+    import os
+    import tempfile
+
+    tmp = tmp_path_factory.getbasetemp() / "tmp"
+    tmp.mkdir(exist_ok=True)
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # recomputed from TMPDIR on next use
+    yield tmp
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+
+
 @pytest.fixture(scope="session")
 def real_ckpt():
     """real_ckpt(name) -> Path of the cached checkpoint. Read-only: copy it before modifying."""

@@ -34,7 +34,7 @@ class TensorsReady(Message):
 
 
 class CkptApp(App):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere keep it
     TITLE = "ckpt-tui"
     BINDINGS = bindings()
 
@@ -48,6 +48,8 @@ class CkptApp(App):
         self.jobs: list[Job] = []
         self._scan_job: Optional[Job] = None
         self._tensor_cache: dict[str, tuple] = {}
+        self.crash: Optional[BaseException] = None  # the first unhandled exception (see ui/run.py)
+        self.show_tracebacks = False  # --debug: Textual prints its own traceback at exit
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -419,6 +421,20 @@ class CkptApp(App):
         bad = [s for s in job.result if s.nan or s.inf]
         self.notify(f"{len(job.result)} tensors: " + (f"{len(bad)} with NaN/Inf ✖" if bad else "no NaN/Inf ✔"),
                     severity="error" if bad else "information")
+
+    # ------------------------------------------------------------------ crashes (ui/run.py reports them)
+    def _handle_exception(self, error: Exception) -> None:
+        if self.crash is None:
+            self.crash = error
+        super()._handle_exception(error)
+
+    def _print_error_renderables(self) -> None:
+        """Textual prints a full traceback after restoring the terminal; we print one line and a log
+        file instead (ui/run.py), unless --debug asked for the traceback."""
+        if self.show_tracebacks:
+            super()._print_error_renderables()
+        else:
+            self._exit_renderables.clear()
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)

@@ -1,0 +1,348 @@
+"""Every diagnose rule, table-driven: each row is a tree built from the real fixtures' headers
+(data/) plus one corruption, and the finding it must produce: (code, severity, path), the words
+its message must carry and the repair it offers."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from . import readme, trees
+from .api import inspect
+
+TAG = "global_step2"
+OPTIM = "bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    build: Callable[[Path], Path]  # base folder -> the path to inspect
+    code: str
+    severity: str
+    path: str
+    message: tuple[str, ...] = ()  # fragments the message must contain
+    fix: Optional[str] = None
+    options: dict = field(default_factory=dict)  # inspect() keyword arguments
+    marks: tuple = ()
+
+
+class Corrupt:
+    """A builder: ``variant`` written under base, then ``edit(root)``; inspect root/sub.
+    ``pristine`` builds the same tree without the edit."""
+
+    def __init__(self, variant: str, edit: Optional[Callable[[Path], None]] = None, sub: str = ""):
+        self.variant, self.edit, self.sub = variant, edit, sub
+
+    def __call__(self, base: Path) -> Path:
+        root = trees.tree(self.variant, base)
+        if self.edit is not None:
+            self.edit(root)
+        return root / self.sub
+
+    @property
+    def pristine(self) -> Optional["Corrupt"]:
+        return Corrupt(self.variant, None, self.sub) if self.edit is not None else None
+
+
+def rm(rel: str) -> Callable[[Path], None]:
+    def edit(root: Path) -> None:
+        p = root / rel
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return edit
+
+
+def write(rel: str, data: bytes) -> Callable[[Path], None]:
+    return lambda root: (root / rel).write_bytes(data)
+
+
+def cut(rel: str, size: Callable[[int], int]) -> Callable[[Path], None]:
+    return lambda root: trees.truncate(root / rel, size((root / rel).stat().st_size))
+
+
+def from_variant(variant: str, rel: str, dest: str) -> Callable[[Path], None]:
+    """Put file ``rel`` of another real checkpoint at ``dest``."""
+    return lambda root: trees.write_file(variant, rel, root / dest)
+
+
+# ------------------------------------------------------------------ trees that need more than one edit
+
+def interrupted_dcp_save(keep_tmp: bool) -> Callable[[Path], Path]:
+    """A run folder: checkpoint-2 complete, checkpoint-4's model folder without .metadata (the save
+    died before rank 0 renamed it into place; with keep_tmp, .metadata.tmp survived)."""
+    def build(base: Path) -> Path:
+        run = trees.run_folder("hf-fsdp1", "checkpoint-2", (2, 4), base)
+        meta = run / "checkpoint-4" / "pytorch_model_fsdp_0" / ".metadata"
+        if keep_tmp:
+            meta.rename(meta.with_name(".metadata.tmp"))
+        else:
+            meta.unlink()
+        return run
+    return build
+
+
+def edit_index(root: Path) -> None:
+    idx = root / "model.safetensors.index.json"
+    doc = json.loads(idx.read_text())
+    del doc["weight_map"]["model.norm.weight"]
+    doc["weight_map"]["ghost.weight"] = "model-00099-of-00099.safetensors"
+    idx.write_text(json.dumps(doc))
+
+
+def index_outside(root: Path) -> None:
+    idx = root / "model.safetensors.index.json"
+    doc = json.loads(idx.read_text())
+    name = sorted(doc["weight_map"])[0]
+    doc["weight_map"][name] = "../elsewhere/" + doc["weight_map"][name]
+    idx.write_text(json.dumps(doc))
+
+
+def one_tensor_bf16(root: Path) -> None:
+    """Shard 1's q_proj stored as bf16 beside fp32 tensors (the header re-laid out to match)."""
+    p = root / "model-00001-of-00005.safetensors"
+    header, _ = trees.safetensors_header(p)
+    header["model.layers.0.self_attn.q_proj.weight"]["dtype"] = "BF16"
+    trees.rewrite_safetensors_header(p, header)
+    idx = root / "model.safetensors.index.json"  # keep the index's total_size honest
+    doc = json.loads(idx.read_text())
+    doc["metadata"]["total_size"] = sum(trees.safetensors_data_bytes(s) for s in root.glob("*.safetensors"))
+    idx.write_text(json.dumps(doc))
+
+
+def tied_in_torch_file(root: Path) -> None:
+    """lm_head.weight re-pointed at embed_tokens.weight's storage: tied embeddings in a plain torch.save."""
+    p = root / "model.pt"
+    pkl = trees.zip_entry(p, "data.pkl")
+    trees.replace_zip_entry(p, "data.pkl", trees.alias_storage(pkl, "16", "1"))
+
+
+def hostile_training_args(root: Path) -> None:
+    p = root / "checkpoint-2" / "training_args.bin"
+    trees.replace_zip_entry(p, "data.pkl", trees.hostile_pickle(root / "CANARY"))
+
+
+def safetensors_header_length(n: int) -> Callable[[Path], None]:
+    def edit(root: Path) -> None:
+        p = root / "model.safetensors"
+        with open(p, "r+b") as f:
+            f.write(struct.pack("<Q", n))
+    return edit
+
+
+def flip_header_byte(root: Path) -> None:
+    p = root / "model.safetensors"
+    with open(p, "r+b") as f:
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def safetensors_data_cut(root: Path) -> None:
+    p = root / "model.safetensors"
+    _, n = trees.safetensors_header(p)
+    trees.truncate(p, 8 + n + 10)
+
+
+def adapter_only(base: Path) -> Path:
+    d = base / "lora"
+    d.mkdir()
+    (d / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": "llama",
+                                                       "r": 8, "target_modules": ["q_proj"]}))
+    trees.write_file("hf-model-sharded", "model-00005-of-00005.safetensors", d / "adapter_model.safetensors")
+    return d
+
+
+def notes_only(base: Path) -> Path:
+    (base / "notes" / "sub").mkdir(parents=True)
+    (base / "notes" / "README.txt").write_text("loss went down\n")
+    return base / "notes"
+
+
+def symlink_loop(root: Path) -> None:
+    (root / "logs").mkdir()
+    os.symlink(root, root / "logs" / "loop")
+
+
+def broken_symlink(root: Path) -> None:
+    os.symlink(root / "gone", root / "latest_best")
+
+
+def deep_nesting(root: Path) -> None:
+    (root / "logs" / "/".join(f"d{i}" for i in range(30))).mkdir(parents=True)
+
+
+DEEP = "logs/" + "/".join(f"d{i}" for i in range(23))  # the 24th level is listed, not descended
+
+
+def unreadable_file(root: Path) -> None:
+    os.chmod(root / "global_step2" / "mp_rank_00_model_states.pt", 0)
+
+
+def fifo(root: Path) -> None:
+    os.mkfifo(root / "events.pipe")
+
+
+ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file")
+
+CASES = [
+    # dcp-metadata-missing
+    Rule("dcp-metadata-missing", interrupted_dcp_save(keep_tmp=False), "dcp-metadata-missing", "error",
+         "checkpoint-4/pytorch_model_fsdp_0", ("no .metadata", "ranks 0, 1", "`checkpoint-2`")),
+    Rule("dcp-metadata-missing-tmp-left", interrupted_dcp_save(keep_tmp=True), "dcp-metadata-missing", "error",
+         "checkpoint-4/pytorch_model_fsdp_0", ("--only dcp-metadata",), "dcp-metadata"),
+    # the first user report: accelerate merge-weights on an HF Trainer FSDP checkpoint
+    Rule("dcp-components-hf-trainer-fsdp", Corrupt("hf-fsdp1", None, "checkpoint-2"), "dcp-components",
+         "info", ".", ("the model is in `pytorch_model_fsdp_0/`", "the optimizer in `optimizer_0/`",
+                       "accelerate merge-weights pytorch_model_fsdp_0 pytorch_model_fsdp_0_merged",
+                       "ckpt-tui export checkpoint-2 --out DIR"), "export"),
+    # the second user report: ds_to_universal on an HF Trainer ZeRO-2 checkpoint
+    Rule("universal-info-missing-hf-trainer-zero2", Corrupt("hf-ds-zero2", None, "checkpoint-2"),
+         "universal-info-missing", "warning", TAG,
+         ("Required universal_checkpoint_info state is missing", f"ckpt-tui universal {TAG}",
+          f"ckpt-tui fix {TAG} --only universal-info"), "universal-info"),
+    Rule("universal-info-missing-lightning", Corrupt("lightning-ds-zero2", None,
+                                                     "checkpoints/epoch=0-step=2.ckpt"),
+         "universal-info-missing", "warning", "checkpoint", ("ckpt-tui universal checkpoint",), "universal-info"),
+    Rule("universal-info-missing-zero1", Corrupt("ds-zero1-frozen", None), "universal-info-missing",
+         "warning", TAG, fix="universal-info"),
+    # shard-missing
+    Rule("shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".",
+         ("__1_0.distcp",)),
+    Rule("shard-missing-deepspeed-optim", Corrupt("ds-zero2-bf16", rm(f"{TAG}/{OPTIM.format(1)}")), "shard-missing",
+         "error", TAG, ("saved by 2 data-parallel rank(s)", OPTIM.format(1))),
+    Rule("shard-missing-zero3-model-states", Corrupt("ds-zero3-bf16", rm(f"{TAG}/zero_pp_rank_1_mp_rank_00_model_states.pt")),
+         "shard-missing", "error", TAG, ("zero_pp_rank_1_mp_rank_00_model_states.pt",)),
+    Rule("shard-missing-zero2-model-states", Corrupt("ds-zero2-bf16", rm(f"{TAG}/mp_rank_00_model_states.pt")),
+         "shard-missing", "error", TAG, ("mp_rank_00_model_states.pt",),
+         marks=(pytest.mark.xfail(strict=True, reason="without the model-states file the tag's world size is "
+                                  "unknown and no finding says the file is missing"),)),
+    Rule("shard-missing-universal-fp32", Corrupt("universal-zero2", rm("global_step2_universal/zero/lm_head.weight/fp32.pt")),
+         "shard-missing", "error", "global_step2_universal", ("lm_head.weight",)),
+    # world-size-mismatch
+    Rule("world-size-mismatch-dcp-leftover-shard", Corrupt("fsdp1-dcp", lambda r: trees.sparse_file(r / "__2_0.distcp", 4096)),
+         "world-size-mismatch", "warning", ".", ("__2_0.distcp",)),
+    Rule("world-size-mismatch-deepspeed-extra-rank",
+         Corrupt("ds-zero2-bf16", from_variant("ds-zero2-3ranks", f"{TAG}/{OPTIM.format(2)}", f"{TAG}/{OPTIM.format(2)}")),
+         "world-size-mismatch", "warning", TAG, ("dp_world_size=2", OPTIM.format(2))),
+    Rule("world-size-mismatch-deepspeed-partitions",
+         Corrupt("ds-zero2-bf16", from_variant("ds-zero2-3ranks", f"{TAG}/{OPTIM.format(0)}", f"{TAG}/{OPTIM.format(0)}")),
+         "world-size-mismatch", "error", TAG, ("dp_world_size=2", "partitioned 3 ways")),
+    Rule("world-size-mismatch-pipeline",
+         Corrupt("ds-zero2-bf16", from_variant("ds-zero2-bf16", f"{TAG}/mp_rank_00_model_states.pt",
+                                               f"{TAG}/layer_01-model_00-model_states.pt")),
+         "world-size-mismatch", "info", TAG, ("pipeline-parallel",)),
+    # latest-dangling / latest-missing
+    Rule("latest-dangling", Corrupt("ds-zero2-bf16", write("latest", b"global_step99")), "latest-dangling", "error",
+         "latest", ("`global_step99`", f"The newest tag here is `{TAG}`"), "latest"),
+    Rule("latest-dangling-outside", Corrupt("ds-zero2-bf16", write("latest", b"../../etc")), "latest-dangling",
+         "error", "latest", ("`../../etc`",), "latest"),
+    Rule("latest-dangling-binary", Corrupt("ds-zero2-bf16", write("latest", b"\x00\xff garbage")), "latest-dangling",
+         "error", "latest", (TAG,), "latest"),
+    Rule("latest-dangling-universal", Corrupt("universal-zero2", write("latest_universal", b"global_step9_universal")),
+         "latest-dangling", "error", "latest_universal", ("global_step2_universal",), "latest"),
+    Rule("latest-dangling-megatron", Corrupt("megatron-legacy", write("latest_checkpointed_iteration.txt", b"20")),
+         "latest-dangling", "error", "latest_checkpointed_iteration.txt", ("`20`", "iter_0000010"), "latest"),
+    Rule("latest-missing", Corrupt("ds-zero2-bf16", rm("latest")), "latest-missing", "warning", ".",
+         (f"echo {TAG} > latest", "ckpt-tui fix . --only latest"), "latest"),
+    Rule("latest-missing-universal", Corrupt("universal-zero2", rm("latest_universal")), "latest-missing", "warning",
+         ".", ("latest_universal",), "latest"),
+    # file-truncated
+    Rule("file-truncated-distcp", Corrupt("fsdp1-dcp", cut("__0_0.distcp", lambda n: n // 2)), "file-truncated",
+         "error", "__0_0.distcp", ("truncated",)),
+    Rule("file-truncated-dcp-metadata-empty", Corrupt("fsdp1-dcp", write(".metadata", b"")), "file-truncated",
+         "error", ".", ("empty",)),
+    Rule("file-truncated-optim-states", Corrupt("ds-zero2-bf16", cut(f"{TAG}/{OPTIM.format(1)}", lambda n: n - 100)),
+         "file-truncated", "error", f"{TAG}/{OPTIM.format(1)}", ("central directory",)),
+    Rule("file-truncated-optim-states-empty", Corrupt("ds-zero2-bf16", write(f"{TAG}/{OPTIM.format(1)}", b"")),
+         "file-truncated", "error", f"{TAG}/{OPTIM.format(1)}"),
+    Rule("file-truncated-model-states", Corrupt("ds-zero2-bf16", cut(f"{TAG}/mp_rank_00_model_states.pt", lambda n: 1000)),
+         "file-truncated", "error", f"{TAG}/mp_rank_00_model_states.pt"),
+    Rule("file-truncated-safetensors-data", Corrupt("accelerate-save-state", safetensors_data_cut), "file-truncated",
+         "error", "model.safetensors", ("truncated",)),
+    # file-corrupt
+    Rule("file-corrupt-safetensors-2^63-header", Corrupt("accelerate-save-state", safetensors_header_length(2**63)),
+         "file-corrupt", "error", "model.safetensors", ("exceeds",)),
+    Rule("file-corrupt-safetensors-flipped-byte", Corrupt("accelerate-save-state", flip_header_byte), "file-corrupt",
+         "error", "model.safetensors", ("JSON",)),
+    Rule("file-corrupt-dcp-metadata", Corrupt("fsdp1-dcp", write(".metadata", b"PK\x03\x04 not a pickle")),
+         "file-corrupt", "error", "."),
+    Rule("file-corrupt-trainer-state", Corrupt("hf-ds-zero2", write("checkpoint-2/trainer_state.json", b'{"global_step": 2,')),
+         "file-corrupt", "error", "checkpoint-2/trainer_state.json", ("not valid JSON",)),
+    # unsafe-pickle
+    Rule("unsafe-pickle", Corrupt("hf-ds-zero2", hostile_training_args), "unsafe-pickle", "error",
+         "checkpoint-2/training_args.bin", ("system", "--trust-pickles")),
+    Rule("unsafe-pickle-trusted", Corrupt("hf-ds-zero2", hostile_training_args), "unsafe-pickle", "info",
+         "checkpoint-2/training_args.bin", ("system",), options={"trust_pickles": True}),
+    # index-mismatch
+    Rule("index-mismatch", Corrupt("hf-model-sharded", edit_index), "index-mismatch", "error", ".",
+         ("model-00099-of-00099.safetensors", "model.norm.weight"), "index"),
+    Rule("index-mismatch-outside", Corrupt("hf-model-sharded", index_outside), "index-mismatch", "error", ".",
+         ("points outside the folder",), "index"),
+    # facts an export must handle
+    Rule("mixed-dtypes", Corrupt("hf-model-sharded", one_tensor_bf16), "mixed-dtypes", "info",
+         "model-00001-of-00005.safetensors", ("float32", "bfloat16")),
+    Rule("frozen-params-recorded", Corrupt("ds-zero2-frozen", None), "frozen-params", "info", TAG,
+         ("embed_tokens.weight",), "export"),
+    Rule("frozen-params-zero1-unrecorded", Corrupt("ds-zero1-frozen", None), "frozen-params", "info", TAG,
+         ("16K frozen parameter values that ZeRO-1 did not record", "zero_to_fp32 drops them"), "export"),
+    Rule("tied-weights-deepspeed", Corrupt("ds-zero2-tied", None), "tied-weights", "info", TAG,
+         ("lm_head.weight = embed_tokens.weight",), "export"),
+    Rule("tied-weights-torch-file", Corrupt("plain-pt", tied_in_torch_file), "tied-weights", "info", "model.pt",
+         ("embed_tokens.weight = lm_head.weight",), "export"),
+    Rule("adapter-only", adapter_only, "adapter-only", "info", ".", ("PEFT adapter",)),
+    Rule("not-a-checkpoint", notes_only, "not-a-checkpoint", "error", "."),
+    # unreadable / special-file
+    Rule("unreadable-symlink-loop", Corrupt("ds-zero2-bf16", symlink_loop), "unreadable", "warning", "logs/loop",
+         ("loop",)),
+    Rule("unreadable-broken-symlink", Corrupt("ds-zero2-bf16", broken_symlink), "unreadable", "warning",
+         "latest_best", ("broken",)),
+    Rule("unreadable-too-deep", Corrupt("ds-zero2-bf16", deep_nesting), "unreadable", "warning", DEEP, ("deep",)),
+    Rule("unreadable-permission", Corrupt("ds-zero2-bf16", unreadable_file), "unreadable", "error",
+         f"{TAG}/mp_rank_00_model_states.pt", ("permission denied",), marks=(ROOT_READS_ALL,)),
+    Rule("special-file-fifo", Corrupt("ds-zero2-bf16", fifo), "special-file", "warning", "events.pipe", ("fifo",)),
+]
+
+# Where the code and the README's table disagree: (code, severity) -> why. The test below fails
+# once either side changes, so an entry cannot outlive the disagreement.
+UNDOCUMENTED_SEVERITIES = {
+    ("world-size-mismatch", "info"): "a pipeline-parallel or MoE tag is reported as world-size-mismatch/info",
+    ("unsafe-pickle", "info"): "with --trust-pickles an unsafe pickle is reported as info",
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
+def test_finding(case: Rule, tmp_path):
+    path = case.build(tmp_path)
+    rep = inspect(path, **case.options)
+    hits = [f for f in rep.findings if (f.code, f.severity, f.path) == (case.code, case.severity, case.path)]
+    assert hits, f"no {(case.code, case.severity, case.path)} in {[(f.code, f.severity, f.path) for f in rep.findings]}"
+    f = hits[0]
+    for fragment in case.message:
+        assert fragment in f.message, f.message
+    assert f.fix == case.fix
+    assert not (tmp_path / "hf-ds-zero2" / "CANARY").exists()  # no pickle was ever executed
+
+
+def test_every_documented_code_has_a_row():
+    assert sorted(readme.finding_codes()) == sorted({c.code for c in CASES})
+
+
+def test_severities_are_the_documented_ones():
+    documented = readme.finding_codes()
+    undocumented = {(c.code, c.severity) for c in CASES if c.severity not in documented.get(c.code, set())}
+    assert undocumented == set(UNDOCUMENTED_SEVERITIES)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if getattr(c.build, "pristine", None)],
+                         ids=[c.id for c in CASES if getattr(c.build, "pristine", None)])
+def test_the_corruption_is_what_the_finding_reports(case: Rule, tmp_path):
+    """The same tree without the corruption does not give the finding (so each row tests its rule)."""
+    rep = inspect(case.build.pristine(tmp_path), **case.options)
+    assert (case.code, case.severity, case.path) not in {(f.code, f.severity, f.path) for f in rep.findings}

@@ -12,6 +12,25 @@ except ImportError:  # tests/ collected as rootdir-relative modules
     from fixtures import fixture_path
 
 
+_SYSTEM_TMP = None  # the temp folder before the session moved TMPDIR (other users can traverse it)
+
+
+@pytest.fixture
+def shared_tmp():
+    """A temp folder another user can traverse (pytest's base temp folder is private), for tests that drop
+    root; removed afterwards, whatever modes the test left inside."""
+    import os
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="ckpt-tui-shared-", dir=_SYSTEM_TMP)
+    os.chmod(base, 0o755)
+    yield Path(base)
+    for d, dirs, _ in os.walk(base):
+        for name in dirs:
+            os.chmod(os.path.join(d, name), 0o755)
+    shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _temp_files_under_basetemp(tmp_path_factory):
     """Everything the tests and their subprocesses put in a temp folder (torchrun's logs, DeepSpeed's,
@@ -21,6 +40,8 @@ def _temp_files_under_basetemp(tmp_path_factory):
     import os
     import tempfile
 
+    global _SYSTEM_TMP
+    _SYSTEM_TMP = tempfile.gettempdir()
     tmp = tmp_path_factory.getbasetemp() / "tmp"
     tmp.mkdir(exist_ok=True)
     old = os.environ.get("TMPDIR")

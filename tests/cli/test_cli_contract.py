@@ -48,11 +48,8 @@ def test_empty_folder_is_not_a_checkpoint(tmp_path):
     assert [f["code"] for f in doc["findings"]] == ["not-a-checkpoint"]
 
 
-def test_permission_denied_folder_and_file(tmp_path):
-    import tempfile
-
-    base = tempfile.mkdtemp(prefix="ckpt-tui-perm-")
-    os.chmod(base, 0o755)
+def test_permission_denied_folder_and_file(shared_tmp):
+    base = str(shared_tmp)
     locked = os.path.join(base, "locked")
     os.mkdir(locked)
     ck = os.path.join(base, "ck")

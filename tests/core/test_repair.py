@@ -332,11 +332,8 @@ def test_source_changing_during_repair_aborts(real_ckpt_copy):
     assert not [p for p in target.parent.iterdir() if "ckpt-tui" in p.name]
 
 
-def test_permission_denied_nothing_changed(real_ckpt, tmp_path):
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="ckpt-tui-repair-perm-"))  # pytest's tmp_path is not traversable by nobody
-    os.chmod(base, 0o755)
+def test_permission_denied_nothing_changed(real_ckpt, shared_tmp):
+    base = shared_tmp  # pytest's tmp_path is not traversable by nobody
     root = base / "ck"
     shutil.copytree(real_ckpt("lightning-ds-zero2"), root)
     for p in [root, *root.rglob("*")]:
@@ -357,13 +354,10 @@ def test_permission_denied_nothing_changed(real_ckpt, tmp_path):
         p = CliRunner().invoke(fix_cmd, [str(root), "--yes"])
         return [res.ok, res.message, p.exit_code, p.output]
 
-    try:
-        ok, msg, rc, text = as_nobody(child)
-        assert not ok and ("permission denied" in msg or "read-only" in msg), msg
-        assert rc == 1 and "permission denied" in text and "Traceback" not in text, text
-        assert _sums(root) == before
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    ok, msg, rc, text = as_nobody(child)
+    assert not ok and ("permission denied" in msg or "read-only" in msg), msg
+    assert rc == 1 and "permission denied" in text and "Traceback" not in text, text
+    assert _sums(root) == before
 
 
 # ------------------------------------------------------------------ kill -9 at several points

@@ -14,8 +14,10 @@ signalled:
 - when CMD ends it kills what CMD left in the group and exits with CMD's status (128 + N for a
   signal N).
 
-Standard library only: it must start fast and import nothing of ckpt-tui's (the package ``__init__``
-files above it import no more than ``plan``, ``run`` and their light dependencies).
+Standard library only. ``-m`` first imports the packages above it (``universal/__init__`` brings
+``plan``, ``run``, ``verify``: no torch, tens of milliseconds); a parent that dies before ``main``
+sets the death signal is caught by the ``getppid`` check. ``run`` imports this module only inside
+a function, so ``-m`` finds it not yet imported.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
       ckpt-tui universal checkpoint-2000 --dry-run
     """
     from .core.model import SCHEMA_VERSION
-    from .core.repair.universal import UniversalError, convert_to_universal, universal_plan
+    from .core.convert.universal import UniversalError, convert_to_universal, universal_plan
     from .core.scan import ScanError
 
     try:

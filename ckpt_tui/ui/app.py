@@ -390,7 +390,7 @@ class CkptApp(App):
         self.push_screen(UniversalWizard(self.report, tag.path), go)
 
     def run_universal(self, plan) -> None:
-        from ..core.repair.universal import convert_to_universal
+        from ..core.convert.universal import convert_to_universal
 
         job = Job("universal", "universal")
         job.cleanup_note = "the converter was stopped and its temp output removed"

@@ -83,7 +83,7 @@ def test_lightning_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
 def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     """The README's Lightning steps, proven: a ZeRO-2 run saved by 2 ranks resumes on 1 rank from its
     universal conversion with load_universal and fit(ckpt_path=<the .ckpt folder>)."""
-    from ckpt_tui.core.repair.universal import convert_to_universal, universal_plan
+    from ckpt_tui.core.convert.universal import convert_to_universal, universal_plan
 
     ck = real_ckpt_copy("lightning-ds-zero2") / "checkpoints" / "epoch=0-step=2.ckpt"
     res = convert_to_universal(universal_plan(ck))

@@ -17,8 +17,8 @@ import torch
 from ckpt_tui.core.export.deepspeed_source import deepspeed_source
 from ckpt_tui.core.export.sources import to_torch
 from ckpt_tui.core.progress import Cancelled
-from ckpt_tui.core.repair.universal import (TMP_PREFIX, UniversalError, convert_to_universal, universal_plan,
-                                            verify_universal)
+from ckpt_tui.core.convert.universal import (TMP_PREFIX, UniversalError, convert_to_universal, universal_plan,
+                                             verify_universal)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -290,7 +290,7 @@ torch.save({"masters": masters, "frozen_before": frozen_before, "frozen_after": 
 
 def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
     """ds-zero2-frozen was saved by 2 ranks; load it with 1 rank, following the tool's instructions."""
-    from ckpt_tui.core.repair.universal import frozen_load_code
+    from ckpt_tui.core.convert.universal import frozen_load_code
 
     src = real_ckpt("ds-zero2-frozen")
     ckdir = tmp_path / "ck"

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats.pickles import DTYPE_ITEMSIZE
+from ..fsutil import (OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot,
+                      write_synced)
 from ..progress import OnProgress, Progress, check_cancel
 from .plan import ST_NAMES, ExportPlan, OutFile, OutTensor
 
@@ -163,37 +165,25 @@ def _write_file(f: OutFile, path: Path, counter, cancel) -> None:
             os.close(x)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def preflight(plan: ExportPlan, overwrite: bool) -> None:
     out = plan.out
     parent = out.parent
-    if not parent.exists():
-        raise ExportError(f"{parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ExportError(f"no write permission in {parent}")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} is not empty; choose another --out or pass --overwrite")
-    need = plan.total_bytes + (1 << 20)
-    free = shutil.disk_usage(parent).free
-    if free < need:
-        from ..humanize_bytes import naturalsize
-
-        raise ExportError(f"no space left on {parent}: the export needs {naturalsize(need)}, "
-                          f"{naturalsize(free)} is free")
     try:
-        if os.path.commonpath([out.resolve(), plan.source.path.resolve()]) == str(plan.source.path.resolve()):
-            raise ExportError("the output folder is inside the source checkpoint; choose a folder outside it")
-    except ValueError:
-        pass
+        preflight_output(out, need=plan.total_bytes + (1 << 20), source=plan.source.path, overwrite=overwrite)
+    except OutputError as e:
+        if e.kind == "no-space":
+            from ..humanize_bytes import naturalsize
+
+            raise ExportError(f"no space left on {parent}: the export needs {naturalsize(e.need)}, "
+                              f"{naturalsize(e.free)} is free") from None
+        raise ExportError({
+            "missing": f"{parent} does not exist; create it first",
+            "read-only": f"no write permission in {parent}",
+            "not-writable": f"no write permission in {parent}",
+            "not-a-folder": f"{out} exists and is not a folder",
+            "not-empty": f"{out} is not empty; choose another --out or pass --overwrite",
+            "inside-source": "the output folder is inside the source checkpoint; choose a folder outside it",
+        }[e.kind]) from None
 
 
 def source_files(plan: ExportPlan) -> list[Path]:
@@ -203,17 +193,6 @@ def source_files(plan: ExportPlan) -> list[Path]:
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
         files |= {p for p in root.iterdir() if p.is_file()}
     return sorted(files)
-
-
-def snapshot(files: list[Path]) -> dict[str, tuple[int, int]]:
-    out = {}
-    for p in files:
-        try:
-            st = os.stat(p)
-            out[str(p)] = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            out[str(p)] = (-1, -1)
-    return out
 
 
 def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify: bool = True,
@@ -247,26 +226,25 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
             counter.add(0, force=True)
             if plan.index:
                 wm = {t.name: f.name for f in plan.files for t in f.tensors}
-                _write_small(tmp / "model.safetensors.index.json",
+                write_synced(tmp / "model.safetensors.index.json",
                              json.dumps({"metadata": {"total_size": plan.tensor_bytes}, "weight_map": wm}, indent=2))
             for src, name in plan.copies:
                 check_cancel(cancel)
                 shutil.copyfile(src, tmp / name)
-                with open(tmp / name, "rb+") as fh:
-                    os.fsync(fh.fileno())
+                fsync_file(tmp / name)
             result = ExportResult(out, [f.name for f in plan.files], plan.tensor_bytes,
                                   sum(len(f.tensors) for f in plan.files), plan.params, 0.0)
-            changed = [p for p, v in snapshot(watched).items() if before.get(p) != v]
-            if changed:  # a live job is writing the checkpoint: what we copied may be half old, half new
-                raise ExportError(f"the source changed during the export ({', '.join(Path(c).name for c in changed[:3])}"
-                                  f"{' …' if len(changed) > 3 else ''}): nothing was written; export again once the "
+            moved = changed(before, snapshot(watched))
+            if moved:  # a live job is writing the checkpoint: what we copied may be half old, half new
+                raise ExportError(f"the source changed during the export ({', '.join(Path(c).name for c in moved[:3])}"
+                                  f"{' …' if len(moved) > 3 else ''}): nothing was written; export again once the "
                                   "checkpoint is complete")
             if verify:
                 result.mismatches = verify_files(plan, tmp, on_progress, cancel)
                 result.verified = not result.mismatches
                 if result.mismatches:
                     raise ExportError("verification failed: " + ", ".join(result.mismatches[:5]))
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if out.exists():
                 if not overwrite and any(out.iterdir()):
                     raise ExportError(f"{out} appeared and is not empty; nothing was replaced")
@@ -276,7 +254,7 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 os.replace(tmp, out)
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -285,7 +263,7 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
             from ..humanize_bytes import naturalsize
 
             raise ExportError(f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
-                              f"{naturalsize(shutil.disk_usage(out.parent).free + plan.total_bytes)} before "
+                              f"{naturalsize(free_bytes(out.parent) + plan.total_bytes)} before "
                               "starting; the partial output was removed") from None
         raise
     finally:
@@ -297,13 +275,6 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
     result.seconds = time.monotonic() - t0
     result.notes = list(plan.to_plan().notes)
     return result
-
-
-def _write_small(path: Path, text: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _source_chunks(t: OutTensor, cancel=None):

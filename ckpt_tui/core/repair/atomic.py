@@ -14,10 +14,10 @@ import errno
 import os
 import shutil
 import stat as _stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
+from ..fsutil import OutputError, Stamp, check_space, check_writable, fsync_dir, stamp
 from ..progress import check_cancel, report
 
 BACKUP_SUFFIX = ".ckpt-tui-bak"
@@ -40,22 +40,6 @@ def tmp_prefix(target: Path) -> str:
     return f".{target.name}{TMP_MARK}"
 
 
-@dataclass(frozen=True)
-class Stamp:
-    size: int
-    mtime_ns: int
-    ino: int
-    dev: int
-
-
-def stamp(path: Path) -> Optional[Stamp]:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return Stamp(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
-
-
 def check_unchanged(path: Path, before: Optional[Stamp]) -> None:
     now = stamp(path)
     if now != before:
@@ -75,30 +59,22 @@ def _os_error(e: OSError, what: str) -> RepairError:
     return RepairError(f"{what}: {e.strerror or e}. Nothing was changed.")
 
 
-def check_writable(folder: Path) -> None:
-    """Refuse read-only filesystems and folders we may not write, before touching anything."""
+def preflight(folder: Path, needed: int) -> None:
+    """Refuse read-only filesystems, folders we may not write and too little free space (``needed``
+    plus a margin), before touching anything."""
     try:
-        vfs = os.statvfs(folder)
+        check_writable(folder)
+        check_space(folder, needed + FREE_MARGIN)
+    except OutputError as e:
+        if e.kind == "no-space":
+            from ..humanize_bytes import naturalsize
+
+            raise RepairError(f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old "
+                              f"file is kept as the backup) and only {naturalsize(e.free)} is free. Nothing was "
+                              "changed.") from None
+        raise _os_error(e, str(folder)) from None
     except OSError as e:
         raise _os_error(e, str(folder)) from None
-    if vfs.f_flag & os.ST_RDONLY:
-        raise _os_error(OSError(errno.EROFS, "read-only"), str(folder))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise _os_error(OSError(errno.EACCES, "permission denied"), str(folder))
-
-
-def free_bytes(folder: Path) -> int:
-    vfs = os.statvfs(folder)
-    return vfs.f_bavail * vfs.f_frsize
-
-
-def check_free_space(folder: Path, needed: int) -> None:
-    free = free_bytes(folder)
-    if free < needed + FREE_MARGIN:
-        from ..humanize_bytes import naturalsize
-
-        raise RepairError(f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old file "
-                          f"is kept as the backup) and only {naturalsize(free)} is free. Nothing was changed.")
 
 
 def cleanup_leftovers(target: Path) -> list[Path]:
@@ -153,14 +129,6 @@ def backup_state(target: Path) -> str:
     return "ours" if (bs.st_ino, bs.st_dev) == (ts.st_ino, ts.st_dev) else "other"
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: bool, needed: int,
                  watch: tuple[Path, ...] = (), verify: Optional[Callable[[Path], None]] = None,
                  on_progress=None, cancel=None, label: str = "") -> Optional[Path]:
@@ -171,8 +139,7 @@ def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: boo
     changed: the temp file is removed, and a backup link this call made is removed again."""
     target = Path(target)
     folder = target.parent
-    check_writable(folder)
-    check_free_space(folder, needed)
+    preflight(folder, needed)
     cleanup_leftovers(target)
     watched = (target, *watch)
     before = {p: stamp(p) for p in watched}

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats import FormatError
+from ..fsutil import stamp
 from ..model import Finding, Plan, PlanStep
 from ..progress import report
 from . import Repair, RepairResult
-from .atomic import RepairError, backup_path, replace_file, stamp
+from .atomic import RepairError, backup_path, replace_file
 from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
 
 # deepspeed.checkpoint.constants UNIVERSAL_CHECKPOINT_INFO / _VERSION_KEY / _VERSION_VALUE (0.19.8; the

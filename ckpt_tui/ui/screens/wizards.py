@@ -3,7 +3,6 @@ step says what will happen. They return what to run; the app runs it as a job.""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -15,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, ContentSwitcher, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from ...core.fsutil import OutputError, check_output_folder, free_bytes
 from ..format import size
 
 WIZARD_CSS = """
@@ -252,7 +252,7 @@ class ExportWizard(PlannedWizard):
         out = Path(self.query_one("#out", Input).value).expanduser()
         parent = out.parent if out.parent.exists() else Path.cwd()
         try:
-            free = shutil.disk_usage(parent).free
+            free = free_bytes(parent)
             node = self.report.inventory.node(self.source())
             need = node.size if node is not None else 0
             ok = "enough" if free > need else "NOT ENOUGH"
@@ -284,7 +284,9 @@ class ExportWizard(PlannedWizard):
             out = Path(self.query_one("#out", Input).value).expanduser()
             if not out.parent.exists():
                 return f"{out.parent} does not exist"
-            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            try:
+                check_output_folder(out)
+            except OutputError:
                 return f"{out} exists and is not empty: choose another folder"
         if name == "shards":
             from ...core.export.plan import parse_size
@@ -353,7 +355,7 @@ class UniversalWizard(PlannedWizard):
         return self.query_one("#out", Input).value
 
     def build_plan(self, out):
-        from ...core.repair.universal import universal_plan
+        from ...core.convert.universal import universal_plan
 
         plan = universal_plan(str(_abs(self.report, self.tag_path)), Path(out).expanduser())
         return plan, plan.to_plan().describe()

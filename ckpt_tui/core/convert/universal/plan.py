@@ -1,0 +1,226 @@
+"""Plan a universal conversion: resolve SRC to a ZeRO tag folder, screen it, say what converting it
+will do (the converter's command, the files it writes, frozen parameters, stage warnings) and check
+the output (:func:`ckpt_tui.core.fsutil.preflight_output`). Writes nothing."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ...export.write import ExportError
+from ...fsutil import OutputError, preflight_output
+from ...model import Plan, PlanStep
+
+CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
+FROZEN_FILE = "frozen_params.safetensors"
+TMP_PREFIX = ".ckpt-tui-universal-"
+STATE_FILES_Z12 = ("fp32", "exp_avg", "exp_avg_sq", "step")
+STATE_FILES_Z3 = ("fp32", "exp_avg", "exp_avg_sq")
+
+
+class UniversalError(ExportError):
+    """The conversion cannot run or failed; the message says why and what to do."""
+
+
+def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
+    """What the output preflight found, said for the conversion."""
+    parent = out.parent
+    if e.kind == "inside-source":
+        return (f"the output {out} is inside the source {tag_dir}; the source is never modified: "
+                "choose --out elsewhere")
+    if e.kind in ("not-a-folder", "not-empty"):
+        return f"{out} already exists and is not empty; remove it or choose --out"
+    if e.kind == "missing":
+        return f"{parent} does not exist; create it first or choose --out"
+    if e.kind == "no-space":
+        return (f"{parent} has {e.free:,} bytes free; the conversion needs about {e.need:,} "
+                "(the converter writes its slices and the result side by side)")
+    return f"cannot write to {parent} (permission denied or read-only); choose --out on a writable filesystem"
+
+
+@dataclass
+class UniversalPlan:
+    src: Path
+    tag_dir: Path
+    out: Path
+    stage: int
+    world_size: int
+    global_step: Optional[int]
+    framework: Optional[str]
+    layout: str
+    inject_missing_state: bool
+    trainable: list[str]
+    frozen: list[str]
+    buffers: list[str]
+    expected_files: int
+    estimated_bytes: int
+    trust_pickles: bool = False
+    target_stage: Optional[int] = None
+    export_frozen: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def frozen_file(self) -> Path:
+        return self.out.parent / FROZEN_FILE
+
+    def command(self, output_folder: Path) -> list[str]:
+        cmd = [sys.executable, "-m", CONVERTER_MODULE, "--input_folder", str(self.tag_dir),
+               "--output_folder", str(output_folder), "--num_extract_workers", str(_workers()),
+               "--num_merge_workers", "1"]
+        if self.inject_missing_state:
+            cmd.append("--inject_missing_state")
+        return cmd
+
+    def to_plan(self) -> Plan:
+        steps = [
+            PlanStep("mkdir", str(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"),
+            PlanStep("run", " ".join(self.command(self.out.parent / f"{TMP_PREFIX}XXXX" / "inner" / self.out.name)),
+                     source=str(self.tag_dir), bytes=self.estimated_bytes,
+                     detail=f"DeepSpeed's converter, {self.expected_files} state files expected; log in the temp folder"),
+            PlanStep("run", "verify", detail="every parameter's state files present; fp32 bit-exact vs the source masters"),
+            PlanStep("replace", str(self.out), detail="os.replace of the verified folder"),
+            PlanStep("write", str(self.out.parent / "latest_universal"), detail=f"contains {self.out.name!r}"),
+        ]
+        if self.export_frozen and (self.frozen or self.buffers):
+            steps.append(PlanStep("write", str(self.frozen_file),
+                                  detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)"))
+        notes = [f"source {self.tag_dir} (ZeRO-{self.stage}, {self.world_size} ranks) is only read, never modified"]
+        if self.inject_missing_state:
+            notes.append("universal_checkpoint_info is missing: --inject_missing_state supplies it in memory")
+        notes += self.warnings
+        return Plan(f"Convert {self.tag_dir} to a DeepSpeed universal checkpoint in {self.out}", tuple(steps),
+                    tuple(notes))
+
+    def to_json(self) -> dict:
+        return {"src": str(self.src), "tag_dir": str(self.tag_dir), "out": str(self.out), "zero_stage": self.stage,
+                "world_size": self.world_size, "global_step": self.global_step, "framework": self.framework,
+                "inject_missing_state": self.inject_missing_state, "trainable": len(self.trainable),
+                "frozen": list(self.frozen), "buffers": list(self.buffers), "expected_files": self.expected_files,
+                "warnings": list(self.warnings), "plan": self.to_plan().to_json()}
+
+
+def _workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _in_subtree(path: str, root: str) -> bool:
+    return root == "." or path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: Optional[int] = None,
+                   export_frozen: bool = False) -> UniversalPlan:
+    """Resolve SRC to a ZeRO tag folder and say what converting it will do. Writes nothing.
+
+    Raises ``ScanError`` for an unreadable path, :class:`UniversalError` where it cannot convert.
+    """
+    from ...export.deepspeed_source import MOE_RE, deepspeed_source
+    from ...formats import torchfile
+    from ...formats.deepspeed import LAYER_RE
+    from ...inspect import inspect
+
+    src = Path(src)
+    rep = inspect(src, trust_pickles=trust_pickles)
+    inv = rep.inventory
+    comp = inv.components.get("model") or inv.components.get("model+optimizer")
+    node = inv.node(comp) if comp else None
+    if node is None or node.format != "deepspeed-zero":
+        if node is not None and node.format == "deepspeed-universal" or inv.layout == "universal":
+            raise UniversalError(f"{src} is already a DeepSpeed universal checkpoint: load it with "
+                                 '{"checkpoint": {"load_universal": true}}')
+        raise UniversalError(f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); universal conversion "
+                             "needs a DeepSpeed tag folder (global_stepN/) with *_optim_states.pt files")
+    f = node.facts
+    tag_dir = node.abspath
+    names = [c.name for c in node.children]
+    if f.get("pipeline") or any(LAYER_RE.match(n) for n in names):
+        raise UniversalError("pipeline-parallel checkpoints (layer_*-model_states.pt) are not supported here: "
+                             "ds_to_universal handles them only for Megatron-DeepSpeed layouts")
+    if f.get("moe") or any(MOE_RE.search(n) for n in names):
+        raise UniversalError("MoE checkpoints (expert_*/expp_rank_* files) are not supported: convert them with "
+                             "the tooling of the framework that wrote them")
+    if (f.get("mp_world_size") or 1) > 1:
+        raise UniversalError(f"model-parallel checkpoints (mp_world_size={f['mp_world_size']}) are not supported here")
+    errs = [x for x in rep.findings if x.severity == "error" and _in_subtree(x.path, node.path)
+            and x.code != "unsafe-pickle"]
+    if errs:
+        lines = "; ".join(f"{x.code} {x.path}: {x.message}" for x in errs[:4])
+        raise UniversalError(f"{tag_dir} has errors, DeepSpeed cannot convert it: {lines}")
+    unsafe = [x for x in rep.findings if x.code == "unsafe-pickle" and _in_subtree(x.path, node.path)]
+    if unsafe and not trust_pickles:
+        raise UniversalError(f"{unsafe[0].path} names code outside ckpt-tui's allowlist; DeepSpeed's converter "
+                             "unpickles without restriction and would run it. Convert only a checkpoint you trust, "
+                             "with --trust-pickles")
+    stage = f.get("zero_stage")
+    if stage not in (1, 2, 3):
+        raise UniversalError(f"unsupported ZeRO stage {stage!r} in {tag_dir} (universal conversion needs ZeRO-1/2/3)")
+    try:
+        source = deepspeed_source(tag_dir)
+    except ValueError as e:
+        raise UniversalError(f"{tag_dir}: {e}") from None
+    buffer_names: set[str] = set()
+    ms = tag_dir / "mp_rank_00_model_states.pt"
+    if not ms.is_file():
+        ms = tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    try:
+        obj = torchfile.read(ms).obj
+        if isinstance(obj, dict):
+            buffer_names = {str(b) for b in (obj.get("buffer_names") or [])}
+    except Exception:  # noqa: BLE001 - already screened by the inspector; buffers are only informative
+        pass
+    trainable, frozen, buffers = [], [], []
+    for t in source.tensors:
+        if t.tied_to:
+            continue
+        if t.name in buffer_names:
+            buffers.append(t.name)
+        elif t.frozen:
+            frozen.append(t.name)
+        else:
+            trainable.append(t.name)
+    if stage <= 2:
+        expected = 4 * len(trainable) + len(frozen) + len(buffers)
+    else:
+        expected = 3 * len(trainable)
+    params = sum(t.numel for t in source.tensors if not t.tied_to)
+    estimated = 3 * 4 * params + sum(c.size for c in node.children if "model_states" in c.name)
+
+    if out is None:
+        out = tag_dir.parent / f"{tag_dir.name}_universal"
+    out = Path(os.path.abspath(out))
+    parent = out.parent
+    try:
+        preflight_output(out, need=2 * estimated, source=tag_dir)
+    except OutputError as e:
+        raise UniversalError(output_refusal(e, out, tag_dir)) from None
+    warnings: list[str] = []
+    if export_frozen and (frozen or buffers) and (parent / FROZEN_FILE).exists():
+        raise UniversalError(f"{parent / FROZEN_FILE} already exists; move it away or choose --out")
+    if frozen or buffers:
+        what = []
+        if frozen:
+            what.append(f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:3])}{', ...' if len(frozen) > 3 else ''})")
+        if buffers:
+            what.append(f"{len(buffers)} buffer(s) ({', '.join(buffers[:3])}{', ...' if len(buffers) > 3 else ''})")
+        warnings.append(
+            " and ".join(what) + ": load_universal restores only optimizer-tracked parameters, so these keep "
+            "whatever the model was built with on resume"
+            + (" (ZeRO-3: the converter leaves frozen parameters out entirely)" if stage == 3 and frozen else "")
+            + ". Remedy: --export-frozen writes them to " + FROZEN_FILE + " next to the output; load it into the "
+            "model as the instructions show.")
+    if target_stage is not None and target_stage != stage:
+        if (target_stage == 3) != (stage == 3):
+            warnings.append(f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}: DeepSpeed fails to "
+                            "load a universal checkpoint across ZeRO-1/2 <-> ZeRO-3 (a bare AssertionError). "
+                            f"Resume with ZeRO-{stage}" + (" (or ZeRO-1/2)" if stage in (1, 2) else "") + ".")
+        else:
+            warnings.append(f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}; ZeRO-1 <-> 2 loads "
+                            "(measured with deepspeed 0.19.8 on CPU).")
+    return UniversalPlan(src=src, tag_dir=tag_dir, out=out, stage=stage, world_size=int(f.get("world_size") or 0),
+                         global_step=f.get("global_step"), framework=inv.framework, layout=inv.layout,
+                         inject_missing_state=(stage <= 2 and not f.get("universal_checkpoint_info")),
+                         trainable=trainable, frozen=frozen, buffers=buffers, expected_files=expected,
+                         estimated_bytes=estimated, trust_pickles=trust_pickles, target_stage=target_stage,
+                         export_frozen=export_frozen, warnings=warnings)

@@ -1,0 +1,220 @@
+"""Run a universal conversion: DeepSpeed's own converter in a watched subprocess, then verify, move
+into place, write ``latest_universal`` (and the frozen parameters, if asked).
+
+The converter runs under :mod:`.watchdog` (its own process group, killed with ckpt-tui: see there),
+writing into an output folder nested in a private temp folder beside the output (it writes its own
+``latest_universal`` into its output's parent, which is thrown away with the temp). Cancel and any
+exception kill the group and remove the temp; a change of the source while it ran discards the
+result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ...fsutil import OutputError, atomic_write, changed, check_output_folder, fsync_dir, snapshot
+from ...progress import Cancelled, OnProgress, report
+from .frozen import export_frozen
+from .instructions import instructions
+from .plan import TMP_PREFIX, UniversalError, UniversalPlan, output_refusal
+from .verify import UniversalVerification, verify_universal
+
+WATCHDOG_MODULE = "ckpt_tui.core.convert.universal.watchdog"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _count_state_files(zdir: Path) -> int:
+    n = 0
+    try:
+        with os.scandir(zdir) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    try:
+                        n += sum(1 for x in os.listdir(e.path) if x.endswith(".pt"))
+                    except OSError:
+                        pass
+    except OSError:
+        return 0
+    return n
+
+
+def _tag_snapshot(tag_dir: Path) -> dict:
+    """Stamps of everything in the tag folder (a file added or removed shows too)."""
+    return snapshot(sorted(tag_dir.iterdir()))
+
+
+def watchdog_command(parent_pid: int, cmd: list[str]) -> tuple[list[str], dict]:
+    """The watchdog's argv and the environment additions that make ``-m`` run this very ckpt_tui
+    (the converter gets the PYTHONPATH it would have had)."""
+    import ckpt_tui
+
+    # imported here, not at the top: ``-m`` must find the watchdog not yet imported by its package
+    from .watchdog import PYTHONPATH_VAR
+
+    root = str(Path(ckpt_tui.__file__).resolve().parent.parent)
+    old = os.environ.get("PYTHONPATH")
+    env = {PYTHONPATH_VAR: "-" if old is None else "+" + old,
+           "PYTHONPATH": root if not old else root + os.pathsep + old}
+    return [sys.executable, "-m", WATCHDOG_MODULE, str(parent_pid), *cmd], env
+
+
+def write_latest(folder: Path) -> Path:
+    """``latest_universal`` naming ``folder``, in its parent (temp + fsync + os.replace)."""
+    return atomic_write(folder.parent / "latest_universal", folder.name)
+
+
+@dataclass
+class UniversalResult:
+    out: Path
+    latest_file: Path
+    seconds: float
+    files: int
+    verification: UniversalVerification
+    log_path: Optional[Path]
+    frozen: list[str]
+    buffers: list[str]
+    frozen_file: Optional[Path]
+    instructions: str
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"out": str(self.out), "latest_file": str(self.latest_file), "seconds": round(self.seconds, 3),
+                "files": self.files, "verification": self.verification.to_json(),
+                "log": str(self.log_path) if self.log_path else None, "frozen": self.frozen, "buffers": self.buffers,
+                "frozen_file": str(self.frozen_file) if self.frozen_file else None,
+                "instructions": self.instructions, "warnings": self.warnings}
+
+
+def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgress] = None, cancel=None,
+                         log_path=None, export_frozen_params: Optional[bool] = None) -> UniversalResult:
+    """Run DeepSpeed's converter for ``plan``, verify, move into place, write ``latest_universal``.
+
+    The converter's output (tqdm, prints) goes to ``log_path`` (default: a file in the temp folder,
+    kept beside the output as ``<out>.convert.log`` only on failure). Raises
+    :class:`UniversalError` on failure, :class:`Cancelled` on cancel; either way the temp folder is
+    removed, nothing is left under the final name and the source is untouched.
+    """
+    t0 = time.monotonic()
+    out = plan.out
+    try:
+        check_output_folder(out)  # again: time has passed since the plan
+    except OutputError as e:
+        raise UniversalError(output_refusal(e, out, plan.tag_dir)) from None
+    if export_frozen_params is None:
+        export_frozen_params = plan.export_frozen
+    before = _tag_snapshot(plan.tag_dir)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out.parent))
+    except OSError as e:
+        raise UniversalError(f"cannot create a temp folder in {out.parent}: {e.strerror or e}") from None
+    inner = tmp / "inner" / out.name
+    own_log = log_path is None
+    log_file = Path(log_path) if log_path else tmp / "convert.log"
+    proc = None
+    keep_log_on_failure = out.parent / f"{out.name}.convert.log"
+    try:
+        (tmp / "inner").mkdir()
+        env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
+        cmd, wenv = watchdog_command(os.getpid(), plan.command(inner))
+        env.update(wenv)
+        with open(log_file, "ab") as log:
+            log.write(("$ " + " ".join(plan.command(inner)) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=str(tmp), start_new_session=True, close_fds=True)
+        total = plan.expected_files
+        last = -1
+        while True:
+            if cancel is not None and cancel.is_set():
+                _kill_group(proc)
+                raise Cancelled("cancelled")
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            done = min(_count_state_files(inner / "zero"), total)
+            if done != last:
+                report(on_progress, done, total, "files", "converting")
+                last = done
+        _kill_group(proc)  # pool workers left behind, if any
+        if rc != 0:
+            tail = _tail(log_file)
+            if own_log:
+                shutil.copyfile(log_file, keep_log_on_failure)
+            raise UniversalError(f"DeepSpeed's converter failed (exit {rc}): {tail}"
+                                 + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})"))
+        report(on_progress, total, total, "files", "converting")
+        if changed(before, _tag_snapshot(plan.tag_dir)):
+            raise UniversalError(f"files in {plan.tag_dir} changed during the conversion (a job still writing?); "
+                                 "the result was discarded. Convert once the checkpoint is complete")
+        report(on_progress, 0, None, "files", "verifying")
+        ver = verify_universal(inner, plan.tag_dir, cancel=cancel)
+        if not ver.ok:
+            raise UniversalError("the converted checkpoint failed verification: " + "; ".join(ver.problems[:5]))
+        files = sum(len(fs) for _, _, fs in os.walk(inner))
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled")
+        if out.exists():
+            if any(out.iterdir()):
+                raise UniversalError(f"{out} appeared while converting and is not empty; the result was discarded")
+            out.rmdir()
+        os.replace(inner, out)
+        fsync_dir(out.parent, best_effort=True)
+        latest = write_latest(out)
+    except BaseException:
+        if proc is not None and proc.poll() is None:
+            _kill_group(proc)
+        elif proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final_log = None
+    if own_log:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        final_log = log_file
+        shutil.rmtree(tmp, ignore_errors=True)
+    frozen_file = None
+    if export_frozen_params and (plan.frozen or plan.buffers):
+        export_frozen(plan.tag_dir, plan.frozen_file)
+        frozen_file = plan.frozen_file
+    return UniversalResult(out=out, latest_file=latest, seconds=time.monotonic() - t0, files=files, verification=ver,
+                           log_path=final_log, frozen=list(plan.frozen), buffers=list(plan.buffers),
+                           frozen_file=frozen_file, instructions=instructions(plan, frozen_file),
+                           warnings=list(plan.warnings) + ver.notes)
+
+
+def _tail(path: Path, n: int = 600) -> str:
+    try:
+        data = Path(path).read_bytes()[-8000:].decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    lines = [ln for ln in data.splitlines() if ln.strip() and "%|" not in ln]
+    for ln in reversed(lines):
+        if "Error" in ln or "assert" in ln.lower():
+            return ln.strip()[:n]
+    return (lines[-1].strip() if lines else "(empty log)")[:n]

@@ -7,7 +7,9 @@ Update with `pytest tests/ui/test_snapshots.py --snapshot-update` after a delibe
 import time
 
 from ckpt_tui.ui.app import make_app
-from ckpt_tui.ui.widgets.details import TensorTable
+from textual.widgets import DataTable
+
+from ckpt_tui.ui.widgets.details import MAX_ROWS, NAME_WIDTH, TensorTable
 
 
 def _ready(theme=None):
@@ -18,17 +20,33 @@ def _ready(theme=None):
 
         def settled():
             node = tree.cursor_node
-            return (app.report is not None and app.query_one(TensorTable).rows and node is not None
+            tensors = app.query_one(TensorTable)
+            return (app.report is not None and tensors.rows and node is not None
                     and node.data is not None and app.selected is not None and node.data.path == app.selected.path
-                    and node.data.path != ".")
+                    and node.data.path != "." and columns_fit(tensors))
+
+        def columns_fit(tensors) -> bool:
+            """The table has its rows and has measured them: the name column is as wide as the widest name
+            shown (under load the screenshot could otherwise catch the columns at their header widths)."""
+            table = tensors.query_one(DataTable)
+            if table.row_count != min(len(tensors.rows), MAX_ROWS):
+                return False
+            name = next(iter(table.columns.values()))
+            widest = max(min(len(r.name), NAME_WIDTH) for r in tensors.rows[:MAX_ROWS])
+            return name.content_width >= widest
 
         while not settled():
-            if time.monotonic() - t0 > 30:
-                break
+            assert time.monotonic() - t0 < 60, "the main screen did not settle"
             await pilot.pause(0.05)
         if theme:
             app.theme = theme
-        await pilot.pause(0.2)
+        # a state, not a number of seconds: the screen is drawn when two renders in a row are the same
+        # (a screen covered by a dialog later keeps its last render, so it must be final before a key)
+        last = None
+        while (shot := app.export_screenshot()) != last:
+            assert time.monotonic() - t0 < 60, "the main screen kept changing"
+            last = shot
+            await pilot.pause(0.1)
 
     return run_before
 

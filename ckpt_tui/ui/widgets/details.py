@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -71,11 +72,18 @@ class TensorTable(Vertical):
         self._columns(False)
 
     def _columns(self, with_stats: bool) -> None:
-        table = self.query_one(DataTable)
-        table.clear(columns=True)
-        cols = ["name", "size", "dtype", "shape"] + (["min", "max", "NaN/Inf"] if with_stats else [])
-        table.add_columns(*cols)
         self._with_stats = with_stats
+        self._set_columns([])
+
+    def _set_columns(self, rows: list) -> None:
+        """Columns as wide as their widest cell shown, set explicitly: a DataTable that measures its columns
+        itself does so when idle, and a frame drawn before that (a loaded machine) kept a stale header row."""
+        table = self.query_one(DataTable)
+        cols = ["name", "size", "dtype", "shape"] + (["min", "max", "NaN/Inf"] if self._with_stats else [])
+        widths = [max([cell_len(c)] + [cell_len(str(r[i])) for r in rows]) for i, c in enumerate(cols)]
+        table.clear(columns=True)
+        for c, w in zip(cols, widths):
+            table.add_column(c, width=w)
 
     def set_rows(self, rows, note: str = "") -> None:
         self.rows = list(rows)
@@ -95,8 +103,8 @@ class TensorTable(Vertical):
         t0 = time.perf_counter()
         text = self.query_one(Input).value.strip().lower()
         table = self.query_one(DataTable)
-        table.clear()
         shown = 0
+        rows = []
         matches = 0
         lower = getattr(self, "_lower", [])
         for r, low in zip(self.rows, lower):
@@ -114,8 +122,10 @@ class TensorTable(Vertical):
                 bad = 0 if st is None else st.nan + st.inf
                 cells += [fmt(getattr(st, "min", None)), fmt(getattr(st, "max", None)),
                           Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0")]
-            table.add_row(*cells)
+            rows.append(cells)
             shown += 1
+        self._set_columns(rows)
+        table.add_rows(rows)
         note = getattr(self, "note", "")
         count = f"{matches:,}/{len(self.rows):,} match '{text}'" if text else f"{matches:,} tensors"
         if matches > shown:

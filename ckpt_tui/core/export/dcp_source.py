@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..dtypes import ITEMSIZE
 from ..formats import FormatError
 from ..formats import dcp as dcpfmt
-from ..formats.pickles import DTYPE_ITEMSIZE, Record, Stub, TensorRef, safe_loads
+from ..formats.pickles import Record, Stub, TensorRef, safe_loads
 from ..formats.torchfile import storage_offsets
 from .sources import ByteRange, Source, SourceTensor
 
@@ -88,10 +89,10 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
 
 
 def _fast_ranges(folder: Path, ti, chunk_list, storage) -> Optional[list[ByteRange]]:
-    if ti.dtype not in DTYPE_ITEMSIZE or not chunk_list:
+    if ti.dtype not in ITEMSIZE or not chunk_list:
         return None
     shape = ti.shape
-    item = DTYPE_ITEMSIZE[ti.dtype]
+    item = ITEMSIZE[ti.dtype]
     parts = []
     for ch in chunk_list:
         c = _d(ch)
@@ -190,9 +191,9 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
         offsets = storage_offsets(path, base, length)
         import zipfile
 
-        from ..formats.torchfile import _Window
+        from ..formats.torchfile import FileWindow
 
-        with open(path, "rb") as f, zipfile.ZipFile(_Window(f, base, length)) as zf:
+        with open(path, "rb") as f, zipfile.ZipFile(FileWindow(f, base, length)) as zf:
             pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
             if not pkl or pkl[0].file_size > (1 << 20):
                 return None

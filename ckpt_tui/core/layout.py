@@ -6,6 +6,7 @@ import re
 from typing import Optional
 
 from .dtypes import short_dtype
+from .formats.registry import format_of
 from .humanize_bytes import count, naturalsize
 from .model import Inventory, Node, Parsed, model_component
 from .names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, step_of
@@ -38,6 +39,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
             return "lightning", {node.role: node.path}
         if node.format in ("torch-zip", "deepspeed-model-states", "deepspeed-optim-states"):
             return "torch-file", {node.role: node.path}
+        fmt = format_of(node)
+        if fmt is not None and fmt.file_layout:  # a format added later names its own single-file layout
+            return fmt.file_layout, {node.role: node.path}
         return "unknown", {}
     names = {c.name for c in node.children}
     dirs = [c for c in node.children if c.is_dir]

@@ -1,5 +1,8 @@
 """DeepSpeed ZeRO-1/2/3 tag folders and universal checkpoints as byte ranges.
 
+One thing, in full (hence its length): DeepSpeed's partitioned layouts -> the byte ranges of each
+full tensor, with both reconstruction rules, their padding, frozen parameters and tied aliases.
+
 :func:`deepspeed_source` describes exactly the tensors DeepSpeed's ``zero_to_fp32``
 (``get_fp32_state_dict_from_zero_checkpoint``) reconstructs, with the same names and order, as
 byte ranges of the fp32 master partitions in the optimizer-states files. Nothing is loaded with

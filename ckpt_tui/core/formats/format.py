@@ -28,6 +28,7 @@ class Format:
 
     formats: tuple[str, ...] = ()
     reference: Optional[str] = None  # the reference loader's name, as ``verify`` reports it
+    file_layout: Optional[str] = None  # the layout of a checkpoint that is one file of this format
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         """Facts from headers and metadata (never tensor data) into ``node.facts``. Raises

@@ -162,13 +162,13 @@ def tensors_cmd(path, as_json, limit):
     rep = _report(path, False)
     inv = rep.inventory
     node = inv.root
-    comp = inv.components.get("model") or inv.components.get("model+optimizer")
+    comp = inv.model_path()
     if comp and comp != ".":
         node = inv.node(comp) or node
         click.echo(f"ckpt-tui: listing the model component `{comp}`", err=True)
     try:
         rows = []
-        for i, t in enumerate(list_tensors(node)):
+        for i, t in enumerate(list_tensors(node, inv.parsed)):
             if limit and i >= limit:
                 break
             rows.append(t)
@@ -462,7 +462,7 @@ def _print_report(rep, show_all: bool) -> None:
     from rich.tree import Tree
 
     from .core.humanize_bytes import count, naturalsize
-    from .core.scan import short_dtype
+    from .core.dtypes import short_dtype
 
     inv = rep.inventory
     con = Console(highlight=False)

@@ -46,9 +46,9 @@ def _chunks(t: SourceTensor):
         for i in range(0, flat.numel(), CHUNK_ELEMS):
             yield flat[i:i + CHUNK_ELEMS].to(torch.float64)
         return
-    from .formats.pickles import DTYPE_ITEMSIZE
+    from .dtypes import ITEMSIZE
 
-    item = DTYPE_ITEMSIZE[t.dtype]
+    item = ITEMSIZE[t.dtype]
     dt = getattr(torch, t.dtype)
     for r in t.ranges:
         with open(r.path, "rb") as f:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Optional
 
 from .humanize_bytes import count
-from .model import SEVERITY_RANK, Finding, Inventory, Node
-from .scan import step_of
+from .model import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
+from .names import step_of
 
 CODES = (
     "dcp-metadata-missing", "dcp-components", "universal-info-missing", "shard-missing", "world-size-mismatch",
@@ -37,8 +37,8 @@ def diagnose(inv: Inventory) -> list[Finding]:
 def mark_complete(inv: Inventory, findings: list[Finding]) -> None:
     """Set ``complete`` on each checkpoint of a run folder: no error finding inside it."""
     for ck in inv.checkpoints:
-        p = ck["path"]
-        ck["complete"] = not any(f.severity == "error" and (f.path == p or f.path.startswith(p + "/")) for f in findings)
+        node = inv.node(ck["path"])
+        ck["complete"] = not any(f.severity == "error" and node.contains(f.path) for f in findings)
 
 
 def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
@@ -98,7 +98,7 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
 
 
 def _sibling_hint(inv: Inventory, n: Node) -> str:
-    s = _last_complete_sibling(inv, n)
+    s = last_complete_sibling(inv, n)
     return f" The newest other checkpoint here is `{s}`." if s else ""
 
 
@@ -110,7 +110,8 @@ def _checkpoint_of(n: Node) -> Optional[str]:
     return None
 
 
-def _last_complete_sibling(inv: Inventory, n: Node) -> Optional[str]:
+def last_complete_sibling(inv: Inventory, n: Node) -> Optional[str]:
+    """The newest other checkpoint beside the one holding ``n`` with no sign of breakage."""
     mine = _checkpoint_of(n)
     if mine is None:
         return None
@@ -233,7 +234,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
     names = {c.name for c in n.children}
     dcp_children = [c for c in n.children if c.is_dir and c.format == "dcp"]
     if dcp_children and n.format != "dcp" and step_of(dcp_children[0].name) is None:
-        model = [c for c in dcp_children if c.role in ("model", "model+optimizer")]
+        model = [c for c in dcp_children if c.role in MODEL_ROLES]
         optim = [c for c in dcp_children if c.role == "optimizer"]
         where = f"`{p}/`" if p != "." else "This folder"
         parts = []
@@ -248,7 +249,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"torch dcp_to_torch) must be given `{target}`, e.g. "
                            f"`accelerate merge-weights {target} {target}_merged`; `ckpt-tui export "
                            f"{p if p != '.' else inv.root.abspath.name} --out DIR` picks it for you.", "export"))
-    tags = [c for c in n.children if c.is_dir and c.format == "deepspeed-zero"]
+    tags = inv.deepspeed_tags(n)
     if tags and "latest" not in names:
         out.append(Finding("latest-missing", "warning", p,
                            f"{'`' + p + '/`' if p != '.' else 'This folder'} has DeepSpeed tag folder(s) "
@@ -256,7 +257,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
                            f"Write the newest tag's name into it: `echo {sorted(t.name for t in tags)[-1]} > {'' if p == '.' else p + '/'}latest`, "
                            f"or run `ckpt-tui fix {p} --only latest` (picks the newest complete tag).", "latest"))
-    unis = [c for c in n.children if c.is_dir and c.format == "deepspeed-universal"]
+    unis = inv.deepspeed_tags(n, universal=True)
     if unis and "latest_universal" not in names and not tags:
         out.append(Finding("latest-missing", "warning", p,
                            f"universal checkpoint folder(s) {', '.join(u.name for u in unis[:3])} have no "

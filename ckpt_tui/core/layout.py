@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from .dtypes import short_dtype
+from .formats.registry import format_of
 from .humanize_bytes import count, naturalsize
-from .model import Inventory, Node
-from .scan import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, short_dtype, step_of
+from .model import Inventory, Node, Parsed, model_component
+from .names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, step_of
 
 LAYOUTS = (
     "hf-trainer-fsdp", "hf-trainer-deepspeed", "hf-trainer", "accelerate", "accelerate-fsdp", "accelerate-deepspeed",
@@ -37,6 +39,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
             return "lightning", {node.role: node.path}
         if node.format in ("torch-zip", "deepspeed-model-states", "deepspeed-optim-states"):
             return "torch-file", {node.role: node.path}
+        fmt = format_of(node)
+        if fmt is not None and fmt.file_layout:  # a format added later names its own single-file layout
+            return fmt.file_layout, {node.role: node.path}
         return "unknown", {}
     names = {c.name for c in node.children}
     dirs = [c for c in node.children if c.is_dir]
@@ -216,7 +221,7 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         return (f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: "
                 + summary(newest, lay, comps))
     head = FRAMEWORK.get(layout) or layout
-    n_model = _find(root, comps.get("model", comps.get("model+optimizer", ""))) if comps else None
+    n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None and n_model.format == "deepspeed-zero":
         st = n_model.facts.get("zero_stage")
         if st is not None:
@@ -250,17 +255,17 @@ def _isdir(root: Node, path: str) -> bool:
     return bool(n and n.is_dir)
 
 
-def describe(root: Node, trust_pickles: bool = False) -> Inventory:
+def describe(root: Node, trust_pickles: bool = False, parsed: Optional[Parsed] = None) -> Inventory:
     layout, comps = classify(root)
     inv = Inventory(root=root, layout=layout, summary=summary(root, layout, comps), framework=FRAMEWORK.get(layout),
-                    components=comps, trust_pickles=trust_pickles)
+                    components=comps, trust_pickles=trust_pickles, parsed=parsed if parsed is not None else Parsed())
     _label_frameworks(root, layout)
     if layout == "run-folder":
-        inv.checkpoints = _checkpoints(root)
+        inv.checkpoints, inv.checkpoint_components = _checkpoints(root)
     elif root.is_dir and layout in ("deepspeed", "hf-trainer-deepspeed"):
-        tags = _checkpoints(root)
+        tags, comps_of = _checkpoints(root)
         if len(tags) > 1:  # a DeepSpeed save_dir holding several tags
-            inv.checkpoints = tags
+            inv.checkpoints, inv.checkpoint_components = tags, comps_of
     return inv
 
 
@@ -302,10 +307,13 @@ def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
     return out
 
 
-def _checkpoints(root: Node) -> list[dict]:
+def _checkpoints(root: Node) -> tuple[list[dict], dict[str, dict[str, str]]]:
+    """The checkpoints below ``root``, newest first, and each one's components."""
     out = []
+    comps_of = {}
     for c in _checkpoint_dirs(root):
         lay, comps = classify(c)
         out.append({"path": c.path, "step": step_of(c.name), "layout": lay, "complete": True})
+        comps_of[c.path] = comps
     out.sort(key=lambda d: (-d["step"], d["path"]))
-    return out
+    return out, comps_of

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 SCHEMA_VERSION = 1
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+MODEL_ROLES = ("model", "model+optimizer")  # roles of nodes that hold model weights
+# formats an export reads (export candidates offered in the export wizard)
+EXPORTABLE = ("dcp", "deepspeed-zero", "deepspeed-universal", "safetensors", "safetensors-sharded-index", "torch-zip")
+
+T = TypeVar("T")
 
 
 def numel(shape) -> int:
@@ -80,6 +85,10 @@ class Node:
         for c in self.children:
             yield from c.walk()
 
+    def contains(self, rel: str) -> bool:
+        """Is the node at ``rel`` (a path relative to the scanned root) this node or below it?"""
+        return self.path == "." or rel == self.path or rel.startswith(self.path + "/")
+
     def to_json(self) -> dict:
         return {
             "path": self.path,
@@ -104,6 +113,25 @@ class Finding:
         return {"code": self.code, "severity": self.severity, "path": self.path, "message": self.message, "fix": self.fix}
 
 
+def model_component(components: dict[str, str]) -> Optional[str]:
+    """The path of the model weights among a layout's components (role -> path), if any."""
+    return components.get("model") or components.get("model+optimizer")
+
+
+class Parsed:
+    """Parsed headers of a scan, typed and keyed by node path (a DCP folder's ``DcpInfo``, a
+    DeepSpeed tag's ``TagFacts``): what a tensor listing reuses instead of reading them again."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, type], Any] = {}
+
+    def put(self, node: Node, value: Any) -> None:
+        self._by[(node.path, type(value))] = value
+
+    def get(self, node: Node, kind: type[T]) -> Optional[T]:
+        return self._by.get((node.path, kind))
+
+
 @dataclass
 class Inventory:
     root: Node
@@ -113,6 +141,9 @@ class Inventory:
     components: dict[str, str] = field(default_factory=dict)  # role -> relative path
     checkpoints: list[dict] = field(default_factory=list)  # run folders: newest first
     trust_pickles: bool = False
+    # each of ``checkpoints``' own components (role -> relative path); not part of the JSON document
+    checkpoint_components: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    parsed: Parsed = field(default_factory=Parsed, repr=False, compare=False)
 
     @property
     def path(self) -> Path:
@@ -123,6 +154,40 @@ class Inventory:
 
     def node(self, rel: str) -> Optional[Node]:
         return self.root.find(rel)
+
+    def model_path(self, checkpoint: Optional[str] = None) -> Optional[str]:
+        """Where the model weights are: of the whole inventory, or of one of its ``checkpoints``."""
+        return model_component(self.components if checkpoint is None else self.checkpoint_components.get(checkpoint, {}))
+
+    def model_node(self, checkpoint: Optional[str] = None) -> Optional[Node]:
+        rel = self.model_path(checkpoint)
+        return self.node(rel) if rel else None
+
+    def deepspeed_tags(self, folder: Optional[Node] = None, *, universal: bool = False) -> list[Node]:
+        """DeepSpeed ZeRO tag folders (``universal``: universal checkpoints) directly in ``folder``,
+        or anywhere in the tree."""
+        fmt = "deepspeed-universal" if universal else "deepspeed-zero"
+        nodes = folder.children if folder is not None else self.nodes()
+        return [n for n in nodes if n.is_dir and n.format == fmt]
+
+    def export_candidates(self) -> list[tuple[str, str]]:
+        """(relative path, description) of what an export could read: the model component first, then
+        each checkpoint's of a run folder, then any other weights; at most 30."""
+        out: list[tuple[str, str]] = []
+        first = self.model_path()
+        if self.layout == "run-folder" and self.checkpoints:
+            for ck in self.checkpoints:
+                rel = self.model_path(ck["path"])
+                if rel:
+                    out.append((rel, f"step {ck['step']}" + (" (complete)" if ck["complete"] else " (INCOMPLETE)")))
+        if first and first not in [o[0] for o in out]:
+            out.insert(0, (first, "the model component"))
+        for n in self.nodes():
+            if n.role in MODEL_ROLES and n.format in EXPORTABLE and n.path not in [o[0] for o in out]:
+                if n.format == "safetensors" and n.abspath.parent.joinpath("model.safetensors.index.json").exists():
+                    continue
+                out.append((n.path, n.format))
+        return out[:30]
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ our restricted reader screened (no ``unsafe-pickle`` finding), or with ``trust_p
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .export.api import ExportError, screened_model, source_for
-from .export.dcp_source import model_names
+from .formats.format import NotExportable
+from .formats.registry import format_of
 from .progress import OnProgress, Progress, check_cancel
 
 
@@ -51,77 +51,19 @@ def _output_tensors(out: Path) -> dict[str, tuple[Path, str]]:
 
 
 def _reference(node, strip_prefix: Optional[str]):
-    """Yields (name, tensor) from the reference loader, a tensor (or a batch) at a time."""
-    import torch
-
-    if node.format == "dcp":
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-        from .formats import dcp as dcpfmt
-
-        info = dcpfmt.read(node.abspath)
-        names = model_names(info, strip_prefix)
-        for key, name in names.items():
-            sd: dict = {}
-            _load_state_dict(sd, storage_reader=FileSystemReader(str(node.abspath)),
-                             planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
-            flat, _ = flatten_state_dict(sd)
-            yield name, flat[key]
-        return "torch.distributed.checkpoint (FileSystemReader)"
-    if node.format == "deepspeed-zero":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        import contextlib
-        import io
-
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints progress on stdout, our contract's channel
-            sd = get_fp32_state_dict_from_zero_checkpoint(str(node.abspath.parent), tag=node.abspath.name)
-        for k, v in sd.items():
-            yield k, v
-        return
-    if node.format in ("torch-zip", "deepspeed-model-states"):
-        from .export.file_sources import pick_state_dict
-
-        obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=False)
-        sd, _ = pick_state_dict(obj)
-        stack = [("", sd)]
-        while stack:
-            prefix, d = stack.pop()
-            for k, v in d.items():
-                name = f"{prefix}{k}"
-                if isinstance(v, dict):
-                    stack.append((name + ".", v))
-                elif isinstance(v, torch.Tensor):
-                    yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), v
-        return
-    if node.format in ("safetensors", "safetensors-sharded-index"):
-        from safetensors import safe_open
-
-        from .export.file_sources import safetensors_source
-
-        files = sorted({r.path for t in safetensors_source(node.abspath).tensors for r in (t.ranges or ())})
-        for f in files:
-            with safe_open(f, framework="pt") as st:
-                for k in st.keys():
-                    yield k, st.get_tensor(k)
-        return
-    if node.format == "deepspeed-universal":
-        for d in sorted((node.abspath / "zero").iterdir()):
-            p = d / "fp32.pt"
-            if p.is_file():
-                obj = torch.load(p, weights_only=False)
-                yield d.name, (obj["param"] if isinstance(obj, dict) else obj)
-        return
-    raise ExportError(f"no reference loader for {node.format}")
+    """Yields (name, tensor) from the reference loader of the node's format, a tensor at a time."""
+    fmt = format_of(node)
+    try:
+        if fmt is None:
+            raise NotExportable(f"no reference loader for {node.format}")
+        yield from fmt.reference_tensors(node, strip_prefix)
+    except NotExportable as e:
+        raise ExportError(str(e)) from None
 
 
-REFERENCE_NAMES = {"dcp": "torch.distributed.checkpoint", "deepspeed-zero": "DeepSpeed zero_to_fp32",
-                   "torch-zip": "torch.load", "safetensors": "safetensors", "deepspeed-universal": "torch.load (fp32.pt)",
-                   "safetensors-sharded-index": "safetensors"}
+def reference_name(node) -> str:
+    fmt = format_of(node)
+    return (fmt.reference if fmt is not None else None) or node.format
 
 
 def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None,
@@ -132,7 +74,7 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     _, node, _ = screened_model(against, trust_pickles=trust_pickles,
                                 why="refusing to hand this checkpoint to the reference loaders")
     outs = _output_tensors(Path(out))
-    res = VerifyResult(reference=REFERENCE_NAMES.get(node.format, node.format))
+    res = VerifyResult(reference=reference_name(node))
     # tied aliases the reference returns under both names are written once, as save_pretrained does
     aliases = {t.name for t in source_for(node, strip_prefix=strip_prefix, trust_pickles=trust_pickles).tensors
                if t.tied_to}

@@ -119,7 +119,7 @@ class CkptApp(App):
         self._main("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
         tree = self._main(CheckpointTree)
         tree.load(inv.root, by_path)
-        target = inv.components.get("model") or inv.components.get("model+optimizer")
+        target = inv.model_path()
         if inv.layout == "run-folder" and inv.checkpoints:
             target = inv.checkpoints[0]["path"]
         if target:
@@ -148,10 +148,10 @@ class CkptApp(App):
         if self.report is None:
             return None, ""
         from ..core.layout import classify
+        from ..core.model import model_component
 
         if node.is_dir:
-            _, comps = classify(node)
-            rel = comps.get("model") or comps.get("model+optimizer")
+            rel = model_component(classify(node)[1])
             if rel:
                 sub = self.report.inventory.node(rel)
                 if sub is not None:
@@ -171,15 +171,15 @@ class CkptApp(App):
         if cached is not None:
             self._main(TensorTable).set_rows(*cached)
             return
-        self._list_tensors(node.path, comp, note)
+        self._list_tensors(node.path, comp, note, self.report.inventory.parsed)
 
     @work(thread=True, exclusive=True, group="tensors", exit_on_error=False)
-    def _list_tensors(self, path: str, comp: Node, note: str) -> None:
+    def _list_tensors(self, path: str, comp: Node, note: str, parsed) -> None:
         from ..core.tensors import list_tensors
 
         rows = []
         try:
-            rows = list(list_tensors(comp))
+            rows = list(list_tensors(comp, parsed))
         except Exception as e:  # a broken file: say so in the table's caption
             note = f"cannot list tensors: {e}"
         self.post_message(TensorsReady(path, rows, note, comp.path))  # the UI thread caches and shows it
@@ -289,9 +289,9 @@ class CkptApp(App):
         if self.report is None:
             self.notify("Still scanning…")
             return
-        sel = self.selected.path if self.selected else "."
+        sel = self.selected or self.report.inventory.root
         fixable = [f for f in self.report.findings if f.fix]
-        mine = [f for f in fixable if f.path == sel or f.path.startswith(sel + "/") or sel == "."]
+        mine = [f for f in fixable if sel.contains(f.path)]
         pick = (mine or fixable)
         if not pick:
             self.notify("Nothing here has a fix.")
@@ -371,13 +371,12 @@ class CkptApp(App):
             self.notify("Still scanning…")
             return
         inv = self.report.inventory
-        tags = [n for n in inv.nodes() if n.format == "deepspeed-zero"]
+        tags = inv.deepspeed_tags()
         if self.selected is not None and self.selected.format == "deepspeed-zero":
             tag = self.selected
         elif tags:
-            comp = inv.components.get("model")
-            tag = inv.node(comp) if comp and inv.node(comp) is not None and inv.node(comp).format == "deepspeed-zero" \
-                else tags[0]
+            model = inv.model_node()
+            tag = model if model is not None and model.format == "deepspeed-zero" else tags[0]
         else:
             self.notify("Universal conversion needs a DeepSpeed ZeRO checkpoint; none here.", severity="warning")
             return

@@ -6,7 +6,7 @@ import humanize
 from rich.text import Text
 
 from ..core.humanize_bytes import count
-from ..core.scan import short_dtype
+from ..core.dtypes import short_dtype
 
 GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
 SEV_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}

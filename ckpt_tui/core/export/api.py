@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats import FormatError
+from ..formats.format import NotExportable
+from ..formats.registry import format_of
 from ..inspect import Report, inspect
 from ..model import Node
 from ..progress import OnProgress
@@ -25,14 +27,9 @@ def resolve(report: Report, tag: Optional[str] = None) -> tuple[Node, list[str]]
             raise ExportError("no complete checkpoint in this run folder (see `ckpt-tui inspect`)")
         ck = complete[0]
         said.append(f"exporting the newest complete checkpoint, `{ck['path']}/` (step {ck['step']})")
-        sub = inv.node(ck["path"])
-        from ..layout import classify
-
-        _, comps = classify(sub)
-        rel = comps.get("model") or comps.get("model+optimizer")
-        node = inv.node(rel) if rel else None
+        node = inv.model_node(ck["path"])
     else:
-        rel = inv.components.get("model") or inv.components.get("model+optimizer")
+        rel = inv.model_path()
         node = inv.node(rel) if rel else None
         if node is not None and node is not root:
             said.append(f"the model is `{rel}" + ("/" if node.is_dir else "") + "`")
@@ -50,8 +47,7 @@ def resolve(report: Report, tag: Optional[str] = None) -> tuple[Node, list[str]]
 def _blocking_findings(report: Report, node: Node, trust: bool) -> list[str]:
     out = []
     for f in report.findings:
-        inside = node.path == "." or f.path == node.path or f.path.startswith(node.path + "/")
-        if not inside or f.severity != "error":
+        if not node.contains(f.path) or f.severity != "error":
             continue
         if f.code == "unsafe-pickle" and trust:
             continue
@@ -73,44 +69,14 @@ def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot rea
 
 
 def source_for(node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False) -> Source:
-    if node.format == "dcp":
-        if node.facts.get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
-            raise ExportError("DCP in safetensors format without .metadata: export its consolidated "
-                              "model-*.safetensors instead")
-        from .dcp_source import dcp_source
-
-        return dcp_source(node.abspath, strip_prefix=strip_prefix)
-    if node.format == "deepspeed-zero":
-        from .deepspeed_source import deepspeed_source
-
-        try:
-            src = deepspeed_source(node.abspath, exclude_frozen=exclude_frozen)
-        except ValueError as e:
-            raise ExportError(str(e)) from None
-        return _strip(src, strip_prefix)
-    if node.format == "deepspeed-universal":
-        from .deepspeed_source import universal_source
-
-        return _strip(universal_source(node.abspath), strip_prefix)
-    if node.format in ("safetensors", "safetensors-sharded-index"):
-        from .file_sources import safetensors_source
-
-        return _strip(safetensors_source(node.abspath), strip_prefix)
-    if node.format in ("torch-zip", "deepspeed-model-states"):
-        from .file_sources import torch_file_source
-
-        return torch_file_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
-    raise ExportError(f"`{node.path}` ({node.format}) is not a format ckpt-tui can export")
-
-
-def _strip(src: Source, prefix):
-    if prefix:
-        for t in src.tensors:
-            if t.name.startswith(prefix):
-                t.name = t.name[len(prefix):]
-            if t.tied_to and t.tied_to.startswith(prefix):
-                t.tied_to = t.tied_to[len(prefix):]
-    return src
+    """``node``'s model weights as an export source, opened by its format."""
+    fmt = format_of(node)
+    try:
+        if fmt is None:
+            raise NotExportable(f"`{node.path}` ({node.format}) is not a format ckpt-tui can export")
+        return fmt.source(node, strip_prefix=strip_prefix, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles)
+    except NotExportable as e:
+        raise ExportError(str(e)) from None
 
 
 def config_dirs(node: Node, report: Report) -> list[Path]:

@@ -13,16 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..dtypes import ITEMSIZE
 from ..formats import FormatError
 from ..formats import dcp as dcpfmt
-from ..formats.pickles import DTYPE_ITEMSIZE, Record, Stub, TensorRef, safe_loads
+from ..formats.pickles import Record, Stub, TensorRef, safe_loads
 from ..formats.torchfile import storage_offsets
+from ..names import OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, STATE_DICT_WRAPPERS, TRAINING_STATE_KEYS
 from .sources import ByteRange, Source, SourceTensor
 
-MODEL_CONTAINERS = ("model", "state_dict", "module", "model_state_dict")
-NON_MODEL_TOP = {"optimizer", "optim", "optimizers", "optimizer_states", "lr_scheduler", "scheduler", "dataloader",
-                 "train_state", "rng", "rng_state", "step", "epoch", "global_step", "args", "extra_state",
-                 "checkpoint_version", "iteration", "state", "param_groups"}
+# the top-level keys that are not the model: optimizer and training state, a flat optimizer state dict
+NON_MODEL_TOP = OPTIMIZER_KEYS | TRAINING_STATE_KEYS | OPTIMIZER_STATE_KEYS
 
 
 def _d(o):
@@ -41,7 +41,7 @@ def model_names(info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None) -> dic
     if len(tops) == 1 and all(len(p) > 1 for p in paths.values()):
         out = {k: ".".join(p[1:]) for k, p in paths.items()}
     else:
-        cont = [c for c in MODEL_CONTAINERS if c in tops and all(len(p) > 1 for p in paths.values() if p[0] == c)]
+        cont = [c for c in STATE_DICT_WRAPPERS if c in tops and all(len(p) > 1 for p in paths.values() if p[0] == c)]
         if cont:
             c = cont[0]
             out = {k: ".".join(p[1:]) for k, p in paths.items() if p[0] == c}
@@ -88,10 +88,10 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
 
 
 def _fast_ranges(folder: Path, ti, chunk_list, storage) -> Optional[list[ByteRange]]:
-    if ti.dtype not in DTYPE_ITEMSIZE or not chunk_list:
+    if ti.dtype not in ITEMSIZE or not chunk_list:
         return None
     shape = ti.shape
-    item = DTYPE_ITEMSIZE[ti.dtype]
+    item = ITEMSIZE[ti.dtype]
     parts = []
     for ch in chunk_list:
         c = _d(ch)
@@ -190,9 +190,9 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
         offsets = storage_offsets(path, base, length)
         import zipfile
 
-        from ..formats.torchfile import _Window
+        from ..formats.torchfile import FileWindow
 
-        with open(path, "rb") as f, zipfile.ZipFile(_Window(f, base, length)) as zf:
+        with open(path, "rb") as f, zipfile.ZipFile(FileWindow(f, base, length)) as zf:
             pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
             if not pkl or pkl[0].file_size > (1 << 20):
                 return None

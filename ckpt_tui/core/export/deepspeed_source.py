@@ -1,5 +1,8 @@
 """DeepSpeed ZeRO-1/2/3 tag folders and universal checkpoints as byte ranges.
 
+One thing, in full (hence its length): DeepSpeed's partitioned layouts -> the byte ranges of each
+full tensor, with both reconstruction rules, their padding, frozen parameters and tied aliases.
+
 :func:`deepspeed_source` describes exactly the tensors DeepSpeed's ``zero_to_fp32``
 (``get_fp32_state_dict_from_zero_checkpoint``) reconstructs, with the same names and order, as
 byte ranges of the fp32 master partitions in the optimizer-states files. Nothing is loaded with
@@ -33,9 +36,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
+from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
 from ..formats.deepspeed import LAYER_RE, MODEL_STATES_RE, OPTIM_STATES_RE, stage_value
-from ..formats.pickles import DTYPE_ITEMSIZE, TensorRef
+from ..formats.pickles import TensorRef
 from .sources import ByteRange, Source, SourceTensor
 
 MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
@@ -96,7 +100,7 @@ def _merge(ranges: list[ByteRange]) -> tuple[ByteRange, ...]:
 
 def _ref_ranges(f: _File, ref: TensorRef, what: str) -> tuple[ByteRange, ...]:
     """Byte ranges of a (possibly strided) tensor, in row-major order."""
-    item = DTYPE_ITEMSIZE.get(ref.dtype)
+    item = ITEMSIZE.get(ref.dtype)
     if item is None:
         raise ValueError(f"{what}: unsupported dtype {ref.dtype}")
     base, size = f.element_start(ref)
@@ -329,7 +333,7 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
                         if take <= 0:
                             break
                         rs = _ref_ranges(mf, t, name)
-                        ranges += _cut(rs, take * DTYPE_ITEMSIZE[dtype])
+                        ranges += _cut(rs, take * ITEMSIZE[dtype])
                         have += take
                     if have != numel:
                         raise ValueError(f"frozen param {name}: fragments hold {have} of {numel} elements")

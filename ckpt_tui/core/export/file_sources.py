@@ -8,26 +8,15 @@ range of the file, found from the zip headers; nothing is unpickled beyond the r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from ..dtypes import ITEMSIZE
 from ..formats import FormatError
 from ..formats import safetensors_header as stfmt
 from ..formats import torchfile
-from ..formats.pickles import DTYPE_ITEMSIZE, TensorRef, iter_tensors
+from ..formats.pickles import TensorRef, iter_tensors
+from ..formats.torchfile import pick_state_dict
 from .sources import ByteRange, Source, SourceTensor
-
-WRAPPERS = ("state_dict", "module", "model", "model_state_dict")
-
-
-def pick_state_dict(obj: Any) -> tuple[Any, Optional[str]]:
-    """The model's state dict inside a torch file: Lightning's ``state_dict``, DeepSpeed's ``module``,
-    Megatron's ``model``..., or the object itself."""
-    if isinstance(obj, dict):
-        for w in WRAPPERS:
-            inner = obj.get(w)
-            if isinstance(inner, dict) and any(True for _ in iter_tensors(inner)):
-                return inner, w
-    return obj, None
 
 
 def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
@@ -51,7 +40,7 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
         tied = first_by_view.get(view)
         if tied is None:
             first_by_view[view] = out
-        item = DTYPE_ITEMSIZE.get(t.dtype)
+        item = ITEMSIZE.get(t.dtype)
         if item is None:
             raise FormatError(f"{name} has unsupported dtype {t.dtype}")
         if t.contiguous:

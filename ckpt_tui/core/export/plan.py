@@ -7,15 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..formats.pickles import DTYPE_ITEMSIZE
+from ..dtypes import ITEMSIZE, short_dtype
 from ..model import Plan, PlanStep, numel
 from .sources import Source, SourceTensor
 
 DTYPES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FLOATS = {"float32", "float16", "bfloat16", "float64"}
-ST_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
-            "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64",
-            "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "complex64": "C64"}
 DEFAULT_MAX_SHARD = "50GB"  # transformers 5.x save_pretrained
 CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -44,7 +41,7 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        return numel(self.shape) * DTYPE_ITEMSIZE[self.dtype]
+        return numel(self.shape) * ITEMSIZE[self.dtype]
 
 
 @dataclass
@@ -146,7 +143,7 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
     plan = ExportPlan(source, Path(out), files, n > 1, dropped_tied=dropped, excluded=excluded, dtype=dtype)
     plan.notes.extend(source.notes)
     if source.train_dtype and source.train_dtype != "float32" and dtype == "keep":
-        short = {"bfloat16": "bf16", "float16": "fp16"}.get(source.train_dtype, source.train_dtype)
+        short = short_dtype(source.train_dtype)
         plan.notes.append(f"the run trained in {short}; these are its fp32 master weights — "
                           f"--dtype {short} halves the size")
     for t in source.tensors:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..formats.pickles import DTYPE_ITEMSIZE
+from ..dtypes import ITEMSIZE
 from ..model import numel
 
 
@@ -40,7 +40,7 @@ class SourceTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_ITEMSIZE[self.dtype]
+        return self.numel * ITEMSIZE[self.dtype]
 
 
 @dataclass
@@ -82,3 +82,14 @@ def to_torch(t: SourceTensor):
     if not data:
         return torch.empty(t.shape, dtype=dt)
     return torch.frombuffer(bytearray(data), dtype=dt).reshape(t.shape)
+
+
+def strip_names(src: Source, prefix: Optional[str]) -> Source:
+    """Remove ``prefix`` from the names of ``src``'s tensors (and of what they are tied to)."""
+    if prefix:
+        for t in src.tensors:
+            if t.name.startswith(prefix):
+                t.name = t.name[len(prefix):]
+            if t.tied_to and t.tied_to.startswith(prefix):
+                t.tied_to = t.tied_to[len(prefix):]
+    return src

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..formats.pickles import DTYPE_ITEMSIZE
+from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
+from ..dtypes import ST_CODE as ST_NAMES
 from ..fsutil import (OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot,
                       write_synced)
 from ..progress import OnProgress, Progress, check_cancel
-from .plan import ST_NAMES, ExportPlan, OutFile, OutTensor
+from .plan import ExportPlan, OutFile, OutTensor
 
 BUF = 16 * 1024 * 1024
 

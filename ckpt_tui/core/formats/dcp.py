@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..dtypes import ITEMSIZE
 from ..model import TensorInfo
 from . import FormatError
-from .pickles import DTYPE_ITEMSIZE, MAX_PICKLE_BYTES, Record, Stub, safe_loads
+from .pickles import MAX_PICKLE_BYTES, Record, Stub, safe_loads
 
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
@@ -101,7 +102,7 @@ def read(folder: Path) -> DcpInfo:
                 numel = 1
                 for d in size:
                     numel *= d
-                ti = TensorInfo(key, size, dtype, numel * DTYPE_ITEMSIZE.get(dtype, 1))
+                ti = TensorInfo(key, size, dtype, numel * ITEMSIZE.get(dtype, 1))
                 for ch in _get(md, "chunks") or []:
                     offs = tuple(_get(ch, "offsets") or ())
                     sizes = tuple(_get(ch, "sizes") or ())

@@ -16,16 +16,12 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import FormatError
+from ..dtypes import ITEMSIZE
 from ..model import numel
+from . import FormatError
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused
 
-DTYPE_ITEMSIZE = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-    "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "bool": 1, "complex64": 8, "complex128": 16,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "complex32": 4,
-}
 # aliases torch accepts as attribute names
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
                   "short": "int16", "cfloat": "complex64", "cdouble": "complex128"}
@@ -114,7 +110,7 @@ class StorageRef:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 1)
+        return self.numel * ITEMSIZE.get(self.dtype, 1)
 
 
 @dataclass
@@ -143,7 +139,7 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 1)
+        return self.numel * ITEMSIZE.get(self.dtype, 1)
 
 
 @dataclass
@@ -217,7 +213,7 @@ def _reconstructor(cls, base, state=None):
     return cls() if isinstance(cls, type) and issubclass(cls, Stub) else (base() if base in (dict, list, tuple, object) else None)
 
 
-_DTYPES = set(DTYPE_ITEMSIZE) | set(_DTYPE_ALIASES)
+_DTYPES = set(ITEMSIZE) | set(_DTYPE_ALIASES)
 
 # Framework classes read through inert stand-ins. Everything here is data only in real checkpoints.
 STUB_GLOBALS = {
@@ -311,7 +307,7 @@ FUNCTIONS = {
 _TORCH_CONSTANTS = {"strided", "sparse_coo", "contiguous_format", "channels_last", "preserve_format", "channels_last_3d"}
 
 
-class _Unpickler(pickle.Unpickler):
+class RestrictedUnpickler(pickle.Unpickler):
     def __init__(self, f, result: Unpickled, persistent: bool):
         super().__init__(f)
         self._result = result
@@ -361,7 +357,7 @@ def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        result.obj = _Unpickler(io.BytesIO(data), result, persistent).load()
+        result.obj = RestrictedUnpickler(io.BytesIO(data), result, persistent).load()
     except FormatError:
         raise
     except EOFError as e:

@@ -11,18 +11,12 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..dtypes import FROM_ST_CODE
 from ..model import TensorInfo
 from . import FormatError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_INDEX_BYTES = 64 * 1024 * 1024
-
-ST_DTYPES = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-    "U16": ("uint16", 2), "U32": ("uint32", 4), "U64": ("uint64", 8), "BOOL": ("bool", 1),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1), "C64": ("complex64", 8),
-}
 
 
 @dataclass
@@ -71,9 +65,9 @@ def read_header(path: Path) -> SafetensorsHeader:
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise FormatError(f"header entry {name!r} lacks dtype/shape/data_offsets") from None
-        if dt not in ST_DTYPES:
+        if dt not in FROM_ST_CODE:
             raise FormatError(f"tensor {name!r} has unknown dtype {dt!r}")
-        tname, item = ST_DTYPES[dt]
+        tname, item = FROM_ST_CODE[dt]
         if any(d < 0 for d in shape) or begin < 0 or end < begin:
             raise FormatError(f"tensor {name!r} has a negative shape or inverted offsets")
         numel = 1

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..names import STATE_DICT_WRAPPERS
 from . import FormatError
-from .pickles import MAX_PICKLE_BYTES, Unpickled, safe_loads
+from .pickles import MAX_PICKLE_BYTES, Unpickled, iter_tensors, safe_loads
 
 PICKLE_MAGICS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
@@ -34,6 +35,18 @@ class TorchFile:
     @property
     def unsafe(self) -> set[str]:
         return self.unpickled.unsafe
+
+
+def pick_state_dict(obj: Any) -> tuple[Any, Optional[str]]:
+    """The model's state dict inside a torch file: the first of STATE_DICT_WRAPPERS (Lightning's
+    ``state_dict``, DeepSpeed's ``module``, Megatron's ``model``...) that holds tensors, and its key;
+    else the object itself and None."""
+    if isinstance(obj, dict):
+        for w in STATE_DICT_WRAPPERS:
+            inner = obj.get(w)
+            if isinstance(inner, dict) and any(True for _ in iter_tensors(inner)):
+                return inner, w
+    return obj, None
 
 
 def sniff(path: Path) -> str:
@@ -119,7 +132,7 @@ def _read_legacy(path: Path, size: int) -> TorchFile:
 def _legacy_loads(data: bytes) -> Unpickled:
     import io
 
-    from .pickles import _Unpickler, Unpickled as U
+    from .pickles import RestrictedUnpickler, Unpickled as U
 
     # legacy torch: magic number, protocol version, sys info, then the object pickle with persistent ids
     f = io.BytesIO(data)
@@ -130,10 +143,10 @@ def _legacy_loads(data: bytes) -> Unpickled:
         if isinstance(magic, int) and magic == 0x1950A86A20F9469CFC6C:
             first.load()  # protocol version
             first.load()  # sys info
-            result.obj = _Unpickler(f, result, True).load()
+            result.obj = RestrictedUnpickler(f, result, True).load()
         else:
             f.seek(0)
-            result.obj = _Unpickler(f, result, False).load()
+            result.obj = RestrictedUnpickler(f, result, False).load()
     except EOFError:
         raise FormatError("pickle ends early", "truncated") from None
     except FormatError:
@@ -169,7 +182,7 @@ def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> 
 
     out: dict[str, tuple[int, int]] = {}
     with open(path, "rb") as f:
-        src = _Window(f, base, length if length is not None else os.fstat(f.fileno()).st_size - base)
+        src = FileWindow(f, base, length if length is not None else os.fstat(f.fileno()).st_size - base)
         try:
             zf = zipfile.ZipFile(src)
         except Exception as e:  # a corrupt directory: any zipfile error
@@ -190,7 +203,7 @@ def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> 
     return out
 
 
-class _Window:
+class FileWindow:
     """A read-only, seekable view of [base, base+length) of an open file."""
 
     def __init__(self, f, base: int, length: int):

@@ -8,11 +8,12 @@ from typing import Optional
 
 from ..formats import FormatError
 from ..fsutil import stamp
-from ..model import Finding, Plan, PlanStep
+from ..model import MODEL_ROLES, Finding, Node, Plan, PlanStep
+from ..names import step_of
 from ..progress import report
-from . import Repair, RepairResult
 from .atomic import RepairError, backup_path, replace_file
 from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
+from .run import Repair
 
 # deepspeed.checkpoint.constants UNIVERSAL_CHECKPOINT_INFO / _VERSION_KEY / _VERSION_VALUE (0.19.8; the
 # tests check they still match; not imported here: importing deepspeed takes seconds and logs)
@@ -106,7 +107,7 @@ def _universal_info(rep, f: Finding) -> Repair:
     )
     title = f"add universal_checkpoint_info to {_rel(root, target)}"
     r = Repair("universal-info", f.code, f.path, title, Plan(title, steps, notes), root=root)
-    r._run = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel)
+    r.action = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel)
     return r
 
 
@@ -161,19 +162,15 @@ def _apply_universal_info(target: Path, on_progress, cancel) -> tuple[bool, str,
 
 
 def _step(name: str) -> int:
-    from ..scan import step_of
-
     s = step_of(name)
     return -1 if s is None else s
 
 
-def _complete(rep, rel: str) -> bool:
-    return not any(x.severity == "error" and (x.path == rel or x.path.startswith(rel + "/")) for x in rep.findings)
+def _complete(rep, tag: Node) -> bool:
+    return not any(x.severity == "error" and tag.contains(x.path) for x in rep.findings)
 
 
 def _latest(rep, f: Finding) -> Repair:
-    from ..scan import step_of
-
     inv = rep.inventory
     root = inv.path
     node = inv.node(f.path)
@@ -181,12 +178,12 @@ def _latest(rep, f: Finding) -> Repair:
         return _cannot(rep, f, "latest", f"{f.path} is no longer in the report")
     if node.is_dir:  # latest-missing: the folder holding the tags
         parent = node
-        tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-zero"]
+        tags = inv.deepspeed_tags(parent)
         if tags:
             name = "latest"
         else:
             name = "latest_universal"
-            tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-universal"]
+            tags = inv.deepspeed_tags(parent, universal=True)
     else:
         name = node.name
         parent = inv.node(f.path.rsplit("/", 1)[0] if "/" in f.path else ".")
@@ -195,13 +192,13 @@ def _latest(rep, f: Finding) -> Repair:
         if name == "latest_checkpointed_iteration.txt":
             tags = [c for c in parent.children if c.is_dir and step_of(c.name) is not None]
         elif name == "latest_universal":
-            tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-universal"]
+            tags = inv.deepspeed_tags(parent, universal=True)
         else:
-            tags = [c for c in parent.children if c.is_dir and c.format == "deepspeed-zero"]
+            tags = inv.deepspeed_tags(parent)
         if not tags:
             tags = [c for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
                                                                  or step_of(c.name) is not None)]
-    complete = [c for c in tags if _complete(rep, c.path)]
+    complete = [c for c in tags if _complete(rep, c)]
     target = parent.abspath / name
     if not complete:
         why = "no complete tag folder here" + (f" (incomplete: {', '.join(t.name for t in tags[:4])})" if tags else "")
@@ -229,7 +226,7 @@ def _latest(rep, f: Finding) -> Repair:
         notes.append(f"skipped incomplete: {', '.join(skipped[:6])}")
     title = f"point {_rel(root, target)} at {best.name}"
     r = Repair("latest", f.code, f.path, title, Plan(title, tuple(steps), tuple(notes)), root=root)
-    r._run = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel)
+    r.action = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel)
     return r
 
 
@@ -286,7 +283,7 @@ def check_metadata_tmp(folder: Path, trust: bool = False) -> tuple[bool, str]:
 
 
 def _dcp_metadata(rep, f: Finding) -> Repair:
-    from ..diagnose import _last_complete_sibling
+    from ..diagnose import last_complete_sibling
 
     inv = rep.inventory
     root = inv.path
@@ -296,7 +293,7 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     target = folder / ".metadata"
     tmp = folder / ".metadata.tmp"
     if not ok:
-        sib = _last_complete_sibling(inv, node) if node is not None else None
+        sib = last_complete_sibling(inv, node) if node is not None else None
         note = (f"the last complete checkpoint beside it is `{sib}`",) if sib else \
             ("no complete sibling checkpoint was found here",)
         return _cannot(rep, f, "dcp-metadata", f".metadata cannot be rebuilt from .metadata.tmp: {why}", note)
@@ -307,7 +304,7 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     title = f"rebuild {_rel(root, target)} from .metadata.tmp"
     r = Repair("dcp-metadata", f.code, f.path, title, Plan(title, steps, (why,)), root=root)
     trust = inv.trust_pickles
-    r._run = lambda on_progress, cancel: _apply_dcp(folder, trust, on_progress, cancel)
+    r.action = lambda on_progress, cancel: _apply_dcp(folder, trust, on_progress, cancel)
     return r
 
 
@@ -342,41 +339,10 @@ def _export_advice(rep, f: Finding) -> Repair:
     node = inv.node(f.path)
     sub = None
     if f.code == "dcp-components" and node is not None:
-        models = [c for c in node.children if c.is_dir and c.format == "dcp" and c.role in ("model", "model+optimizer")]
+        models = [c for c in node.children if c.is_dir and c.format == "dcp" and c.role in MODEL_ROLES]
         sub = (models or [c for c in node.children if c.is_dir and c.format == "dcp"] or [None])[0]
     src = sub.abspath if sub is not None else (node.abspath if node is not None else root / f.path)
     cmd = f"ckpt-tui export {src} --out {src}_exported"
     title = f"{f.code} at {f.path}: nothing to write; export instead"
     plan = Plan(title, (), (f"run `{cmd}` (a single safetensors model any tool can load)",))
     return Repair("export", f.code, f.path, title, plan, root=root, writes=False, can_apply=False)
-
-
-# ------------------------------------------------------------------ running
-
-
-def run_repair(r: Repair, on_progress=None, cancel=None) -> RepairResult:
-    from ..inspect import inspect
-    from ..progress import Cancelled
-
-    if not r.can_apply or r._run is None:
-        return RepairResult(r.id, r.code, r.path, False, False, r.plan.title if not r.plan.notes else
-                            r.plan.title + " — " + "; ".join(r.plan.notes))
-    try:
-        changed, msg, bak, written = r._run(on_progress, cancel)
-    except Cancelled:
-        raise
-    except RepairError as e:
-        return RepairResult(r.id, r.code, r.path, False, False, str(e))
-    except EditError as e:
-        return RepairResult(r.id, r.code, r.path, False, False, f"{e}. Nothing was changed.")
-    except FormatError as e:
-        return RepairResult(r.id, r.code, r.path, False, False, f"{e}. Nothing was changed.")
-    except OSError as e:
-        return RepairResult(r.id, r.code, r.path, False, False,
-                            f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}. Nothing was changed.")
-    rep = inspect(r.root, trust_pickles=r.trust_pickles)
-    gone = not any(x.code == r.code and x.path == r.path for x in rep.findings)
-    if not gone:
-        msg += f"; but re-inspecting still reports {r.code} at {r.path}"
-    return RepairResult(r.id, r.code, r.path, gone, changed, msg, gone, str(bak) if bak else None,
-                        [str(p) for p in written])

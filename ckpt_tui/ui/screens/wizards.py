@@ -191,7 +191,7 @@ class ExportWizard(PlannedWizard):
         super().__init__()
         self.report = report
         inv = report.inventory
-        self.candidates = _model_candidates(inv)
+        self.candidates = inv.export_candidates()
         self.default = selected_path if selected_path in [c[0] for c in self.candidates] else (
             self.candidates[0][0] if self.candidates else ".")
 
@@ -399,28 +399,3 @@ def _default_out(inv) -> Path:
     root = inv.root.abspath
     base = root if root.is_dir() else root.parent
     return base.parent / f"{base.name}-safetensors"
-
-
-def _model_candidates(inv) -> list[tuple[str, str]]:
-    """(relative path, description): the inventory's model component first, then other weights."""
-    out: list[tuple[str, str]] = []
-    first = inv.components.get("model") or inv.components.get("model+optimizer")
-    if inv.layout == "run-folder" and inv.checkpoints:
-        from ...core.layout import classify
-
-        for ck in inv.checkpoints:
-            sub = inv.node(ck["path"])
-            _, comps = classify(sub)
-            rel = comps.get("model") or comps.get("model+optimizer")
-            if rel:
-                out.append((rel, f"step {ck['step']}" + (" (complete)" if ck["complete"] else " (INCOMPLETE)")))
-    if first and first not in [o[0] for o in out]:
-        out.insert(0, (first, "the model component"))
-    for n in inv.nodes():
-        if n.role in ("model", "model+optimizer") and n.format in (
-                "dcp", "deepspeed-zero", "deepspeed-universal", "safetensors", "safetensors-sharded-index",
-                "torch-zip") and n.path not in [o[0] for o in out]:
-            if n.format == "safetensors" and n.abspath.parent.joinpath("model.safetensors.index.json").exists():
-                continue
-            out.append((n.path, n.format))
-    return out[:30]

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
-from ...core.scan import short_dtype
+from ...core.dtypes import short_dtype
 from ..format import GLYPH, SEV_STYLE, fact_rows, size
 
 FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}

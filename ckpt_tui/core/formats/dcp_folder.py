@@ -1,0 +1,188 @@
+"""torch.distributed.checkpoint folders: ``.metadata`` (or rank-local ``__{rank}.metadata``) and
+``*.distcp``, or DCP written in safetensors format. Analysed from the metadata (which ranks,
+which files, model or optimizer by the keys' structure), exported by byte range, checked against
+torch's own DCP loader."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator, Optional
+
+from ..model import Node, Parsed, TensorInfo
+from ..names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, TRAINING_STATE_KEYS
+from . import FormatError
+from . import dcp as dcpfmt
+from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+
+
+class DcpFiles(FileFormat):
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        if name == ".metadata" or dcpfmt.RANK_META_RE.match(name):
+            return "dcp-metadata", "metadata"
+        if low.endswith(".distcp"):
+            return "dcp-shard", "shard"
+        return None
+
+
+class DcpFolder(FolderFormat):
+    formats = ("dcp",)
+    reference = "torch.distributed.checkpoint"
+
+    def detect(self, node: Node) -> bool:
+        return any(c.name.endswith(".distcp") or c.name == ".metadata" or dcpfmt.RANK_META_RE.match(c.name)
+                   for c in node.children)
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        node.format = "dcp"
+        shards = [c.name for c in node.children if c.name.endswith(".distcp")]
+        f = node.facts
+        f["shard_files"] = len(shards)
+        present_ranks = dcpfmt.ranks_of(shards)
+        f["ranks_present"] = sorted(present_ranks)
+        try:
+            info = dcpfmt.read(node.abspath)
+        except FormatError as e:
+            if e.kind == "missing":
+                f["metadata_missing"] = True
+                f["world_size"] = len(present_ranks) or None
+                node.role = _role_from_name(node.name) or "unknown"
+            else:
+                f["error"] = f".metadata: {e}"
+                f["error_kind"] = e.kind
+            return
+        except OSError as e:
+            f["error"] = f".metadata: {e.strerror or e}"
+            f["error_kind"] = "unreadable"
+            return
+        if info.unsafe:
+            f["unsafe_globals"] = sorted(info.unsafe)
+        f["metadata_files"] = info.metadata_files
+        f["metadata_bytes"] = info.metadata_bytes
+        if len(info.metadata_files) > 1 or (info.metadata_files and info.metadata_files[0] != ".metadata"):
+            f["rank_local_metadata"] = True
+        expected_ranks = dcpfmt.ranks_of(info.files)
+        # safetensors-format DCP names its files differently; fall back to the number of files
+        f["world_size"] = len(expected_ranks) if expected_ranks else None
+        missing = [r for r in sorted(info.files) if node.child(r) is None]
+        short = []
+        for rel, need in sorted(info.files.items()):
+            c = node.child(rel)
+            if c is not None and c.size < need:
+                short.append((rel, c.size, need))
+                c.facts["error"] = f"{c.size} bytes but .metadata places data up to byte {need}: truncated"
+                c.facts["error_kind"] = "truncated"
+        if missing:
+            f["missing_files"] = missing
+        if short:
+            f["short_files"] = [s[0] for s in short]
+        extra = sorted(set(shards) - set(info.files))
+        if extra and info.files:
+            f["unreferenced_files"] = extra
+        if any(n.endswith(".safetensors") for n in info.files):
+            f["storage"] = "safetensors"
+        role, containers, model_tensors = dcp_role(info)
+        node.role = role
+        f["containers"] = containers
+        f["tensor_count"] = len(info.tensors)
+        f["bytes_entries"] = len(info.bytes_entries)
+        set_tensor_facts(node, model_tensors, count=False)
+        if info.chunk_dims:
+            f["split_dims"] = sorted(info.chunk_dims)
+        parsed.put(node, info)
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        info = (parsed.get(node, dcpfmt.DcpInfo) if parsed is not None else None) or dcpfmt.read(node.abspath)
+        yield from info.tensors
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        if node.facts.get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
+            raise NotExportable("DCP in safetensors format without .metadata: export its consolidated "
+                                "model-*.safetensors instead")
+        from ..export.dcp_source import dcp_source
+
+        return dcp_source(node.abspath, strip_prefix=strip_prefix)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        from ..export.dcp_source import model_names
+
+        info = dcpfmt.read(node.abspath)
+        names = model_names(info, strip_prefix)
+        for key, name in names.items():
+            sd: dict = {}
+            _load_state_dict(sd, storage_reader=FileSystemReader(str(node.abspath)),
+                             planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
+            flat, _ = flatten_state_dict(sd)
+            yield name, flat[key]
+
+
+class DcpSafetensorsFolder(FolderFormat):
+    """DCP written in safetensors format (torch's HuggingFace storage writer) without ``.metadata``:
+    one file per rank, each header carrying DCP_SHARDING_INFO. Tensors, export and reference are
+    the ``dcp`` format's."""
+
+    def detect(self, node: Node) -> bool:
+        sts = [c for c in node.children if c.format == "safetensors"]
+        return bool(sts) and all("DCP_SHARDING_INFO" in (c.facts.get("header_metadata") or {}) for c in sts)
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        node.format = "dcp"
+        node.role = "model"
+        sts = [c for c in node.children if c.format == "safetensors"]
+        f = node.facts
+        f["storage"] = "safetensors"
+        f["shard_files"] = len(sts)
+        f["world_size"] = len(sts)
+        f["ranks_present"] = list(range(len(sts)))
+        names = set()
+        dtypes: dict[str, int] = {}
+        for c in sts:
+            try:
+                info = json.loads(c.facts["header_metadata"]["DCP_SHARDING_INFO"])
+            except (ValueError, TypeError):
+                info = {}
+            names |= set(info)
+            for d in c.facts.get("dtypes") or []:
+                dtypes[d] = dtypes.get(d, 0) + 1
+        f["tensor_count"] = len(names)
+        f["dtypes"] = sorted(dtypes, key=lambda d: -dtypes[d])
+        f["containers"] = []
+
+
+def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list]:
+    """Model, optimizer or both — from the keys' structure (planner_data), not the folder name:
+    (role, top-level containers most frequent first, the model's tensors)."""
+    def top(key: str) -> str:
+        path = info.planner_data.get(key)
+        return path[0] if path else key.split(".", 1)[0]
+
+    tops: dict[str, int] = {}
+    for k in info.keys:
+        t = top(k)
+        tops[t] = tops.get(t, 0) + 1
+    containers = sorted(tops, key=lambda t: -tops[t])
+    if set(tops) <= OPTIMIZER_STATE_KEYS and "state" in tops:
+        return "optimizer", containers, []
+    if set(tops) & OPTIMIZER_KEYS:
+        only_opt = set(tops) - OPTIMIZER_KEYS - TRAINING_STATE_KEYS
+        if not only_opt:
+            return "optimizer", containers, []
+        model_t = [t for t in info.tensors if top(t.name) not in OPTIMIZER_KEYS | TRAINING_STATE_KEYS]
+        return "model+optimizer", containers, model_t
+    # FSDP2 get_state_dict saved flat: optimizer keys start with state./param_groups.
+    model_t = [t for t in info.tensors if top(t.name) not in OPTIMIZER_STATE_KEYS | TRAINING_STATE_KEYS]
+    if "state" in tops and model_t:
+        return "model+optimizer", containers, model_t
+    return "model", containers, model_t
+
+
+def _role_from_name(name: str) -> Optional[str]:
+    if FSDP_MODEL_DIR_RE.match(name):
+        return "model"
+    if FSDP_OPTIM_DIR_RE.match(name):
+        return "optimizer"
+    return None

@@ -1,0 +1,247 @@
+"""DeepSpeed checkpoints: ZeRO tag folders (``global_stepN/`` with model- and optim-states files)
+and universal checkpoints (``zero/<param>/fp32.pt``). Analysed from rank 0's states files (the
+other ranks get a zip-directory check), exported as the fp32 weights ``zero_to_fp32`` rebuilds,
+checked against DeepSpeed's ``zero_to_fp32`` (tags) or ``torch.load`` (universal)."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from ..model import Node, Parsed, TensorInfo, numel
+from . import FormatError, torchfile
+from . import deepspeed as dsfmt
+from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+from .torch_save import read_torch_file, torch_file_source, torch_file_tensors, torch_load_tensors
+
+
+class DeepSpeedStatesFiles(FileFormat):
+    """``*_model_states.pt`` / ``*_optim_states.pt``: read with their tag folder (rank 0), so the
+    file itself is not analysed. A model-states file lists and exports as a torch file."""
+
+    formats = ("deepspeed-model-states",)
+    reference = None  # verify reports the format's name
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        if dsfmt.MODEL_STATES_RE.match(name) or dsfmt.LAYER_RE.match(name):
+            return "deepspeed-model-states", "model"
+        if dsfmt.OPTIM_STATES_RE.match(name):
+            return "deepspeed-optim-states", "optimizer"
+        return None
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        return torch_file_tensors(node)
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        return torch_file_source(node, strip_prefix, trust_pickles)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        return torch_load_tensors(node, strip_prefix)
+
+
+def _record(c: Node, e: Exception) -> None:
+    if isinstance(e, FormatError):
+        c.facts["error"] = str(e)
+        c.facts["error_kind"] = e.kind
+    else:
+        c.facts["error"] = f"cannot read: {e.strerror or e}"
+        c.facts["error_kind"] = "permission" if isinstance(e, PermissionError) else "unreadable"
+
+
+def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
+    """Classify a tag folder's files and read rank 0's model and optim states (errors recorded on
+    the files): (facts, model-states file read, optim-states file read)."""
+    tf = dsfmt.classify_files([c.name for c in node.children])
+    ms_name = tf.model_files.get((-1, 0)) or tf.model_files.get((0, 0))
+    obj = None
+    if ms_name:
+        c = node.child(ms_name)
+        if "error" not in c.facts:
+            try:
+                obj = read_torch_file(c).obj
+            except (FormatError, OSError) as e:
+                _record(c, e)
+    if obj is not None:
+        dsfmt.analyze_model_states(obj, tf)
+    opt_name = tf.optim_files.get((0, 0)) or (next(iter(tf.optim_files.values())) if tf.optim_files else None)
+    if opt_name:
+        oc = node.child(opt_name)
+        try:
+            otf = torchfile.read(oc.abspath)
+            if otf.unsafe:
+                oc.facts["unsafe_globals"] = sorted(otf.unsafe)
+            dsfmt.analyze_optim_states(otf.obj, tf)
+        except (FormatError, OSError) as e:
+            _record(oc, e)
+    return tf, ms_name, opt_name
+
+
+class DeepSpeedTag(FolderFormat):
+    formats = ("deepspeed-zero",)
+    reference = "DeepSpeed zero_to_fp32"
+
+    def detect(self, node: Node) -> bool:
+        return dsfmt.is_tag_dir(c.name for c in node.children)
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        node.format = "deepspeed-zero"
+        node.role = "model+optimizer"
+        f = node.facts
+        tf, ms_name, opt_name = read_tag(node)
+        # integrity of every rank file: the zip directory must be there
+        for fname in list(tf.optim_files.values()) + list(tf.model_files.values()):
+            c = node.child(fname)
+            if fname in (ms_name, opt_name) or "error" in c.facts:
+                continue
+            zip_check(c)
+        f.update(tf.facts)
+        stage = f.get("zero_stage")
+        if stage is None:
+            stage = 3 if any(k[0] >= 0 for k in tf.model_files) else None
+            if stage is not None:
+                f["zero_stage"] = stage
+        f["optim_prefix"] = tf.optim_prefix
+        dp_present = sorted({k[0] for k in tf.optim_files})
+        f["ranks_present"] = dp_present
+        ws = f.get("dp_world_size")
+        mp = f.get("mp_world_size") or 1
+        f["world_size"] = ws
+        expected_optim = [(r, m) for r in range(ws or 0) for m in range(mp)] if ws else []
+        missing = [f"{tf.optim_prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"
+                   for (r, m) in expected_optim if (r, m) not in tf.optim_files]
+        if stage == 3 and ws:
+            missing += [f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"
+                        for r in range(ws) for m in range(mp) if (r, m) not in tf.model_files]
+        elif ws:
+            missing += [f"mp_rank_{m:02d}_model_states.pt" for m in range(mp) if (-1, m) not in tf.model_files]
+        if missing:
+            f["missing_files"] = missing
+        extra = [tf.optim_files[k] for k in sorted(tf.optim_files) if ws and k[0] >= ws]
+        if extra:
+            f["extra_rank_files"] = extra
+        pc = f.get("partition_count")
+        if ws and isinstance(pc, int) and pc != ws:
+            f["partition_mismatch"] = pc
+        ts = dsfmt.tensors(tf)
+        set_tensor_facts(node, ts, count=False)
+        f["tensor_count"] = len(ts)
+        f["params_trainable"] = sum(numel(s) for s in tf.param_shapes.values())
+        if tf.frozen_shapes:
+            f["frozen_params"] = sorted(tf.frozen_shapes)
+        elif f.get("module_params") and f["module_params"] > f["params_trainable"] and stage in (1, 2):
+            # ZeRO-1 saves no frozen_param_shapes: frozen weights show only in the module
+            f["frozen_params_unrecorded"] = f["module_params"] - f["params_trainable"]
+        if tf.module_dtypes:
+            f["module_dtypes"] = sorted(tf.module_dtypes)
+        if tf.layer_files:
+            f["pipeline"] = True
+        parsed.put(node, tf)
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        tf = parsed.get(node, dsfmt.TagFacts) if parsed is not None else None
+        if tf is None:
+            tf = read_tag(node)[0]
+        yield from dsfmt.tensors(tf)
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        from ..export.deepspeed_source import deepspeed_source
+        from ..export.sources import strip_names
+
+        try:
+            src = deepspeed_source(node.abspath, exclude_frozen=exclude_frozen)
+        except ValueError as e:
+            raise NotExportable(str(e)) from None
+        return strip_names(src, strip_prefix)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        import contextlib
+        import io
+        import os
+
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints progress on stdout, our contract's channel
+            sd = get_fp32_state_dict_from_zero_checkpoint(str(node.abspath.parent), tag=node.abspath.name)
+        yield from sd.items()
+
+
+def zip_check(c: Node) -> None:
+    """A rank file not read in full: its zip directory must be there and fit in the file."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(c.abspath) as zf:
+            size = c.size
+            for i in zf.infolist():
+                if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
+                    raise FormatError(f"entry {i.filename} runs past the end of the file: truncated", "truncated")
+    except zipfile.BadZipFile:
+        c.facts["error"] = ("zip archive without its central directory: the file was cut short, "
+                            "most likely by an interrupted save")
+        c.facts["error_kind"] = "truncated"
+    except FormatError as e:
+        c.facts["error"] = str(e)
+        c.facts["error_kind"] = e.kind
+    except PermissionError:
+        c.facts["error"] = "permission denied: the file cannot be read"
+        c.facts["error_kind"] = "permission"
+    except OSError as e:
+        c.facts["error"] = f"cannot read: {e.strerror or e}"
+        c.facts["error_kind"] = "unreadable"
+    except Exception as e:  # zipfile raises NotImplementedError, ValueError... on a corrupt directory
+        c.facts["error"] = f"corrupt zip directory: {type(e).__name__}: {e}"
+        c.facts["error_kind"] = "corrupt"
+
+
+class DeepSpeedUniversal(FolderFormat):
+    formats = ("deepspeed-universal",)
+    reference = "torch.load (fp32.pt)"
+
+    def detect(self, node: Node) -> bool:
+        zero = node.child("zero")
+        return zero is not None and zero.is_dir and (
+            any(c.is_dir and c.child("fp32.pt") is not None for c in zero.children[:64])
+            or zero.child("optimizer_state.pt") is not None)
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        node.format = "deepspeed-universal"
+        node.role = "model+optimizer"
+        zero = node.child("zero")
+        params = [c for c in zero.children if c.is_dir]
+        f = node.facts
+        f["param_folders"] = len(params)
+        f["with_optimizer_state"] = sum(1 for p in params if p.child("exp_avg.pt") is not None)
+        f["fp32_only"] = sorted(p.name for p in params if p.child("exp_avg.pt") is None)[:32]
+        ms = [c.name for c in node.children if dsfmt.MODEL_STATES_RE.match(c.name)]
+        f["model_state_files"] = len(ms)
+        for p in params:
+            if p.child("fp32.pt") is None:
+                f.setdefault("incomplete_params", []).append(p.name)
+        for c in params:
+            c.role = "model"
+            c.format = "dir"
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        for d in sorted((node.abspath / "zero").iterdir()):
+            f = d / "fp32.pt"
+            if not f.is_file():
+                continue
+            obj = torchfile.read(f).obj
+            t = obj.get("param") if isinstance(obj, dict) else obj
+            if hasattr(t, "shape"):
+                yield TensorInfo(d.name, t.shape, t.dtype, t.nbytes)
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        from ..export.deepspeed_source import universal_source
+        from ..export.sources import strip_names
+
+        return strip_names(universal_source(node.abspath), strip_prefix)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        import torch
+
+        for d in sorted((node.abspath / "zero").iterdir()):
+            p = d / "fp32.pt"
+            if p.is_file():
+                obj = torch.load(p, weights_only=False)
+                yield d.name, (obj["param"] if isinstance(obj, dict) else obj)

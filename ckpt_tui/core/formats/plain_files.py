@@ -1,0 +1,81 @@
+"""The files beside the weights: ``latest`` markers, trainer state, configs, tokenizer files,
+scripts and text. Detected by name; markers and JSON add facts; they hold no tensors."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from ..humanize_bytes import naturalsize
+from ..model import Node, Parsed
+from .format import FileFormat
+
+MAX_TEXT_BYTES = 4096
+MAX_JSON_BYTES = 16 * 1024 * 1024
+MARKERS = ("latest", "latest_universal", "latest_checkpointed_iteration.txt")
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json", "vocab.txt", "spiece.model", "chat_template.jinja"}
+
+
+class PlainFiles(FileFormat):
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        if name in MARKERS:
+            return "text", "marker"
+        if name == "trainer_state.json":
+            return "json", "trainer-state"
+        if name in TOKENIZER_FILES or low.startswith("tokenizer"):
+            return ("json" if low.endswith(".json") else "text"), "tokenizer"
+        if low.endswith(".json"):
+            if name == "metadata.json":
+                return "json", "metadata"
+            return "json", "config" if "config" in low else "unknown"
+        if low.endswith(".py"):
+            return "python", "script"
+        return None
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        if node.format == "text" and node.role == "marker":
+            with open(node.abspath, "rb") as f:
+                raw = f.read(MAX_TEXT_BYTES)
+            node.facts["names"] = raw.decode("utf-8", errors="replace").strip()
+        elif node.format == "json":
+            _json_facts(node)
+
+
+class TextFiles(FileFormat):
+    """Text by extension; tried after the torch file names (``rng_state.txt`` is not text)."""
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        if low.endswith((".txt", ".md", ".yaml", ".yml", ".log")):
+            return "text", "unknown"
+        return None
+
+
+def _json_facts(node: Node) -> None:
+    if node.size > MAX_JSON_BYTES:
+        node.facts["error"] = f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read"
+        node.facts["error_kind"] = "too-large"
+        return
+    try:
+        doc = json.loads(node.abspath.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        node.facts["error"] = f"not valid JSON: {e}"
+        node.facts["error_kind"] = "corrupt"
+        return
+    if not isinstance(doc, dict):
+        return
+    if node.role == "trainer-state":
+        for k in ("global_step", "epoch", "max_steps", "best_model_checkpoint"):
+            if doc.get(k) is not None:
+                node.facts[k] = doc[k]
+    elif node.name == "config.json":
+        for k in ("model_type", "architectures", "torch_dtype", "dtype", "tie_word_embeddings"):
+            if doc.get(k) is not None:
+                node.facts[k] = doc[k]
+    elif node.name == "adapter_config.json":
+        node.facts["peft_type"] = doc.get("peft_type")
+        node.role = "config"
+    elif node.name == "metadata.json":
+        for k in ("sharded_backend", "sharded_backend_version", "common_backend"):
+            if k in doc:
+                node.facts[k] = doc[k]

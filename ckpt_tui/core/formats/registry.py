@@ -1,0 +1,56 @@
+"""Every format ckpt-tui knows, in detection order: the first file format whose ``classify``
+answers names a file; the first folder format whose ``detect`` is true analyses a folder.
+Adding a format: write its module (see ``format.py``) and add an instance here."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..model import Node
+from .dcp_folder import DcpFiles, DcpFolder, DcpSafetensorsFolder
+from .deepspeed_folder import DeepSpeedStatesFiles, DeepSpeedTag, DeepSpeedUniversal
+from .format import FileFormat, FolderFormat, Format
+from .plain_files import PlainFiles, TextFiles
+from .safetensors_file import HfModelFolder, SafetensorsFiles
+from .torch_save import TorchSave
+
+FORMATS: tuple[Format, ...] = (
+    DcpFiles(), DcpFolder(),
+    DeepSpeedUniversal(),
+    DeepSpeedStatesFiles(), DeepSpeedTag(),
+    DcpSafetensorsFolder(),
+    SafetensorsFiles(), HfModelFolder(),
+    PlainFiles(),
+    TorchSave(),
+    TextFiles(),
+)
+
+FILE_FORMATS = tuple(f for f in FORMATS if isinstance(f, FileFormat))
+FOLDER_FORMATS = tuple(f for f in FORMATS if isinstance(f, FolderFormat))
+_BY_NAME = {name: f for f in FORMATS for name in f.formats}
+
+
+def classify_file(node: Node) -> Optional[FileFormat]:
+    """Set ``node.format`` and ``node.role`` from the file's name; the format that named it, if any."""
+    name = node.name
+    low = name.lower()
+    for fmt in FILE_FORMATS:
+        hit = fmt.classify(name, low)
+        if hit is not None:
+            node.format, node.role = hit
+            return fmt
+    node.format, node.role = "unknown", "unknown"
+    return None
+
+
+def detect_folder(node: Node) -> Optional[FolderFormat]:
+    """The format of a folder whose children are analysed, if any."""
+    for fmt in FOLDER_FORMATS:
+        if fmt.detect(node):
+            return fmt
+    return None
+
+
+def format_of(node: Node) -> Optional[Format]:
+    """The format that lists, exports and checks a node of this ``node.format``, if any."""
+    return _BY_NAME.get(node.format)

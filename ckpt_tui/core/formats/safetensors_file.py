@@ -1,0 +1,116 @@
+"""safetensors files and their index (``*.safetensors.index.json``), and a Hugging Face model
+folder's index checked against its shards: analysed from the JSON headers, exported by byte range,
+checked against ``safetensors.safe_open``."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from ..model import Node, Parsed, TensorInfo
+from . import FormatError
+from . import safetensors_header as stfmt
+from .format import FileFormat, FolderFormat, set_tensor_facts
+
+
+class SafetensorsFiles(FileFormat):
+    formats = ("safetensors", "safetensors-sharded-index")
+    reference = "safetensors"
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        if low.endswith(".safetensors.index.json") or low.endswith(".bin.index.json"):
+            # pytorch_model.bin.index.json: read as an index, listed as JSON
+            return ("safetensors-sharded-index" if ".safetensors." in low else "json"), "model"
+        if low.endswith(".safetensors"):
+            return "safetensors", "optimizer" if "optimizer" in low else "model"
+        return None
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        if node.format == "safetensors":
+            h = stfmt.read_header(node.abspath)
+            set_tensor_facts(node, h.tensors)
+            if h.metadata:
+                node.facts["header_metadata"] = dict(list(h.metadata.items())[:8])
+            return
+        doc = stfmt.read_index(node.abspath)
+        wm = doc["weight_map"]
+        node.facts["tensor_count"] = len(wm)
+        node.facts["shard_files"] = sorted({str(v) for v in wm.values()})
+        ts = (doc.get("metadata") or {}).get("total_size") if isinstance(doc.get("metadata"), dict) else None
+        if ts is not None:
+            node.facts["total_size"] = ts
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        p = node.abspath
+        if node.format == "safetensors":
+            yield from stfmt.read_header(p).tensors
+            return
+        doc = stfmt.read_index(p)
+        for fn in sorted({str(v) for v in doc["weight_map"].values()}):
+            fp = p.parent / fn
+            if fp.resolve().parent != p.parent.resolve():
+                raise FormatError(f"index points outside its folder: {fn}")
+            yield from stfmt.read_header(fp).tensors
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        from ..export.file_sources import safetensors_source
+        from ..export.sources import strip_names
+
+        return strip_names(safetensors_source(node.abspath), strip_prefix)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        from safetensors import safe_open
+
+        from ..export.file_sources import safetensors_source
+
+        files = sorted({r.path for t in safetensors_source(node.abspath).tensors for r in (t.ranges or ())})
+        for f in files:
+            with safe_open(f, framework="pt") as st:
+                for k in st.keys():
+                    yield k, st.get_tensor(k)
+
+
+class HfModelFolder(FolderFormat):
+    """A folder of safetensors shards: its index must name exactly the files and tensors they hold.
+    Adds facts only; the folder keeps format ``dir``."""
+
+    def detect(self, node: Node) -> bool:
+        return any(c.name.endswith(".safetensors") for c in node.children)
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        names = {c.name for c in node.children}
+        idx = [c for c in node.children if c.name.endswith(".safetensors.index.json")]
+        if not idx:
+            return
+        f = node.facts
+        ic = idx[0]
+        wm_files = ic.facts.get("shard_files") or []
+        shards = [c for c in node.children if c.name in set(wm_files) and "param_count" in c.facts]
+        if shards:
+            ic.facts["param_count"] = sum(c.facts["param_count"] for c in shards)
+            ic.facts["tensor_bytes"] = sum(c.facts.get("tensor_bytes", 0) for c in shards)
+            dts: list = []
+            for c in shards:
+                dts += [d for d in c.facts.get("dtypes", []) if d not in dts]
+            ic.facts["dtypes"] = dts
+        missing = [x for x in wm_files if x not in names]
+        if missing:
+            f["index_missing_files"] = missing
+        try:
+            doc = stfmt.read_index(ic.abspath)
+            wm = doc["weight_map"]
+            have: dict[str, str] = {}
+            for c in node.children:
+                if c.name.endswith(".safetensors") and "error" not in c.facts:
+                    for t in stfmt.read_header(c.abspath).tensors:
+                        have[t.name] = c.name
+            wrong = [k for k, v in wm.items() if v not in missing and have.get(k) != v]
+            unlisted = [k for k in have if k not in wm]
+            bad_path = [v for v in set(wm.values()) if "/" in str(v) or str(v).startswith("..")]
+            if wrong:
+                f["index_missing_tensors"] = wrong[:32]
+            if unlisted:
+                f["index_unlisted_tensors"] = unlisted[:32]
+            if bad_path:
+                f["index_outside"] = sorted(bad_path)[:8]
+        except (FormatError, OSError):
+            pass

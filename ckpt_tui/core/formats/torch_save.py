@@ -1,0 +1,114 @@
+"""torch.save files (``pytorch_model.bin``, ``.pt``/``.pth``, Lightning ``.ckpt``, Trainer/Accelerate
+state files): detected by name, analysed from the zip directory and data.pkl, exported by byte
+range, checked against ``torch.load``."""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from ..model import Node, Parsed, TensorInfo
+from . import torchfile
+from .format import FileFormat, set_tensor_facts
+from .pickles import iter_tensors
+from .torchfile import TorchFile, pick_state_dict
+
+# (test, role) in order: Trainer/Accelerate state files by name, then any torch extension
+_NAMED = (
+    (lambda name, low: name == "training_args.bin", "training-args"),
+    (lambda name, low: low.startswith("rng_state") or low.startswith("random_states"), "rng"),
+    (lambda name, low: low.startswith("scheduler") or low.startswith("lr_scheduler"), "scheduler"),
+    (lambda name, low: low.startswith("sampler") or low.startswith("dataloader"), "data-loader"),
+    (lambda name, low: low.startswith("scaler"), "scaler"),
+    (lambda name, low: low.startswith("optimizer"), "optimizer"),
+    (lambda name, low: name == "model_optim_rng.pt", "model+optimizer"),
+    (lambda name, low: name == "meta.pt", "metadata"),
+)
+
+
+def read_torch_file(node: Node) -> TorchFile:
+    """Read ``node``'s structure and record what every torch file gets: unsafe globals, pickle kind."""
+    tf = torchfile.read(node.abspath)
+    if tf.unsafe:
+        node.facts["unsafe_globals"] = sorted(tf.unsafe)
+    node.facts["pickle"] = "zip" if tf.is_zip else "legacy"
+    return tf
+
+
+def torch_file_tensors(node: Node) -> Iterator[TensorInfo]:
+    obj = torchfile.read(node.abspath).obj
+    for name, t in iter_tensors(obj):
+        yield TensorInfo(name, t.shape, t.dtype, t.nbytes)
+
+
+def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bool):
+    from ..export.file_sources import torch_file_source as open_source
+
+    return open_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
+
+
+def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
+    """The reference: ``torch.load`` (unrestricted: only after the safety screen)."""
+    import torch
+
+    obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=False)
+    sd, _ = pick_state_dict(obj)
+    stack = [("", sd)]
+    while stack:
+        prefix, d = stack.pop()
+        for k, v in d.items():
+            name = f"{prefix}{k}"
+            if isinstance(v, dict):
+                stack.append((name + ".", v))
+            elif isinstance(v, torch.Tensor):
+                yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), v
+
+
+class TorchSave(FileFormat):
+    formats = ("torch-zip",)
+    reference = "torch.load"
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        for test, role in _NAMED:
+            if test(name, low):
+                return "torch-zip", role
+        if low.endswith((".pt", ".pth", ".bin", ".ckpt", ".pkl")):
+            return "torch-zip", "model+optimizer" if low.endswith(".ckpt") else "model"
+        return None
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        obj = read_torch_file(node).obj
+        if isinstance(obj, dict):
+            node.facts["keys"] = [str(k) for k in list(obj.keys())[:12]]
+            sd, wrapper = pick_state_dict(obj)
+            if wrapper:
+                node.facts["weights_under"] = wrapper
+            tensors = list(iter_tensors(sd))
+            if tensors:
+                set_tensor_facts(node, [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in tensors])
+                # tied weights: two names viewing one storage
+                by_storage: dict[tuple, list[str]] = {}
+                for n, t in tensors:
+                    if t.storage is not None:
+                        by_storage.setdefault((t.storage.key, t.offset, t.shape), []).append(n)
+                tied = [v for v in by_storage.values() if len(v) > 1]
+                if tied:
+                    node.facts["tied"] = tied[:16]
+            for k in ("global_step", "iteration", "epoch"):
+                if isinstance(obj.get(k), int):
+                    node.facts[k] = obj[k]
+            if "optimizer_states" in obj or "optimizer" in obj:
+                if tensors and node.role == "model":
+                    node.role = "model+optimizer"
+            if node.role == "model" and "state" in obj and "param_groups" in obj:
+                node.role = "optimizer"
+        elif obj is not None:
+            node.facts["object"] = getattr(obj, "_qualname", type(obj).__name__)
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        return torch_file_tensors(node)
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        return torch_file_source(node, strip_prefix, trust_pickles)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        return torch_load_tensors(node, strip_prefix)

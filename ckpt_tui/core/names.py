@@ -1,0 +1,35 @@
+"""Names the frameworks give things on disk and in state dicts, shared by every layer above:
+checkpoint folders and the step in their name, FSDP component folders, the keys that wrap a
+model's state dict, and the top-level keys that are not the model."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+# checkpoint-N (HF Trainer), global_stepN (DeepSpeed), step-N (torchtitan), iter_N (Megatron),
+# epoch=E-step=N.ckpt / *step=N*.ckpt (Lightning)
+CKPT_DIR_RE = re.compile(r"^(checkpoint-(\d+)|global_step(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$")
+FSDP_MODEL_DIR_RE = re.compile(r"^pytorch_model_fsdp_(\d+)$")  # HF Trainer / Accelerate sharded FSDP
+FSDP_OPTIM_DIR_RE = re.compile(r"^optimizer_(\d+)$")
+
+# where a torch file (or a DCP folder) keeps the model's state dict, in order of preference:
+# Lightning's state_dict, DeepSpeed's module, Megatron's model, plain model_state_dict
+STATE_DICT_WRAPPERS = ("state_dict", "module", "model", "model_state_dict")
+# top-level keys of optimizer state, and of the rest of the training state (neither is the model)
+OPTIMIZER_KEYS = frozenset({"optimizer", "optim", "optimizers", "optimizer_states"})
+TRAINING_STATE_KEYS = frozenset({"lr_scheduler", "dataloader", "train_state", "scheduler", "rng", "rng_state", "step",
+                                 "epoch", "global_step", "extra_state", "args", "checkpoint_version", "iteration"})
+# a flat torch optimizer state dict (FSDP2 get_state_dict saved flat)
+OPTIMIZER_STATE_KEYS = frozenset({"state", "param_groups"})
+
+
+def step_of(name: str) -> Optional[int]:
+    """The training step in a checkpoint folder's name (``checkpoint-2000`` -> 2000), or None."""
+    m = CKPT_DIR_RE.match(name)
+    if not m:
+        return None
+    for g in m.groups()[1:]:
+        if g is not None:
+            return int(g)
+    return None

@@ -106,10 +106,6 @@ def _workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def _in_subtree(path: str, root: str) -> bool:
-    return root == "." or path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: Optional[int] = None,
                    export_frozen: bool = False) -> UniversalPlan:
     """Resolve SRC to a ZeRO tag folder and say what converting it will do. Writes nothing.
@@ -124,8 +120,7 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     src = Path(src)
     rep = inspect(src, trust_pickles=trust_pickles)
     inv = rep.inventory
-    comp = inv.components.get("model") or inv.components.get("model+optimizer")
-    node = inv.node(comp) if comp else None
+    node = inv.model_node()
     if node is None or node.format != "deepspeed-zero":
         if node is not None and node.format == "deepspeed-universal" or inv.layout == "universal":
             raise UniversalError(f"{src} is already a DeepSpeed universal checkpoint: load it with "
@@ -143,12 +138,12 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
                              "the tooling of the framework that wrote them")
     if (f.get("mp_world_size") or 1) > 1:
         raise UniversalError(f"model-parallel checkpoints (mp_world_size={f['mp_world_size']}) are not supported here")
-    errs = [x for x in rep.findings if x.severity == "error" and _in_subtree(x.path, node.path)
+    errs = [x for x in rep.findings if x.severity == "error" and node.contains(x.path)
             and x.code != "unsafe-pickle"]
     if errs:
         lines = "; ".join(f"{x.code} {x.path}: {x.message}" for x in errs[:4])
         raise UniversalError(f"{tag_dir} has errors, DeepSpeed cannot convert it: {lines}")
-    unsafe = [x for x in rep.findings if x.code == "unsafe-pickle" and _in_subtree(x.path, node.path)]
+    unsafe = [x for x in rep.findings if x.code == "unsafe-pickle" and node.contains(x.path)]
     if unsafe and not trust_pickles:
         raise UniversalError(f"{unsafe[0].path} names code outside ckpt-tui's allowlist; DeepSpeed's converter "
                              "unpickles without restriction and would run it. Convert only a checkpoint you trust, "

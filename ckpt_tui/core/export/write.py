@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats.pickles import DTYPE_ITEMSIZE
+from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
 from .plan import ST_NAMES, ExportPlan, OutFile, OutTensor
 
@@ -30,7 +31,7 @@ class ExportError(Exception):
 
 
 @dataclass
-class ExportResult:
+class ExportResult(JsonFields):
     out: Path
     files: list[str]
     bytes: int
@@ -42,9 +43,7 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"out": str(self.out), "files": self.files, "bytes": self.bytes, "tensors": self.tensors,
-                "params": self.params, "seconds": round(self.seconds, 3), "verified": self.verified,
-                "mismatches": self.mismatches, "notes": self.notes}
+        return as_json(self) | {"seconds": round(self.seconds, 3)}
 
 
 def header_bytes(f: OutFile) -> bytes:

@@ -8,6 +8,7 @@ from typing import Optional
 
 from .export.api import screened_model, source_for
 from .export.sources import Source, SourceTensor, to_torch
+from .jsondoc import JsonFields
 from .progress import OnProgress, Progress, check_cancel
 
 CHUNK_ELEMS = 4 * 1024 * 1024
@@ -20,7 +21,9 @@ def open_source(path, *, trust_pickles: bool = False, strip_prefix: Optional[str
 
 
 @dataclass
-class TensorStats:
+class TensorStats(JsonFields):
+    json_keys = ("name", "dtype", "numel", "min", "max", "mean", "std", "nan", "inf", "shape")
+
     name: str
     shape: tuple[int, ...]
     dtype: str
@@ -31,10 +34,6 @@ class TensorStats:
     std: Optional[float] = None
     nan: int = 0
     inf: int = 0
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in ("name", "dtype", "numel", "min", "max", "mean", "std", "nan", "inf")} | {
-            "shape": list(self.shape)}
 
 
 def _chunks(t: SourceTensor):
@@ -130,7 +129,9 @@ def stats(path, *, trust_pickles=False, on_progress: Optional[OnProgress] = None
 
 
 @dataclass
-class DiffResult:
+class DiffResult(JsonFields):
+    json_keys = ("only_a", "only_b", "changed", "max_abs_diff=max_abs", "identical")
+
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     changed: list[dict] = field(default_factory=list)  # shape/dtype changes
@@ -139,10 +140,6 @@ class DiffResult:
     @property
     def identical(self) -> bool:
         return not (self.only_a or self.only_b or self.changed or any(v != 0 for v in self.max_abs.values()))
-
-    def to_json(self) -> dict:
-        return {"only_a": self.only_a, "only_b": self.only_b, "changed": self.changed,
-                "max_abs_diff": self.max_abs, "identical": self.identical}
 
 
 def diff(a, b, *, trust_pickles=False, on_progress: Optional[OnProgress] = None, cancel=None) -> DiffResult:

@@ -1,23 +1,18 @@
 """Inventory -> [Finding]. Pure: reads the facts the scan gathered, touches no file.
 
 Each finding says what happened, why it matters and the exact next step. ``fix`` names
-the repair or export that applies (the id ``ckpt-tui fix --only`` and the TUI take).
+the repair or export that applies (the id ``ckpt-tui fix --only`` and the TUI take). Every code,
+its severities, help line and fix id are registered in ``codes.CODES``.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
 from .humanize_bytes import count
 from .model import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
 from .names import step_of
-
-CODES = (
-    "dcp-metadata-missing", "dcp-components", "universal-info-missing", "shard-missing", "world-size-mismatch",
-    "latest-dangling", "latest-missing", "file-truncated", "file-corrupt", "unsafe-pickle", "index-mismatch",
-    "mixed-dtypes", "frozen-params", "tied-weights", "adapter-only", "not-a-checkpoint", "unreadable",
-    "special-file",
-)
 
 
 def diagnose(inv: Inventory) -> list[Finding]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
+from .jsondoc import JsonFields
+
 SCHEMA_VERSION = 1
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
@@ -25,8 +27,10 @@ def numel(shape) -> int:
 
 
 @dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(JsonFields):
     """One tensor as the headers describe it; no data."""
+
+    json_keys = ("name", "shape", "dtype", "bytes=nbytes")
 
     name: str
     shape: tuple[int, ...]
@@ -37,13 +41,12 @@ class TensorInfo:
     def numel(self) -> int:
         return numel(self.shape)
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "bytes": self.nbytes}
-
 
 @dataclass
-class Node:
+class Node(JsonFields):
     """A file or folder of a scanned checkpoint."""
+
+    json_keys = ("path", "kind", "format", "role", "framework", "size", "facts")
 
     path: str  # relative to the scanned root, POSIX style; "." for the root
     abspath: Path
@@ -58,6 +61,10 @@ class Node:
     @property
     def name(self) -> str:
         return self.abspath.name
+
+    @property
+    def kind(self) -> str:
+        return "dir" if self.is_dir else "file"
 
     def child(self, name: str) -> Optional["Node"]:
         idx = self.__dict__.get("_index")
@@ -89,28 +96,15 @@ class Node:
         """Is the node at ``rel`` (a path relative to the scanned root) this node or below it?"""
         return self.path == "." or rel == self.path or rel.startswith(self.path + "/")
 
-    def to_json(self) -> dict:
-        return {
-            "path": self.path,
-            "kind": "dir" if self.is_dir else "file",
-            "format": self.format,
-            "role": self.role,
-            "framework": self.framework,
-            "size": self.size,
-            "facts": _jsonable(self.facts),
-        }
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(JsonFields):
     code: str
     severity: str  # error | warning | info
     path: str  # relative node path
     message: str
     fix: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return {"code": self.code, "severity": self.severity, "path": self.path, "message": self.message, "fix": self.fix}
 
 
 def model_component(components: dict[str, str]) -> Optional[str]:
@@ -191,20 +185,19 @@ class Inventory:
 
 
 @dataclass(frozen=True)
-class PlanStep:
+class PlanStep(JsonFields):
     op: str  # "write" | "copy" | "mkdir" | "backup" | "replace" | "run" | "delete"
     target: str
     source: Optional[str] = None
     bytes: int = 0
     detail: str = ""
 
-    def to_json(self) -> dict:
-        return {"op": self.op, "target": self.target, "source": self.source, "bytes": self.bytes, "detail": self.detail}
-
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(JsonFields):
     """What a writing operation will do, printable before it runs (``--dry-run``)."""
+
+    json_keys = ("title", "steps", "notes", "total_bytes")
 
     title: str
     steps: tuple[PlanStep, ...]
@@ -226,20 +219,3 @@ class Plan:
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        return {"title": self.title, "steps": [s.to_json() for s in self.steps], "notes": list(self.notes),
-                "total_bytes": self.total_bytes}
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple, set, frozenset)):
-        seq = sorted(v) if isinstance(v, (set, frozenset)) else v
-        return [_jsonable(x) for x in seq]
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, Path):
-        return str(v)
-    return str(v)

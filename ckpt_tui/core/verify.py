@@ -14,11 +14,14 @@ from typing import Optional
 from .export.api import ExportError, screened_model, source_for
 from .formats.format import NotExportable
 from .formats.registry import format_of
+from .jsondoc import JsonFields
 from .progress import OnProgress, Progress, check_cancel
 
 
 @dataclass
-class VerifyResult:
+class VerifyResult(JsonFields):
+    json_keys = ("ok", "compared", "mismatches", "missing_in_output", "not_in_reference", "reference")
+
     compared: int = 0
     mismatches: list[str] = field(default_factory=list)
     missing_in_output: list[str] = field(default_factory=list)
@@ -28,11 +31,6 @@ class VerifyResult:
     @property
     def ok(self) -> bool:
         return not self.mismatches and not self.missing_in_output
-
-    def to_json(self) -> dict:
-        return {"ok": self.ok, "compared": self.compared, "mismatches": self.mismatches,
-                "missing_in_output": self.missing_in_output, "not_in_reference": self.not_in_reference,
-                "reference": self.reference}
 
 
 def _output_tensors(out: Path) -> dict[str, tuple[Path, str]]:

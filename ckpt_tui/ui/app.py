@@ -13,6 +13,7 @@ from textual.widgets import Footer, Static, Tree
 
 from ..core.inspect import Report
 from ..core.model import Node
+from ..core.present import GLYPH
 from .actions import ACTIONS, bindings
 from .jobs import Job, JobFinished, JobProgress, run_in_thread
 from .screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
@@ -114,8 +115,8 @@ class CkptApp(App):
         by_path: dict[str, list] = {}
         for f in self.report.findings:
             by_path.setdefault(f.path, []).append(f)
-        counts = {s: sum(1 for f in self.report.findings if f.severity == s) for s in ("error", "warning", "info")}
-        marks = "  ".join(f"{g} {counts[s]}" for s, g in (("error", "✖"), ("warning", "▲"), ("info", "●")) if counts[s])
+        counts = {s: sum(1 for f in self.report.findings if f.severity == s) for s in GLYPH}
+        marks = "  ".join(f"{g} {counts[s]}" for s, g in GLYPH.items() if counts[s])
         self._main("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
         tree = self._main(CheckpointTree)
         tree.load(inv.root, by_path)

@@ -1,29 +1,17 @@
-"""Text the UI shows: badges, glyphs, humanized sizes. Severity is a glyph as well as a colour."""
+"""The TUI's styling of what core/present.py spells: severity styles, badge colours, node labels, fact rows.
+Severity is a glyph as well as a colour."""
 
 from __future__ import annotations
 
-import humanize
 from rich.text import Text
 
-from ..core.humanize_bytes import count
-from ..core.dtypes import short_dtype
+from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, count, role_badge, short_dtype, size, worst
 
-GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
-SEV_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
-ROLE_BADGE = {"model": "MODEL", "optimizer": "OPTIM", "model+optimizer": "MODEL+OPTIM", "rng": "rng",
-              "scheduler": "sched", "trainer-state": "state", "training-args": "args", "config": "config",
-              "tokenizer": "tok", "script": "script", "data-loader": "data", "marker": "marker",
-              "checkpoint": "ckpt", "run": "run", "scaler": "scaler"}
-BADGE_STYLE = {"MODEL": "bold black on green", "OPTIM": "bold black on magenta", "MODEL+OPTIM": "bold black on green"}
+__all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst"]
 
-
-def size(n: int | None) -> str:
-    return humanize.naturalsize(n or 0, format="%.1f")
-
-
-def worst(findings) -> str | None:
-    order = {"error": 0, "warning": 1, "info": 2}
-    return min((f.severity for f in findings), key=lambda s: order[s], default=None)
+SEV_STYLE = {sev: color if sev == "info" else f"bold {color}" for sev, color in SEVERITY_COLOR.items()}
+BADGE_STYLE = {"model": "bold black on green", "optimizer": "bold black on magenta",
+               "model+optimizer": "bold black on green"}
 
 
 def node_label(node, findings=()) -> Text:
@@ -32,14 +20,15 @@ def node_label(node, findings=()) -> Text:
     sev = worst(findings)
     if sev:
         t.append(GLYPH[sev] + " ", style=SEV_STYLE[sev])
-    badge = ROLE_BADGE.get(node.role)
-    if badge and node.role not in ("shard", "metadata") and badge.isupper():  # model/optimizer first: never cut
-        t.append(f"{badge}", style=BADGE_STYLE.get(badge, "reverse"))
+    badge = role_badge(node.role)
+    main = node.role in MAIN_ROLES
+    if badge and main:  # model/optimizer first, in capitals: never cut
+        t.append(badge.upper(), style=BADGE_STYLE.get(node.role, "reverse"))
         t.append("\u00a0")
     t.append(name, style="bold" if node.is_dir else "")
-    if badge and node.role not in ("shard", "metadata") and not badge.isupper():
+    if badge and not main:
         t.append("\u00a0")
-        t.append(f"{badge}", style="dim reverse")
+        t.append(badge, style="dim reverse")
     if node.size:
         t.append(f"\u00a0{size(node.size)}", style="dim")
     return t

@@ -342,7 +342,7 @@ def test_permission_denied_nothing_changed(real_ckpt, shared_tmp):
 
     from click.testing import CliRunner
 
-    from ckpt_tui.cli_fix import fix_cmd
+    from ckpt_tui.cli.fix import fix_cmd
 
     warm = base / "warm"  # nobody cannot read the interpreter's files: import everything lazy first, as root
     shutil.copytree(root, warm)

@@ -22,6 +22,7 @@ from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..dtypes import ST_CODE as ST_NAMES
 from ..fsutil import (OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot,
                       write_synced)
+from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
 from .plan import ExportPlan, OutFile, OutTensor
 
@@ -33,7 +34,7 @@ class ExportError(Exception):
 
 
 @dataclass
-class ExportResult:
+class ExportResult(JsonFields):
     out: Path
     files: list[str]
     bytes: int
@@ -45,9 +46,7 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"out": str(self.out), "files": self.files, "bytes": self.bytes, "tensors": self.tensors,
-                "params": self.params, "seconds": round(self.seconds, 3), "verified": self.verified,
-                "mismatches": self.mismatches, "notes": self.notes}
+        return as_json(self) | {"seconds": round(self.seconds, 3)}
 
 
 def header_bytes(f: OutFile) -> bytes:

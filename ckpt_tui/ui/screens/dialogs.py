@@ -10,6 +10,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from ...core.codes import CODES
+from ...core.present import GLYPH
 from ..actions import ACTIONS
 
 DIALOG_CSS = """
@@ -80,26 +82,7 @@ class MessageDialog(ModalScreen[None]):
         self.dismiss(None)
 
 
-FINDING_HELP = {
-    "dcp-metadata-missing": ".distcp shards without .metadata: the save was interrupted",
-    "dcp-components": "a folder holding DCP folders (model vs optimizer) rather than being one",
-    "universal-info-missing": "ZeRO-1/2 states lack universal_checkpoint_info: ds_to_universal refuses them",
-    "shard-missing": "a rank file named in .metadata or implied by the world size is absent",
-    "world-size-mismatch": "rank files from another world size are mixed in",
-    "latest-dangling": "`latest` names a tag that is not there",
-    "latest-missing": "DeepSpeed tags without a `latest` file",
-    "file-truncated": "a file shorter than its header says",
-    "file-corrupt": "a file whose header or archive is broken",
-    "unsafe-pickle": "a pickle naming code outside the allowlist (never run)",
-    "index-mismatch": "a safetensors index that disagrees with its shards",
-    "mixed-dtypes": "floating tensors of several dtypes",
-    "frozen-params": "parameters without optimizer state",
-    "tied-weights": "tensors sharing storage (written once on export)",
-    "adapter-only": "a PEFT adapter without the base model",
-    "not-a-checkpoint": "nothing recognised",
-    "unreadable": "permission denied, symlink loop, too deep",
-    "special-file": "a FIFO or device in the tree (never opened)",
-}
+FINDING_HELP = {c.code: c.help for c in CODES.values()}  # the registry's one-line help, in its order
 
 
 class HelpScreen(ModalScreen[None]):
@@ -128,7 +111,8 @@ class HelpScreen(ModalScreen[None]):
             yield Static("ckpt-tui — keys", classes="title")
             with VerticalScroll():
                 yield Static(keys)
-                yield Static(Text("\nFinding codes (✖ error  ▲ warning  ● info)", style="bold"))
+                legend = "  ".join(f"{g} {sev}" for sev, g in GLYPH.items())
+                yield Static(Text(f"\nFinding codes ({legend})", style="bold"))
                 yield Static(codes)
             with Horizontal(classes="buttons"):
                 yield Button("Close (esc)", id="close", variant="primary")

@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ...core.model import SEVERITY_RANK
-from ..format import GLYPH
+from ...core.present import GLYPH
 
 
 class FindingsScreen(ModalScreen):

@@ -13,10 +13,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Input, Static
 
-from ...core.dtypes import short_dtype
-from ..format import GLYPH, SEV_STYLE, fact_rows, size
+from ...core.codes import fix_key
+from ...core.present import GLYPH, shape_text, short_dtype, size
+from ..format import SEV_STYLE, fact_rows
 
-FIX_KEYS = {"export": "e", "universal-info": "x / u", "latest": "x", "dcp-metadata": "x", "index": "x"}
 MAX_ROWS = 100
 NAME_WIDTH = 26
 
@@ -37,7 +37,7 @@ class Facts(Static):
             line.append(f"{GLYPH[f.severity]} {f.severity} ", style=SEV_STYLE[f.severity])
             line.append(f.code, style="bold")
             if f.fix:
-                line.append(f"  press {FIX_KEYS.get(f.fix, 'x')}: {f.fix}", style="reverse")
+                line.append(f"  press {fix_key(f.fix)}: {f.fix}", style="reverse")
             parts.append(line)
             parts.append(Text(f.message))
             parts.append(Text(""))
@@ -115,7 +115,7 @@ class TensorTable(Vertical):
                 continue
             name = r.name if len(r.name) <= NAME_WIDTH else "…" + r.name[-(NAME_WIDTH - 1):]
             cells = [Text(name), Text(size(r.nbytes)), Text(short_dtype(r.dtype)),
-                     Text("×".join(map(str, r.shape)) or "scalar")]
+                     Text(shape_text(r.shape))]
             if getattr(self, "_with_stats", False):
                 st = self.stats.get(r.name)
                 fmt = lambda v: "" if v is None else f"{v:.3g}"

@@ -1,15 +1,14 @@
-"""`ckpt-tui fix PATH`: list the repairs that apply, show their plans, apply them (registered on
-the main group in ``cli.py``)."""
+"""`ckpt-tui fix PATH`: list the repairs that apply, show their plans, apply them."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from .cli_support import fail
-from .core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .options import json_option, path_argument, trust_pickles_option
+from .output import emit_json, fail
 
 
 def _interactive() -> bool:
@@ -20,13 +19,13 @@ def _interactive() -> bool:
 
 
 @click.command("fix", short_help="Repair what inspect flags, with a backup and a dry run.")
-@click.argument("path", type=click.Path(path_type=str, readable=False))
+@path_argument()
 @click.option("--only", "only", default=None, metavar="ID",
               help="Apply only this fix id (universal-info, latest, dcp-metadata) or finding code.")
 @click.option("--dry-run", is_flag=True, help="Print exactly what each repair would change; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed without a terminal).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON document (schema_version 1).")
-@click.option("--trust-pickles", is_flag=True, help="See `inspect --help`.")
+@json_option("One JSON document (schema_version 1).")
+@trust_pickles_option()
 def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
     """Repair what `inspect` flags in PATH, safely: each repair shows its plan first (--dry-run
     stops there), keeps a backup (hard link, no copy), writes atomically (temp file + fsync +
@@ -39,11 +38,11 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
 
     Exit codes: 0 ok, 1 a repair failed or errors remain, 2 bad path or usage, 130 interrupted.
     """
-    from .core.inspect import inspect
-    from .core.model import SCHEMA_VERSION
-    from .core.progress import Cancelled
-    from .core.repair import repairs_for
-    from .core.scan import ScanError
+    from ..core.codes import FIXES
+    from ..core.inspect import inspect
+    from ..core.progress import Cancelled
+    from ..core.repair import repairs_for
+    from ..core.scan import ScanError
 
     try:
         try:
@@ -52,7 +51,7 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
             fail(str(e), EXIT_USAGE)
         reps = repairs_for(rep)
         if only:
-            known = {"universal-info", "latest", "dcp-metadata", "export"}
+            known = {f.id for f in FIXES.values() if f.command}
             reps = [r for r in reps if only in (r.id, r.code)]
             if not reps and only not in known and only not in {f.code for f in rep.findings}:
                 fail(f"unknown fix id {only!r}; ids: {', '.join(sorted(known))}", EXIT_USAGE)
@@ -87,10 +86,9 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
     failed = any(not x.ok for x in results)
     errors = [f for f in after.findings if f.severity == "error"]
     if as_json:
-        doc = {"schema_version": SCHEMA_VERSION, "path": str(after.inventory.path), "dry_run": dry_run,
-               "repairs": [r.to_json() for r in reps], "results": [x.to_json() for x in results],
-               "findings": [f.to_json() for f in after.findings]}
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        emit_json({"path": str(after.inventory.path), "dry_run": dry_run, "repairs": [r.to_json() for r in reps],
+                   "results": [x.to_json() for x in results], "findings": [f.to_json() for f in after.findings]},
+                  ensure_ascii=False)
     else:
         if not reps:
             click.echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)

@@ -1,34 +1,33 @@
 """`ckpt-tui universal`: convert a DeepSpeed ZeRO checkpoint to a universal checkpoint.
 
-Registered on the main group in ``cli.py``. Exit codes as every command: 0 ok · 1 failed ·
-2 bad path or usage · 130 interrupted; messages on stderr.
+Exit codes as every command: 0 ok · 1 failed · 2 bad path or usage · 130 interrupted; messages on
+stderr.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from .cli_support import fail, run_core
-from .core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from .options import json_option, path_argument, path_option, trust_pickles_option
+from .output import emit_json, fail, run_core
 
 
 @click.command("universal", short_help="Convert DeepSpeed ZeRO to a universal checkpoint.")
-@click.argument("src", type=click.Path(path_type=str, readable=False))
-@click.option("--out", "out", default=None, type=click.Path(path_type=str, readable=False),
-              help="Output folder (default: <tag>_universal beside the tag folder). Must not exist or be empty.")
+@path_argument("src")
+@path_option("--out", "out", default=None,
+             help="Output folder (default: <tag>_universal beside the tag folder). Must not exist or be empty.")
 @click.option("--dry-run", is_flag=True, help="Print what would be done and write nothing.")
 @click.option("--export-frozen", is_flag=True,
               help="Also write frozen parameters and buffers (not restored by load_universal) to "
                    "frozen_params.safetensors next to the output.")
 @click.option("--target-stage", type=click.IntRange(0, 3), default=None,
               help="The ZeRO stage you will resume with: warns when DeepSpeed cannot load across stages.")
-@click.option("--trust-pickles", is_flag=True,
-              help="Convert even if a pickle names code outside ckpt-tui's allowlist (DeepSpeed's converter "
-                   "unpickles without restriction). Only for checkpoints you trust.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan or the result as one JSON document.")
+@trust_pickles_option("Convert even if a pickle names code outside ckpt-tui's allowlist (DeepSpeed's converter "
+                      "unpickles without restriction). Only for checkpoints you trust.")
+@json_option("Print the plan or the result as one JSON document.")
 def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles, as_json):
     """Convert the DeepSpeed ZeRO checkpoint SRC to a universal checkpoint
     (loadable at any world size).
@@ -46,9 +45,8 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
       ckpt-tui universal checkpoint-2000 --export-frozen --target-stage 2
       ckpt-tui universal checkpoint-2000 --dry-run
     """
-    from .core.model import SCHEMA_VERSION
-    from .core.convert.universal import UniversalError, convert_to_universal, universal_plan
-    from .core.scan import ScanError
+    from ..core.convert.universal import UniversalError, convert_to_universal, universal_plan
+    from ..core.scan import ScanError
 
     try:
         plan = universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,
@@ -63,7 +61,7 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
         click.echo(f"ckpt-tui: warning: {w}", err=True)
     if dry_run:
         if as_json:
-            click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "plan": plan.to_json()}, indent=2))
+            emit_json({"plan": plan.to_json()})
         else:
             click.echo(plan.to_plan().describe())
         sys.exit(EXIT_OK)
@@ -72,7 +70,7 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
                    label="converting", cleanup="the converter was stopped and the partial output removed, "
                                                "the source is untouched")
     if as_json:
-        click.echo(json.dumps({"schema_version": SCHEMA_VERSION, "result": res.to_json()}, indent=2))
+        emit_json({"result": res.to_json()})
         sys.exit(EXIT_OK)
     v = res.verification
     click.echo(f"Wrote {res.out} ({res.files} files) in {res.seconds:.1f} s — verified ✓ ({v.checked} parameters; "

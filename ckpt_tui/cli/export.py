@@ -1,0 +1,185 @@
+"""`ckpt-tui export` and what checks or compares weights: `verify`, `diff`, `stats`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from .options import json_option, path_argument, path_option, trust_pickles_option
+from .output import emit_json, fail, run_core
+
+
+@click.command("export", short_help="Export the model weights to safetensors.")
+@path_argument("src")
+@path_option("--out", "out", required=True, help="Output folder (created; must be empty unless --overwrite).")
+@click.option("--dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep", show_default=True,
+              help="Output dtype of floating-point tensors. keep = as stored (DeepSpeed: the fp32 masters).")
+@click.option("--max-shard-size", default="50GB", show_default=True,
+              help="Split into model-0000k-of-0000n.safetensors + index above this size (as save_pretrained).")
+@click.option("--jobs", type=int, default=1, show_default=True, help="Write output shards in N parallel threads.")
+@click.option("--tag", default=None, help="DeepSpeed tag folder to export instead of the one `latest` names.")
+@click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
+@click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. Lightning's 'model.').")
+@path_option("--config", "config", default=None,
+             help="config.json (or a folder with config/tokenizer files) to copy into the output.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (files, tensors, bytes) and write nothing.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder (atomically, at the end).")
+@click.option("--no-verify", is_flag=True, help="Skip re-reading every tensor and comparing it with the source.")
+@trust_pickles_option("Load pickles that name code outside the allowlist.")
+@json_option("Print the plan or the result as one JSON document.")
+def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip_prefix, config, dry_run,
+               overwrite, no_verify, trust_pickles, as_json):
+    """Export the model weights of SRC to safetensors in OUT, ready for
+    from_pretrained.
+
+    SRC may be the checkpoint folder (checkpoint-2000/: the model component is
+    picked and named), a run folder (its newest complete checkpoint), or a
+    component: a DCP folder, a DeepSpeed tag folder (fp32 weights rebuilt from
+    the ZeRO partitions), a universal checkpoint, a torch file, safetensors.
+
+    Bytes are streamed by offset with bounded memory; the output is written to
+    a temp folder, fsynced and moved into place only when complete and
+    verified.
+
+    \b
+    Examples:
+      ckpt-tui export checkpoint-2000 --out merged/
+      ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 \\
+          --max-shard-size 5GB
+      ckpt-tui export checkpoint-2000 --out merged/ --dry-run
+    """
+
+    from ..core.export.api import plan_export
+    from ..core.export.plan import parse_size
+    from ..core.export.write import ExportError, execute
+    from ..core.present import count, naturalsize
+    from ..core.scan import ScanError
+
+    try:
+        parse_size(max_shard_size)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    try:
+        plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
+                                 strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles)
+    except ScanError as e:
+        fail(str(e), EXIT_USAGE)
+    except (ExportError, FileNotFoundError, ValueError) as e:
+        fail(str(e), EXIT_FINDINGS)
+    for line in said:
+        click.echo(f"ckpt-tui: {line}", err=True)
+    if dry_run:
+        if as_json:
+            emit_json({"plan": plan.to_plan().to_json()})
+        else:
+            click.echo(plan.to_plan().describe())
+        sys.exit(EXIT_OK)
+    res = run_core(lambda **kw: execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw),
+                   as_json=as_json, cleanup="the partial output was removed, the source is untouched")
+    res.notes = said + res.notes
+    if as_json:
+        emit_json({"result": res.to_json()})
+        sys.exit(EXIT_OK)
+    ver = {True: "verified ✓ (every tensor re-read and compared bit-exact)", False: "verification FAILED",
+           None: "not verified (--no-verify)"}[res.verified]
+    click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
+               f"{count(res.params)} params to {res.out} in {res.seconds:.1f} s — {ver}")
+    for n in res.notes:
+        if not n.startswith("the model is") and not n.startswith("exporting the newest"):
+            click.echo(f"  note: {n}")
+    click.echo("Load it with:\n  from transformers import AutoModelForCausalLM\n"
+               f"  model = AutoModelForCausalLM.from_pretrained({str(res.out)!r})")
+    sys.exit(EXIT_OK)
+
+
+@click.command("verify", short_help="Check an export against its source, bit-exact.")
+@path_argument("out")
+@path_option("--against", "against", required=True, help="The checkpoint OUT was exported from.")
+@click.option("--strip-prefix", default=None, help="The --strip-prefix the export used.")
+@trust_pickles_option("Hand files with non-allowlisted pickles to the reference loaders.")
+@json_option()
+def verify_cmd(out, against, strip_prefix, trust_pickles, as_json):
+    """Compare every tensor of an export with its source, bit-exact, read by an independent
+    reference path (torch DCP loader, DeepSpeed zero_to_fp32, torch.load).
+
+    The reference loaders unpickle freely, so they only get a checkpoint ckpt-tui screened.
+    """
+    from ..core.verify import verify
+
+    res = run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix, **kw),
+                   as_json=as_json, unit="files", label="verifying")
+    if as_json:
+        emit_json({"result": res.to_json()})
+    else:
+        mark = "✓" if res.ok else "✖"
+        click.echo(f"{mark} {res.compared} tensors compared with {res.reference}: "
+                   f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export")
+        for n in res.mismatches[:20]:
+            click.echo(f"  mismatch: {n}")
+        for n in res.missing_in_output[:20]:
+            click.echo(f"  missing: {n}")
+        if res.not_in_reference:
+            click.echo(f"  {len(res.not_in_reference)} exported tensor(s) the reference does not produce "
+                       f"(e.g. {res.not_in_reference[0]}): not checked")
+    sys.exit(EXIT_OK if res.ok else EXIT_FINDINGS)
+
+
+@click.command("diff", short_help="Compare the weights of two checkpoints.")
+@path_argument("a")
+@path_argument("b")
+@trust_pickles_option()
+@json_option()
+def diff_cmd(a, b, trust_pickles, as_json):
+    """Compare the model weights of A and B (two steps, or an export and its source): tensors only
+    in A, only in B, shape/dtype changes, max |a-b| per tensor. Exit 0 if identical, 1 if not."""
+    from ..core.analysis import diff
+
+    res = run_core(lambda **kw: diff(a, b, trust_pickles=trust_pickles, **kw), as_json=as_json, label="comparing")
+    if as_json:
+        emit_json({"result": res.to_json()})
+    else:
+        for n in res.only_a:
+            click.echo(f"- only in A: {n}")
+        for n in res.only_b:
+            click.echo(f"+ only in B: {n}")
+        for c in res.changed:
+            click.echo(f"~ {c['name']}: {c['a']['dtype']}{c['a']['shape']} -> {c['b']['dtype']}{c['b']['shape']}")
+        diffs = sorted(((v, k) for k, v in res.max_abs.items() if v != 0), reverse=True, key=lambda x: (x[0] == x[0], x[0]))
+        for v, k in diffs[:30]:
+            click.echo(f"≠ {k}: max |a-b| = {v:.6g}")
+        same = sum(1 for v in res.max_abs.values() if v == 0)
+        click.echo(f"{same} identical, {len(diffs)} differ, {len(res.only_a)} only in A, {len(res.only_b)} only in B, "
+                   f"{len(res.changed)} shape/dtype changes")
+    sys.exit(EXIT_OK if res.identical else EXIT_FINDINGS)
+
+
+@click.command("stats", short_help="Per-tensor min/max/mean/std and NaN/Inf counts.")
+@path_argument()
+@trust_pickles_option()
+@json_option()
+def stats_cmd(path, trust_pickles, as_json):
+    """Per-tensor min/max/mean/std and NaN/Inf counts of the model weights, streamed with bounded
+    memory — find a diverged run without loading the model. Exit 1 if any NaN/Inf."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..core.analysis import stats
+
+    rows = run_core(lambda **kw: stats(path, trust_pickles=trust_pickles, **kw), as_json=as_json, label="reading")
+    bad = [r for r in rows if r.nan or r.inf]
+    if as_json:
+        emit_json({"tensors": [r.to_json() for r in rows]}, indent=1)
+    else:
+        table = Table(box=None, pad_edge=False)
+        for col in ("name", "dtype", "min", "max", "mean", "std", "nan", "inf"):
+            table.add_column(col, justify="left" if col in ("name", "dtype") else "right")
+        fmt = lambda v: "" if v is None else f"{v:.4g}"
+        for r in rows:
+            style = "red" if (r.nan or r.inf) else None
+            table.add_row(r.name, r.dtype, fmt(r.min), fmt(r.max), fmt(r.mean), fmt(r.std), str(r.nan), str(r.inf),
+                          style=style)
+        Console(soft_wrap=False).print(table)
+        click.echo(f"{len(rows)} tensors; {len(bad)} with NaN or Inf" + (f" (first: {bad[0].name})" if bad else ""))
+    sys.exit(EXIT_FINDINGS if bad else EXIT_OK)

@@ -1,0 +1,106 @@
+"""`ckpt-tui inspect`, `open` (the TUI, the default command) and `tensors`: reading a checkpoint."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from .options import TRUST_PICKLES_HELP, json_option, path_argument, trust_pickles_option
+from .output import emit_json, fail, inspect_or_fail, print_report
+
+
+@click.command("inspect", short_help="Say what a checkpoint is and what is wrong with it.")
+@path_argument(default=".")
+@json_option("Print one JSON document (schema_version 1) instead of a tree.")
+@trust_pickles_option(TRUST_PICKLES_HELP)
+@click.option("--all", "show_all", is_flag=True, help="Show every file, not a condensed tree.")
+def inspect_cmd(path, as_json, trust_pickles, show_all):
+    """Say what PATH is: layout, framework, ranks, dtype, sizes, and what is broken.
+
+    PATH may be a checkpoint folder (checkpoint-2000/), a run folder holding many, a
+    single sub-folder (pytorch_model_fsdp_0/, global_step2000/) or one file.
+    """
+    rep = inspect_or_fail(path, trust_pickles)
+    if as_json:
+        emit_json(rep.to_json(), ensure_ascii=False)
+    else:
+        print_report(rep, show_all)
+    sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
+
+
+@click.command("open", short_help="Open a checkpoint in the terminal UI (the default).")
+@path_argument(default=".")
+@trust_pickles_option()
+@click.option("--print", "print_only", is_flag=True, help="Print the inspection instead of opening the TUI.")
+@click.pass_context
+def open_cmd(ctx, path, trust_pickles, print_only):
+    """Open PATH in the terminal UI (the default command: `ckpt-tui PATH`).
+
+    Without a terminal (piped output, CI), prints the inspection instead.
+    """
+    if print_only or not (sys.stdout.isatty() and sys.stdin.isatty()):
+        rep = inspect_or_fail(path, trust_pickles)
+        print_report(rep, False)
+        sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
+
+    if not os.path.exists(path):
+        fail(f"{path}: no such file or folder", EXIT_USAGE)
+    sys.exit(run_tui(ctx, path, trust_pickles=trust_pickles))
+
+
+def run_tui(ctx, path, **kw) -> int:
+    """Run the Textual app on ``path``; its exit code (``--debug`` of the main group shows tracebacks)."""
+    from ..ui.app import make_app
+    from ..ui.run import run_app
+
+    return run_app(make_app(path, **kw), debug=bool(ctx.find_root().obj.get("debug")))
+
+
+@click.command("tensors", short_help="List every tensor: name, shape, dtype, size.")
+@path_argument()
+@json_option("One JSON document with every tensor.")
+@click.option("--limit", type=int, default=0, help="Show at most N tensors (0: all).")
+def tensors_cmd(path, as_json, limit):
+    """List every tensor of a component (name, shape, dtype, bytes) from its headers.
+
+    PATH is a checkpoint folder (its model component is listed) or a component: a DCP folder,
+    a DeepSpeed tag folder (the fp32 weights an export rebuilds), a safetensors file or index,
+    a torch file.
+    """
+    from ..core.formats import FormatError
+    from ..core.present import naturalsize, shape_text
+    from ..core.tensors import list_tensors
+
+    rep = inspect_or_fail(path, False)
+    inv = rep.inventory
+    node = inv.root
+    comp = inv.model_path()
+    if comp and comp != ".":
+        node = inv.node(comp) or node
+        click.echo(f"ckpt-tui: listing the model component `{comp}`", err=True)
+    try:
+        rows = []
+        for i, t in enumerate(list_tensors(node, inv.parsed)):
+            if limit and i >= limit:
+                break
+            rows.append(t)
+    except FormatError as e:
+        fail(f"{node.path}: {e}", EXIT_FINDINGS)
+    if as_json:
+        emit_json({"path": str(node.abspath), "tensors": [t.to_json() for t in rows]}, indent=1)
+        sys.exit(EXIT_OK)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("name", "shape", "dtype", "size"):
+        table.add_column(col, justify="right" if col == "size" else "left")
+    for t in rows:
+        table.add_row(t.name, shape_text(t.shape), t.dtype, naturalsize(t.nbytes))
+    Console(soft_wrap=False).print(table)
+    total = sum(t.nbytes for t in rows)
+    click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")
+    sys.exit(EXIT_OK)

@@ -1,0 +1,171 @@
+"""What every command prints the same way: an error line and its exit code, a long core call under
+a progress bar, the ``--json`` document, and the human inspection report.
+
+Exit codes: 0 ok · 1 findings of severity error, or the operation failed · 2 unreadable path or
+bad usage · 130 interrupted. rich is imported only when something is drawn (``--help`` stays light).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_USAGE
+from ..core.model import SCHEMA_VERSION
+
+
+def fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
+    click.echo(f"ckpt-tui: {msg}", err=True)
+    sys.exit(code)
+
+
+def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
+    """Print ``doc`` as the command's one JSON document, ``schema_version`` first.
+
+    ``indent``/``ensure_ascii`` are per command as released (inspect and fix keep non-ASCII, the
+    tensor listings indent by 1): changing them would change the bytes scripts already parse."""
+    click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=indent, ensure_ascii=ensure_ascii))
+
+
+def _progress(as_json: bool, unit: str):
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    cols = [TextColumn("{task.description}"), BarColumn()]
+    cols += [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()]
+    cols.append(TimeRemainingColumn())
+    return Progress(*cols, console=Console(stderr=True), transient=True, disable=as_json)
+
+
+def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup: str = ""):
+    """Call ``fn(on_progress=..., cancel=...)`` with a progress bar on stderr (one bar per step
+    label, e.g. writing / verifying) and map its errors to the exit codes. ``cleanup`` is said
+    after an interruption (e.g. "the partial output was removed")."""
+    import threading
+
+    from ..core.export.write import ExportError
+    from ..core.formats import FormatError
+    from ..core.progress import Cancelled
+    from ..core.scan import ScanError
+
+    cancel = threading.Event()
+    after = f"; {cleanup}" if cleanup else ""
+    with _progress(as_json, unit) as bar:
+        tasks: dict[str, int] = {}
+
+        def on_progress(p):
+            step = label or p.label or "working"
+            if step not in tasks:
+                tasks[step] = bar.add_task(step[:40], total=p.total)
+            bar.update(tasks[step], completed=p.done, total=p.total)
+
+        try:
+            return fn(on_progress=on_progress, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            fail("interrupted" + after, EXIT_INTERRUPTED)
+        except Cancelled:
+            fail("cancelled" + after, EXIT_INTERRUPTED)
+        except ScanError as e:
+            fail(str(e), EXIT_USAGE)
+        except (ExportError, FormatError, ValueError) as e:
+            fail(str(e), EXIT_FINDINGS)
+        except OSError as e:
+            fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}{after}", EXIT_FINDINGS)
+
+
+def inspect_or_fail(path: str, trust: bool):
+    """``inspect(path)``; an unreadable path is its message and exit code 2."""
+    from ..core.inspect import inspect
+    from ..core.scan import ScanError
+
+    try:
+        return inspect(path, trust_pickles=trust)
+    except ScanError as e:
+        fail(str(e), EXIT_USAGE)
+
+
+def print_report(rep, show_all: bool) -> None:
+    """The inspection as a tree with badges and findings, then the findings in full."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.padding import Padding
+    from rich.tree import Tree
+
+    from ..core.present import GLYPH, SEVERITY_COLOR, count, naturalsize, role_badge, short_dtype
+
+    inv = rep.inventory
+    con = Console(highlight=False)
+    by_path: dict[str, list] = {}
+    for f in rep.findings:
+        by_path.setdefault(f.path, []).append(f)
+
+    def label(n) -> str:
+        name = escape(n.abspath.name if n.path == "." else n.name) + ("/" if n.is_dir else "")
+        bits = [f"[bold]{name}[/]" if n.is_dir else name]
+        badge = role_badge(n.role)
+        if badge:
+            bits.append(f"[reverse] {badge} [/]")
+        if n.format not in ("dir", "unknown", "text", "json", "python"):
+            bits.append(f"[dim]{n.format}[/]")
+        if n.size:
+            bits.append(naturalsize(n.size))
+        f = n.facts
+        extra = []
+        if f.get("zero_stage") is not None and n.format == "deepspeed-zero":
+            extra.append(f"ZeRO-{f['zero_stage']}")
+        if f.get("world_size"):
+            extra.append(f"{f['world_size']} ranks")
+        if f.get("param_count") and (n.is_dir or n.role in ("model", "model+optimizer")):
+            extra.append(f"{count(f['param_count'])} params")
+        if f.get("dtypes") and (n.is_dir or n.role in ("model", "model+optimizer")):
+            extra.append("/".join(short_dtype(d) for d in f["dtypes"][:3]))
+        if extra:
+            bits.append("[dim](" + ", ".join(extra) + ")[/]")
+        for fd in by_path.get(n.path, []):
+            bits.append(f"[{SEVERITY_COLOR[fd.severity]}]{GLYPH[fd.severity]} {fd.code}[/]")
+        return " ".join(bits)
+
+    def add(tree, n, depth):
+        kids = n.children
+        if not show_all and n.format == "dcp":
+            shards = [c for c in kids if c.role == "shard"]
+            others = [c for c in kids if c.role != "shard"]
+            for c in others:
+                add(tree.add(label(c)), c, depth + 1)
+            if shards:
+                bad = [c for c in shards if c.path in by_path]
+                for c in bad:
+                    tree.add(label(c))
+                tree.add(f"[dim]{len(shards)} .distcp shard files, {naturalsize(sum(c.size for c in shards))}[/]")
+            return
+        limit = None if show_all else 40
+        shown = kids if limit is None else kids[:limit]
+        for c in shown:
+            sub = tree.add(label(c))
+            if c.is_dir and (show_all or depth < 6):
+                add(sub, c, depth + 1)
+        if limit is not None and len(kids) > limit:
+            tree.add(f"[dim]… {len(kids) - limit} more (use --all)[/]")
+
+    root = Tree(label(inv.root))
+    add(root, inv.root, 0)
+    con.print(f"[bold]{escape(inv.summary)}[/]")
+    con.print(root)
+    if inv.checkpoints:
+        con.print("\n[bold]Checkpoints[/] (newest first)")
+        for ck in inv.checkpoints:
+            mark = "[green]✔ complete[/]" if ck["complete"] else "[red]✖ incomplete[/]"
+            con.print(f"  {escape(ck['path'])}  step {ck['step']}  {ck['layout']}  {mark}")
+    if rep.findings:
+        con.print("\n[bold]Findings[/]")
+        for f in rep.findings:
+            fix = f"  [dim](fix: {f.fix})[/]" if f.fix else ""
+            con.print(f"[{SEVERITY_COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{f.code}[/] "
+                      f"[dim]{escape(f.path)}[/]")
+            con.print(Padding(f"{escape(f.message)}{fix}", (0, 0, 0, 4), expand=False))
+    else:
+        con.print("\n[green]✔ no problems found[/]")

@@ -1,0 +1,46 @@
+"""How the CLI and the TUI spell things: severity glyphs and colours, role badges, short dtypes,
+sizes, counts, shapes. Plain strings, no rich, no textual: each face adds its own styling.
+
+Severity is always a glyph as well as a colour (readable without colour, e.g. ``NO_COLOR``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .humanize_bytes import count, naturalsize
+from .model import SEVERITY_RANK
+from .dtypes import short_dtype
+
+__all__ = ["GLYPH", "SEVERITY_COLOR", "ROLE_BADGE", "MAIN_ROLES", "role_badge", "worst", "size", "count",
+           "naturalsize", "short_dtype", "shape_text"]
+
+GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
+SEVERITY_COLOR = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+# role -> badge. The CLI shows them as they are; the TUI shows MAIN_ROLES' upper-cased, first.
+ROLE_BADGE = {"model": "model", "optimizer": "optim", "model+optimizer": "model+optim", "rng": "rng",
+              "scheduler": "sched", "trainer-state": "state", "training-args": "args", "config": "config",
+              "tokenizer": "tok", "script": "script", "data-loader": "data", "marker": "marker",
+              "checkpoint": "ckpt", "run": "run", "scaler": "scaler"}
+MAIN_ROLES = ("model", "optimizer", "model+optimizer")
+
+
+def role_badge(role: str) -> Optional[str]:
+    """The badge of a node's role; None for roles without one (shards and metadata files: too many)."""
+    return ROLE_BADGE.get(role)
+
+
+def worst(findings) -> Optional[str]:
+    """The worst severity among ``findings`` (None if there are none)."""
+    return min((f.severity for f in findings), key=lambda s: SEVERITY_RANK[s], default=None)
+
+
+def size(n: Optional[int]) -> str:
+    """Bytes, humanized (None as 0)."""
+    return naturalsize(n or 0)
+
+
+def shape_text(shape) -> str:
+    """``4096×4096``; ``scalar`` for ()."""
+    return "×".join(str(d) for d in shape) or "scalar"

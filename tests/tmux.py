@@ -13,30 +13,35 @@ HAVE_TMUX = shutil.which("tmux") is not None
 
 class Tmux:
     """``Tmux(cmd, env)`` runs ``cmd`` in a fresh session; after it ends the shell prints ``rc=N`` and the
-    pane stays open, so a test can read what was left on the screen and the exit code."""
+    pane stays open, so a test can read what was left on the screen and the exit code.
+
+    Each instance has its own tmux server (``-L``), started with this process's environment plus ``env``:
+    a server left running by someone else would otherwise hand the command its own environment (another
+    checkout's PYTHONPATH, say)."""
 
     def __init__(self, cmd: str, env: dict | None = None, size: tuple[int, int] = (80, 24), cwd=None):
         self.name = f"ckpt-{uuid.uuid4().hex[:8]}"
         envs = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
         shell = f"env {envs} {cmd}; echo rc=$?; sleep 600"
-        args = ["tmux", "new-session", "-d", "-s", self.name, "-x", str(size[0]), "-y", str(size[1])]
+        args = ["new-session", "-d", "-s", self.name, "-x", str(size[0]), "-y", str(size[1])]
         if cwd is not None:
             args += ["-c", str(cwd)]
-        subprocess.run([*args, shell], check=True)
+        self._tmux(*args, shell, check=True)
+
+    def _tmux(self, *args: str, check: bool = False) -> str:
+        return subprocess.run(["tmux", "-L", self.name, *args], capture_output=True, text=True,
+                              check=check).stdout
 
     def keys(self, *keys: str) -> None:
         for k in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, k], check=True)
+            self._tmux("send-keys", "-t", self.name, k, check=True)
 
     def screen(self, history: int = 0) -> str:
-        args = ["tmux", "capture-pane", "-p", "-J", "-t", self.name] + (["-S", f"-{history}"] if history else [])
-        return subprocess.run(args, capture_output=True, text=True).stdout
+        return self._tmux("capture-pane", "-p", "-J", "-t", self.name, *(["-S", f"-{history}"] if history else []))
 
     def alternate_screen(self) -> bool:
         """True while a full-screen program holds the terminal's alternate screen."""
-        out = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{alternate_on}"],
-                             capture_output=True, text=True).stdout.strip()
-        return out == "1"
+        return self._tmux("display-message", "-p", "-t", self.name, "#{alternate_on}").strip() == "1"
 
     def wait_for(self, text: str, timeout: float = 60.0, history: int = 0) -> str:
         """Wait until ``text`` is on the screen (a state, not a number of seconds: the timeout only
@@ -54,7 +59,7 @@ class Tmux:
         return int(s.rsplit("rc=", 1)[1].split()[0])
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        self._tmux("kill-server")
 
     def __enter__(self):
         return self

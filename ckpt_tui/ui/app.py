@@ -130,7 +130,8 @@ class CkptApp(App):
     # ------------------------------------------------------------------ details
     @on(Tree.NodeHighlighted)
     def _highlighted(self, event: Tree.NodeHighlighted) -> None:
-        if isinstance(event.node.data, Node):
+        # the scan's tree.select_path posts this; it can arrive after the app began closing
+        if self.screen_stack and isinstance(event.node.data, Node):
             self.show_node(event.node.data)
 
     def show_node(self, node: Optional[Node]) -> None:

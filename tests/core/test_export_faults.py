@@ -8,13 +8,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.util import sparse_safetensors
+from tests.util import FileLease, freeze
 
 
 def digest(p: Path) -> str:
@@ -27,19 +27,21 @@ def digest(p: Path) -> str:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """A real torch.save checkpoint of ~320 MB: big enough to interrupt an export midway."""
+    """A real torch.save checkpoint of ~320 MB (exported in 40 MB shards), and a tokenizer file."""
     d = tmp_path_factory.mktemp("big") / "ckpt"
     d.mkdir()
     torch.save({f"layer{i}.weight": torch.full((1024, 1024 * 8), float(i)) for i in range(10)}, d / "model.pt")
+    (d / "tokenizer.model").write_bytes(b"tokenizer")
     return d
 
 
 @pytest.fixture
-def slow(tmp_path):
-    """1 GiB of zeros in a hole; exported with --dtype bf16 it takes seconds: a race is certain."""
-    d = tmp_path / "slow"
+def small(tmp_path):
+    """A real torch.save checkpoint of 1 MB and a tokenizer file: a private copy, changed by a test."""
+    d = tmp_path / "small"
     d.mkdir()
-    sparse_safetensors(d / "model.safetensors", 1)
+    torch.save({"w": torch.arange(256 * 1024, dtype=torch.float32).reshape(256, 1024)}, d / "model.pt")
+    (d / "tokenizer.model").write_bytes(b"tokenizer")
     return d
 
 
@@ -48,103 +50,129 @@ def start(*args, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def wait_tmp(parent: Path, name: str, proc, timeout=60) -> Path:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        tmps = list(parent.glob(f".{name}.tmp-*"))
-        if tmps and any(tmps[0].iterdir()):
-            return tmps[0]
-        if proc.poll() is not None:
-            raise AssertionError(f"export ended before it could be interrupted: {proc.stderr.read()}")
-        time.sleep(0.01)
-    raise AssertionError("no temp folder appeared")
+@contextmanager
+def export_frozen_mid_way(src: Path, out: Path, *args):
+    """`ckpt-tui export SRC --out OUT`, frozen mid-export, whatever the machine's load.
+
+    The export copies SRC/tokenizer.model after it wrote and fsynced every tensor, and before it
+    verifies and renames the temp folder to OUT. The test holds a lease on that file, so the copy
+    waits for it; once it waits, the process is stopped (SIGSTOP) and nothing moves until SIGCONT.
+    Yields (process, lease, temp folder); whatever is left running at the end is killed."""
+    lease = FileLease(src / "tokenizer.model")
+    p = start("export", src, "--out", out, *args)
+    try:
+        lease.wait_blocked(proc=p)
+        freeze(p)
+        tmps = list(out.parent.glob(f".{out.name}.tmp-*"))
+        assert len(tmps) == 1 and not out.exists(), (tmps, out.exists())
+        assert list(tmps[0].glob("*.safetensors")) and not (tmps[0] / "tokenizer.model").exists()
+        yield p, lease, tmps[0]
+    finally:
+        lease.release()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 KILLER = """
-import sys, time
+import sys
 from ckpt_tui.core.export.api import export
 
-def on_progress(p):
-    print("EVENT", p.label, p.done, flush=True)
-    time.sleep(0.05)
+def on_progress(p):  # say where we are, then wait for the test: a kill lands exactly here
+    print("EVENT", p.label, p.done, p.total, flush=True)
+    if sys.stdin.readline() != "go\\n":
+        raise SystemExit("no go-ahead from the test")
 
 export(sys.argv[1], sys.argv[2], max_shard_size="40MB", on_progress=on_progress)
 print("DONE", flush=True)
 """
 
+# (step, fraction of its bytes): killed at the first progress event of that step at or past the
+# fraction. Each step reports its first and its last chunk, so every point is reached: the first
+# chunk written, mid-write, all written (before the index), the first chunk verified, mid-verify,
+# all verified (just before the final rename).
+KILL_POINTS = [("writing", 0.0), ("writing", 0.5), ("writing", 1.0),
+               ("verifying", 0.0), ("verifying", 0.5), ("verifying", 1.0)]
 
-def test_kill_minus_9_after_n_progress_events(big, tmp_path):
-    """Killed while writing, while verifying, around the final rename: never a partial OUT, the
-    source byte-identical, and the next run cleans up."""
+
+def test_kill_minus_9_at_every_step(big, tmp_path):
+    """Killed while writing, while verifying, just before the final rename: never a partial OUT,
+    the source byte-identical, the temp folder left for the next run to clean up."""
     before = digest(big)
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    points = 0
-    for n in (1, 4, 9, 16, 30, 60):
-        out = tmp_path / f"out{n}"
-        proc = subprocess.Popen([sys.executable, str(script), str(big), str(out)], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
-        events, killed = 0, False
-        for line in proc.stdout:
-            if line.startswith("EVENT"):
-                events += 1
-                if events >= n:
-                    proc.send_signal(signal.SIGKILL)
-                    killed = True
+    for label, frac in KILL_POINTS:
+        out = tmp_path / f"out-{label}-{frac}"
+        proc = subprocess.Popen([sys.executable, str(script), str(big), str(out)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        killed_at = None
+        try:
+            for line in proc.stdout:
+                if not line.startswith("EVENT "):
+                    continue
+                _, step, done, total = line.split()
+                if step == label and int(done) >= frac * int(total):
+                    proc.send_signal(signal.SIGKILL)  # it waits in on_progress: nothing moved since the event
+                    killed_at = (step, int(done), int(total))
                     break
-        proc.wait()
-        if killed:
-            assert not out.exists()  # nothing half-written under the final name
-        else:  # it finished before the n-th event: complete, with its index
-            assert (out / "model.safetensors.index.json").is_file()
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+        finally:
+            proc.kill()
+            proc.wait()
+        assert killed_at is not None, f"the export never reported {label} at {frac:.0%}"
+        assert not out.exists(), killed_at  # nothing half-written under the final name
+        assert len(list(tmp_path.glob(f".{out.name}.tmp-*"))) == 1, killed_at  # it was killed mid-export
         assert digest(big) == before
-        points += killed
-    assert points >= 4
 
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
 def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
     before = digest(big)
-    p = start("export", big, "--out", tmp_path / "out", "--max-shard-size", "40MB")
-    wait_tmp(tmp_path, "out", p)
-    p.send_signal(signum)
-    p.wait(timeout=60)
+    out = tmp_path / "out"
+    with export_frozen_mid_way(big, out, "--max-shard-size", "40MB") as (p, lease, tmp):
+        p.send_signal(signum)  # delivered as it resumes, inside the copy's open()
+        os.kill(p.pid, signal.SIGCONT)
+        p.wait(timeout=60)
     assert p.returncode == code
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
     assert digest(big) == before
     if signum == signal.SIGINT:
         assert "interrupted" in p.stderr.read() and not list(tmp_path.glob(".out.tmp-*"))
+    else:
+        assert tmp.is_dir()  # a kill -9 cannot clean up: the next run does
     # the next run cleans up what a killed one left, and succeeds
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(tmp_path / "out"),
-                        "--no-verify"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(out), "--no-verify"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert not list(tmp_path.glob(".out.tmp-*")) and (tmp_path / "out" / "model.safetensors").is_file()
+    assert not list(tmp_path.glob(".out.tmp-*")) and (out / "model.safetensors").is_file()
 
 
-def test_second_export_into_the_same_folder_refuses(slow, tmp_path):
-    p = start("export", slow, "--out", tmp_path / "out", "--dtype", "bf16")
-    try:
-        wait_tmp(tmp_path, "out", p)
-        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(slow), "--out", str(tmp_path / "out")],
+def test_second_export_into_the_same_folder_refuses(small, tmp_path):
+    out = tmp_path / "out"
+    with export_frozen_mid_way(small, out) as (p, lease, tmp):
+        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(small), "--out", str(out)],
                            capture_output=True, text=True, timeout=120)
-        assert p.poll() is None, "the first export finished before the race"
         assert r.returncode == 1 and "another ckpt-tui is exporting" in r.stderr
-    finally:
+        assert tmp.is_dir()  # the refused export touched nothing of the running one
+        lease.release()
+        os.kill(p.pid, signal.SIGCONT)
         p.wait(timeout=300)
     assert p.returncode == 0, p.stderr.read()
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.model").read_bytes() == b"tokenizer"
 
 
-def test_source_changing_during_export_is_detected(slow, tmp_path):
-    src = slow
-    p = start("export", src, "--out", tmp_path / "out", "--dtype", "bf16")
-    wait_tmp(tmp_path, "out", p)
-    with open(src / "model.safetensors", "r+b") as f:  # a live job rewriting the checkpoint
-        f.seek(-16, os.SEEK_END)
-        f.write(b"\x00" * 16)
-    assert p.poll() is None, "the export finished before the source changed"
-    p.wait(timeout=300)
+def test_source_changing_during_export_is_detected(small, tmp_path):
+    out = tmp_path / "out"
+    with export_frozen_mid_way(small, out) as (p, lease, tmp):
+        with open(small / "model.pt", "r+b") as f:  # a live job rewriting the checkpoint's weights
+            f.seek(f.seek(0, os.SEEK_END) // 2)
+            f.write(b"\x00" * 16)
+        lease.release()
+        os.kill(p.pid, signal.SIGCONT)
+        p.wait(timeout=300)
     assert p.returncode == 1 and "source changed during the export" in p.stderr.read()
-    assert not (tmp_path / "out").exists()
+    assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare for a private tmpfs")

@@ -19,6 +19,7 @@ from ckpt_tui.core.export.sources import to_torch
 from ckpt_tui.core.progress import Cancelled
 from ckpt_tui.core.convert.universal import (TMP_PREFIX, UniversalError, convert_to_universal, universal_plan,
                                              verify_universal)
+from tests.util import FileLease
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,51 +186,85 @@ def test_target_stage_warning(real_ckpt, tmp_path):
     assert "--inject_missing_state" not in plan3.command(tmp_path / "x")
 
 
-def test_cancel_kills_group_and_removes_temp(real_ckpt, tmp_path):
-    src = real_ckpt("ds-zero2-bf16")
+def test_cancel_kills_group_and_removes_temp(real_ckpt_copy, tmp_path):
+    src = real_ckpt_copy("ds-zero2-bf16")  # a private copy: the lease below blocks every reader
     sums = tree_sums(src)
     plan = universal_plan(src, tmp_path / "uc")
     cancel = threading.Event()
     marker = str(tmp_path / TMP_PREFIX)
+    # the converter reads every rank's optimizer states: with the test holding a lease on rank 1's, it
+    # certainly waits there, mid-conversion, when it is cancelled
+    lease = FileLease(plan.tag_dir / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    seen = {}
 
     def on_progress(p):
-        if converter_pids(marker):  # the converter (and the watchdog) are running: cancel now
+        if not cancel.is_set():
+            lease.wait_blocked()
+            seen["running"] = converter_pids(marker)
             cancel.set()
 
-    with pytest.raises(Cancelled):
-        convert_to_universal(plan, on_progress=on_progress, cancel=cancel)
-    assert cancel.is_set()
-    assert wait_gone(marker, 5) == []
+    try:
+        with pytest.raises(Cancelled):
+            convert_to_universal(plan, on_progress=on_progress, cancel=cancel)
+        assert seen["running"]  # the watchdog and the converter were running when cancelled
+        assert wait_gone(marker, 5) == []
+    finally:
+        lease.release()
     assert not list(tmp_path.glob(TMP_PREFIX + "*"))
     assert not (tmp_path / "uc").exists() and not (tmp_path / "latest_universal").exists()
     assert tree_sums(src) == sums
 
 
-def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt, tmp_path):
-    src = real_ckpt("ds-zero3-bf16")
+KILL9 = """
+import sys
+from pathlib import Path
+from ckpt_tui.core.repair.universal import convert_to_universal, universal_plan
+
+plan = universal_plan(sys.argv[1], Path(sys.argv[2]))
+print("PLANNED", flush=True)
+sys.stdin.readline()  # the test takes its lease now, before the converter exists
+convert_to_universal(plan)
+print("DONE", flush=True)
+"""
+
+
+def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt_copy, tmp_path):
+    """ckpt-tui (its conversion, run in a process of its own as the TUI runs it) is killed -9 while
+    DeepSpeed's converter works: the watchdog must take down the converter and its pool workers.
+    A worker waits on a source file the test holds and the converter waits on its workers, so none
+    can finish by itself: if they are gone, they were killed."""
+    src = real_ckpt_copy("ds-zero3-bf16")
     out = tmp_path / "uc"
     marker = str(tmp_path / TMP_PREFIX)
-    cli = subprocess.Popen([sys.executable, "-m", "ckpt_tui", "universal", str(src), "--out", str(out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    script = tmp_path / "kill9.py"
+    script.write_text(KILL9)
+    cli = subprocess.Popen([sys.executable, str(script), str(src), str(out)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    lease = None
     try:
-        end = time.monotonic() + 60
-        while time.monotonic() < end and not any(
-                "ds_to_universal" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                for p in converter_pids(marker) if Path(f"/proc/{p}").exists()):
-            assert cli.poll() is None, "ckpt-tui finished before it could be killed"
-            time.sleep(0.05)
-        assert converter_pids(marker), "the converter never started"
+        assert cli.stdout.readline() == "PLANNED\n", cli.stderr.read()
+        lease = FileLease(src / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+        cli.stdin.write("go\n")
+        cli.stdin.flush()
+        lease.wait_blocked(proc=cli)  # the converter is mid-conversion, waiting on that file
+        running = converter_pids(marker)
+        assert any("ds_to_universal" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                   for p in running), "the converter is not running"
         os.kill(cli.pid, signal.SIGKILL)
         cli.wait()
         assert wait_gone(marker, 10) == [], "converter/watchdog outlived ckpt-tui"
+        lease.release()
         # nothing writes into the abandoned temp folder any more, nothing under the final name
         snap = [sorted(os.walk(tmp_path))]
         time.sleep(1.0)
         assert [sorted(os.walk(tmp_path))] == snap
         assert not out.exists() and not (tmp_path / "latest_universal").exists()
     finally:
+        if lease is not None:
+            lease.release()
         if cli.poll() is None:
             cli.kill()
+            cli.wait()
 
 
 def test_cli(real_ckpt, tmp_path):

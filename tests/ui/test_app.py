@@ -5,22 +5,44 @@ import time
 from pathlib import Path
 
 import pytest
+from textual.widgets import Tree
 
 from ckpt_tui.ui.app import make_app
-from tests.util import sparse_safetensors
+from tests.util import FileLease
 from ckpt_tui.ui.jobs import Job
 from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
 from ckpt_tui.ui.screens.findings import FindingsScreen
 from ckpt_tui.ui.screens.wizards import ExportWizard
 from ckpt_tui.ui.widgets.details import TensorTable
+from ckpt_tui.ui.widgets.tree import CheckpointTree
 
 
 async def wait_for(pilot, cond, timeout=30.0):
+    """Wait for a state of the app. A key press returns once Textual thinks the app is idle — a
+    guess a loaded machine defeats — so what a key does is waited for, never assumed done."""
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
             raise AssertionError("timed out waiting")
         await pilot.pause(0.05)
+
+
+async def press_and_wait(pilot, key, cond, timeout=30.0):
+    await pilot.press(key)
+    await wait_for(pilot, cond, timeout)
+
+
+def step_ready(wiz, step: int) -> bool:
+    """The wizard shows ``step``, its widget has the focus (moved after the step changed) and, if
+    that is the Next button, the button takes a press (not in its 0.2 s "-active" effect): only
+    then does enter do what the user's would."""
+    focused = wiz.app.focused
+    pane = wiz.query_one(f"#{wiz.STEPS[step]}")
+    if wiz.step != step or focused is None:
+        return False
+    if focused.id == "next":
+        return not focused.has_class("-active")
+    return pane in focused.ancestors_with_self
 
 
 def screen_text(app) -> str:
@@ -44,12 +66,15 @@ async def test_open_first_user_report_shows_model_and_optimizer(fsdp_ckpt):
         labels = {str(n.label) for n in tree.root.children}
         assert any("pytorch_model_fsdp_0/" in l and "MODEL" in l for l in labels)
         assert any("optimizer_0/" in l and "OPTIM" in l for l in labels)
-        assert app.selected.path == "pytorch_model_fsdp_0"
+        await wait_for(pilot, lambda: app.selected.path == "pytorch_model_fsdp_0")
         await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) == 21)
         # filter as you type
-        await pilot.press("slash", "q", "_", "p", "r", "o", "j")
         table = app.query_one(TensorTable)
-        assert table.query_one("DataTable").row_count == 2  # q_proj of layers 0 and 1
+        box = table.query_one("#tensor-filter")
+        await press_and_wait(pilot, "slash", lambda: app.focused is box)  # else "q" would quit
+        await pilot.press("q", "_", "p", "r", "o", "j")
+        await wait_for(pilot, lambda: box.value == "q_proj")
+        await wait_for(pilot, lambda: table.query_one("DataTable").row_count == 2)  # q_proj of layers 0 and 1
         assert table.last_filter_ms < 100
 
 
@@ -58,10 +83,11 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
     out = fsdp_ckpt.parent / "checkpoint-2000-safetensors"
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
-        await pilot.press("e")
-        assert isinstance(app.screen, ExportWizard)
-        await pilot.press("enter", "enter", "enter", "enter")  # source, output, dtype, shard size
+        await press_and_wait(pilot, "e", lambda: isinstance(app.screen, ExportWizard))
         wiz = app.screen
+        await wait_for(pilot, lambda: step_ready(wiz, 0))
+        for step in (1, 2, 3, 4):  # source, output, dtype, shard size
+            await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
         await wait_for(pilot, lambda: wiz.plan is not None)
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "verified ✔" in screen_text(app),
@@ -71,22 +97,26 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
         assert job.state == "done" and job.progress.done == job.progress.total
 
 
-async def test_cancel_an_export_midway_leaves_no_output(tmp_path):
-    src = tmp_path / "big"
-    src.mkdir()
-    sparse_safetensors(src / "model.safetensors", 3)
-    app = make_app(src)
+async def test_cancel_an_export_midway_leaves_no_output(fsdp_ckpt, tmp_path):
+    # the export copies this file after writing every tensor, before verifying and renaming; the
+    # test holds a lease on it, so the job certainly waits there, running, while it is cancelled
+    (fsdp_ckpt / "tokenizer.model").write_bytes(b"tokenizer")
+    app = make_app(fsdp_ckpt)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
         from ckpt_tui.core.export.api import plan_export
 
-        plan, _ = plan_export(src, tmp_path / "out", dtype="bf16")  # a cast: several seconds of work
-        app.run_export(plan)
-        job = app.jobs[-1]
-        await wait_for(pilot, lambda: job.progress is not None and job.progress.done > 0, timeout=60)
-        await pilot.press("c")
-        assert isinstance(app.screen, ConfirmDialog)
-        await pilot.press("y")
+        plan, _ = plan_export(fsdp_ckpt, tmp_path / "out")
+        assert (fsdp_ckpt / "tokenizer.model", "tokenizer.model") in plan.copies
+        with FileLease(fsdp_ckpt / "tokenizer.model") as lease:
+            app.run_export(plan)
+            job = app.jobs[-1]
+            await wait_for(pilot, lease.blocked, timeout=60)
+            assert job.state == "running" and job.progress.done == job.progress.total  # every tensor written
+            assert list(tmp_path.glob(".out.tmp-*")) and not (tmp_path / "out").exists()
+            await press_and_wait(pilot, "c", lambda: isinstance(app.screen, ConfirmDialog))
+            await press_and_wait(pilot, "y", lambda: job.cancel.is_set())
+        # released: the job copies the file, reaches its next cancel check and stops
         await wait_for(pilot, lambda: job.state != "running", timeout=60)
         assert job.state == "cancelled"
         assert not (tmp_path / "out").exists()
@@ -101,42 +131,54 @@ async def test_failure_opens_an_error_dialog(fsdp_ckpt, tmp_path):
 
         plan, _ = plan_export(fsdp_ckpt, Path("/proc/ckpt-tui-out"))  # nobody can write there
         app.run_export(plan)
+        job = app.jobs[-1]
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "failed" in screen_text(app),
                        timeout=30)
+        assert job.state == "failed" and job.error and job.error in screen_text(app)
         assert "Traceback" not in screen_text(app)
+
+
+async def test_a_highlight_arriving_while_the_app_closes_is_ignored(fsdp_ckpt):
+    """The scan moves the tree's cursor after a refresh; the Tree.NodeHighlighted that follows can
+    be handled after the app removed its screens (a ScreenStackError at exit, on a loaded machine)."""
+    app = make_app(fsdp_ckpt)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        node = app.query_one(CheckpointTree).get_node_at_line(0)
+    assert not app.screen_stack
+    app._highlighted(Tree.NodeHighlighted(node))  # what the message pump calls: nothing, now
 
 
 async def test_findings_panel_on_second_user_report(real_ckpt):
     app = make_app(real_ckpt("hf-ds-zero2") / "checkpoint-2")
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
-        await pilot.press("f")
-        assert isinstance(app.screen, FindingsScreen)
-        table = app.screen.query_one("DataTable")
+        await press_and_wait(pilot, "f", lambda: isinstance(app.screen, FindingsScreen))
+        screen = app.screen
+        table = screen.query_one("DataTable")
         codes = [table.get_row_at(i)[2] for i in range(table.row_count)]
         assert "universal-info-missing" in codes
-        while table.get_row_at(table.cursor_row)[2] != "universal-info-missing":
-            await pilot.press("j")
-        assert "universal_checkpoint_info" in str(app.screen.query_one("#finding-message").render())
-        await pilot.press("enter")
-        await pilot.pause(0.1)
-        assert app.selected.path == "global_step2"
+        target = codes.index("universal-info-missing")
+        for row in range(1, target + 1):
+            await press_and_wait(pilot, "j", lambda: table.cursor_row == row)
+        await wait_for(pilot, lambda: "universal_checkpoint_info" in str(screen.query_one("#finding-message").render()))
+        await wait_for(pilot, lambda: app.focused is table)  # enter selects the row
+        await press_and_wait(pilot, "enter", lambda: app.screen is not screen)
+        await wait_for(pilot, lambda: app.selected.path == "global_step2")
 
 
 async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
     app = make_app(fsdp_ckpt)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
-        await pilot.press("question_mark")
-        assert isinstance(app.screen, HelpScreen)
-        await pilot.press("escape")
+        await press_and_wait(pilot, "question_mark", lambda: isinstance(app.screen, HelpScreen))
+        await press_and_wait(pilot, "escape", lambda: not isinstance(app.screen, HelpScreen))
         # a running job makes quit ask first
         job = Job("fake wait", "stats")
         app.jobs.append(job)
-        await pilot.press("q")
-        assert isinstance(app.screen, ConfirmDialog)
-        await pilot.press("n")
-        assert app.is_running
+        await press_and_wait(pilot, "q", lambda: isinstance(app.screen, ConfirmDialog))
+        await press_and_wait(pilot, "n", lambda: not isinstance(app.screen, ConfirmDialog))
+        assert app.is_running and app.return_code is None
         job.state = "done"
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert "Export" in commands and "Findings" in commands
@@ -156,11 +198,12 @@ async def test_universal_wizard_converts_and_shows_how_to_load(ds_ckpt):
     app = make_app(ds_ckpt)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
-        await pilot.press("u")
-        assert isinstance(app.screen, UniversalWizard)
-        assert "universal_checkpoint_info" in screen_text(app)
-        await pilot.press("enter", "enter")
+        await press_and_wait(pilot, "u", lambda: isinstance(app.screen, UniversalWizard))
         wiz = app.screen
+        await wait_for(pilot, lambda: "universal_checkpoint_info" in screen_text(app))
+        await wait_for(pilot, lambda: step_ready(wiz, 0))
+        for step in (1, 2):  # why, output
+            await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
         await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
         assert wiz.plan is not None, wiz.plan_error
         await pilot.press("enter")
@@ -178,11 +221,11 @@ async def test_repair_wizard_fixes_in_place_and_rescans(ds_ckpt):
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
         assert "universal-info-missing" in {f.code for f in app.report.findings}
-        await pilot.press("x")
-        assert isinstance(app.screen, RepairWizard)
-        assert "universal_checkpoint_info" in screen_text(app)
-        await pilot.press("enter")
-        await pilot.pause(0.2)
+        await press_and_wait(pilot, "x", lambda: isinstance(app.screen, RepairWizard))
+        wiz = app.screen
+        await wait_for(pilot, lambda: "universal_checkpoint_info" in screen_text(app))
+        await wait_for(pilot, lambda: step_ready(wiz, 0))
+        await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))  # the diff, then confirm
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Repaired" in screen_text(app),
                        timeout=60)

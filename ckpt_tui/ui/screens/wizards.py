@@ -64,7 +64,11 @@ class Wizard(ModalScreen):
         self.query_one("#step-label", Static).update(
             f"Step {self.step + 1} of {len(self.STEPS)}: {self.step_titles()[self.step]}")
         last = self.step == len(self.STEPS) - 1
-        self.query_one("#next", Button).label = (self.run_label() if last else "Next") + " (enter)"
+        nxt = self.query_one("#next", Button)
+        nxt.label = (self.run_label() if last else "Next") + " (enter)"
+        # a Button ignores enter for 0.2 s after a press (its "-active" effect); that press belongs to the
+        # previous step, so end it: enter on the next step's button must not be lost
+        nxt.remove_class("-active")
         self.query_one("#back", Button).label = "Cancel (esc)" if self.step == 0 else "Back (esc)"
         self.enter_step(name)
         self.focus_step(name)

@@ -218,7 +218,7 @@ def test_cancel_kills_group_and_removes_temp(real_ckpt_copy, tmp_path):
 KILL9 = """
 import sys
 from pathlib import Path
-from ckpt_tui.core.repair.universal import convert_to_universal, universal_plan
+from ckpt_tui.core.convert.universal import convert_to_universal, universal_plan
 
 plan = universal_plan(sys.argv[1], Path(sys.argv[2]))
 print("PLANNED", flush=True)

@@ -112,11 +112,11 @@ def run_once(argv: list[str], out: Path, env: dict) -> dict:
 
 
 def machine() -> dict:
-    mem = next(l for l in open("/proc/meminfo") if l.startswith("MemTotal"))
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next(ln for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     df = subprocess.run(["df", "-T", str(OUT)], capture_output=True, text=True).stdout.splitlines()[-1].split()
-    import torch  # noqa: F401  (versions only)
     import deepspeed  # noqa: F401
+    import torch  # noqa: F401  (versions only)
 
     vers = {m: __import__(m).__version__ for m in ("torch", "deepspeed", "accelerate")}
     return {

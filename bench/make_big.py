@@ -97,8 +97,8 @@ def _fsdp_worker(out: Path, layers: int) -> None:
 
 
 def _ds_worker(out: Path, layers: int, stage: int) -> None:
-    import torch
     import deepspeed
+    import torch
 
     from ckpt_tui.samples._common import init_dist
 

@@ -21,11 +21,11 @@ are built under bench/out/tui-data once.
 from __future__ import annotations
 
 import argparse
-import re
 import asyncio
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -227,7 +227,7 @@ def bench_no_torch(paths: list[Path]) -> list[tuple[str, bool, bool]]:
     for p in paths:
         r = subprocess.run([PY, "-c", TORCH_CHECK.format(root=str(ROOT), path=str(p))], capture_output=True,
                            text=True, timeout=120)
-        line = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
         if not line:
             raise RuntimeError(f"torch check on {p} failed:\n{r.stderr[-3000:]}")
         _, torch_in, ds_in, scanned = line[0].split()
@@ -407,7 +407,7 @@ def tmux_filter(wide: Path, n: int) -> dict:
             tmux("send-keys", "-t", name, *(["-l", key] if key != "BSpace" else [key]))
             while True:
                 s = pane(name)
-                cl = [x for x in (l.strip("│ ") for l in s.splitlines())
+                cl = [x for x in (ln.strip("│ ") for ln in s.splitlines())
                       if re.match(r"^[\d,]+(/[\d,]+ match| tensors)", x)]
                 if cl and cl[0].startswith(want):
                     break

@@ -31,8 +31,15 @@ def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
 
 def _progress(as_json: bool, unit: str):
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     cols = [TextColumn("{task.description}"), BarColumn()]
     cols += [DownloadColumn(), TransferSpeedColumn()] if unit == "bytes" else [MofNCompleteColumn()]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .dtypes import short_dtype
 from .humanize_bytes import count, naturalsize
 from .model import SEVERITY_RANK
-from .dtypes import short_dtype
 
 __all__ = ["GLYPH", "SEVERITY_COLOR", "ROLE_BADGE", "MAIN_ROLES", "role_badge", "worst", "size", "count",
            "naturalsize", "short_dtype", "shape_text"]

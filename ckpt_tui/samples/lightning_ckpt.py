@@ -22,8 +22,8 @@ STEPS = 2
 
 
 def _strategies():
-    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
     from lightning.fabric.utilities.seed import reset_seed
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
     class CpuDeepSpeedStrategy(DeepSpeedStrategy):
         """DeepSpeedStrategy refuses CPU; the engine underneath works (FIXTURES.md)."""

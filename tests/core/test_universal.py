@@ -14,11 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from ckpt_tui.core.convert.universal import (
+    TMP_PREFIX,
+    UniversalError,
+    convert_to_universal,
+    universal_plan,
+    verify_universal,
+)
 from ckpt_tui.core.export.deepspeed_source import deepspeed_source
 from ckpt_tui.core.export.sources import to_torch
 from ckpt_tui.core.progress import Cancelled
-from ckpt_tui.core.convert.universal import (TMP_PREFIX, UniversalError, convert_to_universal, universal_plan,
-                                             verify_universal)
 from tests.util import FileLease
 
 ROOT = Path(__file__).resolve().parents[2]

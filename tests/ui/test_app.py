@@ -8,13 +8,13 @@ import pytest
 from textual.widgets import Tree
 
 from ckpt_tui.ui.app import make_app
-from tests.util import FileLease
 from ckpt_tui.ui.jobs import Job
 from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
 from ckpt_tui.ui.screens.findings import FindingsScreen
 from ckpt_tui.ui.screens.wizards import ExportWizard
 from ckpt_tui.ui.widgets.details import TensorTable
 from ckpt_tui.ui.widgets.tree import CheckpointTree
+from tests.util import FileLease
 
 
 async def wait_for(pilot, cond, timeout=30.0):
@@ -64,8 +64,8 @@ async def test_open_first_user_report_shows_model_and_optimizer(fsdp_ckpt):
         assert "model in `pytorch_model_fsdp_0/`" in summary and "optimizer in `optimizer_0/`" in summary
         tree = app.query_one("#tree")
         labels = {str(n.label) for n in tree.root.children}
-        assert any("pytorch_model_fsdp_0/" in l and "MODEL" in l for l in labels)
-        assert any("optimizer_0/" in l and "OPTIM" in l for l in labels)
+        assert any("pytorch_model_fsdp_0/" in label and "MODEL" in label for label in labels)
+        assert any("optimizer_0/" in label and "OPTIM" in label for label in labels)
         await wait_for(pilot, lambda: app.selected.path == "pytorch_model_fsdp_0")
         await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) == 21)
         # filter as you type

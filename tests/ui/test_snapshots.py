@@ -6,9 +6,9 @@ Update with `pytest tests/ui/test_snapshots.py --snapshot-update` after a delibe
 
 import time
 
-from ckpt_tui.ui.app import make_app
 from textual.widgets import DataTable
 
+from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.widgets.details import MAX_ROWS, NAME_WIDTH, TensorTable
 
 

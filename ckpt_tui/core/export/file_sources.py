@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE
-from ..formats import FormatError
+from ..formats import FormatError, torchfile
 from ..formats import safetensors_header as stfmt
-from ..formats import torchfile
 from ..formats.pickles import TensorRef, iter_tensors
 from ..formats.torchfile import pick_state_dict
 from .sources import ByteRange, Source, SourceTensor

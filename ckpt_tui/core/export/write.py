@@ -20,8 +20,7 @@ from typing import Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..dtypes import ST_CODE as ST_NAMES
-from ..fsutil import (OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot,
-                      write_synced)
+from ..fsutil import OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot, write_synced
 from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
 from .plan import ExportPlan, OutFile, OutTensor

@@ -8,6 +8,7 @@ the central directory and data.pkl; tensor bytes are never read.
 from __future__ import annotations
 
 import os
+import pickle as _pickle
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,8 @@ def _read_legacy(path: Path, size: int) -> TorchFile:
 def _legacy_loads(data: bytes) -> Unpickled:
     import io
 
-    from .pickles import RestrictedUnpickler, Unpickled as U
+    from .pickles import RestrictedUnpickler
+    from .pickles import Unpickled as U
 
     # legacy torch: magic number, protocol version, sys info, then the object pickle with persistent ids
     f = io.BytesIO(data)
@@ -154,9 +156,6 @@ def _legacy_loads(data: bytes) -> Unpickled:
     except Exception as e:
         raise FormatError(f"not a readable pickle: {type(e).__name__}: {e}") from None
     return result
-
-
-import pickle as _pickle
 
 
 class _PlainUnpickler(_pickle.Unpickler):

@@ -89,11 +89,14 @@ def read_entries(f: BinaryIO, file_size: int) -> list[Entry]:
             vals = _zip64_extra(extra)
             k = 0
             if usize == U32:
-                usize = vals[k]; k += 1
+                usize = vals[k]
+                k += 1
             if csize == U32:
-                csize = vals[k]; k += 1
+                csize = vals[k]
+                k += 1
             if off == U32:
-                off = vals[k]; k += 1
+                off = vals[k]
+                k += 1
         out.append(Entry(name, off, crc, csize, usize, method, flags))
         p += 46 + nl + el + cl
     for e in out:

@@ -1,0 +1,24 @@
+"""The house rules that a tool can check, checked on every test run: ruff (pyflakes, pycodestyle, import
+order) and import-linter's layer contracts in pyproject.toml (cli -> ui -> core, never back; the core imports
+no textual/rich; formats below the scan)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _run(*cmd):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_is_clean():
+    r = _run(sys.executable, "-m", "ruff", "check", "ckpt_tui", "tests", "bench", "screenshots")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_import_layers_hold():
+    r = _run(str(BIN / "lint-imports"), "--no-cache")
+    assert r.returncode == 0 and " 0 broken" in r.stdout, r.stdout + r.stderr

@@ -54,7 +54,7 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
     from ..core.export.api import plan_export
     from ..core.export.plan import parse_size
     from ..core.export.write import ExportError, execute
-    from ..core.present import count, naturalsize
+    from ..core.present import naturalsize, param_count
     from ..core.scan import ScanError
 
     try:
@@ -85,7 +85,7 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
     ver = {True: "verified ✓ (every tensor re-read and compared bit-exact)", False: "verification FAILED",
            None: "not verified (--no-verify)"}[res.verified]
     click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
-               f"{count(res.params)} params to {res.out} in {res.seconds:.1f} s — {ver}")
+               f"{param_count(res.params)} params to {res.out} in {res.seconds:.1f} s — {ver}")
     for n in res.notes:
         if not n.startswith("the model is") and not n.startswith("exporting the newest"):
             click.echo(f"  note: {n}")

@@ -39,9 +39,9 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
     Exit codes: 0 ok, 1 a repair failed or errors remain, 2 bad path or usage, 130 interrupted.
     """
     from ..core.codes import FIXES
-    from ..core.inspect import inspect
     from ..core.progress import Cancelled
     from ..core.repair import repairs_for
+    from ..core.report import inspect
     from ..core.scan import ScanError
 
     try:

@@ -13,7 +13,7 @@ import sys
 import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_USAGE
-from ..core.model import SCHEMA_VERSION
+from ..core.types import SCHEMA_VERSION
 
 
 def fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
@@ -86,7 +86,7 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
 
 def inspect_or_fail(path: str, trust: bool):
     """``inspect(path)``; an unreadable path is its message and exit code 2."""
-    from ..core.inspect import inspect
+    from ..core.report import inspect
     from ..core.scan import ScanError
 
     try:
@@ -102,7 +102,7 @@ def print_report(rep, show_all: bool) -> None:
     from rich.padding import Padding
     from rich.tree import Tree
 
-    from ..core.present import GLYPH, SEVERITY_COLOR, count, naturalsize, role_badge, short_dtype
+    from ..core.present import GLYPH, SEVERITY_COLOR, naturalsize, param_count, role_badge, short_dtype
 
     inv = rep.inventory
     con = Console(highlight=False)
@@ -127,7 +127,7 @@ def print_report(rep, show_all: bool) -> None:
         if f.get("world_size"):
             extra.append(f"{f['world_size']} ranks")
         if f.get("param_count") and (n.is_dir or n.role in ("model", "model+optimizer")):
-            extra.append(f"{count(f['param_count'])} params")
+            extra.append(f"{param_count(f['param_count'])} params")
         if f.get("dtypes") and (n.is_dir or n.role in ("model", "model+optimizer")):
             extra.append("/".join(short_dtype(d) for d in f["dtypes"][:3]))
         if extra:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Optional
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
-from .humanize_bytes import count
-from .model import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
 from .names import step_of
+from .types import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
+from .units import param_count
 
 
 def diagnose(inv: Inventory) -> list[Finding]:
@@ -205,7 +205,7 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
                            "export"))
     elif f.get("frozen_params_unrecorded"):
         out.append(Finding("frozen-params", "info", p,
-                           f"`{p}/` holds {count(f['frozen_params_unrecorded'])} frozen parameter values that ZeRO-{stage} "
+                           f"`{p}/` holds {param_count(f['frozen_params_unrecorded'])} frozen parameter values that ZeRO-{stage} "
                            "did not record: DeepSpeed's zero_to_fp32 drops them silently. Their values are only in "
                            "the model-states `module` weights (in the training dtype).", "export"))
     if f.get("shared_params"):

@@ -7,9 +7,9 @@ from typing import Optional
 
 from .dtypes import short_dtype
 from .formats.registry import format_of
-from .humanize_bytes import count, naturalsize
-from .model import Inventory, Node, Parsed, model_component
 from .names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, step_of
+from .types import Inventory, Node, Parsed, model_component
+from .units import naturalsize, param_count
 
 LAYOUTS = (
     "hf-trainer-fsdp", "hf-trainer-deepspeed", "hf-trainer", "accelerate", "accelerate-fsdp", "accelerate-deepspeed",
@@ -170,7 +170,7 @@ def _component_text(root: Node, path: str, role: str) -> str:
     if n.size:
         bits.append(naturalsize(n.size))
     if n.facts.get("param_count"):
-        bits.append(f"{count(n.facts['param_count'])} params")
+        bits.append(f"{param_count(n.facts['param_count'])} params")
     dt = n.facts.get("dtypes") or []
     if dt:
         bits.append("/".join(short_dtype(d) for d in dt[:2]))

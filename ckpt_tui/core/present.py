@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Optional
 
 from .dtypes import short_dtype
-from .humanize_bytes import count, naturalsize
-from .model import SEVERITY_RANK
+from .types import SEVERITY_RANK
+from .units import naturalsize, param_count
 
-__all__ = ["GLYPH", "SEVERITY_COLOR", "ROLE_BADGE", "MAIN_ROLES", "role_badge", "worst", "size", "count",
+__all__ = ["GLYPH", "SEVERITY_COLOR", "ROLE_BADGE", "MAIN_ROLES", "role_badge", "worst", "size", "param_count",
            "naturalsize", "short_dtype", "shape_text"]
 
 GLYPH = {"error": "✖", "warning": "▲", "info": "●"}

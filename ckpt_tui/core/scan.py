@@ -18,8 +18,8 @@ from .formats import FormatError
 from .formats.format import Format
 from .formats.registry import classify_file, detect_folder
 from .layout import describe
-from .model import Inventory, Node, Parsed
 from .progress import Cancelled, OnProgress, check_cancel, report
+from .types import Inventory, Node, Parsed
 
 MAX_DEPTH = 24
 MAX_ENTRIES = 1_000_000

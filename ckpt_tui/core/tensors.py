@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from .formats.registry import format_of
-from .model import MODEL_ROLES, Node, Parsed, TensorInfo
+from .types import MODEL_ROLES, Node, Parsed, TensorInfo
 
 
 def list_tensors(node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:

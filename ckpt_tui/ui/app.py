@@ -11,9 +11,9 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Footer, Static, Tree
 
-from ..core.inspect import Report
-from ..core.model import Node
 from ..core.present import GLYPH
+from ..core.report import Report
+from ..core.types import Node
 from .actions import ACTIONS, bindings
 from .jobs import Job, JobFinished, JobProgress, run_in_thread
 from .screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
@@ -74,7 +74,7 @@ class CkptApp(App):
 
     # ------------------------------------------------------------------ scanning
     def start_scan(self) -> None:
-        from ..core.inspect import inspect
+        from ..core.report import inspect
 
         job = Job(f"scan {self.path.name}", "scan")
         self._scan_job = job
@@ -150,7 +150,7 @@ class CkptApp(App):
         if self.report is None:
             return None, ""
         from ..core.layout import classify
-        from ..core.model import model_component
+        from ..core.types import model_component
 
         if node.is_dir:
             rel = model_component(classify(node)[1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, count, role_badge, short_dtype, size, worst
+from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
 
 __all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst"]
 
@@ -50,7 +50,7 @@ def fact_rows(node) -> list[tuple[str, str]]:
     if f.get("dtypes"):
         rows.append(("dtype", ", ".join(short_dtype(d) for d in f["dtypes"])))
     if f.get("param_count"):
-        rows.append(("params", f"{count(f['param_count'])} ({f['param_count']:,})"))
+        rows.append(("params", f"{param_count(f['param_count'])} ({f['param_count']:,})"))
     if f.get("tensor_count"):
         rows.append(("tensors", f"{f['tensor_count']:,}"))
     rows.append(("size", size(node.size)))

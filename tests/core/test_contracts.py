@@ -4,9 +4,9 @@ import threading
 
 import pytest
 
-from ckpt_tui.core.inspect import inspect
-from ckpt_tui.core.model import Plan, PlanStep
 from ckpt_tui.core.progress import Cancelled, Progress
+from ckpt_tui.core.report import inspect
+from ckpt_tui.core.types import Plan, PlanStep
 
 
 def test_nodes_arrive_as_found_then_analyzed(real_ckpt):

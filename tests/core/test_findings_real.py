@@ -8,7 +8,7 @@ import struct
 import torch
 from safetensors.torch import save_file
 
-from ckpt_tui.core.inspect import inspect
+from ckpt_tui.core.report import inspect
 
 
 def only(rep, code):

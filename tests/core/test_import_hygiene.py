@@ -22,7 +22,7 @@ print(json.dumps(sorted(m for m in %r if m in sys.modules)))
 
 
 def test_discovered_modules():
-    assert "ckpt_tui.core.inspect" in CORE_MODULES
+    assert "ckpt_tui.core.report" in CORE_MODULES
     assert "ckpt_tui.core.scan" in CORE_MODULES
 
 

@@ -4,8 +4,8 @@ torch DCP, Accelerate, Transformers) on CPU: layout, components, facts and findi
 import pytest
 
 from ckpt_tui.core.codes import CODES
-from ckpt_tui.core.inspect import inspect
 from ckpt_tui.core.layout import LAYOUTS
+from ckpt_tui.core.report import inspect
 from ckpt_tui.core.tensors import list_tensors
 
 

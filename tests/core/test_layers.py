@@ -86,4 +86,4 @@ def test_graph_sees_imports():  # the checks above would pass vacuously on a bro
     edges, _ = _graph()
     assert "ckpt_tui.core.formats.registry" in edges["ckpt_tui.core.scan"]
     assert "ckpt_tui.core.formats.dcp" in edges["ckpt_tui.core.formats.dcp_folder"]
-    assert "ckpt_tui.core.inspect" in edges["ckpt_tui.core.repair.run"]  # an import inside a function
+    assert "ckpt_tui.core.report" in edges["ckpt_tui.core.repair.run"]  # an import inside a function

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tui.core.inspect import inspect
 from ckpt_tui.core.repair import repairs_for
 from ckpt_tui.core.repair.atomic import backup_path
-from ckpt_tui.core.repair.fix import UCI_KEY, UCI_VALUE
+from ckpt_tui.core.repair.repairs import UCI_KEY, UCI_VALUE
+from ckpt_tui.core.report import inspect
 from tests.util import as_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -364,7 +364,7 @@ def test_permission_denied_nothing_changed(real_ckpt, shared_tmp):
 
 KILLER = textwrap.dedent('''
     import sys, time
-    from ckpt_tui.core.inspect import inspect
+    from ckpt_tui.core.report import inspect
     from ckpt_tui.core.repair import repairs_for
     root, rid = sys.argv[1], sys.argv[2]
     r = [r for r in repairs_for(inspect(root)) if r.id == rid][0]

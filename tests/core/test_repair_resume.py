@@ -2,8 +2,8 @@
 as saved), on CPU with the real Trainer and DeepSpeed."""
 
 
-from ckpt_tui.core.inspect import inspect
 from ckpt_tui.core.repair import repairs_for
+from ckpt_tui.core.report import inspect
 from tests.util import torchrun
 
 HF_RESUME = r'''

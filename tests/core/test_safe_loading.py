@@ -8,7 +8,7 @@ import torch
 
 from ckpt_tui.core.formats import FormatError, torchfile
 from ckpt_tui.core.formats.pickles import TensorRef, safe_loads
-from ckpt_tui.core.inspect import inspect
+from ckpt_tui.core.report import inspect
 
 
 class _Payload:

@@ -34,7 +34,7 @@ import importlib, json, pkgutil, sys
 import ckpt_tui.core
 for m in pkgutil.walk_packages(ckpt_tui.core.__path__, "ckpt_tui.core."):
     importlib.import_module(m.name)
-from ckpt_tui.core.inspect import inspect
+from ckpt_tui.core.report import inspect
 
 def rchar():
     with open("/proc/self/io") as f:

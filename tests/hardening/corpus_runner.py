@@ -25,7 +25,7 @@ def _alarm(signum, frame):
 
 def main(argv: list[str]) -> int:
     limit_mb, seconds, paths = int(argv[0]), float(argv[1]), argv[2:]
-    from ckpt_tui.core.inspect import inspect  # imported before the limit is set
+    from ckpt_tui.core.report import inspect  # imported before the limit is set
     from ckpt_tui.core.scan import ScanError
 
     resource.setrlimit(resource.RLIMIT_AS, (limit_mb << 20, limit_mb << 20))

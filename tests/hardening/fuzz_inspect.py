@@ -81,7 +81,7 @@ def prepare(workdir: Path):
 
 def check(ck: Path, f: Path, data: bytes, seed: int, seconds: float = 10.0) -> None:
     """The property. Saves the input and re-raises on a violation."""
-    from ckpt_tui.core.inspect import inspect
+    from ckpt_tui.core.report import inspect
     from ckpt_tui.core.scan import ScanError
 
     f.write_bytes(data)
@@ -118,7 +118,7 @@ def run(cases: int, memory_mb: int = 3072, seed: int | None = None) -> dict:
     soft = hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     try:
         seeds = prepare(work)
-        import ckpt_tui.core.inspect  # noqa: F401  imported before the memory limit
+        import ckpt_tui.core.report  # noqa: F401  imported before the memory limit
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, hard))  # soft limit: restorable
         op = st.sampled_from(["flip", "set", "insert", "delete", "truncate"])

@@ -4,6 +4,6 @@
 components, summary, checkpoints, node(rel)), ``Report.findings`` (code, severity, path, message,
 fix). When the core moves, this is the file to change.
 """
-from ckpt_tui.core.inspect import inspect
+from ckpt_tui.core.report import inspect
 
 __all__ = ["inspect"]

@@ -3,7 +3,7 @@ diagnose's findings, the CLI's fix ids and the TUI's help screen and fix keys al
 from __future__ import annotations
 
 from ckpt_tui.core.codes import CODES, FIXES, fix_key
-from ckpt_tui.core.model import SEVERITY_RANK
+from ckpt_tui.core.types import SEVERITY_RANK
 
 from . import readme, test_findings
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from ckpt_tui.core.export.write import ExportResult
-from ckpt_tui.core.model import Finding, Node, Plan, PlanStep, TensorInfo
+from ckpt_tui.core.types import Finding, Node, Plan, PlanStep, TensorInfo
 
 
 def test_mirrors_fields_in_order_with_renames_and_properties():

@@ -8,9 +8,9 @@ from typing import Optional
 from ..formats import FormatError
 from ..formats.format import NotExportable
 from ..formats.registry import format_of
-from ..inspect import Report, inspect
-from ..model import Node
 from ..progress import OnProgress
+from ..report import Report, inspect
+from ..types import Node
 from .plan import ExportPlan, make_plan
 from .sources import Source
 from .write import ExportError, ExportResult, execute

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE, short_dtype
-from ..model import Plan, PlanStep, numel
+from ..types import Plan, PlanStep, numel
 from .sources import Source, SourceTensor
 
 DTYPES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

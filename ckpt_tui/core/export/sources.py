@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..dtypes import ITEMSIZE
-from ..model import numel
+from ..types import numel
 
 
 @dataclass(frozen=True)

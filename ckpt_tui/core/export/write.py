@@ -171,7 +171,7 @@ def preflight(plan: ExportPlan, overwrite: bool) -> None:
         preflight_output(out, need=plan.total_bytes + (1 << 20), source=plan.source.path, overwrite=overwrite)
     except OutputError as e:
         if e.kind == "no-space":
-            from ..humanize_bytes import naturalsize
+            from ..units import naturalsize
 
             raise ExportError(f"no space left on {parent}: the export needs {naturalsize(e.need)}, "
                               f"{naturalsize(e.free)} is free") from None
@@ -259,7 +259,7 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
             raise
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            from ..humanize_bytes import naturalsize
+            from ..units import naturalsize
 
             raise ExportError(f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
                               f"{naturalsize(free_bytes(out.parent) + plan.total_bytes)} before "

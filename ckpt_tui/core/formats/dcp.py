@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
-from ..model import TensorInfo
+from ..types import TensorInfo
 from . import FormatError
 from .pickles import MAX_PICKLE_BYTES, Record, Stub, safe_loads
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Iterator, Optional
 
-from ..model import Node, Parsed, TensorInfo
 from ..names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, TRAINING_STATE_KEYS
+from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 from . import dcp as dcpfmt
 from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts

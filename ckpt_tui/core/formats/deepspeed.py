@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..model import TensorInfo, numel
+from ..types import TensorInfo, numel
 from .pickles import Stub, TensorRef, iter_tensors
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from ..model import Node, Parsed, TensorInfo, numel
+from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
 from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts

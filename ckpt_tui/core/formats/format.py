@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from ..model import Node, Parsed, TensorInfo
+from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import ITEMSIZE
-from ..model import numel
+from ..types import numel
 from . import FormatError
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from ..humanize_bytes import naturalsize
-from ..model import Node, Parsed
+from ..types import Node, Parsed
+from ..units import naturalsize
 from .format import FileFormat
 
 MAX_TEXT_BYTES = 4096

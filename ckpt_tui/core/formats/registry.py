@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..model import Node
+from ..types import Node
 from .dcp_folder import DcpFiles, DcpFolder, DcpSafetensorsFolder
 from .deepspeed_folder import DeepSpeedStatesFiles, DeepSpeedTag, DeepSpeedUniversal
 from .format import FileFormat, FolderFormat, Format

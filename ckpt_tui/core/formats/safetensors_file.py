@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from ..model import Node, Parsed, TensorInfo
+from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 from . import safetensors_header as stfmt
 from .format import FileFormat, FolderFormat, set_tensor_facts

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..dtypes import FROM_ST_CODE
-from ..model import TensorInfo
+from ..types import TensorInfo
 from . import FormatError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit

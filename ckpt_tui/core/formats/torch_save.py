@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from ..model import Node, Parsed, TensorInfo
+from ..types import Node, Parsed, TensorInfo
 from . import torchfile
 from .format import FileFormat, set_tensor_facts
 from .pickles import iter_tensors

@@ -7,7 +7,7 @@ is gone. The CLI (``ckpt-tui fix``) and the TUI call these same functions.
 from __future__ import annotations
 
 from .atomic import RepairError
-from .fix import repairs_for
+from .repairs import repairs_for
 from .run import Repair, RepairResult
 
 __all__ = ["Repair", "RepairResult", "RepairError", "repairs_for"]

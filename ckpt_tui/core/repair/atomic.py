@@ -67,7 +67,7 @@ def preflight(folder: Path, needed: int) -> None:
         check_space(folder, needed + FREE_MARGIN)
     except OutputError as e:
         if e.kind == "no-space":
-            from ..humanize_bytes import naturalsize
+            from ..units import naturalsize
 
             raise RepairError(f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old "
                               f"file is kept as the backup) and only {naturalsize(e.free)} is free. Nothing was "

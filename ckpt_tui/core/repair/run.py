@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..formats import FormatError
-from ..model import Plan
 from ..progress import Cancelled
+from ..types import Plan
 from .atomic import RepairError
 from .pickle_edit import EditError
 
@@ -62,7 +62,7 @@ class Repair:
 def run_repair(r: Repair, on_progress=None, cancel=None) -> RepairResult:
     """Run ``r``'s action, turn its failure into a result that says nothing was changed, re-inspect
     and say whether the finding is gone."""
-    from ..inspect import inspect
+    from ..report import inspect
 
     if not r.can_apply or r.action is None:
         return RepairResult(r.id, r.code, r.path, False, False, r.plan.title if not r.plan.notes else

@@ -8,8 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from ...core.model import SEVERITY_RANK
 from ...core.present import GLYPH
+from ...core.types import SEVERITY_RANK
 
 
 class FindingsScreen(ModalScreen):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.binding import Binding
 from textual.widgets import Tree
 
-from ...core.model import Node
+from ...core.types import Node
 from ..format import node_label
 
 MAX_CHILDREN = 400

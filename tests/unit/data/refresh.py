@@ -107,7 +107,7 @@ def pack(src: Path, dest: Path) -> dict:
 
 def same_report(packed: Path, real: Path) -> bool:
     """inspect() says the same of the packed tree as of the real checkpoint (paths aside)."""
-    from ckpt_tui.core.inspect import inspect
+    from ckpt_tui.core.report import inspect
 
     def doc(root: Path) -> str:
         d = inspect(root).to_json()

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ...export.write import ExportError
 from ...fsutil import OutputError, preflight_output
-from ...model import Plan, PlanStep
+from ...types import Plan, PlanStep
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
 FROZEN_FILE = "frozen_params.safetensors"
@@ -115,7 +115,7 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     from ...export.deepspeed_source import MOE_RE, deepspeed_source
     from ...formats import torchfile
     from ...formats.deepspeed import LAYER_RE
-    from ...inspect import inspect
+    from ...report import inspect
 
     src = Path(src)
     rep = inspect(src, trust_pickles=trust_pickles)

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 from .diagnose import diagnose, mark_complete
-from .model import SCHEMA_VERSION, Finding, Inventory
 from .progress import OnProgress
 from .scan import OnNode, scan
+from .types import SCHEMA_VERSION, Finding, Inventory
 
 
 @dataclass

@@ -208,7 +208,7 @@ class Plan(JsonFields):
         return sum(s.bytes for s in self.steps)
 
     def describe(self) -> str:
-        from .humanize_bytes import naturalsize
+        from .units import naturalsize
 
         lines = [self.title]
         for s in self.steps:

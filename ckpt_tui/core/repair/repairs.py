@@ -8,9 +8,9 @@ from typing import Optional
 
 from ..formats import FormatError
 from ..fsutil import stamp
-from ..model import MODEL_ROLES, Finding, Node, Plan, PlanStep
 from ..names import step_of
 from ..progress import report
+from ..types import MODEL_ROLES, Finding, Node, Plan, PlanStep
 from .atomic import RepairError, backup_path, replace_file
 from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
 from .run import Repair

@@ -1,4 +1,5 @@
-"""Human sizes for the core's own messages (humanize is a dependency; this keeps one spelling)."""
+"""Units for people: sizes in bytes (``naturalsize``: one spelling, through humanize) and parameter counts
+(``param_count``: 115K, 268M, 1.5B, the way model cards say them). No imports from the rest of ckpt-tui."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ def naturalsize(n: int | float) -> str:
     return humanize.naturalsize(n, binary=False, format="%.1f")
 
 
-def count(n: int) -> str:
-    """268435456 -> '268M'."""
+def param_count(n: int) -> str:
+    """A number of parameters, short: 268435456 -> '268M', 115000 -> '115K'."""
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
             v = n / div

@@ -13,7 +13,7 @@ def tree(tmp_path):
 
 
 _NO_REAL = ("tests/unit must not use the real-framework fixtures (they import torch and may take minutes to "
-            "generate): build the tree from data/ with the `tree` fixture, or put the test in tests/core/")
+            "generate): build the tree from data/ with the `tree` fixture, or put the test in tests/functional/core/")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from ckpt_tui.core.export.sources import to_torch
 from ckpt_tui.core.progress import Cancelled
 from tests.util import FileLease
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tree_sums(root: Path) -> dict:

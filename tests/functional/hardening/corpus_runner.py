@@ -1,6 +1,6 @@
 """Run the inspector over a list of paths under a memory limit and a per-case time limit.
 
-    python -m tests.hardening.corpus_runner LIMIT_MB SECONDS PATH...
+    python -m tests.functional.hardening.corpus_runner LIMIT_MB SECONDS PATH...
 
 Prints one JSON line per case: {"path", "outcome": "ok"|"scan-error"|"crash"|"timeout", "codes", "detail"}.
 A breach of RLIMIT_AS shows as MemoryError -> "crash"; a hang as "timeout".

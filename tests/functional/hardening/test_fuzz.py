@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.hardening import fuzz_inspect
+from tests.functional.hardening import fuzz_inspect
 
 
-def test_fuzz_smoke(real_ckpt):
+def test_fuzz_smoke(real_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(fuzz_inspect, "NEW_CRASHES", tmp_path)  # a crash found here is shown, not kept in the tree
     stats = fuzz_inspect.run(cases=300)
     assert stats["cases"] >= 300
 

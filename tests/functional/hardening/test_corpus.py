@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MEMORY_LIMIT_MB = 3072  # torch-free inspector; far above what a header read needs, far below a 2^63 header
 
 
 def run_corpus(paths, seconds=20.0):
-    r = subprocess.run([sys.executable, "-m", "tests.hardening.corpus_runner", str(MEMORY_LIMIT_MB), str(seconds),
+    r = subprocess.run([sys.executable, "-m", "tests.functional.hardening.corpus_runner", str(MEMORY_LIMIT_MB), str(seconds),
                         *map(str, paths)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]

@@ -1,12 +1,16 @@
 """Fuzz the inspector with mutations of real fixture files (property-based, hypothesis).
 
-    python -m tests.hardening.fuzz_inspect --cases 10000     # the full run (minutes)
+    python -m tests.functional.hardening.fuzz_inspect --cases 10000     # the full run (minutes)
 
 Each case takes a real checkpoint written by a framework on CPU, mutates one of its files (flip,
 overwrite, insert, delete, truncate bytes) and inspects it under a per-case time limit and a
 process-wide memory limit (RLIMIT_AS). The property: ``inspect`` returns a report (or raises
-``ScanError`` for an unusable path) — never any other exception, never a hang. A crashing input
-is saved under tests/hardening/crashes/ and replayed by tests/hardening/test_fuzz.py forever after.
+``ScanError`` for an unusable path) — never any other exception, never a hang.
+
+A crashing input is saved outside the source tree, under ``~/.cache/ckpt-tui/fuzz-crashes/`` (``--crashes
+DIR`` elsewhere), and the path is printed. Once the bug is fixed, copy the ``.bin`` and ``.json`` pair into
+``tests/functional/hardening/crashes/`` (the regression corpus, read-only to the fuzzer):
+tests/functional/hardening/test_fuzz.py replays every input there forever after.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import time
 import traceback
 from pathlib import Path
 
-CRASHES = Path(__file__).parent / "crashes"
+CRASHES = Path(__file__).parent / "crashes"  # the regression corpus: inputs once found, kept by hand
+NEW_CRASHES = None  # where run() saves new ones: --crashes, else the user's cache (never the source tree)
 SEEDS = [  # (fixture, sub-path of the checkpoint to inspect, file to mutate inside it)
     ("accelerate-save-state", "", "model.safetensors"),
     ("ds-zero2-bf16", "", "global_step2/mp_rank_00_model_states.pt"),
@@ -99,12 +104,16 @@ def check(ck: Path, f: Path, data: bytes, seed: int, seconds: float = 10.0) -> N
 
 
 def save_crash(seed: int, data: bytes, e: BaseException) -> Path:
-    CRASHES.mkdir(exist_ok=True)
+    from ckpt_tui.core.userdirs import cache_home
+
+    folder = Path(NEW_CRASHES) if NEW_CRASHES else cache_home() / "fuzz-crashes"
+    folder.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256(data).hexdigest()[:16]
-    p = CRASHES / f"seed{seed}-{h}.bin"
+    p = folder / f"seed{seed}-{h}.bin"
     p.write_bytes(data)
-    (CRASHES / f"seed{seed}-{h}.json").write_text(json.dumps(
+    (folder / f"seed{seed}-{h}.json").write_text(json.dumps(
         {"seed": SEEDS[seed], "error": "".join(traceback.format_exception_only(type(e), e)).strip()}, indent=1))
+    print(f"fuzz_inspect: crashing input saved as {p}", file=sys.stderr, flush=True)
     return p
 
 
@@ -145,10 +154,13 @@ def run(cases: int, memory_mb: int = 3072, seed: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.hardening.fuzz_inspect")
+    ap = argparse.ArgumentParser(prog="python -m tests.functional.hardening.fuzz_inspect")
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--memory-mb", type=int, default=3072)
+    ap.add_argument("--crashes", default=None, help="save crashing inputs here (default: ~/.cache/ckpt-tui/fuzz-crashes)")
     args = ap.parse_args(argv)
+    global NEW_CRASHES
+    NEW_CRASHES = args.crashes
     stats = run(args.cases, args.memory_mb)
     print(f"{stats['cases']} cases in {stats.get('seconds')} s: no crash, no hang")
     return 0

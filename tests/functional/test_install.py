@@ -24,7 +24,7 @@ import pytest
 
 from tests.tmux import HAVE_TMUX, Tmux
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _project_files() -> list[str]:

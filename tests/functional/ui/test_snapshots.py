@@ -1,7 +1,7 @@
 """SVG snapshots of the main screen (dark, light, NO_COLOR) and the help screen at 80×24.
 
 On a DeepSpeed fixture, whose file sizes do not depend on where the fixture cache lives.
-Update with `pytest tests/ui/test_snapshots.py --snapshot-update` after a deliberate change.
+Update with `pytest tests/functional/ui/test_snapshots.py --snapshot-update` after a deliberate change.
 """
 
 import time

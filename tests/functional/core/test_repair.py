@@ -22,7 +22,7 @@ from ckpt_tui.core.repair.repairs import UCI_KEY, UCI_VALUE
 from ckpt_tui.core.report import inspect
 from tests.util import as_nobody
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MS = "mp_rank_00_model_states.pt"
 # the command as the lead will register it (`ckpt-tui fix`), run directly so this file does not depend on that
 FIX = [sys.executable, "-m", "ckpt_tui", "fix"]  # the real entry point

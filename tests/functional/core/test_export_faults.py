@@ -51,18 +51,23 @@ def start(*args, **kw):
 
 
 @contextmanager
-def export_frozen_mid_way(src: Path, out: Path, *args):
+def export_frozen_mid_way(src: Path, out: Path, *args, stop: bool = True):
     """`ckpt-tui export SRC --out OUT`, frozen mid-export, whatever the machine's load.
 
     The export copies SRC/tokenizer.model after it wrote and fsynced every tensor, and before it
     verifies and renames the temp folder to OUT. The test holds a lease on that file, so the copy
     waits for it; once it waits, the process is stopped (SIGSTOP) and nothing moves until SIGCONT.
-    Yields (process, lease, temp folder); whatever is left running at the end is killed."""
+    Yields (process, lease, temp folder); whatever is left running at the end is killed.
+
+    ``stop=False`` leaves it waiting in that open() without SIGSTOP, for a signal meant for the
+    thread that waits: a signal sent to a stopped process is taken by whichever of its threads runs
+    first after SIGCONT (rich's refresh thread, say), and the waiting open() would go on waiting."""
     lease = FileLease(src / "tokenizer.model")
     p = start("export", src, "--out", out, *args)
     try:
         lease.wait_blocked(proc=p)
-        freeze(p)
+        if stop:
+            freeze(p)
         tmps = list(out.parent.glob(f".{out.name}.tmp-*"))
         assert len(tmps) == 1 and not out.exists(), (tmps, out.exists())
         assert list(tmps[0].glob("*.safetensors")) and not (tmps[0] / "tokenizer.model").exists()
@@ -130,8 +135,10 @@ def test_kill_minus_9_at_every_step(big, tmp_path):
 def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
     before = digest(big)
     out = tmp_path / "out"
-    with export_frozen_mid_way(big, out, "--max-shard-size", "40MB") as (p, lease, tmp):
-        p.send_signal(signum)  # delivered as it resumes, inside the copy's open()
+    # SIGINT goes to a running process (its main thread waits in the copy's open() and takes it);
+    # SIGKILL needs no thread, so that process is stopped first
+    with export_frozen_mid_way(big, out, "--max-shard-size", "40MB", stop=signum == signal.SIGKILL) as (p, _, tmp):
+        p.send_signal(signum)
         os.kill(p.pid, signal.SIGCONT)
         p.wait(timeout=60)
     assert p.returncode == code

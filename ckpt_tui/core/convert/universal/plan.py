@@ -8,9 +8,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 from ...export.write import ExportError
+from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
 from ...types import Plan, PlanStep
 
@@ -127,7 +128,7 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
                                  '{"checkpoint": {"load_universal": true}}')
         raise UniversalError(f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); universal conversion "
                              "needs a DeepSpeed tag folder (global_stepN/) with *_optim_states.pt files")
-    f = node.facts
+    f = cast(DeepSpeedZeroFacts, node.facts)
     tag_dir = node.abspath
     names = [c.name for c in node.children]
     if f.get("pipeline") or any(LAYER_RE.match(n) for n in names):

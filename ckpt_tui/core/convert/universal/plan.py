@@ -13,6 +13,7 @@ from typing import Optional, cast
 from ...export.write import ExportError
 from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
+from ...jsondoc import JsonFields, as_json
 from ...types import Plan, PlanStep
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
@@ -43,7 +44,10 @@ def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
 
 
 @dataclass
-class UniversalPlan:
+class UniversalPlan(JsonFields):
+    json_keys = ("src", "tag_dir", "out", "zero_stage=stage", "world_size", "global_step", "framework",
+                 "inject_missing_state", "trainable", "frozen", "buffers", "expected_files", "warnings")
+
     src: Path
     tag_dir: Path
     out: Path
@@ -96,11 +100,8 @@ class UniversalPlan:
                     tuple(notes))
 
     def to_json(self) -> dict:
-        return {"src": str(self.src), "tag_dir": str(self.tag_dir), "out": str(self.out), "zero_stage": self.stage,
-                "world_size": self.world_size, "global_step": self.global_step, "framework": self.framework,
-                "inject_missing_state": self.inject_missing_state, "trainable": len(self.trainable),
-                "frozen": list(self.frozen), "buffers": list(self.buffers), "expected_files": self.expected_files,
-                "warnings": list(self.warnings), "plan": self.to_plan().to_json()}
+        # the document counts the trainable parameters and adds the printable plan
+        return as_json(self, self.json_keys) | {"trainable": len(self.trainable), "plan": self.to_plan().to_json()}
 
 
 def _workers() -> int:

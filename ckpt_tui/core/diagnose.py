@@ -7,9 +7,10 @@ its severities, help line and fix id are registered in ``codes.CODES``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
+from .facts import DcpFacts, DeepSpeedZeroFacts, DirFacts, TextFacts
 from .names import step_of
 from .types import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
 from .units import param_count
@@ -130,7 +131,7 @@ def _has_breakage(n: Node) -> bool:
 
 
 def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
-    f = n.facts
+    f = cast(DcpFacts, n.facts)
     p = n.path
     out = []
     if f.get("metadata_missing"):
@@ -167,7 +168,7 @@ def _ranks(rs) -> str:
 
 
 def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
-    f = n.facts
+    f = cast(DeepSpeedZeroFacts, n.facts)
     p = n.path
     out = []
     stage = f.get("zero_stage")
@@ -264,7 +265,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"{'`' + p + '/`' if p != '.' else 'This folder'} holds only a PEFT adapter "
                            "(adapter_config.json + adapter weights), not the full model: load the base model named in "
                            "adapter_config.json and apply the adapter, or merge it (peft's merge_and_unload)."))
-    f = n.facts
+    f = cast(DirFacts, n.facts)
     if f.get("index_missing_files") or f.get("index_missing_tensors") or f.get("index_unlisted_tensors") or f.get("index_outside"):
         bits = []
         if f.get("index_missing_files"):
@@ -285,7 +286,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
 
 
 def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
-    tag = (n.facts.get("names") or "").strip()
+    tag = (cast(TextFacts, n.facts).get("names") or "").strip()
     parent_path = n.path.rsplit("/", 1)[0] if "/" in n.path else "."
     parent = inv.node(parent_path)
     if parent is None:

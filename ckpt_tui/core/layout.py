@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, cast
 
 from .dtypes import short_dtype
+from .facts import DeepSpeedZeroFacts, JsonFacts, TextFacts
 from .formats.registry import format_of
 from .names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, step_of
 from .types import Inventory, Node, Parsed, model_component
@@ -51,7 +52,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         if node.name.endswith(".ckpt") and "meta.pt" in names:
             return "lightning-fsdp", comps
         parent_meta = node.child("metadata.json")
-        if parent_meta is not None and "torch_dist" in str(parent_meta.facts.get("sharded_backend", "")):
+        if parent_meta is not None and "torch_dist" in str(cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")):
             return "megatron-dist", comps
         if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
             return "torchtitan", comps
@@ -84,7 +85,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         comps = {"model": chosen.path, "optimizer": chosen.path}
         if "trainer_state.json" in names:
             return "hf-trainer-deepspeed", comps
-        if node.name.endswith(".ckpt") or (latest is not None and latest.facts.get("names") == "checkpoint"):
+        if node.name.endswith(".ckpt") or (latest is not None and cast(TextFacts, latest.facts).get("names") == "checkpoint"):
             return "lightning-deepspeed", comps
         if any(n.startswith("random_states") for n in names):
             return "accelerate-deepspeed", comps
@@ -95,7 +96,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         lu = node.child("latest_universal")
         if lu is not None:
             for c in uni:
-                if c.name == lu.facts.get("names"):
+                if c.name == cast(TextFacts, lu.facts).get("names"):
                     chosen = c
         return "universal", {"model": chosen.path, "optimizer": chosen.path}
     if "pytorch_model_fsdp.bin" in names:
@@ -157,7 +158,7 @@ def _latest_tag(node: Node, tags: list[Node]) -> Node:
     latest = node.child("latest")
     if latest is not None:
         for t in tags:
-            if t.name == latest.facts.get("names"):
+            if t.name == cast(TextFacts, latest.facts).get("names"):
                 return t
     return sorted(tags, key=lambda t: (step_of(t.name) or -1, t.name))[-1]
 
@@ -184,8 +185,10 @@ def _find(root: Node, path: str) -> Optional[Node]:
 
 def _step(root: Node, comps: dict[str, str]) -> Optional[int]:
     ts = root.child("trainer_state.json")
-    if ts is not None and isinstance(ts.facts.get("global_step"), int):
-        return ts.facts["global_step"]
+    if ts is not None:
+        state = cast(JsonFacts, ts.facts)
+        if isinstance(state.get("global_step"), int):
+            return state["global_step"]
     for p in comps.values():
         n = _find(root, p)
         if n is not None and isinstance(n.facts.get("global_step"), int):
@@ -223,10 +226,11 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None and n_model.format == "deepspeed-zero":
-        st = n_model.facts.get("zero_stage")
+        tag = cast(DeepSpeedZeroFacts, n_model.facts)
+        st = tag.get("zero_stage")
         if st is not None:
             head += f" ZeRO-{st}"
-        td = n_model.facts.get("train_dtype")
+        td = tag.get("train_dtype")
         if td:
             head += f" ({short_dtype(td)})"
     parts = [head]

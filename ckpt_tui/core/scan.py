@@ -12,8 +12,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
+from .facts import NodeFacts, SpecialFacts
 from .formats import FormatError
 from .formats.format import Format
 from .formats.registry import classify_file, detect_folder
@@ -70,29 +71,30 @@ def _emit(on_node, kind, node):
         on_node(ScanEvent(kind, node))
 
 
+def _error(node: Node, error: str, kind: str) -> None:
+    """Record why ``node`` cannot be read: ``error`` (in words) and ``error_kind``."""
+    node.facts.update(NodeFacts(error=error, error_kind=kind))
+
+
 def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel) -> None:
     _emit(on_node, "found", node)
     check_cancel(cancel)
     if depth >= MAX_DEPTH:
-        node.facts["error"] = f"nested more than {MAX_DEPTH} levels deep; not descended"
-        node.facts["error_kind"] = "too-deep"
+        _error(node, f"nested more than {MAX_DEPTH} levels deep; not descended", "too-deep")
         return
     try:
         entries = sorted(os.scandir(node.abspath), key=lambda e: e.name)
     except PermissionError:
-        node.facts["error"] = "permission denied: the folder cannot be listed"
-        node.facts["error_kind"] = "permission"
+        _error(node, "permission denied: the folder cannot be listed", "permission")
         return
     except OSError as e:
-        node.facts["error"] = f"cannot list: {e.strerror or e}"
-        node.facts["error_kind"] = "unreadable"
+        _error(node, f"cannot list: {e.strerror or e}", "unreadable")
         return
     total = 0
     for e in entries:
         counter[0] += 1
         if counter[0] > MAX_ENTRIES:
-            node.facts["error"] = f"more than {MAX_ENTRIES} entries; the rest were not scanned"
-            node.facts["error_kind"] = "too-many"
+            _error(node, f"more than {MAX_ENTRIES} entries; the rest were not scanned", "too-many")
             break
         name = e.name
         rel = name if node.path == "." else f"{node.path}/{name}"
@@ -106,7 +108,7 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
             st = e.stat(follow_symlinks=True) if is_link else lst
         except OSError:
             child = Node(rel, child_path, False, format="special", role="unknown")
-            child.facts.update(symlink=True, error="broken symbolic link", error_kind="broken-link")
+            child.facts.update(NodeFacts(symlink=True, error="broken symbolic link", error_kind="broken-link"))
             node.children.append(child)
             _emit(on_node, "found", child)
             continue
@@ -117,8 +119,7 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
             key = (st.st_dev, st.st_ino)
             node.children.append(child)
             if key in seen:
-                child.facts["error"] = "symbolic link loop: this folder was already scanned"
-                child.facts["error_kind"] = "loop"
+                _error(child, "symbolic link loop: this folder was already scanned", "loop")
                 _emit(on_node, "found", child)
                 continue
             seen.add(key)
@@ -133,7 +134,7 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
             _emit(on_node, "found", child)
         else:
             child = Node(rel, child_path, False, format="special", role="unknown")
-            child.facts["special"] = "fifo" if stat.S_ISFIFO(st.st_mode) else "device or socket"
+            cast(SpecialFacts, child.facts)["special"] = "fifo" if stat.S_ISFIFO(st.st_mode) else "device or socket"
             node.children.append(child)
             _emit(on_node, "found", child)
     node.size = total
@@ -147,28 +148,22 @@ def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
     if node.role == "unknown" and node.format == "unknown":
         return
     if not os.access(node.abspath, os.R_OK):
-        node.facts["error"] = "permission denied: the file cannot be read"
-        node.facts["error_kind"] = "permission"
+        _error(node, "permission denied: the file cannot be read", "permission")
         return
     if fmt is None:
         return
     try:
         fmt.analyze(node, parsed)
     except FormatError as e:
-        node.facts["error"] = str(e)
-        node.facts["error_kind"] = e.kind
+        _error(node, str(e), e.kind)
     except PermissionError:
-        node.facts["error"] = "permission denied: the file cannot be read"
-        node.facts["error_kind"] = "permission"
+        _error(node, "permission denied: the file cannot be read", "permission")
     except OSError as e:
-        node.facts["error"] = f"cannot read: {e.strerror or e}"
-        node.facts["error_kind"] = "unreadable"
+        _error(node, f"cannot read: {e.strerror or e}", "unreadable")
     except (RecursionError, MemoryError):
-        node.facts["error"] = "structure too deep or too large to read safely"
-        node.facts["error_kind"] = "corrupt"
+        _error(node, "structure too deep or too large to read safely", "corrupt")
     except Exception as e:  # a value of the wrong type somewhere in a damaged file: a finding, never a crash
-        node.facts["error"] = f"malformed content ({type(e).__name__}: {e})"
-        node.facts["error_kind"] = "corrupt"
+        _error(node, f"malformed content ({type(e).__name__}: {e})", "corrupt")
 
 
 def _analyze_dir(node: Node, parsed: Parsed) -> None:
@@ -181,11 +176,9 @@ def _analyze_dir(node: Node, parsed: Parsed) -> None:
     except Cancelled:
         raise
     except (RecursionError, MemoryError):
-        node.facts["error"] = "metadata too deep or too large to read safely"
-        node.facts["error_kind"] = "corrupt"
+        _error(node, "metadata too deep or too large to read safely", "corrupt")
     except Exception as e:  # malformed metadata (wrong types, missing fields): a finding
-        node.facts["error"] = f"malformed metadata ({type(e).__name__}: {e})"
-        node.facts["error_kind"] = "corrupt"
+        _error(node, f"malformed metadata ({type(e).__name__}: {e})", "corrupt")
 
 
 # ---------------------------------------------------------------- inventory

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
+from .facts import Facts
 from .jsondoc import JsonFields
 
 SCHEMA_VERSION = 1
@@ -55,7 +56,7 @@ class Node(JsonFields):
     role: str = "unknown"
     framework: Optional[str] = None
     size: int = 0  # bytes (files: st_size; folders: sum of what is below)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: Facts = field(default_factory=dict)  # declared per format in facts.py
     children: list["Node"] = field(default_factory=list)
 
     @property

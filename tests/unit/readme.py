@@ -37,3 +37,24 @@ def finding_codes() -> dict[str, set[str]]:
             for code in codes:
                 out[code] = {s.strip() for s in cells[1].split("/")}
     return out
+
+
+def facts_keys() -> dict[str, set[str]]:
+    """format -> the `facts` keys the JSON schema's facts list names for it ("*": every node), from
+    its sub-bullets "  - `fmt`, `fmt2` (note): `key`, `key` ..." (continuation lines indented more)."""
+    text = README.read_text()
+    start = text.index("- `facts`: ")
+    end = text.index("\n- `findings[]`", start)
+    items: list[str] = []
+    for line in text[start:end].splitlines()[1:]:
+        if line.startswith("  - "):
+            items.append(line[4:])
+        elif line.startswith("    ") and items:
+            items[-1] += " " + line.strip()
+    out: dict[str, set[str]] = {}
+    for item in items:
+        head, _, rest = item.partition(": ")
+        keys = set(re.findall(r"`([a-z0-9_]+)`", rest))
+        for fmt in (["*"] if head == "every node" else re.findall(r"`([a-z0-9-]+)`", head)):
+            out[fmt] = keys
+    return out

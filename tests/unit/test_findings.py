@@ -15,6 +15,7 @@ import pytest
 
 from . import readme, trees
 from .api import inspect
+from .facts import undeclared
 
 TAG = "global_step2"
 OPTIM = "bf16_zero_pp_rank_{}_mp_rank_00_optim_states.pt"
@@ -328,6 +329,7 @@ def test_finding(case: Rule, tmp_path):
         assert fragment in f.message, f.message
     assert f.fix == case.fix
     assert not (tmp_path / "hf-ds-zero2" / "CANARY").exists()  # no pickle was ever executed
+    assert undeclared(rep) == []  # a damaged tree's facts (errors, missing files) are declared too
 
 
 def test_every_documented_code_has_a_row():

@@ -30,3 +30,21 @@ def test_a_class_can_override_one_value_in_place():
     assert json.dumps(r.to_json()) == json.dumps(
         {"out": "/o", "files": ["a.safetensors"], "bytes": 10, "tensors": 1, "params": 2, "seconds": 1.235,
          "verified": True, "mismatches": [], "notes": []})
+
+
+def test_repair_and_universal_documents_keep_their_keys_and_values():
+    from ckpt_tui.core.convert.universal import UniversalResult, UniversalVerification
+    from ckpt_tui.core.repair.run import Repair, RepairResult
+
+    plan = Plan("t", (PlanStep("write", "a", bytes=5),))
+    assert list(Repair("i", "c", "p", "title", plan).to_json()) == ["id", "code", "path", "title", "writes",
+                                                                    "can_apply", "plan"]
+    assert RepairResult("i", "c", "p", True, True, "m", True, "/b", ["x"]).to_json() == {
+        "id": "i", "code": "c", "path": "p", "ok": True, "changed": True, "finding_gone": True, "message": "m",
+        "backup": "/b", "written": ["x"]}
+    v = UniversalVerification(True, 3)
+    r = UniversalResult(Path("/o"), Path("/lu"), 1.23456, 7, v, None, ["f"], [], Path("/f.st"), "do", [])
+    assert json.dumps(r.to_json()) == json.dumps(
+        {"out": "/o", "latest_file": "/lu", "seconds": 1.235, "files": 7,
+         "verification": {"ok": True, "checked": 3, "problems": [], "frozen_ok": [], "frozen_absent": [], "notes": []},
+         "log": None, "frozen": ["f"], "buffers": [], "frozen_file": "/f.st", "instructions": "do", "warnings": []})

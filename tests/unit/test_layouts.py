@@ -11,6 +11,7 @@ import pytest
 
 from . import readme, trees
 from .api import inspect
+from .facts import undeclared
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ def test_layout(case: Layout, tmp_path):
     for fragment in case.summary:
         assert fragment in inv.summary
     assert {(f.code, f.path) for f in rep.findings} == case.findings, rep.findings
+    assert undeclared(rep) == []
     for role, rel in case.components.items():  # each component names a node that plays that role
         node = inv.node(rel)
         assert node is not None and role in node.role.split("+") + [node.role], (role, rel, node and node.role)

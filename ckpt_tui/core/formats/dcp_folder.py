@@ -6,8 +6,9 @@ torch's own DCP loader."""
 from __future__ import annotations
 
 import json
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
+from ..facts import DcpFacts, NodeFacts, SafetensorsFacts
 from ..names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, TRAINING_STATE_KEYS
 from ..types import Node, Parsed, TensorInfo
 from . import FormatError
@@ -35,29 +36,24 @@ class DcpFolder(FolderFormat):
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "dcp"
         shards = [c.name for c in node.children if c.name.endswith(".distcp")]
-        f = node.facts
-        f["shard_files"] = len(shards)
         present_ranks = dcpfmt.ranks_of(shards)
-        f["ranks_present"] = sorted(present_ranks)
+        f = cast(DcpFacts, node.facts)
+        f.update(DcpFacts(shard_files=len(shards), ranks_present=sorted(present_ranks)))
         try:
             info = dcpfmt.read(node.abspath)
         except FormatError as e:
             if e.kind == "missing":
-                f["metadata_missing"] = True
-                f["world_size"] = len(present_ranks) or None
+                f.update(DcpFacts(metadata_missing=True, world_size=len(present_ranks) or None))
                 node.role = _role_from_name(node.name) or "unknown"
             else:
-                f["error"] = f".metadata: {e}"
-                f["error_kind"] = e.kind
+                f.update(DcpFacts(error=f".metadata: {e}", error_kind=e.kind))
             return
         except OSError as e:
-            f["error"] = f".metadata: {e.strerror or e}"
-            f["error_kind"] = "unreadable"
+            f.update(DcpFacts(error=f".metadata: {e.strerror or e}", error_kind="unreadable"))
             return
         if info.unsafe:
             f["unsafe_globals"] = sorted(info.unsafe)
-        f["metadata_files"] = info.metadata_files
-        f["metadata_bytes"] = info.metadata_bytes
+        f.update(DcpFacts(metadata_files=info.metadata_files, metadata_bytes=info.metadata_bytes))
         if len(info.metadata_files) > 1 or (info.metadata_files and info.metadata_files[0] != ".metadata"):
             f["rank_local_metadata"] = True
         expected_ranks = dcpfmt.ranks_of(info.files)
@@ -69,8 +65,8 @@ class DcpFolder(FolderFormat):
             c = node.child(rel)
             if c is not None and c.size < need:
                 short.append((rel, c.size, need))
-                c.facts["error"] = f"{c.size} bytes but .metadata places data up to byte {need}: truncated"
-                c.facts["error_kind"] = "truncated"
+                c.facts.update(NodeFacts(error=f"{c.size} bytes but .metadata places data up to byte {need}: truncated",
+                                         error_kind="truncated"))
         if missing:
             f["missing_files"] = missing
         if short:
@@ -82,9 +78,7 @@ class DcpFolder(FolderFormat):
             f["storage"] = "safetensors"
         role, containers, model_tensors = dcp_role(info)
         node.role = role
-        f["containers"] = containers
-        f["tensor_count"] = len(info.tensors)
-        f["bytes_entries"] = len(info.bytes_entries)
+        f.update(DcpFacts(containers=containers, tensor_count=len(info.tensors), bytes_entries=len(info.bytes_entries)))
         set_tensor_facts(node, model_tensors, count=False)
         if info.chunk_dims:
             f["split_dims"] = sorted(info.chunk_dims)
@@ -95,7 +89,7 @@ class DcpFolder(FolderFormat):
         yield from info.tensors
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        if node.facts.get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
+        if cast(DcpFacts, node.facts).get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
             raise NotExportable("DCP in safetensors format without .metadata: export its consolidated "
                                 "model-*.safetensors instead")
         from ..export.dcp_source import dcp_source
@@ -127,30 +121,28 @@ class DcpSafetensorsFolder(FolderFormat):
 
     def detect(self, node: Node) -> bool:
         sts = [c for c in node.children if c.format == "safetensors"]
-        return bool(sts) and all("DCP_SHARDING_INFO" in (c.facts.get("header_metadata") or {}) for c in sts)
+        return bool(sts) and all("DCP_SHARDING_INFO" in (cast(SafetensorsFacts, c.facts).get("header_metadata") or {})
+                                 for c in sts)
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "dcp"
         node.role = "model"
         sts = [c for c in node.children if c.format == "safetensors"]
-        f = node.facts
-        f["storage"] = "safetensors"
-        f["shard_files"] = len(sts)
-        f["world_size"] = len(sts)
-        f["ranks_present"] = list(range(len(sts)))
+        f = cast(DcpFacts, node.facts)
+        f.update(DcpFacts(storage="safetensors", shard_files=len(sts), world_size=len(sts),
+                          ranks_present=list(range(len(sts)))))
         names = set()
         dtypes: dict[str, int] = {}
         for c in sts:
+            cf = cast(SafetensorsFacts, c.facts)
             try:
-                info = json.loads(c.facts["header_metadata"]["DCP_SHARDING_INFO"])
+                info = json.loads(cf["header_metadata"]["DCP_SHARDING_INFO"])
             except (ValueError, TypeError):
                 info = {}
             names |= set(info)
-            for d in c.facts.get("dtypes") or []:
+            for d in cf.get("dtypes") or []:
                 dtypes[d] = dtypes.get(d, 0) + 1
-        f["tensor_count"] = len(names)
-        f["dtypes"] = sorted(dtypes, key=lambda d: -dtypes[d])
-        f["containers"] = []
+        f.update(DcpFacts(tensor_count=len(names), dtypes=sorted(dtypes, key=lambda d: -dtypes[d]), containers=[]))
 
 
 def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list]:

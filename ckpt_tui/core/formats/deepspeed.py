@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..facts import DeepSpeedZeroFacts
 from ..types import TensorInfo, numel
 from .pickles import Stub, TensorRef, iter_tensors
 
@@ -38,7 +39,7 @@ class TagFacts:
     optim_files: dict[tuple[int, int], str] = field(default_factory=dict)
     optim_prefix: str = ""
     layer_files: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: DeepSpeedZeroFacts = field(default_factory=dict)  # rank 0's states files: merged into the tag's facts
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     frozen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     buffers: dict[str, TensorRef] = field(default_factory=dict)

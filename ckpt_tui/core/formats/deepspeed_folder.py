@@ -5,8 +5,9 @@ checked against DeepSpeed's ``zero_to_fp32`` (tags) or ``torch.load`` (universal
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
+from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts
 from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
@@ -40,11 +41,10 @@ class DeepSpeedStatesFiles(FileFormat):
 
 def _record(c: Node, e: Exception) -> None:
     if isinstance(e, FormatError):
-        c.facts["error"] = str(e)
-        c.facts["error_kind"] = e.kind
+        c.facts.update(NodeFacts(error=str(e), error_kind=e.kind))
     else:
-        c.facts["error"] = f"cannot read: {e.strerror or e}"
-        c.facts["error_kind"] = "permission" if isinstance(e, PermissionError) else "unreadable"
+        c.facts.update(NodeFacts(error=f"cannot read: {e.strerror or e}",
+                                 error_kind="permission" if isinstance(e, PermissionError) else "unreadable"))
 
 
 def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
@@ -68,7 +68,7 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
         try:
             otf = torchfile.read(oc.abspath)
             if otf.unsafe:
-                oc.facts["unsafe_globals"] = sorted(otf.unsafe)
+                cast(PickleFacts, oc.facts)["unsafe_globals"] = sorted(otf.unsafe)
             dsfmt.analyze_optim_states(otf.obj, tf)
         except (FormatError, OSError) as e:
             _record(oc, e)
@@ -85,7 +85,7 @@ class DeepSpeedTag(FolderFormat):
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "deepspeed-zero"
         node.role = "model+optimizer"
-        f = node.facts
+        f = cast(DeepSpeedZeroFacts, node.facts)
         tf, ms_name, opt_name = read_tag(node)
         # integrity of every rank file: the zip directory must be there
         for fname in list(tf.optim_files.values()) + list(tf.model_files.values()):
@@ -176,21 +176,16 @@ def zip_check(c: Node) -> None:
                 if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
                     raise FormatError(f"entry {i.filename} runs past the end of the file: truncated", "truncated")
     except zipfile.BadZipFile:
-        c.facts["error"] = ("zip archive without its central directory: the file was cut short, "
-                            "most likely by an interrupted save")
-        c.facts["error_kind"] = "truncated"
+        c.facts.update(NodeFacts(error="zip archive without its central directory: the file was cut short, "
+                                       "most likely by an interrupted save", error_kind="truncated"))
     except FormatError as e:
-        c.facts["error"] = str(e)
-        c.facts["error_kind"] = e.kind
+        c.facts.update(NodeFacts(error=str(e), error_kind=e.kind))
     except PermissionError:
-        c.facts["error"] = "permission denied: the file cannot be read"
-        c.facts["error_kind"] = "permission"
+        c.facts.update(NodeFacts(error="permission denied: the file cannot be read", error_kind="permission"))
     except OSError as e:
-        c.facts["error"] = f"cannot read: {e.strerror or e}"
-        c.facts["error_kind"] = "unreadable"
+        c.facts.update(NodeFacts(error=f"cannot read: {e.strerror or e}", error_kind="unreadable"))
     except Exception as e:  # zipfile raises NotImplementedError, ValueError... on a corrupt directory
-        c.facts["error"] = f"corrupt zip directory: {type(e).__name__}: {e}"
-        c.facts["error_kind"] = "corrupt"
+        c.facts.update(NodeFacts(error=f"corrupt zip directory: {type(e).__name__}: {e}", error_kind="corrupt"))
 
 
 class DeepSpeedUniversal(FolderFormat):
@@ -208,12 +203,13 @@ class DeepSpeedUniversal(FolderFormat):
         node.role = "model+optimizer"
         zero = node.child("zero")
         params = [c for c in zero.children if c.is_dir]
-        f = node.facts
-        f["param_folders"] = len(params)
-        f["with_optimizer_state"] = sum(1 for p in params if p.child("exp_avg.pt") is not None)
-        f["fp32_only"] = sorted(p.name for p in params if p.child("exp_avg.pt") is None)[:32]
+        f = cast(DeepSpeedUniversalFacts, node.facts)
         ms = [c.name for c in node.children if dsfmt.MODEL_STATES_RE.match(c.name)]
-        f["model_state_files"] = len(ms)
+        f.update(DeepSpeedUniversalFacts(
+            param_folders=len(params),
+            with_optimizer_state=sum(1 for p in params if p.child("exp_avg.pt") is not None),
+            fp32_only=sorted(p.name for p in params if p.child("exp_avg.pt") is None)[:32],
+            model_state_files=len(ms)))
         for p in params:
             if p.child("fp32.pt") is None:
                 f.setdefault("incomplete_params", []).append(p.name)

@@ -11,8 +11,9 @@ Parsed headers go to the scan's typed cache (``model.Parsed``), never onto nodes
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
+from ..facts import TensorFacts
 from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 
@@ -31,7 +32,8 @@ class Format:
     file_layout: Optional[str] = None  # the layout of a checkpoint that is one file of this format
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
-        """Facts from headers and metadata (never tensor data) into ``node.facts``. Raises
+        """Facts from headers and metadata (never tensor data) into ``node.facts``, as ``facts.py``
+        declares them for the format. Raises
         FormatError/OSError for a file that cannot be read; the scan turns those into facts."""
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
@@ -72,8 +74,7 @@ def set_tensor_facts(node: Node, tensors, *, count: bool = True) -> None:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
         params += t.numel
         nbytes += t.nbytes
-    node.facts["param_count"] = params
-    node.facts["tensor_bytes"] = nbytes
-    node.facts["dtypes"] = sorted(dtypes, key=lambda d: -dtypes[d])
+    f = cast(TensorFacts, node.facts)
+    f.update(TensorFacts(param_count=params, tensor_bytes=nbytes, dtypes=sorted(dtypes, key=lambda d: -dtypes[d])))
     if count:
-        node.facts["tensor_count"] = len(tensors)
+        f["tensor_count"] = len(tensors)

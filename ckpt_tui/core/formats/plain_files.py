@@ -4,8 +4,9 @@ scripts and text. Detected by name; markers and JSON add facts; they hold no ten
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Optional, cast
 
+from ..facts import JsonFacts, NodeFacts, TextFacts
 from ..types import Node, Parsed
 from ..units import naturalsize
 from .format import FileFormat
@@ -37,7 +38,7 @@ class PlainFiles(FileFormat):
         if node.format == "text" and node.role == "marker":
             with open(node.abspath, "rb") as f:
                 raw = f.read(MAX_TEXT_BYTES)
-            node.facts["names"] = raw.decode("utf-8", errors="replace").strip()
+            cast(TextFacts, node.facts)["names"] = raw.decode("utf-8", errors="replace").strip()
         elif node.format == "json":
             _json_facts(node)
 
@@ -52,30 +53,29 @@ class TextFiles(FileFormat):
 
 
 def _json_facts(node: Node) -> None:
+    f = cast(JsonFacts, node.facts)
     if node.size > MAX_JSON_BYTES:
-        node.facts["error"] = f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read"
-        node.facts["error_kind"] = "too-large"
+        f.update(NodeFacts(error=f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read", error_kind="too-large"))
         return
     try:
         doc = json.loads(node.abspath.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        node.facts["error"] = f"not valid JSON: {e}"
-        node.facts["error_kind"] = "corrupt"
+        f.update(NodeFacts(error=f"not valid JSON: {e}", error_kind="corrupt"))
         return
     if not isinstance(doc, dict):
         return
     if node.role == "trainer-state":
         for k in ("global_step", "epoch", "max_steps", "best_model_checkpoint"):
             if doc.get(k) is not None:
-                node.facts[k] = doc[k]
+                f[k] = doc[k]
     elif node.name == "config.json":
         for k in ("model_type", "architectures", "torch_dtype", "dtype", "tie_word_embeddings"):
             if doc.get(k) is not None:
-                node.facts[k] = doc[k]
+                f[k] = doc[k]
     elif node.name == "adapter_config.json":
-        node.facts["peft_type"] = doc.get("peft_type")
+        f["peft_type"] = doc.get("peft_type")
         node.role = "config"
     elif node.name == "metadata.json":
         for k in ("sharded_backend", "sharded_backend_version", "common_backend"):
             if k in doc:
-                node.facts[k] = doc[k]
+                f[k] = doc[k]

@@ -4,8 +4,9 @@ checked against ``safetensors.safe_open``."""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
+from ..facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightIndexFacts
 from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 from . import safetensors_header as stfmt
@@ -29,15 +30,17 @@ class SafetensorsFiles(FileFormat):
             h = stfmt.read_header(node.abspath)
             set_tensor_facts(node, h.tensors)
             if h.metadata:
-                node.facts["header_metadata"] = dict(list(h.metadata.items())[:8])
+                cast(SafetensorsFacts, node.facts)["header_metadata"] = dict(list(h.metadata.items())[:8])
             return
+        # a weight index: model.safetensors.index.json, or pytorch_model.bin.index.json (format json)
         doc = stfmt.read_index(node.abspath)
         wm = doc["weight_map"]
-        node.facts["tensor_count"] = len(wm)
-        node.facts["shard_files"] = sorted({str(v) for v in wm.values()})
+        f = cast(WeightIndexFacts, node.facts)
+        f["tensor_count"] = len(wm)
+        f["shard_files"] = sorted({str(v) for v in wm.values()})
         ts = (doc.get("metadata") or {}).get("total_size") if isinstance(doc.get("metadata"), dict) else None
         if ts is not None:
-            node.facts["total_size"] = ts
+            f["total_size"] = ts
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
         p = node.abspath
@@ -81,17 +84,19 @@ class HfModelFolder(FolderFormat):
         idx = [c for c in node.children if c.name.endswith(".safetensors.index.json")]
         if not idx:
             return
-        f = node.facts
+        f = cast(DirFacts, node.facts)
         ic = idx[0]
-        wm_files = ic.facts.get("shard_files") or []
-        shards = [c for c in node.children if c.name in set(wm_files) and "param_count" in c.facts]
+        icf = cast(SafetensorsIndexFacts, ic.facts)
+        wm_files = icf.get("shard_files") or []
+        shards = [cast(SafetensorsFacts, c.facts) for c in node.children
+                  if c.name in set(wm_files) and "param_count" in c.facts]
         if shards:
-            ic.facts["param_count"] = sum(c.facts["param_count"] for c in shards)
-            ic.facts["tensor_bytes"] = sum(c.facts.get("tensor_bytes", 0) for c in shards)
-            dts: list = []
-            for c in shards:
-                dts += [d for d in c.facts.get("dtypes", []) if d not in dts]
-            ic.facts["dtypes"] = dts
+            dts: list[str] = []
+            for sf in shards:
+                dts += [d for d in sf.get("dtypes", []) if d not in dts]
+            icf.update(SafetensorsIndexFacts(param_count=sum(sf["param_count"] for sf in shards),
+                                             tensor_bytes=sum(sf.get("tensor_bytes", 0) for sf in shards),
+                                             dtypes=dts))
         missing = [x for x in wm_files if x not in names]
         if missing:
             f["index_missing_files"] = missing

@@ -4,8 +4,9 @@ range, checked against ``torch.load``."""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Optional, cast
 
+from ..facts import TorchFileFacts, TorchZipFacts
 from ..types import Node, Parsed, TensorInfo
 from . import torchfile
 from .format import FileFormat, set_tensor_facts
@@ -28,9 +29,10 @@ _NAMED = (
 def read_torch_file(node: Node) -> TorchFile:
     """Read ``node``'s structure and record what every torch file gets: unsafe globals, pickle kind."""
     tf = torchfile.read(node.abspath)
+    f = cast(TorchFileFacts, node.facts)
     if tf.unsafe:
-        node.facts["unsafe_globals"] = sorted(tf.unsafe)
-    node.facts["pickle"] = "zip" if tf.is_zip else "legacy"
+        f["unsafe_globals"] = sorted(tf.unsafe)
+    f["pickle"] = "zip" if tf.is_zip else "legacy"
     return tf
 
 
@@ -77,11 +79,12 @@ class TorchSave(FileFormat):
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         obj = read_torch_file(node).obj
+        f = cast(TorchZipFacts, node.facts)
         if isinstance(obj, dict):
-            node.facts["keys"] = [str(k) for k in list(obj.keys())[:12]]
+            f["keys"] = [str(k) for k in list(obj.keys())[:12]]
             sd, wrapper = pick_state_dict(obj)
             if wrapper:
-                node.facts["weights_under"] = wrapper
+                f["weights_under"] = wrapper
             tensors = list(iter_tensors(sd))
             if tensors:
                 set_tensor_facts(node, [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in tensors])
@@ -92,17 +95,17 @@ class TorchSave(FileFormat):
                         by_storage.setdefault((t.storage.key, t.offset, t.shape), []).append(n)
                 tied = [v for v in by_storage.values() if len(v) > 1]
                 if tied:
-                    node.facts["tied"] = tied[:16]
+                    f["tied"] = tied[:16]
             for k in ("global_step", "iteration", "epoch"):
                 if isinstance(obj.get(k), int):
-                    node.facts[k] = obj[k]
+                    f[k] = obj[k]
             if "optimizer_states" in obj or "optimizer" in obj:
                 if tensors and node.role == "model":
                     node.role = "model+optimizer"
             if node.role == "model" and "state" in obj and "param_groups" in obj:
                 node.role = "optimizer"
         elif obj is not None:
-            node.facts["object"] = getattr(obj, "_qualname", type(obj).__name__)
+            f["object"] = getattr(obj, "_qualname", type(obj).__name__)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
         return torch_file_tensors(node)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..formats import FormatError
+from ..jsondoc import JsonFields
 from ..progress import Cancelled
 from ..types import Plan
 from .atomic import RepairError
@@ -15,7 +16,9 @@ from .pickle_edit import EditError
 
 
 @dataclass
-class RepairResult:
+class RepairResult(JsonFields):
+    json_keys = ("id", "code", "path", "ok", "changed", "finding_gone", "message", "backup", "written")
+
     id: str
     code: str
     path: str
@@ -30,14 +33,11 @@ class RepairResult:
     def summary(self) -> str:
         return self.message
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "code": self.code, "path": self.path, "ok": self.ok, "changed": self.changed,
-                "finding_gone": self.finding_gone, "message": self.message, "backup": self.backup,
-                "written": self.written}
-
 
 @dataclass
-class Repair:
+class Repair(JsonFields):
+    json_keys = ("id", "code", "path", "title", "writes", "can_apply", "plan")
+
     id: str  # the fix id (`ckpt-tui fix --only <id>`)
     code: str  # the finding code it addresses
     path: str  # the finding's path, relative to the inspected root
@@ -52,10 +52,6 @@ class Repair:
 
     def apply(self, on_progress=None, cancel=None) -> RepairResult:
         return run_repair(self, on_progress=on_progress, cancel=cancel)
-
-    def to_json(self) -> dict:
-        return {"id": self.id, "code": self.code, "path": self.path, "title": self.title, "writes": self.writes,
-                "can_apply": self.can_apply, "plan": self.plan.to_json()}
 
 
 

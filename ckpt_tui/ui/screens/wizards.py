@@ -4,7 +4,7 @@ step says what will happen. They return what to run; the app runs it as a job.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, ContentSwitcher, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from ...core.facts import DeepSpeedZeroFacts
 from ...core.fsutil import OutputError, check_output_folder, free_bytes
 from ..format import size
 
@@ -332,7 +333,7 @@ class UniversalWizard(PlannedWizard):
 
     def panes(self) -> ComposeResult:
         node = self.report.inventory.node(self.tag_path)
-        f = node.facts if node else {}
+        f = cast(DeepSpeedZeroFacts, node.facts) if node else DeepSpeedZeroFacts()
         why = (f"`{self.tag_path}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
                f"{f.get('world_size', '?')} ranks. To resume with a different number of ranks, DeepSpeed needs a "
                "universal checkpoint (per-parameter fp32 weights and optimizer state).\n\n")

@@ -8,10 +8,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 from ...export.write import ExportError
+from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
+from ...jsondoc import JsonFields, as_json
 from ...types import Plan, PlanStep
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
@@ -42,7 +44,10 @@ def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
 
 
 @dataclass
-class UniversalPlan:
+class UniversalPlan(JsonFields):
+    json_keys = ("src", "tag_dir", "out", "zero_stage=stage", "world_size", "global_step", "framework",
+                 "inject_missing_state", "trainable", "frozen", "buffers", "expected_files", "warnings")
+
     src: Path
     tag_dir: Path
     out: Path
@@ -95,11 +100,8 @@ class UniversalPlan:
                     tuple(notes))
 
     def to_json(self) -> dict:
-        return {"src": str(self.src), "tag_dir": str(self.tag_dir), "out": str(self.out), "zero_stage": self.stage,
-                "world_size": self.world_size, "global_step": self.global_step, "framework": self.framework,
-                "inject_missing_state": self.inject_missing_state, "trainable": len(self.trainable),
-                "frozen": list(self.frozen), "buffers": list(self.buffers), "expected_files": self.expected_files,
-                "warnings": list(self.warnings), "plan": self.to_plan().to_json()}
+        # the document counts the trainable parameters and adds the printable plan
+        return as_json(self, self.json_keys) | {"trainable": len(self.trainable), "plan": self.to_plan().to_json()}
 
 
 def _workers() -> int:
@@ -127,7 +129,7 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
                                  '{"checkpoint": {"load_universal": true}}')
         raise UniversalError(f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); universal conversion "
                              "needs a DeepSpeed tag folder (global_stepN/) with *_optim_states.pt files")
-    f = node.facts
+    f = cast(DeepSpeedZeroFacts, node.facts)
     tag_dir = node.abspath
     names = [c.name for c in node.children]
     if f.get("pipeline") or any(LAYER_RE.match(n) for n in names):

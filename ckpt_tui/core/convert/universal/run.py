@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...fsutil import OutputError, atomic_write, changed, check_output_folder, fsync_dir, snapshot
+from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
 from .frozen import export_frozen
 from .instructions import instructions
@@ -83,7 +84,10 @@ def write_latest(folder: Path) -> Path:
 
 
 @dataclass
-class UniversalResult:
+class UniversalResult(JsonFields):
+    json_keys = ("out", "latest_file", "seconds", "files", "verification", "log=log_path", "frozen", "buffers",
+                 "frozen_file", "instructions", "warnings")
+
     out: Path
     latest_file: Path
     seconds: float
@@ -97,11 +101,7 @@ class UniversalResult:
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"out": str(self.out), "latest_file": str(self.latest_file), "seconds": round(self.seconds, 3),
-                "files": self.files, "verification": self.verification.to_json(),
-                "log": str(self.log_path) if self.log_path else None, "frozen": self.frozen, "buffers": self.buffers,
-                "frozen_file": str(self.frozen_file) if self.frozen_file else None,
-                "instructions": self.instructions, "warnings": self.warnings}
+        return as_json(self, self.json_keys) | {"seconds": round(self.seconds, 3)}
 
 
 def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgress] = None, cancel=None,

@@ -6,21 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...jsondoc import JsonFields
 from .plan import STATE_FILES_Z3, STATE_FILES_Z12, UniversalError
 
 
 @dataclass
-class UniversalVerification:
+class UniversalVerification(JsonFields):
     ok: bool
     checked: int
     problems: list[str] = field(default_factory=list)
     frozen_ok: list[str] = field(default_factory=list)
     frozen_absent: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"ok": self.ok, "checked": self.checked, "problems": self.problems, "frozen_ok": self.frozen_ok,
-                "frozen_absent": self.frozen_absent, "notes": self.notes}
 
 
 def _load_state(path: Path):

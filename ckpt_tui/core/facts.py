@@ -1,0 +1,213 @@
+"""What ``Node.facts`` holds, declared once per format: the keys each format module may write, their
+types and what they mean. The ``inspect --json`` document writes them as they are (insertion order).
+
+Every key is optional (``total=False``): a fact is there when the headers said it. ``facts_type``
+names the declaration of a node; tests/unit/test_facts.py inspects every synthetic tree and holds
+each node's facts to it, and the README's JSON schema to the keys declared here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, TypedDict, Union
+
+
+class NodeFacts(TypedDict, total=False):
+    """What the scan records on any node (scan.py), whatever its format."""
+
+    error: str  # why the file or folder could not be read or is broken, in words
+    error_kind: str  # truncated | corrupt | permission | unreadable | loop | broken-link | too-deep | too-many | too-large
+    symlink: bool  # reached through a symbolic link
+
+
+class SpecialFacts(NodeFacts, total=False):
+    """``special``: not a file nor a folder (never opened)."""
+
+    special: str  # "fifo" or "device or socket"
+
+
+class DirFacts(NodeFacts, total=False):
+    """``dir`` (and a scanned root folder of format ``unknown``): a folder holding safetensors shards, its
+    index checked against them (safetensors_file.HfModelFolder)."""
+
+    index_missing_files: list[str]  # shard files the index names that are not here
+    index_missing_tensors: list[str]  # tensors the index maps to a file that does not hold them (first 32)
+    index_unlisted_tensors: list[str]  # tensors the shards hold that the index leaves out (first 32)
+    index_outside: list[str]  # index entries pointing outside the folder (first 8)
+
+
+class TensorFacts(TypedDict, total=False):
+    """Totals over the tensors a node holds (format.set_tensor_facts)."""
+
+    param_count: int  # elements of the (model) tensors
+    tensor_bytes: int  # bytes of those tensors as stored
+    dtypes: list[str]  # their dtypes, most frequent first (torch names without "torch.")
+    tensor_count: int  # number of tensors (DCP: of every entry, model and optimizer)
+
+
+class PickleFacts(NodeFacts, total=False):
+    """A pickle read through the restricted unpickler."""
+
+    unsafe_globals: list[str]  # globals outside the allowlist the pickle names (never called)
+
+
+class TorchFileFacts(PickleFacts, total=False):
+    """A torch.save file whose structure was read (torch_save.read_torch_file)."""
+
+    pickle: str  # "zip" (torch >= 1.6) or "legacy"
+
+
+class TorchZipFacts(TorchFileFacts, TensorFacts, total=False):
+    """``torch-zip``: a torch.save file (``.bin``, ``.pt``, ``.ckpt``, Trainer/Accelerate state files)."""
+
+    keys: list[str]  # its top-level dict keys (first 12)
+    weights_under: str  # the key the state dict sits under ("state_dict", "module", ...)
+    tied: list[list[str]]  # groups of tensor names viewing one storage (first 16)
+    global_step: int  # top-level global_step (Lightning)
+    iteration: int  # top-level iteration (Megatron)
+    epoch: int  # top-level epoch (Lightning)
+    object: str  # the class of what it holds when that is not a dict
+
+
+class DeepSpeedModelStatesFacts(TorchFileFacts, total=False):
+    """``deepspeed-model-states``: ``*_model_states.pt``, read with its tag folder (rank 0)."""
+
+
+class DeepSpeedOptimStatesFacts(PickleFacts, total=False):
+    """``deepspeed-optim-states``: ``*_optim_states.pt``, read with its tag folder (rank 0)."""
+
+
+class DcpFacts(PickleFacts, TensorFacts, total=False):
+    """``dcp``: a torch.distributed.checkpoint folder (``.metadata`` + ``*.distcp``, or DCP in safetensors
+    format). The tensor totals count the model's tensors only; ``tensor_count`` every entry."""
+
+    shard_files: int  # number of shard files (*.distcp, or safetensors files)
+    ranks_present: list[int]  # ranks whose shard file is here
+    metadata_missing: bool  # shards without .metadata (nor a complete set of rank-local ones)
+    world_size: Optional[int]  # ranks that saved it (None: not told by the file names)
+    metadata_files: list[str]  # the metadata files read (".metadata" or "__{rank}.metadata")
+    metadata_bytes: int  # their size
+    rank_local_metadata: bool  # the metadata is rank-local (__{rank}.metadata)
+    missing_files: list[str]  # files .metadata names that are not here
+    short_files: list[str]  # files shorter than .metadata places data in them
+    unreferenced_files: list[str]  # shard files .metadata does not name (another world size)
+    storage: str  # "safetensors" for DCP written in safetensors format
+    containers: list[str]  # top-level state-dict keys, most frequent first ("model", "optimizer", ...)
+    bytes_entries: int  # non-tensor (pickled bytes) entries
+    split_dims: list[int]  # dimensions along which tensors are split into chunks
+
+
+class DeepSpeedZeroFacts(NodeFacts, TensorFacts, total=False):
+    """``deepspeed-zero``: a ZeRO tag folder (``global_stepN/``), from rank 0's model and optim states.
+    The tensor totals describe the fp32 weights an export rebuilds."""
+
+    universal_checkpoint_info: bool  # the model states carry universal_checkpoint_info (ds_to_universal needs it)
+    dp_world_size: int  # data-parallel world size recorded in the model states
+    mp_world_size: int  # model-parallel world size recorded in the model states
+    global_step: int  # the engine's global_steps
+    ds_version: str  # the DeepSpeed version that saved it
+    global_samples: int  # the engine's global_samples
+    zero_stage: Optional[int]  # ZeRO stage (optim states, else ds_config; 3 if files are per rank)
+    train_dtype: str  # "bfloat16" or "float16" when ds_config enables bf16/fp16
+    pipeline: bool  # pipeline-parallel (ds_config pipeline stages, or layer_* files)
+    shared_params: dict[str, str]  # tied weights: name -> the name it shares
+    module_tensors: int  # tensors of the model-states ``module``
+    module_params: int  # elements of those tensors, buffers and tied storage counted once
+    moe: bool  # a mixture-of-experts checkpoint (num_experts)
+    partition_count: int  # ways the optimizer states were partitioned
+    master_dtype: str  # dtype of the fp32 master weights ("float32")
+    optimizer_kind: str  # "bf16-optimizer" or "unknown" when there are no ZeRO flat groups
+    optim_prefix: str  # prefix of the optim-states files ("bf16_", "fp16_" or "")
+    ranks_present: list[int]  # data-parallel ranks whose optim states are here
+    world_size: Optional[int]  # dp_world_size (None: not recorded)
+    missing_files: list[str]  # rank files the world size implies that are not here
+    extra_rank_files: list[str]  # optim-states files of ranks beyond the world size
+    partition_mismatch: int  # partition_count when it differs from the world size
+    params_trainable: int  # elements of the optimizer-tracked parameters
+    frozen_params: list[str]  # frozen parameters recorded in frozen_param_shapes
+    frozen_params_unrecorded: int  # elements of frozen weights ZeRO-1/2 did not record
+    module_dtypes: list[str]  # dtypes of the model-states ``module`` tensors
+
+
+class DeepSpeedUniversalFacts(NodeFacts, total=False):
+    """``deepspeed-universal``: a universal checkpoint (``zero/<param>/fp32.pt``)."""
+
+    param_folders: int  # folders under zero/ (one per parameter)
+    with_optimizer_state: int  # of them, those with exp_avg.pt
+    fp32_only: list[str]  # parameter folders without optimizer state (first 32)
+    model_state_files: int  # *_model_states.pt files beside zero/
+    incomplete_params: list[str]  # parameter folders without fp32.pt (interrupted conversion)
+
+
+class SafetensorsFacts(NodeFacts, TensorFacts, total=False):
+    """``safetensors``: one safetensors file, from its header."""
+
+    header_metadata: dict[str, str]  # the header's __metadata__ (first 8 entries)
+
+
+class WeightIndexFacts(NodeFacts, total=False):
+    """A weight index (``*.safetensors.index.json``, ``pytorch_model.bin.index.json``)."""
+
+    tensor_count: int  # tensors its weight_map names
+    shard_files: list[str]  # the files its weight_map names
+    total_size: int  # metadata.total_size
+
+
+class SafetensorsIndexFacts(WeightIndexFacts, TensorFacts, total=False):
+    """``safetensors-sharded-index``: the tensor totals are over the shards beside it."""
+
+
+class JsonFacts(WeightIndexFacts, total=False):
+    """``json``: what ckpt-tui reads from a few JSON files (others: no facts); a
+    ``pytorch_model.bin.index.json`` has the weight-index facts."""
+
+    global_step: int  # trainer_state.json
+    epoch: float  # trainer_state.json
+    max_steps: int  # trainer_state.json
+    best_model_checkpoint: str  # trainer_state.json
+    model_type: str  # config.json
+    architectures: list[str]  # config.json
+    torch_dtype: str  # config.json (older transformers)
+    dtype: str  # config.json
+    tie_word_embeddings: bool  # config.json
+    peft_type: Optional[str]  # adapter_config.json
+    sharded_backend: str  # metadata.json (Megatron torch_dist)
+    sharded_backend_version: int  # metadata.json
+    common_backend: str  # metadata.json
+
+
+class TextFacts(NodeFacts, total=False):
+    """``text``: a marker file (``latest``, ``latest_universal``, ``latest_checkpointed_iteration.txt``)."""
+
+    names: str  # what it says (first 4 KB, stripped)
+
+
+Facts = Union[NodeFacts, SpecialFacts, DirFacts, TorchZipFacts, DeepSpeedModelStatesFacts, DeepSpeedOptimStatesFacts,
+              DcpFacts, DeepSpeedZeroFacts, DeepSpeedUniversalFacts, SafetensorsFacts, SafetensorsIndexFacts,
+              JsonFacts, TextFacts]
+
+# node.format -> the declaration of its facts
+FACTS_BY_FORMAT: dict[str, type] = {
+    "dir": DirFacts,
+    "dcp": DcpFacts,
+    "dcp-metadata": NodeFacts,
+    "dcp-shard": NodeFacts,
+    "deepspeed-zero": DeepSpeedZeroFacts,
+    "deepspeed-model-states": DeepSpeedModelStatesFacts,
+    "deepspeed-optim-states": DeepSpeedOptimStatesFacts,
+    "deepspeed-universal": DeepSpeedUniversalFacts,
+    "safetensors": SafetensorsFacts,
+    "safetensors-sharded-index": SafetensorsIndexFacts,
+    "torch-zip": TorchZipFacts,
+    "json": JsonFacts,
+    "text": TextFacts,
+    "python": NodeFacts,
+    "special": SpecialFacts,
+    "unknown": NodeFacts,
+}
+
+
+def facts_type(format: str, is_dir: bool) -> type:
+    """The declaration of the facts of a node of this format (a folder left ``unknown`` is a ``dir``)."""
+    if is_dir and format == "unknown":
+        return DirFacts
+    return FACTS_BY_FORMAT.get(format, NodeFacts)

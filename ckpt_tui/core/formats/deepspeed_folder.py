@@ -11,11 +11,11 @@ from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, Pick
 from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
-from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
-from .torch_save import read_torch_file, torch_file_source, torch_file_tensors, torch_load_tensors
+from .format import FolderFormat, NotExportable, set_tensor_facts
+from .torch_save import TorchFileFormat, read_torch_file
 
 
-class DeepSpeedStatesFiles(FileFormat):
+class DeepSpeedStatesFiles(TorchFileFormat):
     """``*_model_states.pt`` / ``*_optim_states.pt``: read with their tag folder (rank 0), so the
     file itself is not analysed. A model-states file lists and exports as a torch file."""
 
@@ -28,15 +28,6 @@ class DeepSpeedStatesFiles(FileFormat):
         if dsfmt.OPTIM_STATES_RE.match(name):
             return "deepspeed-optim-states", "optimizer"
         return None
-
-    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
-        return torch_file_tensors(node)
-
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        return torch_file_source(node, strip_prefix, trust_pickles)
-
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
-        return torch_load_tensors(node, strip_prefix)
 
 
 def _record(c: Node, e: Exception) -> None:

@@ -65,7 +65,21 @@ def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
                 yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), v
 
 
-class TorchSave(FileFormat):
+class TorchFileFormat(FileFormat):
+    """A file written by ``torch.save``: listed from its zip directory and ``data.pkl``, exported by
+    byte ranges, checked against ``torch.load``. Subclasses say which files and what to analyse."""
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        return torch_file_tensors(node)
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        return torch_file_source(node, strip_prefix, trust_pickles)
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        return torch_load_tensors(node, strip_prefix)
+
+
+class TorchSave(TorchFileFormat):
     formats = ("torch-zip",)
     reference = "torch.load"
 
@@ -106,12 +120,3 @@ class TorchSave(FileFormat):
                 node.role = "optimizer"
         elif obj is not None:
             f["object"] = getattr(obj, "_qualname", type(obj).__name__)
-
-    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
-        return torch_file_tensors(node)
-
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        return torch_file_source(node, strip_prefix, trust_pickles)
-
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
-        return torch_load_tensors(node, strip_prefix)

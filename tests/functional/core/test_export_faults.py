@@ -45,9 +45,16 @@ def small(tmp_path):
     return d
 
 
+def _sigint_as_in_a_terminal() -> None:
+    # A command started in the background by a non-interactive shell (`pytest &`, a CI runner) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler: a Ctrl-C test would see the
+    # export finish. ckpt-tui in a terminal has SIGINT at its default; so does the process under test.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "ckpt_tui", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal, **kw)
 
 
 @contextmanager

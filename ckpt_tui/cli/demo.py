@@ -39,17 +39,18 @@ def demo_cmd(ctx, out, no_open, rebuild, clean):
 
     from ..core.present import naturalsize
     from ..core.userdirs import demo_dir, log_file
-    from ..samples import DEMO_STAMP, build_demo, demo_is_built
+    from ..samples import build_demo, demo_is_built, demo_stamp
 
     target = Path(out) if out else demo_dir()
     if clean:
         if not target.exists():
             click.echo(f"Nothing to remove: {target} does not exist.", err=True)
             sys.exit(EXIT_OK)
-        if not (target / DEMO_STAMP).exists():
+        if not demo_stamp(target).exists():
             fail(f"{target} is not a ckpt-tui demo folder; not removing it", EXIT_USAGE)
         size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
         shutil.rmtree(target)
+        demo_stamp(target).unlink()
         click.echo(f"Removed the demo run {target} ({naturalsize(size)}).", err=True)
         sys.exit(EXIT_OK)
 

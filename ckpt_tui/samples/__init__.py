@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..core.userdirs import cache_home
 
-__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "DEMO_STAMP", "launch_env",
+__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "demo_stamp", "launch_env",
            "big_torch_checkpoint"]
 
 
@@ -291,7 +291,11 @@ def _to_universal(src: Path, dst: Path, on_line, timeout: float) -> tuple[int, s
     return _run(cmd, dst, on_line, timeout)
 
 
-DEMO_STAMP = ".ckpt-tui-demo"
+def demo_stamp(target: Path) -> Path:
+    """The file that marks ``target`` as a demo ckpt-tui built (and which generator built it): a hidden
+    sibling, so the demo run itself holds only what the frameworks wrote."""
+    target = Path(target)
+    return target.parent / f".{target.name}.ckpt-tui-demo"
 
 
 def _demo_key() -> str:
@@ -306,7 +310,7 @@ def _demo_key() -> str:
 
 def demo_is_built(target: Path) -> bool:
     """``target`` holds a complete demo run written by this version's generator."""
-    stamp = Path(target) / DEMO_STAMP
+    stamp = demo_stamp(target)
     try:
         if stamp.read_text().strip() != _demo_key():
             return False
@@ -320,14 +324,15 @@ def build_demo(target: Path, on_line: Callable[[str], None] | None = None) -> Pa
     folder beside it, stamped, then moved into place, so ``target`` is either the old state or complete.
     A folder that is already there is replaced only if it is an earlier demo (it has the stamp)."""
     target = Path(target)
-    if target.exists() and any(target.iterdir()) and not (target / DEMO_STAMP).exists():
+    stamp = demo_stamp(target)
+    if target.exists() and any(target.iterdir()) and not stamp.exists():
         raise FileExistsError(f"{target} exists and is not a ckpt-tui demo; give an empty or new folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
         generate("demo", tmp, on_line=on_line)
-        (tmp / "demo" / DEMO_STAMP).write_text(_demo_key() + "\n")
-        if target.exists():
+        stamp.write_text(_demo_key() + "\n")  # first: a crash before the move leaves a stamped, incomplete
+        if target.exists():                    # demo, which the next run rebuilds (demo_is_built checks files)
             shutil.rmtree(target)
         os.replace(tmp / "demo", target)
     finally:

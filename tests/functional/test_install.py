@@ -114,6 +114,7 @@ def test_demo_builds_quietly_then_is_reused_then_cleaned(installed):
     # the report of both runs: the two user-report problems
     assert "dcp-components" in r.stdout and "universal-info-missing" in r.stdout
     assert (demo / "fsdp-trainer-run" / "checkpoint-20" / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert sorted(p.name for p in demo.iterdir()) == ["deepspeed-zero2", "fsdp-trainer-run"]  # only the runs
     # DeepSpeed's CPU op is not compiled (it would cost ~30 s with g++ and serve nothing here)
     assert not any(installed["home"].joinpath("torch_extensions").glob("*/*.so"))
     assert not list((installed["home"] / "cache" / "ckpt-tui" / "logs").glob("demo-*"))  # kept only on failure
@@ -138,7 +139,7 @@ def test_demo_builds_quietly_then_is_reused_then_cleaned(installed):
 
     clean = _run(installed, "demo", "--clean")
     assert clean.returncode == 0 and clean.stderr.startswith(f"Removed the demo run {demo} (")
-    assert not demo.exists()
+    assert not demo.exists() and not list(demo.parent.glob(".demo*"))  # the stamp went with it
     assert _run(installed, "demo", "--clean").stderr == f"Nothing to remove: {demo} does not exist.\n"
 
 

@@ -54,6 +54,20 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"{text!r} not on screen:\n{self.screen(history)}")
 
+    def wait_gone(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text in self.screen():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} still on screen:\n{self.screen()}")
+            time.sleep(0.1)
+
+    def enter_through(self, *steps: str) -> None:
+        """Press enter once per wizard step, each after the screen shows the step: a key pressed
+        before the step is drawn could land on the previous one."""
+        for label in steps:
+            self.keys("Enter")
+            self.wait_for(label)
+
     def exit_code(self, timeout: float = 60.0) -> int:
         s = self.wait_for("rc=", timeout, history=200)
         return int(s.rsplit("rc=", 1)[1].split()[0])

@@ -10,18 +10,6 @@ import time
 from pathlib import Path
 
 
-def sparse_safetensors(path, gib: int) -> None:
-    """A valid safetensors file whose GiBs of zeros are a hole: instant to make, but exporting it
-    with a dtype cast takes seconds — long enough to cancel it, kill it or race it for certain."""
-    n = gib * (1 << 30) // 4
-    header = json.dumps({"__metadata__": {"format": "pt"},
-                         "big.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, n * 4]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with open(path, "wb") as f:
-        f.write(len(header).to_bytes(8, "little") + header)
-        f.truncate(8 + len(header) + n * 4)
-
-
 def torchrun(script, *args, nproc: int = 2, cwd=None, timeout: int = 400) -> list[dict]:
     """Run a script on ``nproc`` CPU ranks the way the fixtures are made; return the JSON of its
     ``RESULT {...}`` lines (asserting it succeeded)."""

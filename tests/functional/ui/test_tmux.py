@@ -1,68 +1,13 @@
 """End to end in a real terminal: ckpt-tui inside tmux (a pty, as over SSH) at 80×24."""
 
 import shutil
-import subprocess
 import sys
-import time
-import uuid
 
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+from tests.tmux import HAVE_TMUX, Tmux
 
-
-class Tmux:
-    def __init__(self, cmd: str, env: dict):
-        self.name = f"ckpt-{uuid.uuid4().hex[:8]}"
-        envs = " ".join(f"{k}={v}" for k, v in env.items())
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "80", "-y", "24",
-                        f"env {envs} {cmd}; sleep 60"], check=True)
-
-    def keys(self, *keys):
-        """Send keys; what they do is waited for on the screen (wait_for), never assumed done."""
-        for k in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, k], check=True)
-
-    def enter_through(self, *steps: str) -> None:
-        """Press enter once per wizard step, each after the screen shows the step: a key pressed
-        before the step is drawn could land on the previous one."""
-        for label in steps:
-            self.keys("Enter")
-            self.wait_for(label)
-
-    def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
-
-    def wait_for(self, text: str, timeout: float = 40.0) -> str:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            s = self.screen()
-            if text in s:
-                return s
-            time.sleep(0.2)
-        raise AssertionError(f"{text!r} not on screen:\n{self.screen()}")
-
-    def wait_gone(self, text: str, timeout: float = 40.0) -> None:
-        t0 = time.monotonic()
-        while text in self.screen():
-            if time.monotonic() - t0 > timeout:
-                raise AssertionError(f"{text!r} still on screen:\n{self.screen()}")
-            time.sleep(0.2)
-
-    def wait_exited(self, timeout: float = 40.0) -> None:
-        """Wait until ckpt-tui has exited: the pane runs the `sleep` that follows it."""
-        t0 = time.monotonic()
-        while self.command() != "sleep":
-            if time.monotonic() - t0 > timeout:
-                raise AssertionError(f"still running {self.command()!r}:\n{self.screen()}")
-            time.sleep(0.2)
-
-    def command(self) -> str:
-        return subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_current_command}"],
-                              capture_output=True, text=True).stdout.strip()
-
-    def close(self):
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+pytestmark = pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
 
 
 @pytest.mark.parametrize("term", ["xterm-256color", "screen"])
@@ -91,7 +36,7 @@ def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
         t.keys("Enter")
         t.wait_gone("Export finished")
         t.keys("q")
-        t.wait_exited()
+        assert t.exit_code() == 0
     finally:
         t.close()
 
@@ -118,6 +63,6 @@ def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
         t.keys("Enter")
         t.wait_gone("Universal checkpoint ready")
         t.keys("q")
-        t.wait_exited()
+        assert t.exit_code() == 0
     finally:
         t.close()

@@ -12,17 +12,14 @@ except ImportError:  # tests/ collected as rootdir-relative modules
     from fixtures import fixture_path
 
 
-_SYSTEM_TMP = None  # the temp folder before the session moved TMPDIR (other users can traverse it)
-
-
 @pytest.fixture
-def shared_tmp():
+def shared_tmp(_temp_files_under_basetemp):
     """A temp folder another user can traverse (pytest's base temp folder is private), for tests that drop
     root; removed afterwards, whatever modes the test left inside."""
     import os
     import tempfile
 
-    base = tempfile.mkdtemp(prefix="ckpt-tui-shared-", dir=_SYSTEM_TMP)
+    base = tempfile.mkdtemp(prefix="ckpt-tui-shared-", dir=_temp_files_under_basetemp)
     os.chmod(base, 0o755)
     yield Path(base)
     for d, dirs, _ in os.walk(base):
@@ -36,18 +33,17 @@ def _temp_files_under_basetemp(tmp_path_factory):
     """Everything the tests and their subprocesses put in a temp folder (torchrun's logs, DeepSpeed's,
     tempfile.mkdtemp) goes under pytest's base temp folder, which pytest removes after a passing run
     (tmp_path_retention_policy = "failed" in pyproject.toml): a full run leaves nothing behind but the
-    fixture cache."""
+    fixture cache. Yields the system's temp folder, which other users can traverse (see shared_tmp)."""
     import os
     import tempfile
 
-    global _SYSTEM_TMP
-    _SYSTEM_TMP = tempfile.gettempdir()
+    system_tmp = tempfile.gettempdir()
     tmp = tmp_path_factory.getbasetemp() / "tmp"
     tmp.mkdir(exist_ok=True)
     old = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp)
     tempfile.tempdir = None  # recomputed from TMPDIR on next use
-    yield tmp
+    yield system_tmp
     if old is None:
         os.environ.pop("TMPDIR", None)
     else:

@@ -44,8 +44,7 @@ def cache_key() -> str:
         except metadata.PackageNotFoundError:
             h.update(f"{dist}=missing\n".encode())
     h.update(sys.version.split()[0].encode())
-    for src in sorted(Path(samples.__file__).parent.glob("*.py")):
-        h.update(src.name.encode() + b"\0" + src.read_bytes())
+    h.update(samples.source_hash().encode())
     return h.hexdigest()[:16]
 
 

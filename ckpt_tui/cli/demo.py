@@ -39,7 +39,7 @@ def demo_cmd(ctx, out, no_open, rebuild, clean):
 
     from ..core.present import naturalsize
     from ..core.userdirs import demo_dir, log_file
-    from ..samples import build_demo, demo_is_built, demo_stamp
+    from ..samples import STEP_PREFIX, build_demo, demo_is_built, demo_stamp
 
     target = Path(out) if out else demo_dir()
     if clean:
@@ -70,12 +70,13 @@ def demo_cmd(ctx, out, no_open, rebuild, clean):
         with open(log, "w", encoding="utf-8") as lf:
             def on_line(line: str) -> None:  # the frameworks' chatter goes to the log, our steps to the user
                 lf.write(line + "\n")
-                if line.startswith("[samples] "):
-                    step(line[len("[samples] "):])
+                if line.startswith(STEP_PREFIX):
+                    step(line[len(STEP_PREFIX):])
 
             try:
                 build_demo(target, on_line=on_line)
-            except FileExistsError as e:
+            except FileExistsError as e:  # not ours: nothing was built, nothing to log
+                log.unlink()
                 fail(str(e), EXIT_USAGE)
             except Exception as e:  # the generator failed: say why, no traceback
                 lf.flush()

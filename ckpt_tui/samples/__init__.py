@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..core.userdirs import cache_home
 
-__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "demo_stamp", "launch_env",
+__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "demo_stamp", "source_hash", "STEP_PREFIX", "launch_env",
            "big_torch_checkpoint"]
 
 
@@ -291,6 +291,9 @@ def _to_universal(src: Path, dst: Path, on_line, timeout: float) -> tuple[int, s
     return _run(cmd, dst, on_line, timeout)
 
 
+STEP_PREFIX = "[samples] "  # a generator's progress line (rank 0): ``ckpt-tui demo`` shows these, logs the rest
+
+
 def demo_stamp(target: Path) -> Path:
     """The file that marks ``target`` as a demo ckpt-tui built (and which generator built it): a hidden
     sibling, so the demo run itself holds only what the frameworks wrote."""
@@ -298,8 +301,9 @@ def demo_stamp(target: Path) -> Path:
     return target.parent / f".{target.name}.ckpt-tui-demo"
 
 
-def _demo_key() -> str:
-    """Changes when the code that writes the demo changes: a demo built by another version is rebuilt."""
+def source_hash() -> str:
+    """A hash of the generators' code: what they write changes only when it changes (the demo's stamp and
+    the test fixtures' cache key use it)."""
     import hashlib
 
     h = hashlib.sha256()
@@ -312,7 +316,7 @@ def demo_is_built(target: Path) -> bool:
     """``target`` holds a complete demo run written by this version's generator."""
     stamp = demo_stamp(target)
     try:
-        if stamp.read_text().strip() != _demo_key():
+        if stamp.read_text().strip() != source_hash():
             return False
     except OSError:
         return False
@@ -331,8 +335,10 @@ def build_demo(target: Path, on_line: Callable[[str], None] | None = None) -> Pa
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
         generate("demo", tmp, on_line=on_line)
-        stamp.write_text(_demo_key() + "\n")  # first: a crash before the move leaves a stamped, incomplete
-        if target.exists():                    # demo, which the next run rebuilds (demo_is_built checks files)
+        # the stamp first: a crash before the move leaves a stamped but incomplete demo, which the next run
+        # rebuilds (demo_is_built also checks the files), never a demo folder that --clean would refuse
+        stamp.write_text(source_hash() + "\n")
+        if target.exists():
             shutil.rmtree(target)
         os.replace(tmp / "demo", target)
     finally:

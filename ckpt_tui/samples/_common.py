@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ckpt_tui.samples import STEP_PREFIX
+
 SEED = 1234
 
 TINY_LLAMA = dict(
@@ -139,4 +141,4 @@ def parse_args(all_variants: list[str]) -> tuple[Path, list[str]]:
 
 def log(msg: str) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[samples] {msg}", flush=True)
+        print(f"{STEP_PREFIX}{msg}", flush=True)

@@ -151,3 +151,4 @@ def test_demo_never_removes_a_folder_it_did_not_make(installed, tmp_path):
         r = _run(installed, "demo", "--out", str(mine), *args)
         assert r.returncode == 2 and "not a ckpt-tui demo" in r.stderr, r.stderr
     assert (mine / "notes.txt").read_text() == "precious"
+    assert not list((installed["home"] / "cache" / "ckpt-tui" / "logs").glob("demo-*"))  # no stray log either

@@ -27,10 +27,14 @@ def test_help_fits_80_columns_and_cuts_nothing(args):
 
 
 def test_every_command_is_listed_with_its_whole_short_help():
+    from ckpt_tui.cli import main_group
+
     out = ckpt_tui("--help").stdout
-    listed = out.split("Commands:")[1].split()
-    assert set(COMMANDS) <= set(listed)
     assert "Usage: ckpt-tui [OPTIONS] [PATH | COMMAND [ARGS]]" in out
+    listed = {ln.split()[0]: ln.split(None, 1)[1] for ln in out.split("Commands:")[1].splitlines() if ln.strip()}
+    assert set(listed) == set(COMMANDS)
+    for name, text in listed.items():
+        assert text == main_group.commands[name].short_help, name  # whole, not cut
 
 
 def test_help_command_is_the_same_as_dash_dash_help():

@@ -210,4 +210,6 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
         _emit(on_node, "analyzed", n)
 
     visit(root)
-    return describe(root, trust_pickles, parsed)
+    inv = describe(root, trust_pickles, parsed)
+    inv.given = os.fspath(path)
+    return inv

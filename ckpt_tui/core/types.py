@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -106,6 +108,20 @@ class Finding(JsonFields):
     path: str  # relative node path
     message: str
     fix: Optional[str] = None
+    command: Optional[str] = None  # the exact `ckpt-tui ...` line to run for it, from the user's folder
+
+
+def user_path(given: str, rel: str = ".") -> str:
+    """Node ``rel`` (relative to a scanned root) as the user can type it: below ``given``, the root
+    as they named it -- relative to their current folder if they gave a relative path, absolute if
+    they gave an absolute one. Not quoted (see :func:`shell_path`)."""
+    p = given if rel in (".", "") else os.path.join(given, rel)
+    return os.path.normpath(p)
+
+
+def shell_path(given: str, rel: str = ".") -> str:
+    """:func:`user_path`, quoted for a shell command line (``shlex.quote``: spaces, quotes)."""
+    return shlex.quote(user_path(given, rel))
 
 
 def model_component(components: dict[str, str]) -> Optional[str]:
@@ -139,10 +155,18 @@ class Inventory:
     # each of ``checkpoints``' own components (role -> relative path); not part of the JSON document
     checkpoint_components: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     parsed: Parsed = field(default_factory=Parsed, repr=False, compare=False)
+    # the scanned path as the user gave it (relative to their folder, or absolute): what messages show
+    given: str = field(default="", repr=False, compare=False)
 
     @property
     def path(self) -> Path:
         return self.root.abspath
+
+    def shown(self, rel: str = ".", *, slash: bool = False) -> str:
+        """Node ``rel`` as the user can paste it into a shell from where they ran ckpt-tui
+        (:func:`shell_path`); ``slash`` adds a trailing ``/`` (a folder, in prose)."""
+        s = shell_path(self.given or str(self.root.abspath), rel)
+        return s + "/" if slash and not s.endswith("/") else s
 
     def nodes(self):
         return self.root.walk()

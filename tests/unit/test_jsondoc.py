@@ -12,7 +12,7 @@ from ckpt_tui.core.types import Finding, Node, Plan, PlanStep, TensorInfo
 def test_mirrors_fields_in_order_with_renames_and_properties():
     assert TensorInfo("w", (2, 3), "bfloat16", 12).to_json() == {"name": "w", "shape": [2, 3], "dtype": "bfloat16",
                                                                 "bytes": 12}
-    assert list(Finding("c", "info", ".", "m").to_json()) == ["code", "severity", "path", "message", "fix"]
+    assert list(Finding("c", "info", ".", "m").to_json()) == ["code", "severity", "path", "message", "fix", "command"]
     plan = Plan("t", (PlanStep("write", "a", bytes=5),), ("n",))
     assert plan.to_json() == {"title": "t", "steps": [{"op": "write", "target": "a", "source": None, "bytes": 5,
                                                        "detail": ""}], "notes": ["n"], "total_bytes": 5}

@@ -65,15 +65,15 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
                 click.echo(("[dry run] " if dry_run else "") + r.plan.describe())
             if dry_run or not r.can_apply:
                 continue
-            if not yes and not click.confirm(f"Apply `{r.id}` to {r.path}?", default=False, err=True):
-                click.echo(f"ckpt-tui: skipped {r.id} at {r.path}", err=True)
+            if not yes and not click.confirm(f"Apply `{r.id}` to {rep.inventory.shown(r.path)}?", default=False, err=True):
+                click.echo(f"ckpt-tui: skipped {r.id} at {rep.inventory.shown(r.path)}", err=True)
                 continue
             res = r.apply(on_progress=None, cancel=None)
             results.append(res)
             if not as_json:
                 click.echo(("✓ " if res.ok else "✖ ") + res.message)
             elif not res.ok:
-                click.echo(f"ckpt-tui: {r.id} at {r.path}: {res.message}", err=True)
+                click.echo(f"ckpt-tui: {r.id} at {rep.inventory.shown(r.path)}: {res.message}", err=True)
         after = inspect(path, trust_pickles=trust_pickles) if results else rep
     except KeyboardInterrupt:
         fail("interrupted (a repair stopped before its rename leaves the original untouched)", EXIT_INTERRUPTED)
@@ -93,5 +93,5 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         if not reps:
             click.echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)
         for f in errors:
-            click.echo(f"ckpt-tui: still an error: {f.code} at {f.path}", err=True)
+            click.echo(f"ckpt-tui: still an error: {f.code} at {after.inventory.shown(f.path)}", err=True)
     sys.exit(EXIT_FINDINGS if failed or errors else EXIT_OK)

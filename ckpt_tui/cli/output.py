@@ -172,7 +172,7 @@ def print_report(rep, show_all: bool) -> None:
         for f in rep.findings:
             fix = f"  [dim](fix: {f.fix})[/]" if f.fix else ""
             con.print(f"[{SEVERITY_COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{f.code}[/] "
-                      f"[dim]{escape(f.path)}[/]")
+                      f"[dim]{escape(inv.shown(f.path))}[/]")
             con.print(Padding(f"{escape(f.message)}{fix}", (0, 0, 0, 4), expand=False))
     else:
         con.print("\n[green]✔ no problems found[/]")

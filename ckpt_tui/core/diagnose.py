@@ -7,6 +7,7 @@ its severities, help line and fix id are registered in ``codes.CODES``.
 
 from __future__ import annotations
 
+import shlex
 from typing import Optional, cast
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
@@ -23,7 +24,7 @@ def diagnose(inv: Inventory) -> list[Finding]:
         out.extend(_node_findings(inv, n))
     if inv.layout == "unknown" and not any(f.severity == "error" for f in out):
         out.append(Finding("not-a-checkpoint", "error", ".",
-                           f"{root.abspath} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
+                           f"{inv.shown()} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
                            "DeepSpeed model/optim states, no safetensors or torch state dict. Point ckpt-tui at a "
                            "checkpoint folder (e.g. checkpoint-2000/) or a run folder that holds them."))
     out.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
@@ -41,7 +42,7 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
     f = n.facts
     out: list[Finding] = []
     p = n.path
-    where = f"`{p}`" if p != "." else "this path"
+    where = f"`{inv.shown(p)}`"
     if f.get("special"):
         out.append(Finding("special-file", "warning", p, f"{where} is a {f['special']}, not a file; it was skipped "
                            "without being opened."))
@@ -87,15 +88,22 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
                                "export must keep them as stored or cast deliberately."))
         if f.get("tied"):
             pairs = "; ".join(" = ".join(t) for t in f["tied"][:3])
+            export = _export_command(inv, p)
             out.append(Finding("tied-weights", "info", p, f"{where} holds tensors that share storage ({pairs}). "
                                "safetensors refuses shared tensors (\"Some tensors share memory\"): write each tied "
-                               "tensor once, as transformers' save_pretrained does.", "export"))
+                               f"tensor once, as transformers' save_pretrained does (`{export}` does).", "export",
+                               export))
     return out
+
+
+def _export_command(inv: Inventory, rel: str) -> str:
+    """The export line for the weights at ``rel`` (``DIR``: the user's choice of output folder)."""
+    return f"ckpt-tui export {inv.shown(rel)} --out DIR"
 
 
 def _sibling_hint(inv: Inventory, n: Node) -> str:
     s = last_complete_sibling(inv, n)
-    return f" The newest other checkpoint here is `{s}`." if s else ""
+    return f" The newest other checkpoint here is `{inv.shown(s, slash=True)}`." if s else ""
 
 
 def _checkpoint_of(n: Node) -> Optional[str]:
@@ -136,24 +144,26 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
     out = []
     if f.get("metadata_missing"):
         ranks = f.get("ranks_present") or []
+        tmp = n.child(".metadata.tmp") is not None
+        cmd = f"ckpt-tui fix {inv.shown(p)} --only dcp-metadata" if tmp else None
         out.append(Finding("dcp-metadata-missing", "error", p,
-                           f"`{p}/` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks {_ranks(ranks)}) but no "
-                           ".metadata: the save was interrupted before rank 0 wrote it (or .metadata exists only on "
-                           "another node's disk). Nothing can load this folder; copy .metadata from the node that "
-                           "wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n)
-                           + (f" A complete .metadata.tmp may survive (the final rename was interrupted): "
-                              f"`ckpt-tui fix {p} --only dcp-metadata`." if n.child(".metadata.tmp") is not None else ""),
-                           "dcp-metadata" if n.child(".metadata.tmp") is not None else None))
+                           f"`{inv.shown(p, slash=True)}` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks "
+                           f"{_ranks(ranks)}) but no .metadata: the save was interrupted before rank 0 wrote it (or "
+                           ".metadata exists only on another node's disk). Nothing can load this folder; copy .metadata "
+                           "from the node that wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n)
+                           + (f" A complete .metadata.tmp may survive (the final rename was interrupted): `{cmd}`."
+                              if tmp else ""),
+                           "dcp-metadata" if tmp else None, cmd))
     if f.get("missing_files"):
         miss = f["missing_files"]
         out.append(Finding("shard-missing", "error", p,
-                           f"`{p}/.metadata` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
+                           f"`{inv.shown(p + '/.metadata')}` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
                            "Copy them from the nodes that wrote them (each rank writes its own); without them the "
                            "tensors they hold cannot be loaded."))
     if f.get("unreferenced_files"):
         extra = f["unreferenced_files"]
         out.append(Finding("world-size-mismatch", "warning", p,
-                           f"`{p}/` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
+                           f"`{inv.shown(p, slash=True)}` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
                            "left over from a save with a different world size. They are ignored on load; remove "
                            "them to avoid confusion."))
     return out
@@ -190,7 +200,7 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
                            "weights and optimizer state cannot be rebuilt without every rank."))
     if f.get("extra_rank_files") or f.get("partition_mismatch"):
         extra = f.get("extra_rank_files") or []
-        msg = f"`{p}/` records dp_world_size={f.get('world_size')}"
+        msg = f"`{inv.shown(p, slash=True)}` records dp_world_size={f.get('world_size')}"
         if f.get("partition_mismatch"):
             msg += f" but its optimizer states were partitioned {f['partition_mismatch']} ways"
         if extra:
@@ -198,28 +208,30 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("world-size-mismatch", "error" if f.get("partition_mismatch") else "warning", p,
                            msg + ": files from two different runs are mixed. Keep only the files of one save."))
     frozen = f.get("frozen_params")
+    export = _export_command(inv, p)
     if frozen:
         out.append(Finding("frozen-params", "info", p,
-                           f"`{p}/` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) with no "
-                           "optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal checkpoint restores only "
-                           "optimizer-tracked parameters, so frozen ones keep what the model was built with.",
-                           "export"))
+                           f"`{inv.shown(p, slash=True)}` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) "
+                           "with no optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal "
+                           "checkpoint restores only optimizer-tracked parameters, so frozen ones keep what the model was "
+                           f"built with. `{export}` writes them beside the trained ones.", "export", export))
     elif f.get("frozen_params_unrecorded"):
         out.append(Finding("frozen-params", "info", p,
-                           f"`{p}/` holds {param_count(f['frozen_params_unrecorded'])} frozen parameter values that ZeRO-{stage} "
-                           "did not record: DeepSpeed's zero_to_fp32 drops them silently. Their values are only in "
-                           "the model-states `module` weights (in the training dtype).", "export"))
+                           f"`{inv.shown(p, slash=True)}` holds {param_count(f['frozen_params_unrecorded'])} frozen "
+                           f"parameter values that ZeRO-{stage} did not record: DeepSpeed's zero_to_fp32 drops them "
+                           "silently. Their values are only in the model-states `module` weights (in the training "
+                           f"dtype); `{export}` takes them from there.", "export", export))
     if f.get("shared_params"):
         pairs = "; ".join(f"{a} = {b}" for a, b in list(f["shared_params"].items())[:3])
         out.append(Finding("tied-weights", "info", p,
-                           f"`{p}/` has tied weights ({pairs}). zero_to_fp32 --safe_serialization fails on these "
-                           "(\"Some tensors share memory\"); its get_fp32_state_dict_from_zero_checkpoint still returns "
-                           "both names, so write each tied tensor once when saving.",
-                           "export"))
+                           f"`{inv.shown(p, slash=True)}` has tied weights ({pairs}). zero_to_fp32 --safe_serialization "
+                           "fails on these (\"Some tensors share memory\"); its get_fp32_state_dict_from_zero_checkpoint "
+                           f"still returns both names. `{export}` writes each tied tensor once, as save_pretrained does.",
+                           "export", export))
     if f.get("pipeline") or f.get("moe"):
         what = "pipeline-parallel" if f.get("pipeline") else "mixture-of-experts"
         out.append(Finding("world-size-mismatch", "info", p,
-                           f"`{p}/` is a {what} DeepSpeed checkpoint; export and universal conversion of this "
+                           f"`{inv.shown(p, slash=True)}` is a {what} DeepSpeed checkpoint; export and universal conversion of this "
                            "layout are not supported by ckpt-tui yet."))
     return out
 
@@ -247,22 +259,26 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"{p if p != '.' else inv.root.abspath.name} --out DIR` picks it for you.", "export"))
     tags = inv.deepspeed_tags(n)
     if tags and "latest" not in names:
+        cmd = f"ckpt-tui fix {inv.shown(p)} --only latest"
+        newest = sorted(t.name for t in tags)[-1]
         out.append(Finding("latest-missing", "warning", p,
-                           f"{'`' + p + '/`' if p != '.' else 'This folder'} has DeepSpeed tag folder(s) "
+                           f"`{inv.shown(p, slash=True)}` has DeepSpeed tag folder(s) "
                            f"({', '.join(t.name for t in tags[:4])}) but no `latest` file, so "
                            "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
-                           f"Write the newest tag's name into it: `echo {sorted(t.name for t in tags)[-1]} > {'' if p == '.' else p + '/'}latest`, "
-                           f"or run `ckpt-tui fix {p} --only latest` (picks the newest complete tag).", "latest"))
+                           f"Write the newest tag's name into it: `echo {shlex.quote(newest)} > "
+                           f"{inv.shown(p + '/latest' if p != '.' else 'latest')}`, or run `{cmd}` (picks the newest "
+                           "complete tag).", "latest", cmd))
     unis = inv.deepspeed_tags(n, universal=True)
     if unis and "latest_universal" not in names and not tags:
+        cmd = f"ckpt-tui fix {inv.shown(p)} --only latest"
         out.append(Finding("latest-missing", "warning", p,
-                           f"universal checkpoint folder(s) {', '.join(u.name for u in unis[:3])} have no "
-                           "`latest_universal` beside them, so load_checkpoint with load_universal will not find them.",
-                           "latest"))
+                           f"universal checkpoint folder(s) {', '.join(u.name for u in unis[:3])} in "
+                           f"`{inv.shown(p, slash=True)}` have no `latest_universal` beside them, so load_checkpoint "
+                           f"with load_universal will not find them: `{cmd}` writes it.", "latest", cmd))
     if "adapter_config.json" in names and not any(
             c.name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") for c in n.children):
         out.append(Finding("adapter-only", "info", p,
-                           f"{'`' + p + '/`' if p != '.' else 'This folder'} holds only a PEFT adapter "
+                           f"`{inv.shown(p, slash=True)}` holds only a PEFT adapter "
                            "(adapter_config.json + adapter weights), not the full model: load the base model named in "
                            "adapter_config.json and apply the adapter, or merge it (peft's merge_and_unload)."))
     f = cast(DirFacts, n.facts)
@@ -279,7 +295,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
             bits.append(f"leaves out {len(f['index_unlisted_tensors'])} tensor(s) the shards hold "
                         f"(e.g. {f['index_unlisted_tensors'][0]})")
         out.append(Finding("index-mismatch", "error", p,
-                           f"The safetensors index in {'`' + p + '/`' if p != '.' else 'this folder'} "
+                           f"The safetensors index in `{inv.shown(p, slash=True)}` "
                            + "; ".join(bits) + ". from_pretrained will fail or load partial weights; rebuild the "
                            "index from the shards' headers.", "index"))
     return out
@@ -310,7 +326,9 @@ def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
     tags = [c.name for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
                                                              or step_of(c.name) is not None)]
     newest = sorted(tags, key=lambda t: (step_of(t) or -1, t))[-1] if tags else None
-    hint = f" The newest tag here is `{newest}`: write that name into `{n.name}`, or run `ckpt-tui fix {parent_path} --only latest` (picks the newest complete tag)." if newest else ""
+    cmd = f"ckpt-tui fix {inv.shown(parent_path)} --only latest" if newest else None
+    hint = (f" The newest tag here is `{newest}`: write that name into `{inv.shown(n.path)}`, or run `{cmd}` (picks "
+            "the newest complete tag)." if newest else "")
     return [Finding("latest-dangling", "error", n.path,
-                    f"`{n.path}` names `{shown}`, which is not a folder beside it: loaders that follow it will fail."
-                    + hint, "latest" if newest else None)]
+                    f"`{inv.shown(n.path)}` names `{shown}`, which is not a folder beside it: loaders that follow it "
+                    "will fail." + hint, "latest" if newest else None, cmd)]

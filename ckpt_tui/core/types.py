@@ -162,6 +162,17 @@ class Inventory:
     def path(self) -> Path:
         return self.root.abspath
 
+    def user_form(self, p) -> str:
+        """A path ckpt-tui will create (an output folder) in the user's form: relative to their current
+        folder when they named the checkpoint by a relative path, else absolute. Not quoted."""
+        p = Path(p)
+        if self.given and not os.path.isabs(self.given):
+            try:
+                return os.path.relpath(p)
+            except ValueError:
+                pass
+        return str(p.absolute())
+
     def shown(self, rel: str = ".", *, slash: bool = False) -> str:
         """Node ``rel`` as the user can paste it into a shell from where they ran ckpt-tui
         (:func:`shell_path`); ``slash`` adds a trailing ``/`` (a folder, in prose)."""

@@ -195,7 +195,7 @@ ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode
 CASES = [
     # dcp-metadata-missing
     Rule("dcp-metadata-missing", interrupted_dcp_save(keep_tmp=False), "dcp-metadata-missing", "error",
-         "checkpoint-4/pytorch_model_fsdp_0", ("no .metadata", "ranks 0, 1", "`checkpoint-2`")),
+         "checkpoint-4/pytorch_model_fsdp_0", ("no .metadata", "ranks 0, 1", "`run/checkpoint-2/`")),
     Rule("dcp-metadata-missing-tmp-left", interrupted_dcp_save(keep_tmp=True), "dcp-metadata-missing", "error",
          "checkpoint-4/pytorch_model_fsdp_0", ("--only dcp-metadata",), "dcp-metadata"),
     # the first user report: accelerate merge-weights on an HF Trainer FSDP checkpoint
@@ -251,7 +251,7 @@ CASES = [
     Rule("latest-dangling-megatron", Corrupt("megatron-legacy", write("latest_checkpointed_iteration.txt", b"20")),
          "latest-dangling", "error", "latest_checkpointed_iteration.txt", ("`20`", "iter_0000010"), "latest"),
     Rule("latest-missing", Corrupt("ds-zero2-bf16", rm("latest")), "latest-missing", "warning", ".",
-         (f"echo {TAG} > latest", "ckpt-tui fix . --only latest"), "latest"),
+         (f"echo {TAG} > ds-zero2-bf16/latest", "ckpt-tui fix ds-zero2-bf16 --only latest"), "latest"),
     Rule("latest-missing-universal", Corrupt("universal-zero2", rm("latest_universal")), "latest-missing", "warning",
          ".", ("latest_universal",), "latest"),
     # file-truncated
@@ -319,15 +319,18 @@ UNDOCUMENTED_SEVERITIES = {
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
-def test_finding(case: Rule, tmp_path):
+def test_finding(case: Rule, tmp_path, monkeypatch):
     path = case.build(tmp_path)
-    rep = inspect(path, **case.options)
+    monkeypatch.chdir(tmp_path)  # as a user would: from the folder above, with a relative path
+    rep = inspect(os.path.relpath(path, tmp_path), **case.options)
     hits = [f for f in rep.findings if (f.code, f.severity, f.path) == (case.code, case.severity, case.path)]
     assert hits, f"no {(case.code, case.severity, case.path)} in {[(f.code, f.severity, f.path) for f in rep.findings]}"
     f = hits[0]
     for fragment in case.message:
         assert fragment in f.message, f.message
     assert f.fix == case.fix
+    if f.command:  # the command the JSON gives is the one the message shows
+        assert f"`{f.command}`" in f.message
     assert not (tmp_path / "hf-ds-zero2" / "CANARY").exists()  # no pickle was ever executed
     assert undeclared(rep) == []  # a damaged tree's facts (errors, missing files) are declared too
 

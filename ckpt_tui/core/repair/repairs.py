@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +11,7 @@ from ..formats import FormatError
 from ..fsutil import stamp
 from ..names import step_of
 from ..progress import report
-from ..types import MODEL_ROLES, Finding, Node, Plan, PlanStep
+from ..types import MODEL_ROLES, Finding, Node, Plan, PlanStep, user_path
 from .atomic import RepairError, backup_path, replace_file
 from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
 from .run import Repair
@@ -32,11 +33,13 @@ NEXT_TIME = (
 ADVICE_ONLY = "export"
 
 
-def _rel(root: Path, p: Path) -> str:
+def _rel(inv, p: Path) -> str:
+    """``p`` as the user can type it from where they ran ckpt-tui (``Inventory.shown``)."""
     try:
-        return str(p.relative_to(root)) or "."
+        rel = p.relative_to(inv.path).as_posix() or "."
     except ValueError:
-        return str(p)
+        return shlex.quote(str(p))
+    return inv.shown(rel)
 
 
 def repairs_for(rep) -> list[Repair]:
@@ -66,7 +69,7 @@ def repairs_for(rep) -> list[Repair]:
 
 
 def _cannot(rep, f: Finding, rid: str, why: str, notes: tuple[str, ...] = ()) -> Repair:
-    return Repair(rid, f.code, f.path, f"cannot repair {f.code} at {f.path}", Plan(f"No change: {why}", (), notes),
+    return Repair(rid, f.code, f.path, f"cannot repair {f.code} at {rep.inventory.shown(f.path)}", Plan(f"No change: {why}", (), notes),
                   root=rep.inventory.path, can_apply=False)
 
 
@@ -92,26 +95,26 @@ def _universal_info(rep, f: Finding) -> Repair:
     new_size = size + (len(new) - len(pkl)) + 64  # upper bound (alignment padding may shift by < 64)
     bak = backup_path(target)
     steps = (
-        PlanStep("backup", _rel(root, bak), _rel(root, target), 0,
+        PlanStep("backup", _rel(inv, bak), _rel(inv, target), 0,
                  "hard link to the current file: the original stays as it is, no copy, no extra space"),
-        PlanStep("write", _rel(root, target), None, new_size,
+        PlanStep("write", _rel(inv, target), None, new_size,
                  f"adds {UCI_KEY} = {UCI_VALUE!r} to the top-level dict (+{len(new) - len(pkl)} pickle bytes "
                  f"inserted before STOP); the other {len(entries) - 1} zip records are copied byte for byte "
                  "(written to a temp file beside it, fsync'd, then os.replace)"),
     )
     notes = (
-        f"needs {new_size:,} bytes free in {_rel(root, target.parent)} (the old file is kept as the backup)",
+        f"needs {new_size:,} bytes free in {_rel(inv, target.parent)} (the old file is kept as the backup)",
         "nothing else in the file is unpickled or rewritten: framework objects (Lightning hyper-parameters, "
         "loops, callbacks) stay exactly as written",
         NEXT_TIME,
     )
-    title = f"add universal_checkpoint_info to {_rel(root, target)}"
+    title = f"add universal_checkpoint_info to {_rel(inv, target)}"
     r = Repair("universal-info", f.code, f.path, title, Plan(title, steps, notes), root=root)
-    r.action = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel)
+    r.action = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel, lambda x: _rel(inv, x))
     return r
 
 
-def _apply_universal_info(target: Path, on_progress, cancel) -> tuple[bool, str, Optional[Path], list[Path]]:
+def _apply_universal_info(target: Path, on_progress, cancel, show=str) -> tuple[bool, str, Optional[Path], list[Path]]:
     if not target.is_file():
         raise RepairError(f"{target} no longer exists")
     with open(target, "rb") as src:
@@ -123,7 +126,7 @@ def _apply_universal_info(target: Path, on_progress, cancel) -> tuple[bool, str,
 
         top = safe_loads(pkl, persistent=True).obj
         if isinstance(top, dict) and UCI_KEY in top:
-            return False, f"{target.name} already has {UCI_KEY}: nothing to do", None, []
+            return False, f"{show(target)} already has {UCI_KEY}: nothing to do", None, []
         new = add_top_level_key(pkl, UCI_KEY, UCI_VALUE)
         total = sum(x.size for x in entries if x is not e)
         done = [0]
@@ -155,7 +158,7 @@ def _apply_universal_info(target: Path, on_progress, cancel) -> tuple[bool, str,
 
         bak = replace_file(target, write, backup=True, needed=size + len(new) - len(pkl) + 4096, verify=verify,
                            on_progress=on_progress, cancel=cancel, label="verified")
-    return True, f"added {UCI_KEY} = {UCI_VALUE!r} to {target.name}; the original is kept as {bak.name}", bak, [target]
+    return True, f"added {UCI_KEY} = {UCI_VALUE!r} to {show(target)}; the original is kept as {show(bak)}", bak, [target]
 
 
 # ------------------------------------------------------------------ latest / latest_universal / megatron
@@ -216,33 +219,34 @@ def _latest(rep, f: Finding) -> Repair:
             old = None
     steps = []
     if target.exists():
-        steps.append(PlanStep("backup", _rel(root, backup_path(target)), _rel(root, target), 0,
+        steps.append(PlanStep("backup", _rel(inv, backup_path(target)), _rel(inv, target), 0,
                               "hard link to the current file"))
-    steps.append(PlanStep("write", _rel(root, target), None, len(content),
+    steps.append(PlanStep("write", _rel(inv, target), None, len(content),
                           f"{old!r} -> {content!r}" if old is not None else f"new file containing {content!r}"))
     skipped = [t.name for t in tags if t not in complete]
     notes = [f"`{best.name}` is the newest tag with no error finding"]
     if skipped:
         notes.append(f"skipped incomplete: {', '.join(skipped[:6])}")
-    title = f"point {_rel(root, target)} at {best.name}"
+    title = f"point {_rel(inv, target)} at {best.name}"
     r = Repair("latest", f.code, f.path, title, Plan(title, tuple(steps), tuple(notes)), root=root)
-    r.action = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel)
+    r.action = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel,
+                                                        lambda x: _rel(inv, x))
     return r
 
 
-def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel):
+def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel, show=str):
     if not tagdir.is_dir():
         raise RepairError(f"{tagdir} no longer exists")
     if target.is_file():
         try:
             if target.read_text(encoding="utf-8", errors="replace").strip() == content:
-                return False, f"{target.name} already names {content}: nothing to do", None, []
+                return False, f"{show(target)} already names {content}: nothing to do", None, []
         except OSError as e:
             raise RepairError(f"{target}: {e.strerror}") from None
     data = content.encode()
     bak = replace_file(target, lambda fh: fh.write(data), backup=True, needed=len(data) + 4096,
                        on_progress=on_progress, cancel=cancel)
-    msg = f"{target.name} now names {content}" + (f"; the old file is kept as {bak.name}" if bak else "")
+    msg = f"{show(target)} now names {content}" + (f"; the old file is kept as {show(bak)}" if bak else "")
     return True, msg, bak, [target]
 
 
@@ -298,10 +302,10 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
             ("no complete sibling checkpoint was found here",)
         return _cannot(rep, f, "dcp-metadata", f".metadata cannot be rebuilt from .metadata.tmp: {why}", note)
     size = tmp.stat().st_size
-    steps = (PlanStep("write", _rel(root, target), _rel(root, tmp), size,
+    steps = (PlanStep("write", _rel(inv, target), _rel(inv, tmp), size,
                       "copy of .metadata.tmp (torch writes .metadata.tmp, then renames it; the rename did not happen); "
                       ".metadata.tmp is left in place"),)
-    title = f"rebuild {_rel(root, target)} from .metadata.tmp"
+    title = f"rebuild {_rel(inv, target)} from .metadata.tmp"
     r = Repair("dcp-metadata", f.code, f.path, title, Plan(title, steps, (why,)), root=root)
     trust = inv.trust_pickles
     r.action = lambda on_progress, cancel: _apply_dcp(folder, trust, on_progress, cancel)
@@ -342,7 +346,9 @@ def _export_advice(rep, f: Finding) -> Repair:
         models = [c for c in node.children if c.is_dir and c.format == "dcp" and c.role in MODEL_ROLES]
         sub = (models or [c for c in node.children if c.is_dir and c.format == "dcp"] or [None])[0]
     src = sub.abspath if sub is not None else (node.abspath if node is not None else root / f.path)
-    cmd = f"ckpt-tui export {src} --out {src}_exported"
-    title = f"{f.code} at {f.path}: nothing to write; export instead"
+    shown = _rel(inv, src)
+    out = shlex.quote(user_path(inv.given or str(root), os.path.relpath(src, root)) + "_exported")
+    cmd = f"ckpt-tui export {shown} --out {out}"
+    title = f"{f.code} at {inv.shown(f.path)}: nothing to write; export instead"
     plan = Plan(title, (), (f"run `{cmd}` (a single safetensors model any tool can load)",))
     return Repair("export", f.code, f.path, title, plan, root=root, writes=False, can_apply=False)

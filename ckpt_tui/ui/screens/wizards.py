@@ -216,7 +216,7 @@ class ExportWizard(PlannedWizard):
         with Vertical(id="output", classes="pane"):
             yield Static("A new folder. Files are written to a hidden temp folder beside it and moved into place "
                          "only when complete and verified; the checkpoint is never modified.", classes="explain")
-            yield Input(value=str(_default_out(inv)), id="out")
+            yield Input(value=inv.user_form(_default_out(inv)), id="out")
             yield Static("", id="space")
         with Vertical(id="dtype", classes="pane"):
             yield Static("", id="dtype-note", classes="explain")
@@ -334,7 +334,7 @@ class UniversalWizard(PlannedWizard):
     def panes(self) -> ComposeResult:
         node = self.report.inventory.node(self.tag_path)
         f = cast(DeepSpeedZeroFacts, node.facts) if node else DeepSpeedZeroFacts()
-        why = (f"`{self.tag_path}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
+        why = (f"`{self.report.inventory.shown(self.tag_path, slash=True)}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
                f"{f.get('world_size', '?')} ranks. To resume with a different number of ranks, DeepSpeed needs a "
                "universal checkpoint (per-parameter fp32 weights and optimizer state).\n\n")
         if f.get("universal_checkpoint_info") is False:
@@ -353,7 +353,7 @@ class UniversalWizard(PlannedWizard):
         with Vertical(id="output", classes="pane"):
             yield Static("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
                          "`latest_universal`):", classes="explain")
-            yield Input(value=str(tag.parent / f"{tag.name}_universal"), id="out")
+            yield Input(value=self.report.inventory.user_form(tag.parent / f"{tag.name}_universal"), id="out")
         yield from self.confirm_pane()
 
     def plan_inputs(self):

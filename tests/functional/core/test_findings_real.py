@@ -26,7 +26,7 @@ def test_dcp_metadata_missing_names_last_complete_sibling(real_ckpt, tmp_path):
     rep = inspect(run)
     f = only(rep, "dcp-metadata-missing")[0]
     assert f.severity == "error" and f.path == "checkpoint-4/pytorch_model_fsdp_0"
-    assert "`checkpoint-2`" in f.message and "ranks 0, 1" in f.message
+    assert f"`{run / 'checkpoint-2'}/`" in f.message and "ranks 0, 1" in f.message  # inspected by absolute path
     assert [(c["path"], c["complete"]) for c in rep.inventory.checkpoints] == [("checkpoint-4", False),
                                                                               ("checkpoint-2", True)]
 
@@ -81,7 +81,7 @@ def test_latest_dangling_and_hostile_and_missing(real_ckpt_copy):
         assert f.severity == "error" and "global_step2" in f.message and f.fix == "latest"
     os.remove(d / "latest")
     f = only(inspect(d), "latest-missing")[0]
-    assert "echo global_step2 > latest" in f.message
+    assert f"echo global_step2 > {d / 'latest'}" in f.message and f.command == f"ckpt-tui fix {d} --only latest"
 
 
 def test_truncated_optim_states_and_zero_byte(real_ckpt_copy):

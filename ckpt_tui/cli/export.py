@@ -19,7 +19,11 @@ from .output import emit_json, fail, run_core
 @click.option("--max-shard-size", default="50GB", show_default=True,
               help="Split into model-0000k-of-0000n.safetensors + index above this size (as save_pretrained).")
 @click.option("--jobs", type=int, default=1, show_default=True, help="Write output shards in N parallel threads.")
-@click.option("--tag", default=None, help="DeepSpeed tag folder to export instead of the one `latest` names.")
+@click.option("--tag", default=None, help="DeepSpeed tag folder to export instead of the one `latest` names "
+                                          "(needed when `latest` names no tag folder).")
+@click.option("--from-module-states", is_flag=True,
+              help="DeepSpeed ZeRO-1/2: export the module weights of mp_rank_00_model_states.pt (training dtype, "
+                   "bf16/fp16: NOT the fp32 masters), for when an optimizer-states file is missing or corrupt.")
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. Lightning's 'model.').")
 @path_option("--config", "config", default=None,
@@ -29,7 +33,7 @@ from .output import emit_json, fail, run_core
 @click.option("--no-verify", is_flag=True, help="Skip re-reading every tensor and comparing it with the source.")
 @trust_pickles_option("Load pickles that name code outside the allowlist.")
 @json_option("Print the plan or the result as one JSON document.")
-def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip_prefix, config, dry_run,
+def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, exclude_frozen, strip_prefix, config, dry_run,
                overwrite, no_verify, trust_pickles, as_json):
     """Export the model weights of SRC to safetensors in OUT, ready for
     from_pretrained.
@@ -63,7 +67,8 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, exclude_frozen, strip
         fail(str(e), EXIT_USAGE)
     try:
         plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                                 strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles)
+                                 strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles,
+                                 from_module_states=from_module_states)
     except ScanError as e:
         fail(str(e), EXIT_USAGE)
     except (ExportError, FileNotFoundError, ValueError) as e:

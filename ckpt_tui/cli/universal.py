@@ -19,6 +19,8 @@ from .output import emit_json, fail, run_core
 @path_argument("src")
 @path_option("--out", "out", default=None,
              help="Output folder (default: <tag>_universal beside the tag folder). Must not exist or be empty.")
+@click.option("--tag", default=None, help="DeepSpeed tag folder to convert instead of the one `latest` names "
+                                          "(needed when `latest` names no tag folder).")
 @click.option("--dry-run", is_flag=True, help="Print what would be done and write nothing.")
 @click.option("--export-frozen", is_flag=True,
               help="Also write frozen parameters and buffers (not restored by load_universal) to "
@@ -28,12 +30,13 @@ from .output import emit_json, fail, run_core
 @trust_pickles_option("Convert even if a pickle names code outside ckpt-tui's allowlist (DeepSpeed's converter "
                       "unpickles without restriction). Only for checkpoints you trust.")
 @json_option("Print the plan or the result as one JSON document.")
-def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles, as_json):
+def universal_cmd(src, out, tag, dry_run, export_frozen, target_stage, trust_pickles, as_json):
     """Convert the DeepSpeed ZeRO checkpoint SRC to a universal checkpoint
     (loadable at any world size).
 
-    SRC: a checkpoint folder (checkpoint-2000/), a DeepSpeed tag folder
-    (global_step2000/) or a Lightning *.ckpt/ folder. Runs DeepSpeed's own
+    SRC: a checkpoint folder (checkpoint-2000/: the tag `latest` names, or
+    --tag), a DeepSpeed tag folder (global_step2000/), a Lightning *.ckpt/
+    folder, or a run folder (its newest complete checkpoint). Runs DeepSpeed's own
     ds_to_universal in a subprocess (logged to a file), supplies a missing
     universal_checkpoint_info in memory, verifies every parameter against the
     source's fp32 masters bit-exact, moves the result into place and writes
@@ -50,13 +53,15 @@ def universal_cmd(src, out, dry_run, export_frozen, target_stage, trust_pickles,
 
     try:
         plan = universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,
-                              export_frozen=export_frozen)
+                              export_frozen=export_frozen, tag=tag)
     except ScanError as e:
         fail(str(e), EXIT_USAGE)
     except UniversalError as e:
         fail(str(e), EXIT_FINDINGS)
     except (OSError, ValueError) as e:
         fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
+    for line in plan.said:
+        click.echo(f"ckpt-tui: {line}", err=True)
     for w in plan.warnings:
         click.echo(f"ckpt-tui: warning: {w}", err=True)
     if dry_run:

@@ -11,7 +11,9 @@ import shlex
 from typing import Optional, cast
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
+from .dtypes import short_dtype
 from .facts import DcpFacts, DeepSpeedZeroFacts, DirFacts, TextFacts
+from .formats.deepspeed import OPTIM_STATES_RE
 from .names import step_of
 from .types import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
 from .units import param_count
@@ -194,10 +196,18 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
     if f.get("missing_files"):
         miss = f["missing_files"]
         ws = f.get("world_size")
-        out.append(Finding("shard-missing", "error", p,
-                           f"`{p}/` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) are "
-                           f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
-                           "weights and optimizer state cannot be rebuilt without every rank."))
+        msg = (f"{inv.shown(p, slash=True)} was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) are "
+               f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
+               "weights and optimizer state cannot be rebuilt without every rank.")
+        command = None
+        ms = n.child("mp_rank_00_model_states.pt")
+        if (stage in (1, 2) and ms is not None and "error" not in ms.facts
+                and all(OPTIM_STATES_RE.match(m) for m in miss)):
+            command = f"ckpt-tui export {inv.shown(p)} --from-module-states --out DIR"
+            dt = f.get("train_dtype")
+            msg += (f" The module weights in {inv.shown(ms.path)} are intact: `{command}` exports those "
+                    f"({'half precision, ' + short_dtype(dt) if dt else 'the training dtype'}, NOT the fp32 masters).")
+        out.append(Finding("shard-missing", "error", p, msg, command=command))
     if f.get("extra_rank_files") or f.get("partition_mismatch"):
         extra = f.get("extra_rank_files") or []
         msg = f"`{inv.shown(p, slash=True)}` records dp_world_size={f.get('world_size')}"

@@ -3,73 +3,196 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
+from ..facts import DeepSpeedZeroFacts, TextFacts
 from ..formats import FormatError
+from ..formats.deepspeed import OPTIM_STATES_RE
 from ..formats.format import NotExportable
 from ..formats.registry import format_of
+from ..names import step_of
 from ..progress import OnProgress
 from ..report import Report, inspect
-from ..types import Node
+from ..types import Finding, Inventory, Node
 from .plan import ExportPlan, make_plan
 from .sources import Source
 from .write import ExportError, ExportResult, execute
 
+MODULE_STATES_FILE = "mp_rank_00_model_states.pt"
+# what an unreadable optimizer-states file of a tag looks like to the inspector
+_OPTIM_FILE_CODES = ("file-corrupt", "file-truncated", "unreadable")
 
-def resolve(report: Report, tag: Optional[str] = None) -> tuple[Node, list[str]]:
-    """The node holding the model weights, and what was decided on the way (said to the user)."""
+
+def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting") -> tuple[Node, list[str]]:
+    """The node holding the model weights, and what was decided on the way and why (said to the
+    user). Never guesses silently: a DeepSpeed `latest` that names no tag folder is refused unless
+    ``tag`` names one."""
     inv = report.inventory
     said = []
     root = inv.root
     if inv.layout == "run-folder":
         complete = [c for c in inv.checkpoints if c["complete"]]
         if not complete:
-            raise ExportError("no complete checkpoint in this run folder (see `ckpt-tui inspect`)")
+            raise ExportError(f"no complete checkpoint in {inv.shown(slash=True)}: "
+                              + "; ".join(_broken(report, c["path"]) for c in inv.checkpoints[:4])
+                              + ". Point ckpt-tui at one checkpoint folder to see its findings")
         ck = complete[0]
-        said.append(f"exporting the newest complete checkpoint, `{ck['path']}/` (step {ck['step']})")
+        newer = [c for c in inv.checkpoints if not c["complete"] and (c["step"] or -1) > (ck["step"] or -1)]
+        said.append(f"{verb} the newest complete checkpoint `{inv.shown(ck['path'], slash=True)}` (step {ck['step']})"
+                     + (": skipped newer " + "; ".join(_broken(report, c["path"]) for c in newer[:4]) if newer else ""))
         node = inv.model_node(ck["path"])
     else:
         rel = inv.model_path()
         node = inv.node(rel) if rel else None
-        if node is not None and node is not root:
-            said.append(f"the model is `{rel}" + ("/" if node.is_dir else "") + "`")
-    if tag and node is not None and node.format == "deepspeed-zero":
-        parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
-        alt = parent.child(tag) if parent is not None else None
-        if alt is None:
-            raise ExportError(f"no tag folder `{tag}` beside `{node.path}`")
-        node = alt
     if node is None:
-        raise ExportError(f"no model weights found in {root.abspath} ({inv.summary})")
+        raise ExportError(f"no model weights found in {inv.shown(slash=root.is_dir)} ({inv.summary})")
+    if node.format == "deepspeed-zero":
+        node, why = _choose_tag(report, node, tag)
+        if why:
+            said.append(("the model is" if verb == "exporting" else verb)
+                        + f" `{inv.shown(node.path, slash=True)}` ({why})")
+    elif tag:
+        raise ExportError(f"--tag names a DeepSpeed tag folder, but the model in {inv.shown(node.path)} is "
+                          f"{node.format or 'not DeepSpeed'}")
+    elif node is not root:
+        said.append(f"the model is `{inv.shown(node.path, slash=node.is_dir)}`")
     return node, said
 
 
-def _blocking_findings(report: Report, node: Node, trust: bool) -> list[str]:
-    out = []
-    for f in report.findings:
-        if not node.contains(f.path) or f.severity != "error":
-            continue
-        if f.code == "unsafe-pickle" and trust:
-            continue
-        out.append(f"{f.code} at {f.path}: {f.message}")
-    return out
+def _broken(report: Report, rel: str) -> str:
+    """`checkpoint-3/` (latest-dangling, ...): a checkpoint and the codes of its error findings."""
+    node = report.inventory.node(rel)
+    codes = sorted({f.code for f in report.findings if f.severity == "error" and node is not None
+                    and node.contains(f.path)})
+    return f"`{report.inventory.shown(rel, slash=True)}` ({', '.join(codes) or 'incomplete'})"
 
 
-def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot read the weights"
-                   ) -> tuple[Report, Node, list[str]]:
+def _tag_names(inv: Inventory, folder: Node) -> str:
+    tags = sorted(inv.deepspeed_tags(folder), key=lambda t: (step_of(t.name) or -1, t.name), reverse=True)
+    return ", ".join(t.name for t in tags) or "none"
+
+
+def _choose_tag(report: Report, node: Node, tag: Optional[str]) -> tuple[Node, Optional[str]]:
+    """Which tag folder beside ``node`` (the layout's pick) to read, and why; refuses to guess."""
+    inv = report.inventory
+    if node is inv.root:  # SRC is the tag folder itself: the user chose it
+        if tag and tag != node.name:
+            raise ExportError(f"{inv.shown()} is itself the tag folder `{node.name}`; to read tag `{tag}`, give the "
+                              "folder that holds the tags")
+        return node, None
+    parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
+    where = inv.shown(parent.path, slash=True)
+    if tag:
+        alt = parent.child(tag)
+        if alt is None or not alt.is_dir or alt.format != "deepspeed-zero":
+            raise ExportError(f"--tag {tag}: no DeepSpeed tag folder `{tag}` in {where}; its tags: "
+                              f"{_tag_names(inv, parent)}")
+        return alt, f"--tag {tag}"
+    latest = parent.child("latest")
+    if latest is None or latest.is_dir:
+        return node, f"no `latest` file in {where}: the newest tag" + (
+            f", step {step_of(node.name)}" if step_of(node.name) is not None else "")
+    named = (cast(TextFacts, latest.facts).get("names") or "").strip()
+    if named == node.name:
+        return node, f"`latest` names {named}"
+    dangling = any(f.code == "latest-dangling" and f.path == latest.path for f in report.findings)
+    shown = named if named.isprintable() and len(named) <= 80 else repr(named[:80])
+    what = "which is not a folder beside it" if dangling else "which is not a DeepSpeed tag folder"
+    raise ExportError(f"{inv.shown(latest.path)} names `{shown}`, {what}, so ckpt-tui will not guess which tag "
+                      f"you mean. Tags in {where}: {_tag_names(inv, parent)}. Name one with --tag "
+                      f"(e.g. --tag {node.name}), or give the tag folder itself ({inv.shown(node.path)}).")
+
+
+def _blocking_findings(report: Report, node: Node, trust: bool) -> list[Finding]:
+    return [f for f in report.findings
+            if node.contains(f.path) and f.severity == "error" and not (f.code == "unsafe-pickle" and trust)]
+
+
+def _optimizer_side(node: Node, f: Finding) -> bool:
+    """Is ``f`` about the optimizer states of tag ``node`` only (what --from-module-states does not read)?"""
+    if f.code == "shard-missing" and f.path == node.path:
+        miss = cast(DeepSpeedZeroFacts, node.facts).get("missing_files") or []
+        return bool(miss) and all(OPTIM_STATES_RE.match(m) for m in miss)
+    name = f.path.rsplit("/", 1)[-1]
+    parent = f.path.rsplit("/", 1)[0] if "/" in f.path else "."
+    return parent == node.path and f.code in _OPTIM_FILE_CODES and bool(OPTIM_STATES_RE.match(name))
+
+
+def module_states_problem(report: Report, node: Node) -> Optional[str]:
+    """Why the module weights of tag ``node`` cannot be exported (--from-module-states), or None."""
+    inv = report.inventory
+    if node.format != "deepspeed-zero":
+        return (f"--from-module-states reads the module weights of a DeepSpeed ZeRO-1/2 tag folder; "
+                f"{inv.shown(node.path)} is {node.format or 'not one'}")
+    f = cast(DeepSpeedZeroFacts, node.facts)
+    if f.get("zero_stage") == 3:
+        return (f"{inv.shown(node.path, slash=True)} is ZeRO-3: its model-states files hold only each rank's "
+                "partition of the module, not whole module weights, so --from-module-states has nothing to "
+                "export. The weights can only be rebuilt from every rank's optimizer states")
+    ms = node.child(MODULE_STATES_FILE)
+    if ms is None:
+        return f"{inv.shown(node.path, slash=True)} has no {MODULE_STATES_FILE}: there are no module weights to export"
+    bad = [x for x in report.findings if x.path == ms.path and x.severity == "error"]
+    if bad or "error" in ms.facts:
+        return (f"{inv.shown(ms.path)} cannot be read either ({bad[0].code if bad else ms.facts.get('error')}): "
+                "there are no intact module weights to export")
+    return None
+
+
+def module_states_command(report: Report, node: Node) -> str:
+    """The export line that recovers the module weights of tag ``node``."""
+    return f"ckpt-tui export {report.inventory.shown(node.path)} --from-module-states --out DIR"
+
+
+def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot read the weights",
+                   from_module_states: bool = False, verb: str = "exporting") -> tuple[Report, Node, list[str]]:
     """Inspect ``src``, pick the node holding the model weights, and refuse (ExportError) if an
     error finding inside it — unsafe pickles above all — says it must not be read. Every path that
-    reads weights (export, verify, stats, diff) starts here."""
+    reads weights (export, verify, stats, diff) starts here.
+
+    ``from_module_states``: a DeepSpeed ZeRO-1/2 tag is read from its module weights only, so
+    broken optimizer-states files do not block it. Where they block a normal read but the module
+    weights are intact, the refusal names that option."""
     report = inspect(src, trust_pickles=trust_pickles)
-    node, said = resolve(report, tag)
+    inv = report.inventory
+    node, said = resolve(report, tag, verb=verb)
     blocking = _blocking_findings(report, node, trust_pickles)
+    if from_module_states:
+        problem = module_states_problem(report, node)
+        if problem:
+            raise ExportError(problem)
+        blocking = [f for f in blocking if not _optimizer_side(node, f)]
     if blocking:
-        raise ExportError(f"{why}:\n  " + "\n  ".join(blocking))
+        msg = f"{why}:\n  " + "\n  ".join(f"{f.code} at {inv.shown(f.path)}: {f.message}" for f in blocking)
+        if (not from_module_states and node.format == "deepspeed-zero" and all(_optimizer_side(node, f) for f in blocking)
+                and module_states_problem(report, node) is None):
+            dt = cast(DeepSpeedZeroFacts, node.facts).get("train_dtype")
+            msg += ("\nThe fp32 master weights cannot be rebuilt without every rank's optimizer states, but the module "
+                    f"weights in {inv.shown(node.path + '/' + MODULE_STATES_FILE)} are intact. To export those instead "
+                    f"({'half precision, ' + _short(dt) if dt else 'the training dtype'} — NOT the fp32 masters), run:\n  "
+                    + module_states_command(report, node))
+        raise ExportError(msg)
     return report, node, said
 
 
-def source_for(node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False) -> Source:
-    """``node``'s model weights as an export source, opened by its format."""
+def _short(dtype: str) -> str:
+    from ..dtypes import short_dtype
+
+    return short_dtype(dtype)
+
+
+def source_for(node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False,
+               from_module_states: bool = False) -> Source:
+    """``node``'s model weights as an export source, opened by its format (``from_module_states``:
+    a DeepSpeed tag's module weights instead of its fp32 masters)."""
+    if from_module_states:
+        from .deepspeed_source import module_states_source
+        from .sources import strip_names
+
+        try:
+            return strip_names(module_states_source(node.abspath, exclude_frozen=exclude_frozen), strip_prefix)
+        except ValueError as e:
+            raise ExportError(str(e)) from None
     fmt = format_of(node)
     try:
         if fmt is None:
@@ -95,12 +218,12 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
 
 
 def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
-                config=None, tag=None, trust_pickles=False) -> tuple[ExportPlan, list[str]]:
-    report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles,
+                config=None, tag=None, trust_pickles=False, from_module_states=False) -> tuple[ExportPlan, list[str]]:
+    report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
                                         why="the checkpoint has problems an export cannot work around")
     try:
         source = source_for(node, strip_prefix=strip_prefix, exclude_frozen=exclude_frozen,
-                            trust_pickles=trust_pickles)
+                            trust_pickles=trust_pickles, from_module_states=from_module_states)
     except FormatError as e:
         raise ExportError(f"`{node.path}`: {e}") from None
     plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size,
@@ -110,10 +233,11 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
 
 
 def export(src, out, *, dtype="keep", max_shard_size="50GB", jobs=1, exclude_frozen=False, strip_prefix=None,
-           config=None, tag=None, overwrite=False, verify=True, trust_pickles=False,
+           config=None, tag=None, overwrite=False, verify=True, trust_pickles=False, from_module_states=False,
            on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
     plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                             strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles)
+                             strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles,
+                             from_module_states=from_module_states)
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes
     return res

@@ -17,7 +17,7 @@ def run(*args):
 def test_export_picks_model_and_prints_summary(real_ckpt, tmp_path):
     r = run("export", real_ckpt("hf-fsdp1") / "checkpoint-2", "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr
-    assert "the model is `pytorch_model_fsdp_0/`" in r.stderr
+    assert f"the model is `{real_ckpt('hf-fsdp1') / 'checkpoint-2' / 'pytorch_model_fsdp_0'}/`" in r.stderr
     assert "verified ✓" in r.stdout and "from_pretrained" in r.stdout
     assert (tmp_path / "out" / "model.safetensors").is_file()
     r = run("export", real_ckpt("hf-fsdp1") / "checkpoint-2", "--out", tmp_path / "out")

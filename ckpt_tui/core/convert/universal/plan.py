@@ -66,6 +66,7 @@ class UniversalPlan(JsonFields):
     target_stage: Optional[int] = None
     export_frozen: bool = False
     warnings: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)  # which tag was chosen and why (not in the JSON document)
 
     @property
     def frozen_file(self) -> Path:
@@ -109,11 +110,14 @@ def _workers() -> int:
 
 
 def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: Optional[int] = None,
-                   export_frozen: bool = False) -> UniversalPlan:
-    """Resolve SRC to a ZeRO tag folder and say what converting it will do. Writes nothing.
+                   export_frozen: bool = False, tag: Optional[str] = None) -> UniversalPlan:
+    """Resolve SRC to a ZeRO tag folder (``tag``: that tag beside the one `latest` names; a `latest`
+    naming no tag folder is refused without it) and say what converting it will do, and which tag
+    it chose and why (``said``). Writes nothing.
 
     Raises ``ScanError`` for an unreadable path, :class:`UniversalError` where it cannot convert.
     """
+    from ...export.api import resolve
     from ...export.deepspeed_source import MOE_RE, deepspeed_source
     from ...formats import torchfile
     from ...formats.deepspeed import LAYER_RE
@@ -122,7 +126,12 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     src = Path(src)
     rep = inspect(src, trust_pickles=trust_pickles)
     inv = rep.inventory
-    node = inv.model_node()
+    node, said = None, []
+    if inv.layout == "run-folder" or inv.model_node() is not None:
+        try:
+            node, said = resolve(rep, tag, verb="converting")
+        except ExportError as e:
+            raise UniversalError(str(e)) from None
     if node is None or node.format != "deepspeed-zero":
         if node is not None and node.format == "deepspeed-universal" or inv.layout == "universal":
             raise UniversalError(f"{src} is already a DeepSpeed universal checkpoint: load it with "
@@ -220,4 +229,4 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
                          inject_missing_state=(stage <= 2 and not f.get("universal_checkpoint_info")),
                          trainable=trainable, frozen=frozen, buffers=buffers, expected_files=expected,
                          estimated_bytes=estimated, trust_pickles=trust_pickles, target_stage=target_stage,
-                         export_frozen=export_frozen, warnings=warnings)
+                         export_frozen=export_frozen, warnings=warnings, said=said)

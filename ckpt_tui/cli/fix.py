@@ -36,7 +36,8 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
       ckpt-tui fix checkpoint-2000 --dry-run
       ckpt-tui fix checkpoint-2000/global_step2000 --only universal-info --yes
 
-    Exit codes: 0 ok, 1 a repair failed or errors remain, 2 bad path or usage, 130 interrupted.
+    Exit codes: 0 ok (--dry-run: every listed repair can be applied), 1 a repair failed or errors
+    remain that no repair fixes, 2 bad path or usage, 130 interrupted.
     """
     from ..core.codes import FIXES
     from ..core.progress import Cancelled
@@ -85,6 +86,10 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
     failed = any(not x.ok for x in results)
     errors = [f for f in after.findings if f.severity == "error"]
+    if dry_run:  # what would remain: the errors no listed repair can fix
+        fixed = {(r.code, r.path) for r in reps if r.can_apply}
+        errors = [f for f in errors if (f.code, f.path) not in fixed]
+        failed = any(not r.can_apply for r in reps)
     if as_json:
         emit_json({"path": str(after.inventory.path), "dry_run": dry_run, "repairs": [r.to_json() for r in reps],
                    "results": [x.to_json() for x in results], "findings": [f.to_json() for f in after.findings]},
@@ -93,5 +98,6 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         if not reps:
             click.echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)
         for f in errors:
-            click.echo(f"ckpt-tui: still an error: {f.code} at {after.inventory.shown(f.path)}", err=True)
+            click.echo(f"ckpt-tui: {'would still be' if dry_run else 'still'} an error: {f.code} at "
+                       f"{after.inventory.shown(f.path)}", err=True)
     sys.exit(EXIT_FINDINGS if failed or errors else EXIT_OK)

@@ -12,6 +12,7 @@ from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
 from .format import FolderFormat, NotExportable, set_tensor_facts
+from .pickles import TensorRef
 from .torch_save import TorchFileFormat, read_torch_file
 
 
@@ -179,6 +180,19 @@ def zip_check(c: Node) -> None:
         c.facts.update(NodeFacts(error=f"corrupt zip directory: {type(e).__name__}: {e}", error_kind="corrupt"))
 
 
+def _bare_tensor_facts(x: Node) -> None:
+    """Tensor facts of a universal ``fp32.pt`` that holds a bare tensor (ZeRO-3's converter saves the
+    tensor itself, ZeRO-1/2's a ``{"param": ...}`` dict), from its data.pkl."""
+    try:
+        obj = torchfile.read(x.abspath).obj
+    except (FormatError, OSError) as e:
+        _record(x, e)
+        return
+    t = obj.get("param") if isinstance(obj, dict) else obj
+    if isinstance(t, TensorRef):
+        set_tensor_facts(x, [TensorInfo("param", t.shape, t.dtype, t.nbytes)])
+
+
 class DeepSpeedUniversal(FolderFormat):
     formats = ("deepspeed-universal",)
     reference = "torch.load (fp32.pt)"
@@ -219,6 +233,9 @@ class DeepSpeedUniversal(FolderFormat):
         known = [s for s in dsfmt.UNIVERSAL_STATES if s in states]
         f["states"] = known + sorted(states - set(known))
         # the fp32 weights' totals, from each fp32.pt's data.pkl as the scan read it (no tensor data)
+        for x in fp32:
+            if "tensor_count" not in x.facts and "error" not in x.facts:
+                _bare_tensor_facts(x)
         read = [cast(TensorFacts, x.facts) for x in fp32 if x.facts.get("tensor_count")]
         dtypes: dict[str, int] = {}
         for xf in read:

@@ -102,7 +102,15 @@ def print_report(rep, show_all: bool) -> None:
     from rich.padding import Padding
     from rich.tree import Tree
 
-    from ..core.present import GLYPH, SEVERITY_COLOR, naturalsize, param_count, role_badge, short_dtype
+    from ..core.present import (
+        GLYPH,
+        SEVERITY_COLOR,
+        naturalsize,
+        param_count,
+        role_badge,
+        short_dtype,
+        universal_summary,
+    )
 
     inv = rep.inventory
     con = Console(highlight=False)
@@ -122,13 +130,16 @@ def print_report(rep, show_all: bool) -> None:
             bits.append(naturalsize(n.size))
         f = n.facts
         extra = []
-        if f.get("zero_stage") is not None and n.format == "deepspeed-zero":
+        if n.format == "deepspeed-universal":
+            extra.append(universal_summary(f))
+        elif f.get("zero_stage") is not None and n.format == "deepspeed-zero":
             extra.append(f"ZeRO-{f['zero_stage']}")
         if f.get("world_size"):
             extra.append(f"{f['world_size']} ranks")
-        if f.get("param_count") and (n.is_dir or n.role in ("model", "model+optimizer")):
+        weights = n.format != "deepspeed-universal" and (n.is_dir or n.role in ("model", "model+optimizer"))
+        if f.get("param_count") and weights:
             extra.append(f"{param_count(f['param_count'])} params")
-        if f.get("dtypes") and (n.is_dir or n.role in ("model", "model+optimizer")):
+        if f.get("dtypes") and weights:
             extra.append("/".join(short_dtype(d) for d in f["dtypes"][:3]))
         if extra:
             bits.append("[dim](" + ", ".join(extra) + ")[/]")
@@ -138,6 +149,14 @@ def print_report(rep, show_all: bool) -> None:
 
     def add(tree, n, depth):
         kids = n.children
+        if not show_all and n.format == "deepspeed-universal":
+            # one line (its label has the summary); only what has a finding is listed below it
+            for c in n.walk():
+                if c is not n and c.path in by_path:
+                    tree.add(f"{label(c)} [dim]{escape(c.path[len(n.path) + 1:] if n.path != '.' else c.path)}[/]")
+            nparams = n.facts.get("param_folders", 0)
+            tree.add(f"[dim]{nparams} parameter folder{'s' if nparams != 1 else ''} in zero/; --all lists them[/]")
+            return
         if not show_all and n.format == "dcp":
             shards = [c for c in kids if c.role == "shard"]
             others = [c for c in kids if c.role != "shard"]

@@ -45,7 +45,7 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
                 "dcp-metadata"),
     FindingCode("dcp-components", ("info",), "a folder holding DCP folders (model vs optimizer) rather than being one",
                 "export"),
-    FindingCode("universal-info-missing", ("warning",),
+    FindingCode("universal-info-missing", ("warning", "info"),
                 "ZeRO-1/2 states lack universal_checkpoint_info: ds_to_universal refuses them", "universal-info"),
     FindingCode("shard-missing", ("error",), "a rank file named in .metadata or implied by the world size is absent"),
     FindingCode("world-size-mismatch", ("error", "warning"), "rank files from another world size are mixed in"),

@@ -12,10 +12,10 @@ from typing import Optional, cast
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
 from .dtypes import short_dtype
-from .facts import DcpFacts, DeepSpeedZeroFacts, DirFacts, TextFacts
+from .facts import DcpFacts, DeepSpeedUniversalFacts, DeepSpeedZeroFacts, DirFacts, TensorFacts, TextFacts
 from .formats.deepspeed import OPTIM_STATES_RE
 from .names import step_of
-from .types import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node
+from .types import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node, numel, user_path
 from .units import param_count
 
 
@@ -76,9 +76,9 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.extend(_ds_findings(inv, n))
     elif n.format == "deepspeed-universal":
         if f.get("incomplete_params"):
-            out.append(Finding("shard-missing", "error", p, f"universal checkpoint {where} has parameter folders "
-                               f"without fp32.pt: {', '.join(f['incomplete_params'][:6])}. The conversion was "
-                               "interrupted; run it again."))
+            out.append(Finding("shard-missing", "error", p, f"universal checkpoint `{inv.shown(p, slash=True)}` has "
+                               f"parameter folders without fp32.pt: {', '.join(f['incomplete_params'][:6])}. The "
+                               "conversion was interrupted; run it again."))
     if n.is_dir:
         out.extend(_dir_findings(inv, n))
     if n.role == "marker" and not n.is_dir:
@@ -185,14 +185,7 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
     out = []
     stage = f.get("zero_stage")
     if stage in (1, 2) and f.get("universal_checkpoint_info") is False:
-        out.append(Finding("universal-info-missing", "warning", p,
-                           f"`{p}/mp_rank_00_model_states.pt` has no `universal_checkpoint_info`, so DeepSpeed's "
-                           "ds_to_universal will stop with \"Required universal_checkpoint_info state is missing\". "
-                           "The checkpoint resumes fine at the same world size. To change world size, convert it: "
-                           f"`ckpt-tui universal {p}` (runs DeepSpeed's converter, supplies the info in memory, "
-                           "leaves the source untouched and prints how to load the result). To add the key in "
-                           f"place for other tools: `ckpt-tui fix {p} --only universal-info`.",
-                           "universal-info"))
+        out.append(_universal_info_finding(inv, n))
     if f.get("missing_files"):
         miss = f["missing_files"]
         ws = f.get("world_size")
@@ -244,6 +237,89 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"`{inv.shown(p, slash=True)}` is a {what} DeepSpeed checkpoint; export and universal conversion of this "
                            "layout are not supported by ckpt-tui yet."))
     return out
+
+
+def _universal_info_finding(inv: Inventory, tag: Node) -> Finding:
+    """A ZeRO-1/2 tag without universal_checkpoint_info: a warning that says how to convert it, or,
+    where its universal checkpoint is already beside it and complete, an info that says how to load it."""
+    p = tag.path
+    uni, why_not = universal_beside(inv, tag)
+    if uni is not None:
+        return Finding("universal-info-missing", "info", p,
+                       f"`{inv.shown(p, slash=True)}` has no `universal_checkpoint_info`, which DeepSpeed's "
+                       "ds_to_universal needs, but it has been converted already: "
+                       f"`{inv.shown(uni.path, slash=True)}` is its universal checkpoint ({uni.facts.get('param_folders')} "
+                       "parameters, every state file there), loadable at any world size.\n"
+                       + _load_instructions(inv, tag, uni))
+    again = (f" `{inv.shown(why_not[0], slash=True)}` is there but {why_not[1]}: remove it "
+             f"(`rm -r {inv.shown(why_not[0])}`) before converting again." if why_not else "")
+    return Finding("universal-info-missing", "warning", p,
+                   f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, so "
+                   "DeepSpeed's ds_to_universal will stop with \"Required universal_checkpoint_info state is "
+                   "missing\". The checkpoint resumes fine at the same world size. To change world size, convert "
+                   f"it: `ckpt-tui universal {inv.shown(p)}` (runs DeepSpeed's converter, supplies the info in memory, "
+                   "leaves the source untouched and prints how to load the result)." + again + " To add the key in "
+                   f"place for other tools: `ckpt-tui fix {inv.shown(p)} --only universal-info`.",
+                   "universal-info", command=f"ckpt-tui universal {inv.shown(p)}")
+
+
+def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optional[tuple[str, str]]]:
+    """The universal checkpoint ``ckpt-tui universal`` writes for ``tag`` (``<tag>_universal/`` beside
+    it, named by ``latest_universal``) when it is there and complete, from the scan's facts (headers
+    only): (it, None); else (None, (the path of an unusable one, why)) or (None, None) when there is none."""
+    from .formats.deepspeed import UNIVERSAL_STATES, TagFacts
+
+    if tag.path == ".":
+        return None, None  # its folder was not scanned
+    parent = inv.node(tag.path.rsplit("/", 1)[0] if "/" in tag.path else ".")
+    uni = parent.child(f"{tag.name}_universal") if parent is not None else None
+    if uni is None or not uni.is_dir:
+        return None, None
+    if uni.format != "deepspeed-universal":
+        return None, (uni.path, "holds no universal checkpoint (no zero/<parameter>/fp32.pt)")
+    lu = parent.child("latest_universal")
+    named = (cast(TextFacts, lu.facts).get("names") or "").strip() if lu is not None else None
+    if named != uni.name:  # load_checkpoint(load_universal) follows latest_universal: it would not load this one
+        return None, (uni.path, "`latest_universal` " + ("is missing" if lu is None else "does not name it"))
+    uf = cast(DeepSpeedUniversalFacts, uni.facts)
+    if uf.get("incomplete_params"):
+        return None, (uni.path, f"incomplete (no fp32.pt in {', '.join(uf['incomplete_params'][:3])})")
+    if not uf.get("model_state_files"):
+        return None, (uni.path, "incomplete (no *_model_states.pt)")
+    broken = next((x.path for x in uni.walk() if x.facts.get("error_kind")), None)
+    if broken:
+        return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {uni.find(broken).facts.get('error')})")
+    tf = inv.parsed.get(tag, TagFacts)
+    zero = uni.child("zero")
+    for name, shape in (tf.param_shapes.items() if tf is not None else ()):
+        folder = zero.child(name) if zero is not None else None
+        missing = [s for s in UNIVERSAL_STATES if folder is None or folder.child(s + ".pt") is None]
+        if missing:
+            return None, (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
+        fp32 = cast(TensorFacts, folder.child("fp32.pt").facts)
+        if fp32.get("param_count") is not None and fp32["param_count"] != numel(shape):
+            return None, (uni.path, f"not of this checkpoint ({name} holds {fp32['param_count']} values, "
+                                    f"the tag {numel(shape)})")
+    return uni, None
+
+
+def _load_instructions(inv: Inventory, tag: Node, uni: Node) -> str:
+    """The load instructions ``ckpt-tui universal`` prints, for ``uni`` found beside ``tag``."""
+    from .convert.universal.instructions import FROZEN_FILE, UniversalLoad, load_instructions
+    from .formats.deepspeed import TagFacts
+
+    f = cast(DeepSpeedZeroFacts, tag.facts)
+    tf = inv.parsed.get(tag, TagFacts)
+    ck = uni.path.rsplit("/", 1)[0] if "/" in uni.path else "."
+    given = inv.given or str(inv.root.abspath)
+    ckdir = inv.node(ck)
+    frozen_rel = f"{ck}/{FROZEN_FILE}" if ck != "." else FROZEN_FILE
+    return load_instructions(UniversalLoad(
+        out_shown=inv.shown(uni.path), out_name=uni.name, ckdir_shown=inv.shown(ck), ckdir_code=user_path(given, ck),
+        ckdir_name=ckdir.abspath.name if ckdir is not None else ck, stage=f.get("zero_stage") or 2,
+        global_step=f.get("global_step"), frozen=f.get("frozen_params") or [],
+        buffers=list(tf.buffers) if tf is not None else [], framework=tag.framework or inv.framework,
+        frozen_code=user_path(given, frozen_rel), frozen_exported=inv.node(frozen_rel) is not None))
 
 
 def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:

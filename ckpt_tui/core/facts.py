@@ -128,14 +128,16 @@ class DeepSpeedZeroFacts(NodeFacts, TensorFacts, total=False):
     module_dtypes: list[str]  # dtypes of the model-states ``module`` tensors
 
 
-class DeepSpeedUniversalFacts(NodeFacts, total=False):
-    """``deepspeed-universal``: a universal checkpoint (``zero/<param>/fp32.pt``)."""
+class DeepSpeedUniversalFacts(NodeFacts, TensorFacts, total=False):
+    """``deepspeed-universal``: a universal checkpoint (``zero/<param>/fp32.pt``). The tensor totals
+    describe the fp32 weights (every ``fp32.pt``, from its data.pkl)."""
 
     param_folders: int  # folders under zero/ (one per parameter)
     with_optimizer_state: int  # of them, those with exp_avg.pt
     fp32_only: list[str]  # parameter folders without optimizer state (first 32)
     model_state_files: int  # *_model_states.pt files beside zero/
     incomplete_params: list[str]  # parameter folders without fp32.pt (interrupted conversion)
+    states: list[str]  # the per-parameter state files present (fp32, exp_avg, exp_avg_sq, step), without .pt
 
 
 class SafetensorsFacts(NodeFacts, TensorFacts, total=False):

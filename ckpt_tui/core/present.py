@@ -13,7 +13,7 @@ from .types import SEVERITY_RANK
 from .units import naturalsize, param_count
 
 __all__ = ["GLYPH", "SEVERITY_COLOR", "ROLE_BADGE", "MAIN_ROLES", "role_badge", "worst", "size", "param_count",
-           "naturalsize", "short_dtype", "shape_text"]
+           "naturalsize", "short_dtype", "shape_text", "universal_summary"]
 
 GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
 SEVERITY_COLOR = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -44,3 +44,17 @@ def size(n: Optional[int]) -> str:
 def shape_text(shape) -> str:
     """``4096×4096``; ``scalar`` for ()."""
     return "×".join(str(d) for d in shape) or "scalar"
+
+
+def universal_summary(facts) -> str:
+    """A universal checkpoint folder in one line: its parameters, which state files they have and
+    the fp32 weights' size, e.g. ``21 parameters with fp32, exp_avg, exp_avg_sq, step; 115K params, 460.3 kB fp32``."""
+    bits = [f"{facts.get('param_folders', 0)} parameters"]
+    if facts.get("states"):
+        bits[0] += " with " + ", ".join(facts["states"])
+    tail = []
+    if facts.get("param_count"):
+        tail.append(f"{param_count(facts['param_count'])} params")
+    if facts.get("tensor_bytes"):
+        tail.append(f"{naturalsize(facts['tensor_bytes'])} fp32")
+    return "; ".join(bits + ([", ".join(tail)] if tail else []))

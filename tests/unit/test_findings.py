@@ -151,6 +151,28 @@ def safetensors_data_cut(root: Path) -> None:
     trees.truncate(p, 8 + n + 10)
 
 
+class Converted(Corrupt):
+    """ds-zero2-bf16 (a ZeRO-2 tag without universal_checkpoint_info) with its universal checkpoint beside
+    it as `ckpt-tui universal` leaves it (``global_step2_universal/`` + ``latest_universal``; the
+    universal-zero2 fixture: the same model), then ``edit(root)``."""
+
+    def __init__(self, edit: Optional[Callable[[Path], None]] = None):
+        super().__init__("ds-zero2-bf16", edit)
+
+    def __call__(self, base: Path) -> Path:
+        root = trees.tree("ds-zero2-bf16", base)
+        uni = trees.tree("universal-zero2", base, ".universal")
+        for name in ("global_step2_universal", "latest_universal"):
+            os.rename(uni / name, root / name)
+        if self.edit is not None:
+            self.edit(root)
+        return root
+
+    @property
+    def pristine(self) -> Optional["Corrupt"]:
+        return Converted() if self.edit is not None else None
+
+
 def adapter_only(base: Path) -> Path:
     d = base / "lora"
     d.mkdir()
@@ -206,13 +228,31 @@ CASES = [
     # the second user report: ds_to_universal on an HF Trainer ZeRO-2 checkpoint
     Rule("universal-info-missing-hf-trainer-zero2", Corrupt("hf-ds-zero2", None, "checkpoint-2"),
          "universal-info-missing", "warning", TAG,
-         ("Required universal_checkpoint_info state is missing", f"ckpt-tui universal {TAG}",
-          f"ckpt-tui fix {TAG} --only universal-info"), "universal-info"),
+         ("Required universal_checkpoint_info state is missing",  # paths as given (relative to the folder above)
+          f"`ckpt-tui universal hf-ds-zero2/checkpoint-2/{TAG}` (runs DeepSpeed's converter",
+          f"`ckpt-tui fix hf-ds-zero2/checkpoint-2/{TAG} --only universal-info`"), "universal-info"),
     Rule("universal-info-missing-lightning", Corrupt("lightning-ds-zero2", None,
                                                      "checkpoints/epoch=0-step=2.ckpt"),
-         "universal-info-missing", "warning", "checkpoint", ("ckpt-tui universal checkpoint",), "universal-info"),
+         "universal-info-missing", "warning", "checkpoint",
+         ("`ckpt-tui universal lightning-ds-zero2/checkpoints/epoch=0-step=2.ckpt/checkpoint` (runs",),
+         "universal-info"),
     Rule("universal-info-missing-zero1", Corrupt("ds-zero1-frozen", None), "universal-info-missing",
          "warning", TAG, fix="universal-info"),
+    # ... once converted: an info that says where the universal checkpoint is and how to load it
+    Rule("universal-info-missing-converted", Converted(), "universal-info-missing", "info", TAG,
+         ("has been converted already", "global_step2_universal/` is its universal checkpoint (17 parameters",
+          '"checkpoint": {"load_universal": true}', "engine.load_checkpoint(")),
+    # ... but not when the universal checkpoint beside it is incomplete, damaged or not the one latest_universal names
+    Rule("universal-info-missing-converted-incomplete",
+         Converted(rm("global_step2_universal/zero/lm_head.weight/exp_avg_sq.pt")), "universal-info-missing",
+         "warning", TAG, ("global_step2_universal/` is there but incomplete (lm_head.weight: no exp_avg_sq.pt)",
+                          "ckpt-tui universal "), "universal-info"),
+    Rule("universal-info-missing-converted-truncated",
+         Converted(cut("global_step2_universal/zero/norm.weight/fp32.pt", lambda n: n // 2)),
+         "universal-info-missing", "warning", TAG, ("is there but damaged",), "universal-info"),
+    Rule("universal-info-missing-latest-universal-elsewhere",
+         Converted(write("latest_universal", b"global_step1_universal")), "universal-info-missing", "warning", TAG,
+         ("`latest_universal` does not name it",), "universal-info"),
     # shard-missing
     Rule("shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".",
          ("__1_0.distcp",)),

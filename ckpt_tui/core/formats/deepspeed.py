@@ -18,6 +18,10 @@ MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_stat
 OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 LAYER_RE = re.compile(r"^layer_\d+-model_\d+-model_states\.pt$|^layer_\d+-model_states\.pt$")
 UNIVERSAL_KEY = "universal_checkpoint_info"
+# a universal checkpoint's per-parameter files (zero/<param>/<state>.pt), in the order ds_to_universal writes them
+UNIVERSAL_STATES = ("fp32", "exp_avg", "exp_avg_sq", "step")
+UNIVERSAL_STATE_ROLES = {"fp32.pt": "model", "exp_avg.pt": "optimizer", "exp_avg_sq.pt": "optimizer",
+                         "step.pt": "optimizer"}
 
 
 def is_tag_dir(names) -> bool:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Iterator, Optional, cast
 
-from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts
+from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts, TensorFacts
 from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
 from .format import FolderFormat, NotExportable, set_tensor_facts
+from .pickles import TensorRef
 from .torch_save import TorchFileFormat, read_torch_file
 
 
@@ -179,6 +180,19 @@ def zip_check(c: Node) -> None:
         c.facts.update(NodeFacts(error=f"corrupt zip directory: {type(e).__name__}: {e}", error_kind="corrupt"))
 
 
+def _bare_tensor_facts(x: Node) -> None:
+    """Tensor facts of a universal ``fp32.pt`` that holds a bare tensor (ZeRO-3's converter saves the
+    tensor itself, ZeRO-1/2's a ``{"param": ...}`` dict), from its data.pkl."""
+    try:
+        obj = torchfile.read(x.abspath).obj
+    except (FormatError, OSError) as e:
+        _record(x, e)
+        return
+    t = obj.get("param") if isinstance(obj, dict) else obj
+    if isinstance(t, TensorRef):
+        set_tensor_facts(x, [TensorInfo("param", t.shape, t.dtype, t.nbytes)])
+
+
 class DeepSpeedUniversal(FolderFormat):
     formats = ("deepspeed-universal",)
     reference = "torch.load (fp32.pt)"
@@ -204,9 +218,33 @@ class DeepSpeedUniversal(FolderFormat):
         for p in params:
             if p.child("fp32.pt") is None:
                 f.setdefault("incomplete_params", []).append(p.name)
+        states: set[str] = set()
+        fp32: list[Node] = []
         for c in params:
             c.role = "model"
             c.format = "dir"
+            for x in c.children:
+                if x.is_dir or not x.name.endswith(".pt"):
+                    continue
+                states.add(x.name[:-3])
+                x.role = dsfmt.UNIVERSAL_STATE_ROLES.get(x.name, x.role)
+                if x.name == "fp32.pt":
+                    fp32.append(x)
+        known = [s for s in dsfmt.UNIVERSAL_STATES if s in states]
+        f["states"] = known + sorted(states - set(known))
+        # the fp32 weights' totals, from each fp32.pt's data.pkl as the scan read it (no tensor data)
+        for x in fp32:
+            if "tensor_count" not in x.facts and "error" not in x.facts:
+                _bare_tensor_facts(x)
+        read = [cast(TensorFacts, x.facts) for x in fp32 if x.facts.get("tensor_count")]
+        dtypes: dict[str, int] = {}
+        for xf in read:
+            for d in xf.get("dtypes") or []:
+                dtypes[d] = dtypes.get(d, 0) + 1
+        f.update(DeepSpeedUniversalFacts(param_count=sum(xf.get("param_count", 0) for xf in read),
+                                         tensor_bytes=sum(xf.get("tensor_bytes", 0) for xf in read),
+                                         dtypes=sorted(dtypes, key=lambda d: -dtypes[d]),
+                                         tensor_count=sum(xf.get("tensor_count", 0) for xf in read)))
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
         for d in sorted((node.abspath / "zero").iterdir()):

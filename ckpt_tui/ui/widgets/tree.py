@@ -1,15 +1,19 @@
 """The checkpoint tree: children are added when a folder is expanded, so a folder of 100,000
-files shows at once."""
+files shows at once. A DeepSpeed universal checkpoint folder (a folder per parameter, several files
+each) stays collapsed with its summary until it is expanded."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Tree
 
+from ...core.present import universal_summary
 from ...core.types import Node
 from ..format import node_label
 
 MAX_CHILDREN = 400
+COLLAPSED = ("dcp", "deepspeed-universal")  # folders not opened at start (many shards, a folder per parameter)
 
 
 class CheckpointTree(Tree[Node]):
@@ -26,14 +30,14 @@ class CheckpointTree(Tree[Node]):
         self.findings_by_path = findings_by_path
         self.clear()
         self._by_path = {}
-        self.root.set_label(node_label(root, self._subtree_findings(root)))
+        self.root.set_label(self._label(root))
         self.root.data = root
         self._by_path["."] = self.root
         self._fill(self.root, root)
         self.root.expand()
         for tn in list(self.root.children):
             n = tn.data
-            if n is not None and n.is_dir and len(n.children) <= 40 and n.format not in ("dcp",):
+            if n is not None and n.is_dir and len(n.children) <= 40 and n.format not in COLLAPSED:
                 self._fill(tn, n)
                 tn.expand()
 
@@ -43,13 +47,19 @@ class CheckpointTree(Tree[Node]):
         pre = "" if node.path == "." else node.path + "/"
         return [f for p, fs in self.findings_by_path.items() if p == node.path or p.startswith(pre) for f in fs]
 
+    def _label(self, node: Node) -> Text:
+        label = node_label(node, self._subtree_findings(node))
+        if node.format == "deepspeed-universal":
+            label.append("\u00a0" + universal_summary(node.facts), style="dim")
+        return label
+
     def _fill(self, tnode, node: Node) -> None:
         if getattr(tnode, "_filled", False):
             return
         tnode._filled = True
         kids = sorted(node.children, key=lambda c: (not c.is_dir, c.name))
         for c in kids[:MAX_CHILDREN]:
-            label = node_label(c, self._subtree_findings(c))
+            label = self._label(c)
             if c.is_dir:
                 child = tnode.add(label, data=c, allow_expand=bool(c.children))
             else:

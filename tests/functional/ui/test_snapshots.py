@@ -1,6 +1,7 @@
 """SVG snapshots of the main screen (dark, light, NO_COLOR) and the help screen at 80×24.
 
-On a DeepSpeed fixture, whose file sizes do not depend on where the fixture cache lives.
+On a DeepSpeed fixture, whose file sizes do not depend on where the fixture cache lives, opened by a relative
+path from its parent folder (as a user there would), so the paths its findings show do not either.
 Update with `pytest tests/functional/ui/test_snapshots.py --snapshot-update` after a deliberate change.
 """
 
@@ -51,20 +52,25 @@ def _ready(theme=None):
     return run_before
 
 
-def test_main_dark(snap_compare, real_ckpt):
-    assert snap_compare(make_app(real_ckpt("ds-zero2-bf16")), terminal_size=(80, 24), run_before=_ready())
+def _app(real_ckpt, monkeypatch):
+    path = real_ckpt("ds-zero2-bf16")
+    monkeypatch.chdir(path.parent)
+    return make_app(path.name)
 
 
-def test_main_light(snap_compare, real_ckpt):
-    assert snap_compare(make_app(real_ckpt("ds-zero2-bf16")), terminal_size=(80, 24),
-                        run_before=_ready("textual-light"))
+def test_main_dark(snap_compare, real_ckpt, monkeypatch):
+    assert snap_compare(_app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready())
+
+
+def test_main_light(snap_compare, real_ckpt, monkeypatch):
+    assert snap_compare(_app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready("textual-light"))
 
 
 def test_main_no_color(snap_compare, real_ckpt, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
-    assert snap_compare(make_app(real_ckpt("ds-zero2-bf16")), terminal_size=(80, 24), run_before=_ready())
+    assert snap_compare(_app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready())
 
 
-def test_help(snap_compare, real_ckpt):
-    assert snap_compare(make_app(real_ckpt("ds-zero2-bf16")), terminal_size=(80, 24), run_before=_ready(),
+def test_help(snap_compare, real_ckpt, monkeypatch):
+    assert snap_compare(_app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready(),
                         press=["question_mark"])

@@ -1,12 +1,15 @@
 """How to load / resume from a universal checkpoint: DeepSpeed, HF Trainer, Lightning, and the code
-that loads the exported frozen parameters."""
+that loads the exported frozen parameters. One text for ``ckpt-tui universal`` (after a conversion,
+:func:`instructions`) and for ``inspect`` (a universal checkpoint already beside its tag,
+:func:`load_instructions`). Imports nothing of ckpt-tui: the diagnosis uses it without the converter."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from .plan import UniversalPlan
+FROZEN_FILE = "frozen_params.safetensors"  # --export-frozen writes it beside the universal folder
 
 
 def frozen_load_code(frozen_file, target: str = "engine.module", zero3: bool = False) -> str:
@@ -24,46 +27,78 @@ def frozen_load_code(frozen_file, target: str = "engine.module", zero3: bool = F
     return code
 
 
-def instructions(plan: UniversalPlan, frozen_file: Optional[Path] = None) -> str:
+@dataclass(frozen=True)
+class UniversalLoad:
+    """What the instructions name: ``out`` (the universal folder) and ``ckdir`` (the folder holding
+    ``latest_universal``, which load_checkpoint is given), as prose shows them (``out_shown``,
+    ``ckdir_shown``) and as Python code names them (``ckdir_code``, ``frozen_code``); the source tag's
+    ZeRO stage, step, frozen parameters and buffers, and the framework that wrote it."""
+
+    out_shown: str
+    out_name: str
+    ckdir_shown: str
+    ckdir_code: str
+    ckdir_name: str
+    stage: int
+    global_step: Optional[int]
+    frozen: Sequence[str]
+    buffers: Sequence[str]
+    framework: Optional[str]
+    frozen_code: str  # where the frozen parameters are (or would be) exported
+    frozen_exported: bool  # they are there
+
+
+def instructions(plan, frozen_file: Optional[Path] = None) -> str:
+    """The instructions after converting with ``plan`` (a ``UniversalPlan``); ``frozen_file``: the
+    frozen parameters were exported there."""
     out = plan.out
     ckdir = out.parent
-    stage = plan.stage
     ff = frozen_file or plan.frozen_file
-    lines = [f"Universal checkpoint: {out}  (latest_universal in {ckdir} names {out.name!r})",
+    return load_instructions(UniversalLoad(
+        out_shown=str(out), out_name=out.name, ckdir_shown=str(ckdir), ckdir_code=str(ckdir), ckdir_name=ckdir.name,
+        stage=plan.stage, global_step=plan.global_step, frozen=plan.frozen, buffers=plan.buffers,
+        framework=plan.framework, frozen_code=str(ff), frozen_exported=frozen_file is not None))
+
+
+def load_instructions(u: UniversalLoad) -> str:
+    stage = u.stage
+    ff = u.frozen_code
+    lines = [f"Universal checkpoint: {u.out_shown}  (latest_universal in {u.ckdir_shown} names {u.out_name!r})",
              "",
              "DeepSpeed: add to the DeepSpeed config (any world size; keep ZeRO-"
              + ("1/2" if stage <= 2 else "3") + "):",
              '  "checkpoint": {"load_universal": true}',
              "then, after deepspeed.initialize(...):",
-             f"  load_path, client_state = engine.load_checkpoint({str(ckdir)!r})",
-             f"  # engine.global_steps == {plan.global_step}"]
-    has_frozen = bool(plan.frozen or plan.buffers)
+             f"  load_path, client_state = engine.load_checkpoint({u.ckdir_code!r})",
+             f"  # engine.global_steps == {u.global_step}"]
+    has_frozen = bool(u.frozen or u.buffers)
     if has_frozen:
-        lines += ["", f"Frozen parameters / buffers ({', '.join((plan.frozen + plan.buffers)[:4])}) are NOT restored by "
-                  "load_universal (only optimizer-tracked parameters are)."]
-        if frozen_file is None:
+        lines += ["", f"Frozen parameters / buffers ({', '.join((list(u.frozen) + list(u.buffers))[:4])}) are NOT "
+                  "restored by load_universal (only optimizer-tracked parameters are)."]
+        if not u.frozen_exported:
             lines.append(f"  Export them first: ckpt-tui universal ... --export-frozen (writes {ff})")
         lines += ["  After engine.load_checkpoint(...) run:"]
         lines += ["    " + ln for ln in frozen_load_code(ff, "engine.module", zero3=stage == 3).splitlines()]
-    if plan.framework and "HF Trainer" in plan.framework:
+    if u.framework and "HF Trainer" in u.framework:
         lines += ["", "HF Trainer:",
                   '  1. put "checkpoint": {"load_universal": true} into the DeepSpeed config you pass as '
                   "TrainingArguments(deepspeed=...)",
-                  f"  2. trainer.train(resume_from_checkpoint={str(ckdir)!r})",
+                  f"  2. trainer.train(resume_from_checkpoint={u.ckdir_code!r})",
                   f"     the Trainer hands that folder to engine.load_checkpoint, which reads latest_universal; the "
                   f"universal folder must stay inside it and its name must start with 'global_step' "
-                  f"({out.name!r}: {'ok' if out.name.startswith('global_step') else 'RENAME IT'}).",
-                  f"     trainer_state.json (step, epoch, log history) must sit in {ckdir.name}/ (it does); rng_state_<rank>.pth "
+                  f"({u.out_name!r}: {'ok' if u.out_name.startswith('global_step') else 'RENAME IT'}).",
+                  f"     trainer_state.json (step, epoch, log history) must sit in {u.ckdir_name}/ (it does); "
+                  "rng_state_<rank>.pth "
                   "too (with a different world size, ranks without a file start from fresh RNG, with a warning); "
                   "the LR scheduler rides in the DeepSpeed model states (scheduler.pt only without DeepSpeed's scheduler)."]
         if has_frozen:
             lines += ["  3. before trainer.train(...), after building the model (from_pretrained of this checkpoint "
                       "folder's model.safetensors also holds them, where it was saved):"]
             lines += ["       " + ln for ln in frozen_load_code(ff, "model").splitlines()]
-    elif plan.framework and "Lightning" in plan.framework:
+    elif u.framework and "Lightning" in u.framework:
         lines += ["", "Lightning:",
                   '  1. Trainer(strategy=DeepSpeedStrategy(config={..., "checkpoint": {"load_universal": True}}), ...)',
-                  f"  2. trainer.fit(model, ckpt_path={str(ckdir)!r})",
+                  f"  2. trainer.fit(model, ckpt_path={u.ckdir_code!r})",
                   "     Lightning hands that folder to engine.load_checkpoint, which reads latest_universal there; "
                   "the loops/epoch state comes from the model-states file copied into the universal folder."]
         if has_frozen:

@@ -15,9 +15,9 @@ from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import JsonFields, as_json
 from ...types import Plan, PlanStep
+from .instructions import FROZEN_FILE
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
-FROZEN_FILE = "frozen_params.safetensors"
 TMP_PREFIX = ".ckpt-tui-universal-"
 STATE_FILES_Z12 = ("fp32", "exp_avg", "exp_avg_sq", "step")
 STATE_FILES_Z3 = ("fp32", "exp_avg", "exp_avg_sq")

@@ -70,7 +70,7 @@ def test_after_conversion_inspect_says_how_to_load_not_convert(converted):
 
     r = ckpt_tui("inspect", "checkpoint-2", cwd=converted)
     assert r.returncode == 0, r.stderr
-    assert "● info    universal-info-missing global_step2" in r.stdout
+    assert "● info    universal-info-missing checkpoint-2/global_step2" in r.stdout
     assert "convert it" not in r.stdout and "ckpt-tui universal" not in r.stdout
     f = finding(inspect_json("checkpoint-2", converted), "universal-info-missing", "global_step2")
     assert f["severity"] == "info" and f["command"] is None and f["fix"] is None

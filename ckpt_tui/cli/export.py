@@ -24,6 +24,8 @@ from .output import emit_json, fail, run_core
 @click.option("--from-module-states", is_flag=True,
               help="DeepSpeed ZeRO-1/2: export the module weights of mp_rank_00_model_states.pt (training dtype, "
                    "bf16/fp16: NOT the fp32 masters), for when an optimizer-states file is missing or corrupt.")
+@click.option("--component", type=click.Choice(["model", "optimizer"]), default="model", show_default=True,
+              help="The role to export where a checkpoint holds several (optimizer: not supported yet).")
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. Lightning's 'model.').")
 @path_option("--config", "config", default=None,
@@ -33,7 +35,8 @@ from .output import emit_json, fail, run_core
 @click.option("--no-verify", is_flag=True, help="Skip re-reading every tensor and comparing it with the source.")
 @trust_pickles_option("Load pickles that name code outside the allowlist.")
 @json_option("Print the plan or the result as one JSON document.")
-def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, exclude_frozen, strip_prefix, config, dry_run,
+def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, component, exclude_frozen,
+               strip_prefix, config, dry_run,
                overwrite, no_verify, trust_pickles, as_json):
     """Export the model weights of SRC to safetensors in OUT, ready for
     from_pretrained.
@@ -42,6 +45,8 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, e
     picked and named), a run folder (its newest complete checkpoint), or a
     component: a DCP folder, a DeepSpeed tag folder (fp32 weights rebuilt from
     the ZeRO partitions), a universal checkpoint, a torch file, safetensors.
+    A folder holding a model-only DCP and one holding model and optimizer
+    exports the model-only one; name the other as SRC to export its model.
 
     Bytes are streamed by offset with bounded memory; the output is written to
     a temp folder, fsynced and moved into place only when complete and
@@ -68,7 +73,7 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, e
     try:
         plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
                                  strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles,
-                                 from_module_states=from_module_states)
+                                 from_module_states=from_module_states, component=component)
     except ScanError as e:
         fail(str(e), EXIT_USAGE)
     except (ExportError, FileNotFoundError, ValueError) as e:

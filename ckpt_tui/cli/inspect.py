@@ -66,12 +66,15 @@ def run_tui(ctx, path, **kw) -> int:
 def tensors_cmd(path, as_json, limit):
     """List every tensor of a component (name, shape, dtype, bytes) from its headers.
 
+    The dtype is the one `export --dtype keep` writes; a tensor stored narrower (a frozen bf16
+    parameter of a DeepSpeed run, which has no fp32 master) says what it is upcast from.
+
     PATH is a checkpoint folder (its model component is listed) or a component: a DCP folder,
     a DeepSpeed tag folder (the fp32 weights an export rebuilds), a safetensors file or index,
     a torch file.
     """
     from ..core.formats import FormatError
-    from ..core.present import naturalsize, shape_text
+    from ..core.present import naturalsize, shape_text, short_dtype
     from ..core.tensors import list_tensors
 
     rep = inspect_or_fail(path, False)
@@ -99,8 +102,13 @@ def tensors_cmd(path, as_json, limit):
     for col in ("name", "shape", "dtype", "size"):
         table.add_column(col, justify="right" if col == "size" else "left")
     for t in rows:
-        table.add_row(t.name, shape_text(t.shape), t.dtype, naturalsize(t.nbytes))
+        dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
+        table.add_row(t.name, shape_text(t.shape), dtype, naturalsize(t.nbytes))
     Console(soft_wrap=False).print(table)
     total = sum(t.nbytes for t in rows)
     click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")
+    upcast = [t for t in rows if t.upcast_from]
+    if upcast:
+        click.echo(f"{len(upcast)} frozen tensor(s) have no fp32 master: listed in the dtype an export writes with "
+                   f"--dtype keep, upcast from the {short_dtype(upcast[0].upcast_from)} they are stored in")
     sys.exit(EXIT_OK)

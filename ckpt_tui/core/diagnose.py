@@ -13,9 +13,10 @@ from typing import Optional, cast
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
 from .dtypes import short_dtype
 from .facts import DcpFacts, DeepSpeedUniversalFacts, DeepSpeedZeroFacts, DirFacts, TensorFacts, TextFacts
+from .formats.dcp_folder import merges_with_accelerate
 from .formats.deepspeed import OPTIM_STATES_RE
 from .names import step_of
-from .types import MODEL_ROLES, SEVERITY_RANK, Finding, Inventory, Node, numel, user_path
+from .types import SEVERITY_RANK, Finding, Inventory, Node, numel, user_path
 from .units import param_count
 
 
@@ -328,21 +329,7 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
     names = {c.name for c in n.children}
     dcp_children = [c for c in n.children if c.is_dir and c.format == "dcp"]
     if dcp_children and n.format != "dcp" and step_of(dcp_children[0].name) is None:
-        model = [c for c in dcp_children if c.role in MODEL_ROLES]
-        optim = [c for c in dcp_children if c.role == "optimizer"]
-        where = f"`{p}/`" if p != "." else "This folder"
-        parts = []
-        if model:
-            parts.append("the model is in " + ", ".join(f"`{c.name}/`" for c in model))
-        if optim:
-            parts.append("the optimizer in " + ", ".join(f"`{c.name}/`" for c in optim))
-        target = (model[0].path if model else dcp_children[0].path)
-        out.append(Finding("dcp-components", "info", p,
-                           f"{where} holds torch.distributed.checkpoint folders rather than being one: "
-                           + "; ".join(parts) + ". Tools that need a single DCP folder (accelerate merge-weights, "
-                           f"torch dcp_to_torch) must be given `{target}`, e.g. "
-                           f"`accelerate merge-weights {target} {target}_merged`; `ckpt-tui export "
-                           f"{p if p != '.' else inv.root.abspath.name} --out DIR` picks it for you.", "export"))
+        out.append(_dcp_components_finding(inv, n, dcp_children))
     tags = inv.deepspeed_tags(n)
     if tags and "latest" not in names:
         cmd = f"ckpt-tui fix {inv.shown(p)} --only latest"
@@ -385,6 +372,40 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                            + "; ".join(bits) + ". from_pretrained will fail or load partial weights; rebuild the "
                            "index from the shards' headers.", "index"))
     return out
+
+
+def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Finding:
+    """A folder holding DCP folders: which is the model (a model-only DCP before one holding model and
+    optimizer together), the peer tool's command only where it works, and the export that picks it."""
+    p = n.path
+    model = [c for c in dcps if c.role == "model"]
+    both = [c for c in dcps if c.role == "model+optimizer"]
+    optim = [c for c in dcps if c.role == "optimizer"]
+    names = lambda cs: ", ".join(f"`{inv.shown(c.path, slash=True)}`" for c in cs)
+    parts = []
+    if model:
+        parts.append(f"the model is in {names(model)}")
+    if optim:
+        parts.append(f"the optimizer in {names(optim)}")
+    if both:
+        parts.append(f"model and optimizer together in {names(both)}")
+    where = f"`{inv.shown(p, slash=True)}`" if p != "." else "This folder"
+    msg = f"{where} holds torch.distributed.checkpoint folders rather than being one: " + "; ".join(parts) + "."
+    target = model[0] if model else (both[0] if both else None)
+    command = None
+    if target is not None:
+        command = f"ckpt-tui export {inv.shown(p)} --out DIR"
+        if merges_with_accelerate(target):
+            t = inv.shown(target.path)
+            msg += (" Tools that need a single DCP folder (accelerate merge-weights, torch dcp_to_torch) must be "
+                    f"given `{t}`, e.g. `accelerate merge-weights {t} {inv.shown(target.path + '_merged')}`;")
+        else:
+            msg += (f" accelerate merge-weights cannot merge `{inv.shown(target.path, slash=True)}`: it works only on "
+                    "a DCP holding the model's tensors and nothing else (here it stops with \"Key ... is invalid\");")
+        msg += f" `{command}` picks it for you and writes its model weights as safetensors."
+    else:
+        msg += " None of them holds model weights."
+    return Finding("dcp-components", "info", p, msg, "export", command)
 
 
 def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:

@@ -78,7 +78,8 @@ class DeepSpeedOptimStatesFacts(PickleFacts, total=False):
 
 class DcpFacts(PickleFacts, TensorFacts, total=False):
     """``dcp``: a torch.distributed.checkpoint folder (``.metadata`` + ``*.distcp``, or DCP in safetensors
-    format). The tensor totals count the model's tensors only; ``tensor_count`` every entry."""
+    format). The tensor totals count the model's tensors only (an optimizer-only DCP: its optimizer state's
+    bytes and dtypes, ``param_count`` 0); ``tensor_count`` every entry."""
 
     shard_files: int  # number of shard files (*.distcp, or safetensors files)
     ranks_present: list[int]  # ranks whose shard file is here

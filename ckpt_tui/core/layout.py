@@ -8,7 +8,7 @@ from typing import Optional, cast
 from .dtypes import short_dtype
 from .facts import DeepSpeedZeroFacts, JsonFacts, TextFacts
 from .formats.registry import format_of
-from .names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, step_of
+from .names import step_of
 from .types import Inventory, Node, Parsed, model_component
 from .units import naturalsize, param_count
 
@@ -28,6 +28,9 @@ FRAMEWORK = {
     "megatron-legacy": "Megatron (legacy)", "megatron-dist": "Megatron (torch_dist)", "run-folder": None,
     "torch-file": "torch.save", "safetensors-file": "safetensors", "unknown": None,
 }
+# files only Accelerate's save_state writes (its RNG states, its names for the optimizer, scheduler,
+# sampler and registered objects): the evidence for naming Accelerate, never a folder name alone
+ACCELERATE_FILE_RE = re.compile(r"^(random_states_\d+\.pkl|(optimizer|scheduler|sampler)(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$")
 MODEL_FILE_RE = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|model_\d+\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|model\.safetensors\.index\.json|pytorch_model\.bin\.index\.json|pytorch_model_\d+\.bin|adapter_model\.(safetensors|bin))$")
 
 
@@ -56,9 +59,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
             return "megatron-dist", comps
         if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
             return "torchtitan", comps
-        if FSDP_MODEL_DIR_RE.match(node.name) or FSDP_OPTIM_DIR_RE.match(node.name):
-            return "accelerate-fsdp", comps
-        return "dcp", comps
+        return "dcp", comps  # a folder name alone (pytorch_model_fsdp_0) is no evidence of who wrote it
     if node.format == "deepspeed-zero":
         return "deepspeed", {"model": node.path, "optimizer": node.path}
     if node.format == "deepspeed-universal":
@@ -66,14 +67,10 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     dcp_children = [c for c in dirs if c.format == "dcp"]
     has_model_files = any(MODEL_FILE_RE.match(c.name) for c in node.children)
     if dcp_children and not any(step_of(c.name) is not None for c in dcp_children) and not has_model_files:
-        comps: dict[str, str] = {}
-        for c in dcp_children:
-            for role, p in _dcp_components(c).items():
-                comps.setdefault(role, p)
-        fsdp_named = any(FSDP_MODEL_DIR_RE.match(c.name) or FSDP_OPTIM_DIR_RE.match(c.name) for c in dcp_children)
+        comps = _dcp_folder_components(dcp_children)
         if "trainer_state.json" in names:
             return "hf-trainer-fsdp", comps
-        if fsdp_named:
+        if any(ACCELERATE_FILE_RE.match(n) for n in names):
             return "accelerate-fsdp", comps
         if node.name.endswith(".ckpt") and "meta.pt" in names:
             return "lightning-fsdp", comps
@@ -143,6 +140,17 @@ def _optim_files(node: Node) -> dict[str, str]:
 def _preferred_model_file(files):
     order = lambda c: (0 if c.name.endswith(".index.json") else 1 if c.name.endswith(".safetensors") else 2, c.name)
     return sorted(files, key=order)[0]
+
+
+def _dcp_folder_components(dcps: list[Node]) -> dict[str, str]:
+    """Components of a folder holding several DCP folders: a DCP holding only the model (or only the
+    optimizer) is that component before one holding both (FSDP2's ``dcp.save({"model": ..., "optimizer":
+    ...})``), which still exports when named as SRC. Ties go by name."""
+    comps: dict[str, str] = {}
+    for c in sorted(dcps, key=lambda c: (c.role == "model+optimizer", c.name)):
+        for role, p in _dcp_components(c).items():
+            comps.setdefault(role, p)
+    return comps
 
 
 def _dcp_components(node: Node) -> dict[str, str]:

@@ -33,12 +33,15 @@ def numel(shape) -> int:
 class TensorInfo(JsonFields):
     """One tensor as the headers describe it; no data."""
 
-    json_keys = ("name", "shape", "dtype", "bytes=nbytes")
+    json_keys = ("name", "shape", "dtype", "bytes=nbytes", "upcast_from")
 
     name: str
     shape: tuple[int, ...]
     dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
     nbytes: int
+    # the dtype it is stored in when ``dtype`` (what an export writes with --dtype keep) is wider: a frozen
+    # parameter of a bf16 DeepSpeed run has no fp32 master, its bf16 values are written upcast
+    upcast_from: Optional[str] = None
 
     @property
     def numel(self) -> int:

@@ -27,6 +27,7 @@ VARIANTS = [
     "dcp-fs-safetensors",
     "torchtitan",
     "megatron-dist",
+    "dcp-mixed",
 ]
 
 
@@ -154,6 +155,19 @@ def v_fsdp2_dcp(out: Path) -> None:
     model, opt = fsdp2_model()
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
+
+
+def v_dcp_mixed(out: Path) -> None:
+    """One folder holding three DCPs of the same FSDP2 run: the model alone (``model/``), the optimizer
+    alone (``optimizer/``) and both in one save (``combined/``, FSDP2's ``dcp.save({"model": ..., "optimizer":
+    ...})``), which sorts first: the model-only one must still be taken as the model."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt = fsdp2_model()
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd}, checkpoint_id=out / "model")
+    dcp.save({"optimizer": osd}, checkpoint_id=out / "optimizer")
+    dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=out / "combined")
 
 
 def v_fsdp_full(out: Path) -> None:
@@ -303,6 +317,7 @@ FUNCS = {
     "dcp-fs-safetensors": v_dcp_fs_safetensors,
     "torchtitan": v_torchtitan,
     "megatron-dist": v_megatron_dist,
+    "dcp-mixed": v_dcp_mixed,
 }
 
 

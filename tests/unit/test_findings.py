@@ -222,9 +222,9 @@ CASES = [
          "checkpoint-4/pytorch_model_fsdp_0", ("--only dcp-metadata",), "dcp-metadata"),
     # the first user report: accelerate merge-weights on an HF Trainer FSDP checkpoint
     Rule("dcp-components-hf-trainer-fsdp", Corrupt("hf-fsdp1", None, "checkpoint-2"), "dcp-components",
-         "info", ".", ("the model is in `pytorch_model_fsdp_0/`", "the optimizer in `optimizer_0/`",
-                       "accelerate merge-weights pytorch_model_fsdp_0 pytorch_model_fsdp_0_merged",
-                       "ckpt-tui export checkpoint-2 --out DIR"), "export"),
+         "info", ".", ("checkpoint-2/pytorch_model_fsdp_0/`; the optimizer in `", "checkpoint-2/optimizer_0/`",
+                       "`accelerate merge-weights ", "checkpoint-2/pytorch_model_fsdp_0 ",
+                       "checkpoint-2/pytorch_model_fsdp_0_merged`", "checkpoint-2 --out DIR`"), "export"),
     # the second user report: ds_to_universal on an HF Trainer ZeRO-2 checkpoint
     Rule("universal-info-missing-hf-trainer-zero2", Corrupt("hf-ds-zero2", None, "checkpoint-2"),
          "universal-info-missing", "warning", TAG,

@@ -11,7 +11,8 @@ from ckpt_tui.core.types import Finding, Node, Plan, PlanStep, TensorInfo
 
 def test_mirrors_fields_in_order_with_renames_and_properties():
     assert TensorInfo("w", (2, 3), "bfloat16", 12).to_json() == {"name": "w", "shape": [2, 3], "dtype": "bfloat16",
-                                                                "bytes": 12}
+                                                                "bytes": 12, "upcast_from": None}
+    assert TensorInfo("f", (2,), "float32", 8, "bfloat16").to_json()["upcast_from"] == "bfloat16"  # additive key
     assert list(Finding("c", "info", ".", "m").to_json()) == ["code", "severity", "path", "message", "fix", "command"]
     plan = Plan("t", (PlanStep("write", "a", bytes=5),), ("n",))
     assert plan.to_json() == {"title": "t", "steps": [{"op": "write", "target": "a", "source": None, "bytes": 5,

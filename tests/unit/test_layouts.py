@@ -44,9 +44,20 @@ def hf_trainer_plain(base: Path) -> Path:
 
 
 def accelerate_fsdp(base: Path) -> Path:
-    """Accelerate save_state with FSDP: the same DCP folders as the HF Trainer's, no trainer_state.json."""
+    """Accelerate save_state with FSDP: the same DCP folders as the HF Trainer's, beside Accelerate's own
+    random_states_<rank>.pkl instead of the Trainer's rng_state_<rank>.pth and trainer_state.json."""
     d = trees.tree("hf-fsdp1", base) / "checkpoint-2"
-    _rm(d / "trainer_state.json")
+    _rm(d / "trainer_state.json", d / "rng_state_0.pth", d / "rng_state_1.pth")
+    for rank in (0, 1):
+        trees.write_file("accelerate-save-state", "random_states_0.pkl", d / f"random_states_{rank}.pkl")
+    return d
+
+
+def fsdp_named_dcps_only(base: Path) -> Path:
+    """DCP folders named as Accelerate names them, and no file only Accelerate writes: the names alone are
+    no evidence of who wrote them, so the framework is plain torch DCP (not "Accelerate")."""
+    d = trees.tree("hf-fsdp1", base) / "checkpoint-2"
+    _rm(d / "trainer_state.json", d / "rng_state_0.pth", d / "rng_state_1.pth", d / "scheduler.pt")
     return d
 
 
@@ -95,6 +106,9 @@ CASES = [
     Layout("accelerate-fsdp", accelerate_fsdp, "accelerate-fsdp", "Accelerate + FSDP (sharded)",
            {"model": "pytorch_model_fsdp_0", "optimizer": "optimizer_0"},
            ("Accelerate + FSDP (sharded), 2 ranks", FSDP_SUMMARY), frozenset({("dcp-components", ".")})),
+    Layout("dcp-folders-named-like-accelerate", fsdp_named_dcps_only, "dcp", "torch.distributed.checkpoint",
+           {"model": "pytorch_model_fsdp_0", "optimizer": "optimizer_0"},
+           ("torch.distributed.checkpoint, 2 ranks, step 2: " + FSDP_SUMMARY,), frozenset({("dcp-components", ".")})),
     Layout("accelerate-deepspeed", accelerate_deepspeed, "accelerate-deepspeed", "Accelerate + DeepSpeed",
            {"model": "global_step2", "optimizer": "global_step2"},
            ("Accelerate + DeepSpeed ZeRO-2 (bf16), 2 ranks, step 2",),

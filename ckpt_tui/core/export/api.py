@@ -217,8 +217,40 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
     return out
 
 
+COMPONENTS = ("model", "optimizer")  # what ``component`` may ask for
+
+
+def _refuse_optimizer(report: Report) -> ExportError:
+    """Exporting the optimizer state is not supported yet: say so, naming the optimizer component that exists."""
+    inv = report.inventory
+    comps = inv.components
+    if inv.layout == "run-folder" and inv.checkpoints:
+        comps = inv.checkpoint_components.get(inv.checkpoints[0]["path"], {})
+    rel = comps.get("optimizer") or comps.get("model+optimizer")
+    node = inv.node(rel) if rel else None
+    if node is None:
+        return ExportError(f"no optimizer component in {inv.shown()} ({inv.summary}); "
+                           "--component model exports the model weights")
+    f = node.facts
+    bits = [node.format]
+    if f.get("tensor_count"):
+        bits.append(f"{f['tensor_count']} tensors")
+    if f.get("dtypes"):
+        bits.append("/".join(f["dtypes"]))
+    return ExportError(f"the optimizer component is {inv.shown(rel, slash=node.is_dir)} ({', '.join(bits)}); "
+                       "exporting optimizer state to safetensors is not supported yet. --component model (the "
+                       "default) exports the model weights; the optimizer state resumes from the checkpoint as it is")
+
+
 def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
-                config=None, tag=None, trust_pickles=False, from_module_states=False) -> tuple[ExportPlan, list[str]]:
+                config=None, tag=None, trust_pickles=False, from_module_states=False, component=None
+                ) -> tuple[ExportPlan, list[str]]:
+    """``component``: "model" (the default) or "optimizer" (the role to export where a checkpoint has
+    several; a DCP holding both exports its model part as the model)."""
+    if component is not None and component not in COMPONENTS:
+        raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, not {component!r}")
+    if component == "optimizer":
+        raise _refuse_optimizer(inspect(src, trust_pickles=trust_pickles))
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
                                         why="the checkpoint has problems an export cannot work around")
     try:
@@ -234,10 +266,10 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
 
 def export(src, out, *, dtype="keep", max_shard_size="50GB", jobs=1, exclude_frozen=False, strip_prefix=None,
            config=None, tag=None, overwrite=False, verify=True, trust_pickles=False, from_module_states=False,
-           on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
+           component=None, on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
     plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
                              strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles,
-                             from_module_states=from_module_states)
+                             from_module_states=from_module_states, component=component)
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes
     return res

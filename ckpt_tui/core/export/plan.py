@@ -144,8 +144,16 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
     plan.notes.extend(source.notes)
     if source.train_dtype and source.train_dtype != "float32" and dtype == "keep":
         short = short_dtype(source.train_dtype)
-        plan.notes.append(f"the run trained in {short}; these are its fp32 master weights — "
-                          f"--dtype {short} halves the size")
+        upcast = [o for o in outs if o.src.frozen and o.src.dtype != o.dtype and o.dtype == "float32"]
+        if upcast:
+            names = ", ".join(o.name for o in upcast[:4]) + (", ..." if len(upcast) > 4 else "")
+            plan.notes.append(f"the run trained in {short}; these are its fp32 master weights, except {len(upcast)} "
+                              f"frozen parameter(s) that have none ({names}): stored in "
+                              f"{short_dtype(upcast[0].src.dtype)}, written upcast to fp32 — --dtype {short} "
+                              "halves the size")
+        else:
+            plan.notes.append(f"the run trained in {short}; these are its fp32 master weights — "
+                              f"--dtype {short} halves the size")
     for t in source.tensors:
         if t.note and t.note not in plan.notes and "torch DCP" in t.note:
             plan.notes.append(f"some tensors {t.note}")

@@ -80,6 +80,9 @@ class DcpFolder(FolderFormat):
         node.role = role
         f.update(DcpFacts(containers=containers, tensor_count=len(info.tensors), bytes_entries=len(info.bytes_entries)))
         set_tensor_facts(node, model_tensors, count=False)
+        if role == "optimizer":  # its bytes and dtypes are the optimizer state's; it holds no model params
+            set_tensor_facts(node, info.tensors, count=False)
+            f["param_count"] = 0
         if info.chunk_dims:
             f["split_dims"] = sorted(info.chunk_dims)
         parsed.put(node, info)
@@ -170,6 +173,20 @@ def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list]:
     if "state" in tops and model_t:
         return "model+optimizer", containers, model_t
     return "model", containers, model_t
+
+
+def merges_with_accelerate(node: Node) -> bool:
+    """Does ``accelerate merge-weights`` work on this DCP folder? It loads the whole state dict, unwraps
+    it only if it has a single top-level key, and saves what is left as safetensors: that takes a
+    model-only DCP whose tensors sit under one container (``{"model": ...}``) or all at the top level.
+    A DCP also holding the optimizer (or anything else) fails ("Key `model` is invalid")."""
+    f = cast(DcpFacts, node.facts)
+    if node.format != "dcp" or node.role != "model" or f.get("error_kind") or f.get("metadata_missing"):
+        return False
+    if f.get("storage") == "safetensors" or f.get("bytes_entries"):
+        return False
+    conts = f.get("containers") or []
+    return len(conts) == 1 or len(conts) == f.get("tensor_count")
 
 
 def _role_from_name(name: str) -> Optional[str]:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..dtypes import ITEMSIZE
 from ..facts import DeepSpeedZeroFacts
 from ..types import TensorInfo, numel
 from .pickles import Stub, TensorRef, iter_tensors
@@ -48,6 +49,9 @@ class TagFacts:
     frozen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     buffers: dict[str, TensorRef] = field(default_factory=dict)
     module_dtypes: set[str] = field(default_factory=set)
+    frozen_recorded: bool = False  # the model states have frozen_param_shapes (ZeRO-1 saves none)
+    frozen_dtypes: dict[str, str] = field(default_factory=dict)  # frozen param -> dtype of its fragment
+    module_tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # name -> (shape, dtype)
 
 
 def classify_files(names) -> TagFacts:
@@ -97,8 +101,14 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
                     tf.param_shapes[str(n)] = tuple(int(x) for x in s)
     frozen = obj.get("frozen_param_shapes")
     if isinstance(frozen, dict):
+        tf.frozen_recorded = True
         for n, s in frozen.items():
             tf.frozen_shapes[str(n)] = tuple(int(x) for x in s)
+    frags = obj.get("frozen_param_fragments")
+    if isinstance(frags, dict):
+        for n, t in frags.items():
+            if isinstance(t, TensorRef):
+                tf.frozen_dtypes[str(n)] = t.dtype
     shared = obj.get("shared_params")
     if isinstance(shared, dict) and shared:
         f["shared_params"] = {str(k): str(v) for k, v in shared.items()}
@@ -107,6 +117,7 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
     if isinstance(module, dict):
         for name, t in iter_tensors(module):
             tf.module_dtypes.add(t.dtype)
+            tf.module_tensors[name] = (tuple(t.shape), t.dtype)
             if name in buffer_names:
                 tf.buffers[name] = t
         f["module_tensors"] = sum(1 for _ in iter_tensors(module))
@@ -148,10 +159,27 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
         f["ds_version"] = str(osd.get("ds_version"))
 
 
+HALF = ("bfloat16", "float16")
+
+
+def _frozen(name: str, shape: tuple[int, ...], stored: Optional[str]) -> TensorInfo:
+    """A frozen parameter as an export writes it with --dtype keep (export.plan.out_dtype): a floating one
+    in fp32 -- it has no fp32 master, so bf16/fp16 values are upcast, and say so; anything else as stored."""
+    if stored is None or stored in HALF or stored in ("float32", "float64"):  # export.plan.FLOATS
+        return TensorInfo(name, shape, "float32", numel(shape) * 4, upcast_from=stored if stored in HALF else None)
+    return TensorInfo(name, shape, stored, numel(shape) * ITEMSIZE.get(stored, 1))
+
+
 def tensors(tf: TagFacts) -> list[TensorInfo]:
-    """What an fp32 reconstruction of this tag yields: trainable and frozen params, then buffers."""
+    """What an export of this tag writes with --dtype keep (export.deepspeed_source): trainable params as
+    their fp32 masters; frozen params, which have none, from their fragments (ZeRO-1 records none: from the
+    model-states module, as the export takes them) upcast to fp32; buffers as stored."""
     out = [TensorInfo(n, s, "float32", numel(s) * 4) for n, s in tf.param_shapes.items()]
-    out += [TensorInfo(n, s, "float32", numel(s) * 4) for n, s in tf.frozen_shapes.items() if n not in tf.param_shapes]
+    out += [_frozen(n, s, tf.frozen_dtypes.get(n)) for n, s in tf.frozen_shapes.items() if n not in tf.param_shapes]
+    stage = tf.facts.get("zero_stage")
+    if not tf.frozen_recorded and stage in (1, 2):
+        skip = set(tf.param_shapes) | set(tf.buffers) | set(tf.facts.get("shared_params") or {})
+        out += [_frozen(n, s, dt) for n, (s, dt) in tf.module_tensors.items() if n not in skip]
     for n, t in tf.buffers.items():
         out.append(TensorInfo(n, t.shape, t.dtype, t.nbytes))
     return out

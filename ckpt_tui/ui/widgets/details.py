@@ -114,7 +114,8 @@ class TensorTable(Vertical):
             if shown >= MAX_ROWS:
                 continue
             name = r.name if len(r.name) <= NAME_WIDTH else "…" + r.name[-(NAME_WIDTH - 1):]
-            cells = [Text(name), Text(size(r.nbytes)), Text(short_dtype(r.dtype)),
+            dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
+            cells = [Text(name), Text(size(r.nbytes)), Text(dtype),
                      Text(shape_text(r.shape))]
             if getattr(self, "_with_stats", False):
                 st = self.stats.get(r.name)

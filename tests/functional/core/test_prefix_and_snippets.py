@@ -204,3 +204,17 @@ def test_lightning_ckpt_files_one_attribute_stripped_several_kept(lightning_file
     assert v.ok and v.compared == 17 and v.stripped_prefix == "model."
     v = verify(d / "two-out", d / "two.ckpt")
     assert v.ok and v.compared == 19 and v.stripped_prefix is None
+
+
+def test_the_readme_example_is_what_export_prints(real_ckpt, tmp_path):
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("$ ckpt-tui export lightning-run --out merged\n"):]
+    block = block[:block.index("```")]
+    command, note, *code = block.splitlines()
+    shutil.copytree(real_ckpt("lightning-ds-zero2"), tmp_path / "lightning-run")
+    r = cli(*command.split()[2:], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert note + "\n" in r.stdout
+    printed = r.stdout[r.stdout.index("Load it with:\n"):].splitlines()
+    assert printed == code
+    run_load_snippets([(snippet_after(r.stdout), tmp_path, "lightning-ds-zero2")])

@@ -118,7 +118,7 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
     limit = parse_size(max_shard_size)
     outs: list[OutTensor] = []
-    dropped, excluded = [], []
+    dropped, excluded = [], list(source.excluded)
     names = {t.name for t in source.tensors}
     for t in source.tensors:
         if exclude_frozen and t.frozen:

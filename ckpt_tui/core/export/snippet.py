@@ -84,6 +84,7 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
     if frozen:
         lines.append(f"# --exclude-frozen left out {frozen} frozen tensor(s): they keep the values `model` has")
         lines.append("missing, unexpected = model.load_state_dict(sd, strict=False)")
+        lines.append("assert not unexpected, unexpected")
     else:
         lines.append("model.load_state_dict(sd, strict=True)")
     return "\n".join(lines)

@@ -27,7 +27,9 @@ from .output import emit_json, fail, run_core
 @click.option("--component", type=click.Choice(["model", "optimizer"]), default="model", show_default=True,
               help="The role to export where a checkpoint holds several (optimizer: not supported yet).")
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
-@click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. Lightning's 'model.').")
+@click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
+@click.option("--keep-prefix", is_flag=True,
+              help="Keep the LightningModule attribute prefix ('model.') that a Lightning export strips by default.")
 @path_option("--config", "config", default=None,
              help="config.json (or a folder with config/tokenizer files) to copy into the output.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (files, tensors, bytes) and write nothing.")
@@ -36,10 +38,9 @@ from .output import emit_json, fail, run_core
 @trust_pickles_option("Load pickles that name code outside the allowlist.")
 @json_option("Print the plan or the result as one JSON document.")
 def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, component, exclude_frozen,
-               strip_prefix, config, dry_run,
+               strip_prefix, keep_prefix, config, dry_run,
                overwrite, no_verify, trust_pickles, as_json):
-    """Export the model weights of SRC to safetensors in OUT, ready for
-    from_pretrained.
+    """Export the model weights of SRC to safetensors in OUT, ready to load.
 
     SRC may be the checkpoint folder (checkpoint-2000/: the model component is
     picked and named), a run folder (its newest complete checkpoint), or a
@@ -51,6 +52,11 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     Bytes are streamed by offset with bounded memory; the output is written to
     a temp folder, fsynced and moved into place only when complete and
     verified.
+
+    A Lightning checkpoint whose names all start with one LightningModule
+    attribute (model.) loses that prefix (--keep-prefix keeps it). The code
+    printed at the end loads the output: from_pretrained when it has a
+    config.json and HF-style names, else model.load_state_dict.
 
     \b
     Examples:
@@ -65,15 +71,19 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     from ..core.export.write import ExportError, execute
     from ..core.present import naturalsize, param_count
     from ..core.scan import ScanError
+    from ..core.types import shell_path
 
     try:
         parse_size(max_shard_size)
     except ValueError as e:
         fail(str(e), EXIT_USAGE)
+    if keep_prefix and strip_prefix:
+        fail("--keep-prefix and --strip-prefix contradict each other; give one", EXIT_USAGE)
     try:
         plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                                 strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles,
-                                 from_module_states=from_module_states, component=component)
+                                 strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
+                                 trust_pickles=trust_pickles, from_module_states=from_module_states,
+                                 component=component)
     except ScanError as e:
         fail(str(e), EXIT_USAGE)
     except (ExportError, FileNotFoundError, ValueError) as e:
@@ -95,12 +105,13 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     ver = {True: "verified ✓ (every tensor re-read and compared bit-exact)", False: "verification FAILED",
            None: "not verified (--no-verify)"}[res.verified]
     click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
-               f"{param_count(res.params)} params to {res.out} in {res.seconds:.1f} s — {ver}")
+               f"{param_count(res.params)} params to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
     for n in res.notes:
         if not n.startswith("the model is") and not n.startswith("exporting the newest"):
             click.echo(f"  note: {n}")
-    click.echo("Load it with:\n  from transformers import AutoModelForCausalLM\n"
-               f"  model = AutoModelForCausalLM.from_pretrained({str(res.out)!r})")
+    click.echo("Load it with:")
+    for line in res.load_code.splitlines():
+        click.echo(f"  {line}" if line else "")
     sys.exit(EXIT_OK)
 
 
@@ -108,17 +119,22 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
 @path_argument("out")
 @path_option("--against", "against", required=True, help="The checkpoint OUT was exported from.")
 @click.option("--strip-prefix", default=None, help="The --strip-prefix the export used.")
+@click.option("--keep-prefix", is_flag=True, help="The export used --keep-prefix.")
 @trust_pickles_option("Hand files with non-allowlisted pickles to the reference loaders.")
 @json_option()
-def verify_cmd(out, against, strip_prefix, trust_pickles, as_json):
+def verify_cmd(out, against, strip_prefix, keep_prefix, trust_pickles, as_json):
     """Compare every tensor of an export with its source, bit-exact, read by an independent
     reference path (torch DCP loader, DeepSpeed zero_to_fp32, torch.load).
 
     The reference loaders unpickle freely, so they only get a checkpoint ckpt-tui screened.
+    A Lightning source's names lose their one LightningModule attribute prefix, as in export.
     """
     from ..core.verify import verify
 
-    res = run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix, **kw),
+    if keep_prefix and strip_prefix:
+        fail("--keep-prefix and --strip-prefix contradict each other; give one", EXIT_USAGE)
+    res = run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix,
+                                       keep_prefix=keep_prefix, **kw),
                    as_json=as_json, unit="files", label="verifying")
     if as_json:
         emit_json({"result": res.to_json()})
@@ -126,6 +142,8 @@ def verify_cmd(out, against, strip_prefix, trust_pickles, as_json):
         mark = "✓" if res.ok else "✖"
         click.echo(f"{mark} {res.compared} tensors compared with {res.reference}: "
                    f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export")
+        if res.note:
+            click.echo(f"  note: {res.note}")
         for n in res.mismatches[:20]:
             click.echo(f"  mismatch: {n}")
         for n in res.missing_in_output[:20]:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from .export.api import ExportError, screened_model, source_for
+from .export.prefix import choose
+from .export.sources import strip_names
 from .formats.format import NotExportable
 from .formats.registry import format_of
 from .jsondoc import JsonFields
@@ -20,13 +22,16 @@ from .progress import OnProgress, Progress, check_cancel
 
 @dataclass
 class VerifyResult(JsonFields):
-    json_keys = ("ok", "compared", "mismatches", "missing_in_output", "not_in_reference", "reference")
+    json_keys = ("ok", "compared", "mismatches", "missing_in_output", "not_in_reference", "reference",
+                 "stripped_prefix")
 
     compared: int = 0
     mismatches: list[str] = field(default_factory=list)
     missing_in_output: list[str] = field(default_factory=list)
     not_in_reference: list[str] = field(default_factory=list)
     reference: str = ""
+    stripped_prefix: Optional[str] = None  # removed from the source's names before comparing, as export does
+    note: str = ""  # what was decided about the prefix, said to the user
 
     @property
     def ok(self) -> bool:
@@ -64,24 +69,44 @@ def reference_name(node) -> str:
     return (fmt.reference if fmt is not None else None) or node.format
 
 
-def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None,
+def _prefix(node, names: list[str], outs, strip_prefix, keep_prefix) -> tuple[Optional[str], str]:
+    """The prefix export would strip from ``names`` by default (a Lightning source's one attribute),
+    unless the output shows the export kept it (``--keep-prefix``): more of its names match the
+    source's own names than the stripped ones."""
+    choice = choose(node, names, strip_prefix=strip_prefix, keep_prefix=keep_prefix)
+    p = choice.strip
+    if not p or strip_prefix:
+        return p, ""
+    stripped = {n[len(p):] for n in names}
+    if len(outs.keys() & set(names)) > len(outs.keys() & stripped):
+        return None, f"the export kept the LightningModule attribute prefix `{p}`: compared under the source's names"
+    return p, f"compared without the LightningModule attribute prefix `{p}`, as export strips it"
+
+
+def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None, keep_prefix: bool = False,
            on_progress: Optional[OnProgress] = None, cancel=None) -> VerifyResult:
+    """Every tensor of the export ``out`` against ``against`` read by its reference loader. The
+    source's names get the prefix decision of export (a Lightning checkpoint loses its one
+    LightningModule attribute prefix): ``strip_prefix`` / ``keep_prefix`` as given to export."""
     import torch
     from safetensors import safe_open
 
     _, node, _ = screened_model(against, trust_pickles=trust_pickles,
                                 why="refusing to hand this checkpoint to the reference loaders")
     outs = _output_tensors(Path(out))
-    res = VerifyResult(reference=reference_name(node))
+    source = source_for(node, trust_pickles=trust_pickles)
+    strip_prefix, note = _prefix(node, [t.name for t in source.tensors], outs, strip_prefix, keep_prefix)
+    res = VerifyResult(reference=reference_name(node), stripped_prefix=strip_prefix, note=note)
     # tied aliases the reference returns under both names are written once, as save_pretrained does
-    aliases = {t.name for t in source_for(node, strip_prefix=strip_prefix, trust_pickles=trust_pickles).tensors
-               if t.tied_to}
+    aliases = {t.name for t in strip_names(source, strip_prefix).tensors if t.tied_to}
     seen = set()
     total = len(outs)
     handles: dict[Path, object] = {}
     try:
-        for name, ref in _reference(node, strip_prefix):
+        for name, ref in _reference(node, None):  # stripped here: not every reference loader applies it
             check_cancel(cancel)
+            if strip_prefix and name.startswith(strip_prefix):
+                name = name[len(strip_prefix):]
             if name not in outs:
                 if name not in aliases:
                     res.missing_in_output.append(name)

@@ -81,15 +81,17 @@ class JobActions:
                                                              cancel=cancel))
 
     def _done_export(self, job: Job) -> None:
+        from textual.content import Content
+
         r = job.result
         from .format import size
 
         notes = "\n".join(f"• {n}" for n in r.notes)
+        code = "\n".join(f"  {line}" if line else "" for line in r.load_code.splitlines())
         body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {r.out}\n"
                 f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}\n\n"
-                f"{notes}\n\nLoad it with:\n  from transformers import AutoModelForCausalLM\n"
-                f"  model = AutoModelForCausalLM.from_pretrained({str(r.out)!r})")
-        self.push_screen(MessageDialog("Export finished ✔", body))
+                f"{notes}\n\nLoad it with:\n{code}")
+        self.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]
 
     def action_universal(self) -> None:
         if self.report is None:

@@ -30,7 +30,7 @@ def test_a_class_can_override_one_value_in_place():
     r = ExportResult(Path("/o"), ["a.safetensors"], 10, 1, 2, 1.23456, True)
     assert json.dumps(r.to_json()) == json.dumps(
         {"out": "/o", "files": ["a.safetensors"], "bytes": 10, "tensors": 1, "params": 2, "seconds": 1.235,
-         "verified": True, "mismatches": [], "notes": []})
+         "verified": True, "mismatches": [], "notes": [], "stripped_prefix": None, "load_code": ""})
 
 
 def test_repair_and_universal_documents_keep_their_keys_and_values():

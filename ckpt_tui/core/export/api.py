@@ -15,7 +15,8 @@ from ..progress import OnProgress
 from ..report import Report, inspect
 from ..types import Finding, Inventory, Node
 from .plan import ExportPlan, make_plan
-from .sources import Source
+from .prefix import choose
+from .sources import Source, strip_names
 from .write import ExportError, ExportResult, execute
 
 MODULE_STATES_FILE = "mp_rank_00_model_states.pt"
@@ -243,10 +244,12 @@ def _refuse_optimizer(report: Report) -> ExportError:
 
 
 def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
-                config=None, tag=None, trust_pickles=False, from_module_states=False, component=None
-                ) -> tuple[ExportPlan, list[str]]:
-    """``component``: "model" (the default) or "optimizer" (the role to export where a checkpoint has
-    several; a DCP holding both exports its model part as the model)."""
+                keep_prefix=False, config=None, tag=None, trust_pickles=False, from_module_states=False,
+                component=None) -> tuple[ExportPlan, list[str]]:
+    """The export plan. A Lightning checkpoint whose names all start with one LightningModule
+    attribute (``model.``) loses it by default (``keep_prefix`` keeps it, ``strip_prefix`` forces
+    one): see :mod:`.prefix`. ``component``: "model" (the default) or "optimizer" (the role to export
+    where a checkpoint has several; a DCP holding both exports its model part as the model)."""
     if component is not None and component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, not {component!r}")
     if component == "optimizer":
@@ -254,22 +257,29 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
                                         why="the checkpoint has problems an export cannot work around")
     try:
-        source = source_for(node, strip_prefix=strip_prefix, exclude_frozen=exclude_frozen,
-                            trust_pickles=trust_pickles, from_module_states=from_module_states)
+        source = source_for(node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles,
+                            from_module_states=from_module_states)
     except FormatError as e:
         raise ExportError(f"`{node.path}`: {e}") from None
+    prefix = choose(node, [t.name for t in source.tensors], strip_prefix=strip_prefix, keep_prefix=keep_prefix)
+    strip_names(source, prefix.strip)
+    if prefix.note:
+        source.notes.append(prefix.note)
     plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size,
                      exclude_frozen=exclude_frozen, config_dirs=config_dirs(node, report),
                      config_path=Path(config) if config else None)
+    plan.out_given, plan.prefix = str(out), prefix
     return plan, said
 
 
 def export(src, out, *, dtype="keep", max_shard_size="50GB", jobs=1, exclude_frozen=False, strip_prefix=None,
-           config=None, tag=None, overwrite=False, verify=True, trust_pickles=False, from_module_states=False,
-           component=None, on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
+           keep_prefix=False, config=None, tag=None, overwrite=False, verify=True, trust_pickles=False,
+           from_module_states=False, component=None, on_progress: Optional[OnProgress] = None,
+           cancel=None) -> ExportResult:
     plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                             strip_prefix=strip_prefix, config=config, tag=tag, trust_pickles=trust_pickles,
-                             from_module_states=from_module_states, component=component)
+                             strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
+                             trust_pickles=trust_pickles, from_module_states=from_module_states,
+                             component=component)
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes
     return res

@@ -352,6 +352,14 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
                 notes.append(f"{n_frozen} frozen param(s) taken from the model-states module weights "
                              f"(ZeRO-{stage} records no frozen_param_shapes; zero_to_fp32 drops them)")
 
+    left_out: list[str] = []  # exclude_frozen: said to the user (and to the load snippet: strict=False)
+    if exclude_frozen and isinstance(frozen_shapes, dict):
+        left_out = [str(n) for n in frozen_shapes]
+    elif exclude_frozen and frozen_shapes is None and stage <= 2:
+        trainable = {n for g in shapes for n in g}
+        left_out = [n for n, t in module.items() if n not in trainable and n not in buffer_names
+                    and n not in shared and isinstance(t, TensorRef)]
+
     # trainable params
     if stage <= 2:
         _zero2_params(out, shapes, optim, world, osd0)
@@ -365,8 +373,11 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
             t = out[target]
             out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target, frozen=t.frozen,
                                       note=t.note)
+        elif target in left_out:
+            left_out.append(alias)
 
-    return Source("deepspeed", tag_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes)
+    return Source("deepspeed", tag_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes,
+                  excluded=left_out)
 
 
 def _cut(ranges, nbytes: int) -> list[ByteRange]:

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..dtypes import ITEMSIZE, short_dtype
 from ..types import Plan, PlanStep, numel
+from .prefix import PrefixChoice
 from .sources import Source, SourceTensor
 
 DTYPES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -66,6 +67,8 @@ class ExportPlan:
     missing_config: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     dtype: str = "keep"
+    out_given: str = ""  # --out as the user typed it (relative stays relative): what messages and snippets show
+    prefix: Optional[PrefixChoice] = None  # the wrapper prefix decision (Lightning)
 
     @property
     def tensor_bytes(self) -> int:
@@ -94,7 +97,8 @@ class ExportPlan:
 
 def _missing_text(missing: list[str]) -> str:
     if "config.json" in missing:
-        return "from_pretrained(out) will need the model's config (pass --config PATH or copy config.json in)"
+        return ("the output loads into your model with load_state_dict; for from_pretrained pass --config PATH "
+                "(the model's config.json)")
     return "from_pretrained will use defaults for these"
 
 
@@ -114,7 +118,7 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
     limit = parse_size(max_shard_size)
     outs: list[OutTensor] = []
-    dropped, excluded = [], []
+    dropped, excluded = [], list(source.excluded)
     names = {t.name for t in source.tensors}
     for t in source.tensors:
         if exclude_frozen and t.frozen:

@@ -52,6 +52,7 @@ class Source:
     tensors: list[SourceTensor]
     train_dtype: Optional[str] = None  # bf16/fp16 runs store fp32 masters: say --dtype bf16 halves the size
     notes: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)  # names the source already left out (exclude_frozen)
 
 
 def read_bytes(t: SourceTensor, limit: int = 1 << 62) -> bytes:
@@ -87,6 +88,7 @@ def to_torch(t: SourceTensor):
 def strip_names(src: Source, prefix: Optional[str]) -> Source:
     """Remove ``prefix`` from the names of ``src``'s tensors (and of what they are tied to)."""
     if prefix:
+        src.excluded = [n[len(prefix):] if n.startswith(prefix) else n for n in src.excluded]
         for t in src.tensors:
             if t.name.startswith(prefix):
                 t.name = t.name[len(prefix):]

@@ -24,6 +24,7 @@ from ..fsutil import OutputError, changed, free_bytes, fsync_dir, fsync_file, pr
 from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
 from .plan import ExportPlan, OutFile, OutTensor
+from .snippet import load_snippet
 
 BUF = 16 * 1024 * 1024
 
@@ -43,6 +44,8 @@ class ExportResult(JsonFields):
     verified: Optional[bool] = None
     mismatches: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stripped_prefix: Optional[str] = None  # the wrapper prefix removed from every name (Lightning's "model.")
+    load_code: str = ""  # Python that loads the output (export/snippet.py), OUT spelt as the user gave it
 
     def to_json(self) -> dict:
         return as_json(self) | {"seconds": round(self.seconds, 3)}
@@ -273,6 +276,8 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
             pass
     result.seconds = time.monotonic() - t0
     result.notes = list(plan.to_plan().notes)
+    result.stripped_prefix = plan.prefix.strip if plan.prefix is not None else None
+    result.load_code = load_snippet(plan)
     return result
 
 

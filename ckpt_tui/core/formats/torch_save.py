@@ -53,7 +53,10 @@ def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
     import torch
 
     obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=False)
-    sd, _ = pick_state_dict(obj)
+    # the entry the export read (Lightning's `state_dict`, Megatron's `model`...), as the restricted
+    # reader picks it: pick_state_dict looks for tensor references, which torch.load's output has not
+    _, wrapper = pick_state_dict(torchfile.read(node.abspath).obj)
+    sd = obj[wrapper] if wrapper else obj
     stack = [("", sd)]
     while stack:
         prefix, d = stack.pop()

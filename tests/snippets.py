@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # fixture -> (architecture, attribute the model sits under in the object `model` names, or None)
 TINYLM = ("ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-fp32", "ds-zero1-frozen", "ds-zero2-frozen",
           "ds-zero3-frozen", "ds-zero2-3ranks", "ds-zero3-3ranks", "universal", "universal-zero2", "fsdp1-dcp",
-          "fsdp2-dcp", "fsdp-full", "dcp-ranklocal", "dcp-safetensors", "dcp-fs-safetensors", "torchtitan",
+          "fsdp2-dcp", "dcp-mixed", "fsdp-full", "dcp-ranklocal", "dcp-safetensors", "dcp-fs-safetensors", "torchtitan",
           "accelerate-save-state", "plain-pt", "demo",
           # Lightning: the default export strips the LightningModule's `model.`, so `model` is what it holds
           "lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp")

@@ -90,7 +90,7 @@ def test_suggested_commands_run_from_the_users_folder(real_ckpt_copy, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = shell(f["command"].replace("DIR", "exported"), tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "the model is `model/`" in r.stderr
+    assert "the model is `dcp-mixed/model/`" in r.stderr
     same(load_file(tmp_path / "exported" / "model.safetensors"),
          load_file(tmp_path / "dcp-mixed" / "model_merged" / "model.safetensors"))
 

@@ -22,9 +22,10 @@ from .output import emit_json, fail, run_core
 @click.option("--tag", default=None, help="DeepSpeed tag folder to convert instead of the one `latest` names "
                                           "(needed when `latest` names no tag folder).")
 @click.option("--dry-run", is_flag=True, help="Print what would be done and write nothing.")
-@click.option("--export-frozen", is_flag=True,
-              help="Also write frozen parameters and buffers (not restored by load_universal) to "
-                   "frozen_params.safetensors next to the output.")
+@click.option("--export-frozen/--no-export-frozen", default=True, show_default=True,
+              help="Write frozen parameters and buffers (not restored by load_universal) to "
+                   "frozen_params.safetensors next to the output. With the universal folder already there "
+                   "and complete, --export-frozen writes only that file.")
 @click.option("--target-stage", type=click.IntRange(0, 3), default=None,
               help="The ZeRO stage you will resume with: warns when DeepSpeed cannot load across stages.")
 @trust_pickles_option("Convert even if a pickle names code outside ckpt-tui's allowlist (DeepSpeed's converter "
@@ -45,7 +46,7 @@ def universal_cmd(src, out, tag, dry_run, export_frozen, target_stage, trust_pic
     \b
     Examples:
       ckpt-tui universal checkpoint-2000
-      ckpt-tui universal checkpoint-2000 --export-frozen --target-stage 2
+      ckpt-tui universal checkpoint-2000 --target-stage 2
       ckpt-tui universal checkpoint-2000 --dry-run
     """
     from ..core.convert.universal import UniversalError, convert_to_universal, universal_plan
@@ -78,10 +79,13 @@ def universal_cmd(src, out, tag, dry_run, export_frozen, target_stage, trust_pic
         emit_json({"result": res.to_json()})
         sys.exit(EXIT_OK)
     v = res.verification
-    click.echo(f"Wrote {res.out} ({res.files} files) in {res.seconds:.1f} s — verified ✓ ({v.checked} parameters; "
-               "fp32 bit-exact vs the source masters)")
+    if res.frozen_only:
+        click.echo(f"{plan.shown(res.out)} is already a complete universal checkpoint: not converted again")
+    else:
+        click.echo(f"Wrote {plan.shown(res.out)} ({res.files} files) in {res.seconds:.1f} s — verified ✓ "
+                   f"({v.checked} parameters; fp32 bit-exact vs the source masters)")
     if res.frozen_file:
-        click.echo(f"Frozen parameters/buffers written to {res.frozen_file}")
+        click.echo(f"Frozen parameters/buffers written to {plan.shown(res.frozen_file)}")
     for w in res.verification.notes:
         click.echo(f"  note: {w}")
     click.echo("")

@@ -320,7 +320,8 @@ def _load_instructions(inv: Inventory, tag: Node, uni: Node) -> str:
         ckdir_name=ckdir.abspath.name if ckdir is not None else ck, stage=f.get("zero_stage") or 2,
         global_step=f.get("global_step"), frozen=f.get("frozen_params") or [],
         buffers=list(tf.buffers) if tf is not None else [], framework=tag.framework or inv.framework,
-        frozen_code=user_path(given, frozen_rel), frozen_exported=inv.node(frozen_rel) is not None))
+        frozen_code=user_path(given, frozen_rel), frozen_exported=inv.node(frozen_rel) is not None,
+        tag_shown=inv.shown(tag.path)))
 
 
 def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:

@@ -16,6 +16,7 @@ from textual.widgets.option_list import Option
 
 from ...core.facts import DeepSpeedZeroFacts
 from ...core.fsutil import OutputError, check_output_folder, free_bytes
+from ...core.types import user_path
 from ..format import size
 
 WIZARD_CSS = """
@@ -362,7 +363,8 @@ class UniversalWizard(PlannedWizard):
     def build_plan(self, out):
         from ...core.convert.universal import universal_plan
 
-        plan = universal_plan(str(_abs(self.report, self.tag_path)), Path(out).expanduser())
+        inv = self.report.inventory
+        plan = universal_plan(user_path(inv.given or str(inv.root.abspath), self.tag_path), Path(out).expanduser())
         return plan, plan.to_plan().describe()
 
 

@@ -102,7 +102,8 @@ def test_convert_real(real_ckpt, real_ckpt_copy, tmp_path, variant, sub, tag, co
     if copy:
         rel_out = plan.out.relative_to(base)
         rel_latest = (plan.out.parent / "latest_universal").relative_to(base)
-        assert all(a.startswith(str(rel_out) + "/") or a == str(rel_latest) for a in added), added
+        rel_frozen = plan.frozen_file.relative_to(base)  # written by default where there are frozen params/buffers
+        assert all(a.startswith(str(rel_out) + "/") or a in (str(rel_latest), str(rel_frozen)) for a in added), added
     else:
         assert not added
         assert not (tag_dir.parent / "latest_universal").exists()
@@ -117,7 +118,8 @@ def test_convert_real(real_ckpt, real_ckpt_copy, tmp_path, variant, sub, tag, co
             assert ver.frozen_absent == ["embed_tokens.weight"]
         else:
             assert ver.frozen_ok == ["embed_tokens.weight"]
-        assert "embed_tokens.weight" in plan.frozen and any("frozen" in w for w in plan.warnings)
+        assert "embed_tokens.weight" in plan.frozen and res.frozen_file == plan.frozen_file
+        assert res.frozen_file.is_file() and f"load_file({str(res.frozen_file)!r})" in res.instructions
     assert '{"load_universal": true}' in res.instructions
     assert f"engine.load_checkpoint({str(plan.out.parent)!r})" in res.instructions
 
@@ -401,3 +403,38 @@ def test_hf_trainer_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
     assert json.loads(line[7:]) == {"global_step": 3, "engine_steps": 3}
+
+
+def test_frozen_parameters_exported_afterwards_as_the_instructions_say(real_ckpt_copy, tmp_path):
+    """Converted with --no-export-frozen, the tag's frozen parameters are not beside it: inspect's
+    instructions name the command that writes them, which -- run as printed, from the user's
+    folder -- writes only frozen_params.safetensors (the universal folder is not converted again)."""
+    import re
+    import shlex
+
+    real_ckpt_copy("ds-zero2-frozen")
+    sh = lambda cmd: subprocess.run(cmd, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = sh("ckpt-tui universal ds-zero2-frozen --no-export-frozen".replace("ckpt-tui", shlex.quote(
+        sys.executable) + " -m ckpt_tui"))
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "ds-zero2-frozen" / "frozen_params.safetensors").exists()
+    uni = tmp_path / "ds-zero2-frozen" / "global_step2_universal"
+    before = {p: p.stat().st_mtime_ns for p in uni.rglob("*")}
+    r = sh(f"{shlex.quote(sys.executable)} -m ckpt_tui inspect ds-zero2-frozen --json")
+    f = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "universal-info-missing"][0]
+    assert f["severity"] == "info"
+    cmd = re.findall(r"`(ckpt-tui universal [^`]+ --export-frozen)`", f["message"])
+    assert cmd == ["ckpt-tui universal ds-zero2-frozen/global_step2 --export-frozen"], f["message"]
+    run_it = cmd[0].replace("ckpt-tui", shlex.quote(sys.executable) + " -m ckpt_tui", 1)
+    r = sh(run_it + " --dry-run")
+    assert r.returncode == 0 and "not converted again" in r.stdout, r.stdout + r.stderr
+    r = sh(run_it)
+    assert r.returncode == 0, r.stderr
+    assert "already a complete universal checkpoint: not converted again" in r.stdout
+    frozen = tmp_path / "ds-zero2-frozen" / "frozen_params.safetensors"
+    assert frozen.is_file() and {p: p.stat().st_mtime_ns for p in uni.rglob("*")} == before
+    from safetensors.torch import load_file
+    assert "embed_tokens.weight" in load_file(frozen)
+    r = sh(f"{shlex.quote(sys.executable)} -m ckpt_tui inspect ds-zero2-frozen --json")
+    f = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "universal-info-missing"][0]
+    assert "--export-frozen" not in f["message"] and "ds-zero2-frozen/frozen_params.safetensors" in f["message"]

@@ -5,6 +5,7 @@ that loads the exported frozen parameters. One text for ``ckpt-tui universal`` (
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -46,6 +47,7 @@ class UniversalLoad:
     framework: Optional[str]
     frozen_code: str  # where the frozen parameters are (or would be) exported
     frozen_exported: bool  # they are there
+    tag_shown: str = ""  # the source tag folder, as a command argument (shell-quoted)
 
 
 def instructions(plan, frozen_file: Optional[Path] = None) -> str:
@@ -54,10 +56,12 @@ def instructions(plan, frozen_file: Optional[Path] = None) -> str:
     out = plan.out
     ckdir = out.parent
     ff = frozen_file or plan.frozen_file
+    sh = plan.shown
     return load_instructions(UniversalLoad(
-        out_shown=str(out), out_name=out.name, ckdir_shown=str(ckdir), ckdir_code=str(ckdir), ckdir_name=ckdir.name,
-        stage=plan.stage, global_step=plan.global_step, frozen=plan.frozen, buffers=plan.buffers,
-        framework=plan.framework, frozen_code=str(ff), frozen_exported=frozen_file is not None))
+        out_shown=shlex.quote(sh(out)), out_name=out.name, ckdir_shown=shlex.quote(sh(ckdir)), ckdir_code=sh(ckdir),
+        ckdir_name=ckdir.name, stage=plan.stage, global_step=plan.global_step, frozen=plan.frozen,
+        buffers=plan.buffers, framework=plan.framework, frozen_code=sh(ff), frozen_exported=frozen_file is not None,
+        tag_shown=shlex.quote(sh(plan.tag_dir))))
 
 
 def load_instructions(u: UniversalLoad) -> str:
@@ -76,7 +80,8 @@ def load_instructions(u: UniversalLoad) -> str:
         lines += ["", f"Frozen parameters / buffers ({', '.join((list(u.frozen) + list(u.buffers))[:4])}) are NOT "
                   "restored by load_universal (only optimizer-tracked parameters are)."]
         if not u.frozen_exported:
-            lines.append(f"  Export them first: ckpt-tui universal ... --export-frozen (writes {ff})")
+            lines.append(f"  Export them first: `ckpt-tui universal {u.tag_shown} --export-frozen` (writes {ff}; the "
+                         "universal checkpoint is not converted again)")
         lines += ["  After engine.load_checkpoint(...) run:"]
         lines += ["    " + ln for ln in frozen_load_code(ff, "engine.module", zero3=stage == 3).splitlines()]
     if u.framework and "HF Trainer" in u.framework:

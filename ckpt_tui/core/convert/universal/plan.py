@@ -67,6 +67,16 @@ class UniversalPlan(JsonFields):
     export_frozen: bool = False
     warnings: list[str] = field(default_factory=list)
     said: list[str] = field(default_factory=list)  # which tag was chosen and why (not in the JSON document)
+    # the universal folder is already there and complete: only write the frozen parameters beside it
+    frozen_only: bool = False
+    given: str = ""  # SRC as the user typed it: the paths the plan and the instructions print follow its form
+
+    def shown(self, p) -> str:
+        """``p`` as the user can type it: relative to their folder if they named SRC by a relative
+        path, else absolute (not quoted: prose and Python strings)."""
+        if self.given and not os.path.isabs(self.given):
+            return os.path.relpath(p)
+        return str(p)
 
     @property
     def frozen_file(self) -> Path:
@@ -81,23 +91,30 @@ class UniversalPlan(JsonFields):
         return cmd
 
     def to_plan(self) -> Plan:
+        sh = self.shown
+        if self.frozen_only:
+            return Plan(f"Write the frozen parameters of {sh(self.tag_dir)} beside the universal checkpoint "
+                        f"{sh(self.out)} (already there and complete: not converted again)",
+                        (PlanStep("write", sh(self.frozen_file), source=sh(self.tag_dir),
+                                  detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)"),),
+                        (f"source {sh(self.tag_dir)} is only read, never modified",))
         steps = [
             PlanStep("mkdir", str(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"),
             PlanStep("run", " ".join(self.command(self.out.parent / f"{TMP_PREFIX}XXXX" / "inner" / self.out.name)),
                      source=str(self.tag_dir), bytes=self.estimated_bytes,
                      detail=f"DeepSpeed's converter, {self.expected_files} state files expected; log in the temp folder"),
             PlanStep("run", "verify", detail="every parameter's state files present; fp32 bit-exact vs the source masters"),
-            PlanStep("replace", str(self.out), detail="os.replace of the verified folder"),
-            PlanStep("write", str(self.out.parent / "latest_universal"), detail=f"contains {self.out.name!r}"),
+            PlanStep("replace", sh(self.out), detail="os.replace of the verified folder"),
+            PlanStep("write", sh(self.out.parent / "latest_universal"), detail=f"contains {self.out.name!r}"),
         ]
         if self.export_frozen and (self.frozen or self.buffers):
-            steps.append(PlanStep("write", str(self.frozen_file),
+            steps.append(PlanStep("write", sh(self.frozen_file),
                                   detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)"))
-        notes = [f"source {self.tag_dir} (ZeRO-{self.stage}, {self.world_size} ranks) is only read, never modified"]
+        notes = [f"source {sh(self.tag_dir)} (ZeRO-{self.stage}, {self.world_size} ranks) is only read, never modified"]
         if self.inject_missing_state:
             notes.append("universal_checkpoint_info is missing: --inject_missing_state supplies it in memory")
         notes += self.warnings
-        return Plan(f"Convert {self.tag_dir} to a DeepSpeed universal checkpoint in {self.out}", tuple(steps),
+        return Plan(f"Convert {sh(self.tag_dir)} to a DeepSpeed universal checkpoint in {sh(self.out)}", tuple(steps),
                     tuple(notes))
 
     def to_json(self) -> dict:
@@ -110,7 +127,7 @@ def _workers() -> int:
 
 
 def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: Optional[int] = None,
-                   export_frozen: bool = False, tag: Optional[str] = None) -> UniversalPlan:
+                   export_frozen: bool = True, tag: Optional[str] = None) -> UniversalPlan:
     """Resolve SRC to a ZeRO tag folder (``tag``: that tag beside the one `latest` names; a `latest`
     naming no tag folder is refused without it) and say what converting it will do, and which tag
     it chose and why (``said``). Writes nothing.
@@ -197,14 +214,16 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
         out = tag_dir.parent / f"{tag_dir.name}_universal"
     out = Path(os.path.abspath(out))
     parent = out.parent
-    try:
-        preflight_output(out, need=2 * estimated, source=tag_dir)
-    except OutputError as e:
-        raise UniversalError(output_refusal(e, out, tag_dir)) from None
+    frozen_only = bool(export_frozen and (frozen or buffers) and _complete_universal(rep, out))
+    if not frozen_only:
+        try:
+            preflight_output(out, need=2 * estimated, source=tag_dir)
+        except OutputError as e:
+            raise UniversalError(output_refusal(e, out, tag_dir)) from None
     warnings: list[str] = []
     if export_frozen and (frozen or buffers) and (parent / FROZEN_FILE).exists():
         raise UniversalError(f"{parent / FROZEN_FILE} already exists; move it away or choose --out")
-    if frozen or buffers:
+    if (frozen or buffers) and not export_frozen:
         what = []
         if frozen:
             what.append(f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:3])}{', ...' if len(frozen) > 3 else ''})")
@@ -214,8 +233,8 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
             " and ".join(what) + ": load_universal restores only optimizer-tracked parameters, so these keep "
             "whatever the model was built with on resume"
             + (" (ZeRO-3: the converter leaves frozen parameters out entirely)" if stage == 3 and frozen else "")
-            + ". Remedy: --export-frozen writes them to " + FROZEN_FILE + " next to the output; load it into the "
-            "model as the instructions show.")
+            + ". --no-export-frozen left them out; without it they are written to " + FROZEN_FILE + " next to the "
+            "output, to load into the model as the instructions show.")
     if target_stage is not None and target_stage != stage:
         if (target_stage == 3) != (stage == 3):
             warnings.append(f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}: DeepSpeed fails to "
@@ -229,4 +248,28 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
                          inject_missing_state=(stage <= 2 and not f.get("universal_checkpoint_info")),
                          trainable=trainable, frozen=frozen, buffers=buffers, expected_files=expected,
                          estimated_bytes=estimated, trust_pickles=trust_pickles, target_stage=target_stage,
-                         export_frozen=export_frozen, warnings=warnings, said=said)
+                         export_frozen=export_frozen, warnings=warnings, said=said, frozen_only=frozen_only,
+                         given=os.fspath(src))
+
+
+def _complete_universal(rep, out: Path) -> bool:
+    """Is ``out`` a complete universal checkpoint that `latest_universal` beside it names (no error
+    finding inside it)?"""
+    if not out.is_dir():
+        return False
+    root = rep.inventory.root.abspath
+    try:
+        rel = out.relative_to(root).as_posix()
+    except ValueError:  # SRC was the tag folder: look at the folder holding it and its universal sibling
+        from ...report import inspect
+
+        rep = inspect(out.parent, trust_pickles=rep.inventory.trust_pickles)
+        rel = out.name
+    node = rep.inventory.node(rel)
+    if node is None or node.format != "deepspeed-universal":
+        return False
+    try:
+        named = (out.parent / "latest_universal").read_text().strip()
+    except OSError:
+        return False
+    return named == out.name and not any(f.severity == "error" and node.contains(f.path) for f in rep.findings)

@@ -99,6 +99,7 @@ class UniversalResult(JsonFields):
     frozen_file: Optional[Path]
     instructions: str
     warnings: list[str] = field(default_factory=list)
+    frozen_only: bool = False  # only the frozen parameters were written (the universal folder was there)
 
     def to_json(self) -> dict:
         return as_json(self, self.json_keys) | {"seconds": round(self.seconds, 3)}
@@ -115,6 +116,14 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
     """
     t0 = time.monotonic()
     out = plan.out
+    if plan.frozen_only:  # the universal folder is there and complete: write only what it cannot restore
+        export_frozen(plan.tag_dir, plan.frozen_file)
+        return UniversalResult(out=out, latest_file=out.parent / "latest_universal", seconds=time.monotonic() - t0,
+                               files=0, verification=UniversalVerification(ok=True, checked=0, notes=[
+                                   "the universal checkpoint was already there and complete: not converted again"]),
+                               log_path=None, frozen=list(plan.frozen), buffers=list(plan.buffers),
+                               frozen_file=plan.frozen_file, instructions=instructions(plan, plan.frozen_file),
+                               warnings=list(plan.warnings), frozen_only=True)
     try:
         check_output_folder(out)  # again: time has passed since the plan
     except OutputError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional, cast
 
@@ -260,7 +261,7 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
         source = source_for(node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles,
                             from_module_states=from_module_states)
     except FormatError as e:
-        raise ExportError(f"`{node.path}`: {e}") from None
+        raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
     prefix = choose(node, [t.name for t in source.tensors], strip_prefix=strip_prefix, keep_prefix=keep_prefix)
     strip_names(source, prefix.strip)
     if prefix.note:
@@ -268,7 +269,7 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
     plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size,
                      exclude_frozen=exclude_frozen, config_dirs=config_dirs(node, report),
                      config_path=Path(config) if config else None)
-    plan.out_given, plan.prefix = str(out), prefix
+    plan.out_given, plan.src_given, plan.prefix = str(out), os.fspath(src), prefix
     return plan, said
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ class ExportPlan:
     notes: list[str] = field(default_factory=list)
     dtype: str = "keep"
     out_given: str = ""  # --out as the user typed it (relative stays relative): what messages and snippets show
+    src_given: str = ""  # SRC as the user typed it: source paths in the plan follow its form
     prefix: Optional[PrefixChoice] = None  # the wrapper prefix decision (Lightning)
 
     @property
@@ -82,17 +84,24 @@ class ExportPlan:
     def params(self) -> int:
         return sum(t.src.numel for f in self.files for t in f.tensors)
 
+    def shown(self, p) -> str:
+        """A source path as the user can type it: relative to their folder if they named SRC by a relative
+        path, else absolute."""
+        if self.src_given and not os.path.isabs(self.src_given):
+            return os.path.relpath(p)
+        return str(p)
+
     def to_plan(self) -> Plan:
-        steps = [PlanStep("write", f.name, str(self.source.path), f.nbytes, f"{len(f.tensors)} tensors")
-                 for f in self.files]
+        src = self.shown(self.source.path)
+        steps = [PlanStep("write", f.name, src, f.nbytes, f"{len(f.tensors)} tensors") for f in self.files]
         if self.index:
             steps.append(PlanStep("write", "model.safetensors.index.json", None, 0, "weight_map of every tensor"))
-        steps += [PlanStep("copy", name, str(p), p.stat().st_size) for p, name in self.copies]
+        steps += [PlanStep("copy", name, self.shown(p), p.stat().st_size) for p, name in self.copies]
         notes = list(self.notes)
         notes += [f"tied: {a} is {b} (written once, as save_pretrained does)" for a, b in self.dropped_tied]
         if self.missing_config:
             notes.append("no " + ", ".join(self.missing_config) + " found: " + _missing_text(self.missing_config))
-        return Plan(f"Export {self.source.path} -> {self.out} ({self.dtype})", tuple(steps), tuple(notes))
+        return Plan(f"Export {src} -> {self.out_given or self.out} ({self.dtype})", tuple(steps), tuple(notes))
 
 
 def _missing_text(missing: list[str]) -> str:

@@ -37,7 +37,8 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
       ckpt-tui fix checkpoint-2000/global_step2000 --only universal-info --yes
 
     Exit codes: 0 ok (--dry-run: every listed repair can be applied), 1 a repair failed or errors
-    remain that no repair fixes, 2 bad path or usage, 130 interrupted.
+    remain that no repair fixes (with --only: errors of that kind), 2 bad path or usage, 130
+    interrupted.
     """
     from ..core.codes import FIXES
     from ..core.progress import Cancelled
@@ -86,6 +87,12 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
     failed = any(not x.ok for x in results)
     errors = [f for f in after.findings if f.severity == "error"]
+    if only:  # --only: the findings that fix addresses, not the checkpoint's other errors (said, not counted)
+        others = [f for f in errors if only not in (f.code, f.fix)]
+        errors = [f for f in errors if only in (f.code, f.fix)]
+        if others and not as_json:
+            click.echo(f"ckpt-tui: {len(others)} other error(s) remain in {after.inventory.shown()} (not "
+                       f"addressed by --only {only}): see `ckpt-tui inspect {after.inventory.shown()}`", err=True)
     if dry_run:  # what would remain: the errors no listed repair can fix
         fixed = {(r.code, r.path) for r in reps if r.can_apply}
         errors = [f for f in errors if (f.code, f.path) not in fixed]

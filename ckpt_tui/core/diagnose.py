@@ -190,7 +190,7 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
     if f.get("missing_files"):
         miss = f["missing_files"]
         ws = f.get("world_size")
-        msg = (f"{inv.shown(p, slash=True)} was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) are "
+        msg = (f"`{inv.shown(p, slash=True)}` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) are "
                f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
                "weights and optimizer state cannot be rebuilt without every rank.")
         command = None
@@ -212,26 +212,27 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("world-size-mismatch", "error" if f.get("partition_mismatch") else "warning", p,
                            msg + ": files from two different runs are mixed. Keep only the files of one save."))
     frozen = f.get("frozen_params")
-    export = _export_command(inv, p)
+    export = None if tag_broken(n) else _export_command(inv, p)  # an export of a broken tag refuses
     if frozen:
         out.append(Finding("frozen-params", "info", p,
                            f"`{inv.shown(p, slash=True)}` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) "
                            "with no optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal "
                            "checkpoint restores only optimizer-tracked parameters, so frozen ones keep what the model was "
-                           f"built with. `{export}` writes them beside the trained ones.", "export", export))
+                           "built with." + (f" `{export}` writes them beside the trained ones." if export else ""),
+                           "export", export))
     elif f.get("frozen_params_unrecorded"):
         out.append(Finding("frozen-params", "info", p,
                            f"`{inv.shown(p, slash=True)}` holds {param_count(f['frozen_params_unrecorded'])} frozen "
                            f"parameter values that ZeRO-{stage} did not record: DeepSpeed's zero_to_fp32 drops them "
                            "silently. Their values are only in the model-states `module` weights (in the training "
-                           f"dtype); `{export}` takes them from there.", "export", export))
+                           "dtype)" + (f"; `{export}` takes them from there." if export else "."), "export", export))
     if f.get("shared_params"):
         pairs = "; ".join(f"{a} = {b}" for a, b in list(f["shared_params"].items())[:3])
         out.append(Finding("tied-weights", "info", p,
                            f"`{inv.shown(p, slash=True)}` has tied weights ({pairs}). zero_to_fp32 --safe_serialization "
                            "fails on these (\"Some tensors share memory\"); its get_fp32_state_dict_from_zero_checkpoint "
-                           f"still returns both names. `{export}` writes each tied tensor once, as save_pretrained does.",
-                           "export", export))
+                           "still returns both names." + (f" `{export}` writes each tied tensor once, as save_pretrained "
+                                                          "does." if export else ""), "export", export))
     if f.get("pipeline") or f.get("moe"):
         what = "pipeline-parallel" if f.get("pipeline") else "mixture-of-experts"
         out.append(Finding("world-size-mismatch", "info", p,
@@ -254,14 +255,28 @@ def _universal_info_finding(inv: Inventory, tag: Node) -> Finding:
                        + _load_instructions(inv, tag, uni))
     again = (f" `{inv.shown(why_not[0], slash=True)}` is there but {why_not[1]}: remove it "
              f"(`rm -r {inv.shown(why_not[0])}`) before converting again." if why_not else "")
+    fix = f"ckpt-tui fix {inv.shown(p)} --only universal-info"
+    head = (f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, so "
+            "DeepSpeed's ds_to_universal will stop with \"Required universal_checkpoint_info state is "
+            "missing\". ")
+    if tag_broken(tag):  # the converter needs every rank's files whole: no command that would fail
+        return Finding("universal-info-missing", "warning", p,
+                       head + "Converting it to a universal checkpoint needs every rank's files whole: fix the "
+                       f"errors in `{inv.shown(p, slash=True)}` first (ckpt-tui universal converts it then). To add "
+                       f"the key in place for other tools: `{fix}`.", "universal-info", command=fix)
     return Finding("universal-info-missing", "warning", p,
-                   f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, so "
-                   "DeepSpeed's ds_to_universal will stop with \"Required universal_checkpoint_info state is "
-                   "missing\". The checkpoint resumes fine at the same world size. To change world size, convert "
+                   head + "The checkpoint resumes fine at the same world size. To change world size, convert "
                    f"it: `ckpt-tui universal {inv.shown(p)}` (runs DeepSpeed's converter, supplies the info in memory, "
                    "leaves the source untouched and prints how to load the result)." + again + " To add the key in "
-                   f"place for other tools: `ckpt-tui fix {inv.shown(p)} --only universal-info`.",
+                   f"place for other tools: `{fix}`.",
                    "universal-info", command=f"ckpt-tui universal {inv.shown(p)}")
+
+
+def tag_broken(tag: Node) -> bool:
+    """Is a file of this DeepSpeed tag missing, truncated or corrupt (so no conversion or fp32 export
+    of it can work)?"""
+    f = cast(DeepSpeedZeroFacts, tag.facts)
+    return bool(_has_breakage(tag) or f.get("missing_files") or f.get("partition_mismatch"))
 
 
 def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optional[tuple[str, str]]]:
@@ -394,7 +409,10 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
     msg = f"{where} holds torch.distributed.checkpoint folders rather than being one: " + "; ".join(parts) + "."
     target = model[0] if model else (both[0] if both else None)
     command = None
-    if target is not None:
+    if target is not None and _has_breakage(target):  # nothing reads it until it is whole: no command that fails
+        msg += (f" `{inv.shown(target.path, slash=True)}` is damaged (see the errors in it): no tool can read it "
+                "until it is whole again.")
+    elif target is not None:
         command = f"ckpt-tui export {inv.shown(p)} --out DIR"
         if merges_with_accelerate(target):
             t = inv.shown(target.path)

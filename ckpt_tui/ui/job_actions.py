@@ -76,7 +76,8 @@ class JobActions:
         from ..core.export.write import execute
 
         job = Job(f"export {plan.out.name}", "export")
-        job.cleanup_note = f"the temp output was removed; {plan.out} was not created"
+        job.shown_out = plan.out_given or str(plan.out)  # the output folder as the user typed it
+        job.cleanup_note = f"the temp output was removed; {job.shown_out} was not created"
         self._start(job, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress,
                                                              cancel=cancel))
 
@@ -88,7 +89,7 @@ class JobActions:
 
         notes = "\n".join(f"• {n}" for n in r.notes)
         code = "\n".join(f"  {line}" if line else "" for line in r.load_code.splitlines())
-        body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {r.out}\n"
+        body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {job.shown_out or r.out}\n"
                 f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}\n\n"
                 f"{notes}\n\nLoad it with:\n{code}")
         self.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]

@@ -31,6 +31,7 @@ class Job:
     error: str = ""
     log: Optional[Path] = None
     cleanup_note: str = ""  # what a cancel removes, said to the user
+    shown_out: str = ""  # the output path as the user typed it (export)
     rate: float = 0.0
     _last: tuple[float, int] = (0.0, 0)
 

@@ -68,3 +68,12 @@ def real_ckpt_copy(name: str, tmp_path: Path) -> Path:
 def _real_ckpt_copy_fixture(tmp_path):
     """real_ckpt_copy(name) -> Path of a private, modifiable copy under tmp_path."""
     return lambda name: real_ckpt_copy(name, tmp_path)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The advice corpus's count of what it ran (quoted in the README's hardening table)."""
+    import sys
+
+    for name, mod in list(sys.modules.items()):
+        if name.endswith("test_advice_corpus") and getattr(mod, "TALLY", None) is not None and mod.TALLY.cases:
+            terminalreporter.write_line(mod.TALLY.line())

@@ -254,12 +254,3 @@ def test_every_printed_load_snippet_loads_its_export():
         pytest.skip("no export ran in this selection of cases")
     reports = run_load_snippets(SNIPPETS)
     TALLY.snippets = len(reports)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _tally(request):
-    """Prints what the corpus ran at the end (the README's hardening table quotes it)."""
-    yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and TALLY.cases:
-        reporter.write_line("\n" + TALLY.line())

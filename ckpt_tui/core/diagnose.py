@@ -405,7 +405,7 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
         parts.append(f"the optimizer in {names(optim)}")
     if both:
         parts.append(f"model and optimizer together in {names(both)}")
-    where = f"`{inv.shown(p, slash=True)}`" if p != "." else "This folder"
+    where = f"`{inv.shown(p, slash=True)}`"
     msg = f"{where} holds torch.distributed.checkpoint folders rather than being one: " + "; ".join(parts) + "."
     target = model[0] if model else (both[0] if both else None)
     command = None
@@ -416,7 +416,8 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
         command = f"ckpt-tui export {inv.shown(p)} --out DIR"
         if merges_with_accelerate(target):
             t = inv.shown(target.path)
-            msg += (" Tools that need a single DCP folder (accelerate merge-weights, torch dcp_to_torch) must be "
+            msg += (" Tools that need a single DCP folder (accelerate merge-weights, torch's dcp_to_torch_save) "
+                    "must be "
                     f"given `{t}`, e.g. `accelerate merge-weights {t} {inv.shown(target.path + '_merged')}`;")
         else:
             msg += (f" accelerate merge-weights cannot merge `{inv.shown(target.path, slash=True)}`: it works only on "

@@ -278,7 +278,7 @@ class ExportWizard(PlannedWizard):
         return self.candidates[ol.highlighted][0]
 
     def options(self) -> dict:
-        return {"src": str(_abs(self.report, self.source())), "out": self.query_one("#out", Input).value,
+        return {"src": _typed(self.report, self.source()), "out": self.query_one("#out", Input).value,
                 "dtype": self.dtype(), "max_shard_size": self.query_one("#shard", Input).value}
 
     def dtype(self) -> str:
@@ -395,6 +395,13 @@ class RepairWizard(Wizard):
 
     def result(self):
         return {"repair": self.repair}
+
+
+def _typed(report, rel: str) -> str:
+    """Node ``rel`` as the user would type it (relative to their folder if they opened a relative path):
+    what the plans and results the core prints then name."""
+    inv = report.inventory
+    return user_path(inv.given or str(inv.root.abspath), rel)
 
 
 def _abs(report, rel: str) -> Path:

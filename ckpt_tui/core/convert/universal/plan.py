@@ -99,9 +99,9 @@ class UniversalPlan(JsonFields):
                                   detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)"),),
                         (f"source {sh(self.tag_dir)} is only read, never modified",))
         steps = [
-            PlanStep("mkdir", str(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"),
+            PlanStep("mkdir", sh(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"),
             PlanStep("run", " ".join(self.command(self.out.parent / f"{TMP_PREFIX}XXXX" / "inner" / self.out.name)),
-                     source=str(self.tag_dir), bytes=self.estimated_bytes,
+                     source=sh(self.tag_dir), bytes=self.estimated_bytes,
                      detail=f"DeepSpeed's converter, {self.expected_files} state files expected; log in the temp folder"),
             PlanStep("run", "verify", detail="every parameter's state files present; fp32 bit-exact vs the source masters"),
             PlanStep("replace", sh(self.out), detail="os.replace of the verified folder"),

@@ -214,7 +214,8 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
         out = tag_dir.parent / f"{tag_dir.name}_universal"
     out = Path(os.path.abspath(out))
     parent = out.parent
-    frozen_only = bool(export_frozen and (frozen or buffers) and _complete_universal(rep, out))
+    frozen_only = bool(export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists()
+                       and _complete_universal(rep, out))
     if not frozen_only:
         try:
             preflight_output(out, need=2 * estimated, source=tag_dir)

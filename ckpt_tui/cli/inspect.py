@@ -69,29 +69,32 @@ def tensors_cmd(path, as_json, limit):
     The dtype is the one `export --dtype keep` writes; a tensor stored narrower (a frozen bf16
     parameter of a DeepSpeed run, which has no fp32 master) says what it is upcast from.
 
-    PATH is a checkpoint folder (its model component is listed) or a component: a DCP folder,
-    a DeepSpeed tag folder (the fp32 weights an export rebuilds), a safetensors file or index,
-    a torch file.
+    PATH is a checkpoint folder (its model component is listed; a run folder: its newest
+    checkpoint's) or a component: a DCP folder, a DeepSpeed tag folder (the fp32 weights an export
+    rebuilds), a universal checkpoint, a safetensors file or index, a torch file, a DeepSpeed
+    model-states file (its module) or optim-states file (that rank's fp32 partitions, exp_avg,
+    exp_avg_sq).
     """
     from ..core.formats import FormatError
     from ..core.present import naturalsize, shape_text, short_dtype
-    from ..core.tensors import list_tensors
+    from ..core.tensors import list_tensors, listable
 
     rep = inspect_or_fail(path, False)
     inv = rep.inventory
-    node = inv.root
-    comp = inv.model_path()
-    if comp and comp != ".":
-        node = inv.node(comp) or node
-        click.echo(f"ckpt-tui: listing the model component `{comp}`", err=True)
+    node, note = listable(inv, inv.root)  # what the TUI's tensor table shows for the same node
+    if node is None:
+        click.echo(f"ckpt-tui: {note or f'{inv.shown()} holds no tensors ckpt-tui can list ({inv.summary})'}", err=True)
+    elif note:
+        click.echo(f"ckpt-tui: listing {note}", err=True)
+    rows = []
     try:
-        rows = []
-        for i, t in enumerate(list_tensors(node, inv.parsed)):
+        for i, t in enumerate(list_tensors(node, inv.parsed) if node is not None else ()):
             if limit and i >= limit:
                 break
             rows.append(t)
     except FormatError as e:
-        fail(f"{node.path}: {e}", EXIT_FINDINGS)
+        fail(f"{inv.shown(node.path)}: {e}", EXIT_FINDINGS)
+    node = node or inv.root
     if as_json:
         emit_json({"path": str(node.abspath), "tensors": [t.to_json() for t in rows]}, indent=1)
         sys.exit(EXIT_OK)
@@ -100,7 +103,7 @@ def tensors_cmd(path, as_json, limit):
 
     table = Table(box=None, pad_edge=False)
     for col in ("name", "shape", "dtype", "size"):
-        table.add_column(col, justify="right" if col == "size" else "left")
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for t in rows:
         dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
         table.add_row(t.name, shape_text(t.shape), dtype, naturalsize(t.nbytes))

@@ -17,6 +17,7 @@ class NodeFacts(TypedDict, total=False):
     error: str  # why the file or folder could not be read or is broken, in words
     error_kind: str  # truncated | corrupt | permission | unreadable | loop | broken-link | too-deep | too-many | too-large
     symlink: bool  # reached through a symbolic link
+    hard_links: int  # a file with this many names (st_nlink > 1): folder sizes count its bytes once
 
 
 class SpecialFacts(NodeFacts, total=False):
@@ -178,6 +179,13 @@ class JsonFacts(WeightIndexFacts, total=False):
     common_backend: str  # metadata.json
 
 
+class BackupFacts(NodeFacts, total=False):
+    """``backup``: ``.<name>.ckpt-tui-bak``, the original ``ckpt-tui fix`` kept of a file it rewrote (not read)."""
+
+    backup_of: str  # the name of the file it backs up, beside it
+    backup_of_format: str  # that file's format, by its name ("deepspeed-model-states", ...)
+
+
 class TextFacts(NodeFacts, total=False):
     """``text``: a marker file (``latest``, ``latest_universal``, ``latest_checkpointed_iteration.txt``)."""
 
@@ -186,7 +194,7 @@ class TextFacts(NodeFacts, total=False):
 
 Facts = Union[NodeFacts, SpecialFacts, DirFacts, TorchZipFacts, DeepSpeedModelStatesFacts, DeepSpeedOptimStatesFacts,
               DcpFacts, DeepSpeedZeroFacts, DeepSpeedUniversalFacts, SafetensorsFacts, SafetensorsIndexFacts,
-              JsonFacts, TextFacts]
+              JsonFacts, TextFacts, BackupFacts]
 
 # node.format -> the declaration of its facts
 FACTS_BY_FORMAT: dict[str, type] = {
@@ -205,6 +213,7 @@ FACTS_BY_FORMAT: dict[str, type] = {
     "text": TextFacts,
     "python": NodeFacts,
     "special": SpecialFacts,
+    "backup": BackupFacts,
     "unknown": NodeFacts,
 }
 

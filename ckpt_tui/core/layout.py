@@ -183,7 +183,7 @@ def _component_text(root: Node, path: str, role: str) -> str:
     dt = n.facts.get("dtypes") or []
     if dt:
         bits.append("/".join(short_dtype(d) for d in dt[:2]))
-    shown = "this folder" if path == "." else "`" + path + ("/" if n.is_dir else "") + "`"
+    shown = ("this folder" if n.is_dir else "this file") if path == "." else "`" + path + ("/" if n.is_dir else "") + "`"
     return f"{role} in {shown}" + (f" ({', '.join(bits)})" if bits else "")
 
 

@@ -20,6 +20,17 @@ STATE_DICT_WRAPPERS = ("state_dict", "module", "model", "model_state_dict")
 OPTIMIZER_KEYS = frozenset({"optimizer", "optim", "optimizers", "optimizer_states"})
 TRAINING_STATE_KEYS = frozenset({"lr_scheduler", "dataloader", "train_state", "scheduler", "rng", "rng_state", "step",
                                  "epoch", "global_step", "extra_state", "args", "checkpoint_version", "iteration"})
+# what `ckpt-tui fix` keeps of a file it rewrites: ``.<name>.ckpt-tui-bak`` beside it (repair/atomic.py)
+BACKUP_SUFFIX = ".ckpt-tui-bak"
+
+
+def backed_up_name(name: str) -> Optional[str]:
+    """The name of the file a repair's backup ``name`` keeps (``.x.pt.ckpt-tui-bak`` -> ``x.pt``), or None."""
+    if name.startswith(".") and name.endswith(BACKUP_SUFFIX) and len(name) > len(BACKUP_SUFFIX) + 1:
+        return name[1:-len(BACKUP_SUFFIX)]
+    return None
+
+
 # a flat torch optimizer state dict (FSDP2 get_state_dict saved flat)
 OPTIMIZER_STATE_KEYS = frozenset({"state", "param_groups"})
 

@@ -22,7 +22,7 @@ SEVERITY_COLOR = {"error": "red", "warning": "yellow", "info": "cyan"}
 ROLE_BADGE = {"model": "model", "optimizer": "optim", "model+optimizer": "model+optim", "rng": "rng",
               "scheduler": "sched", "trainer-state": "state", "training-args": "args", "config": "config",
               "tokenizer": "tok", "script": "script", "data-loader": "data", "marker": "marker",
-              "checkpoint": "ckpt", "run": "run", "scaler": "scaler"}
+              "checkpoint": "ckpt", "run": "run", "scaler": "scaler", "backup": "backup"}
 MAIN_ROLES = ("model", "optimizer", "model+optimizer")
 
 

@@ -60,7 +60,7 @@ def walk(path: Path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
         return root
     if not os.access(path, os.R_OK | os.X_OK):
         raise ScanError(f"{path}: permission denied (cannot list the folder)")
-    seen = {(st.st_dev, st.st_ino)}
+    seen = {(st.st_dev, st.st_ino)}  # folders entered (loops) and hard-linked files counted (sizes)
     counter = [0]
     _walk_dir(root, 0, seen, counter, on_node, cancel)
     return root
@@ -130,6 +130,16 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
             if is_link:
                 child.facts["symlink"] = True
             node.children.append(child)
+            if st.st_nlink > 1 or is_link:
+                # one file under several names (a repair's backup while it is a hard link of its target, a
+                # symbolic link to a file here): its bytes are on disk once, so the folder sums count them once
+                if st.st_nlink > 1:
+                    child.facts["hard_links"] = st.st_nlink
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    _emit(on_node, "found", child)
+                    continue
+                seen.add(key)
             total += st.st_size
             _emit(on_node, "found", child)
         else:

@@ -204,8 +204,9 @@ class Inventory:
         return [n for n in nodes if n.is_dir and n.format == fmt]
 
     def export_candidates(self) -> list[tuple[str, str]]:
-        """(relative path, description) of what an export could read: the model component first, then
-        each checkpoint's of a run folder, then any other weights; at most 30."""
+        """(relative path, description) of what an export could read -- model weights only, never an
+        optimizer component: the model component first, then each checkpoint's of a run folder, then any
+        other weights not inside those; at most 30. The TUI's export wizard offers these."""
         out: list[tuple[str, str]] = []
         first = self.model_path()
         if self.layout == "run-folder" and self.checkpoints:
@@ -218,6 +219,10 @@ class Inventory:
         for n in self.nodes():
             if n.role in MODEL_ROLES and n.format in EXPORTABLE and n.path not in [o[0] for o in out]:
                 if n.format == "safetensors" and n.abspath.parent.joinpath("model.safetensors.index.json").exists():
+                    continue
+                # a file inside a candidate folder is part of it (a universal checkpoint's zero/<param>/fp32.pt)
+                folders = [self.node(o[0]) for o in out]
+                if any(f is not None and f.is_dir and f is not n and f.contains(n.path) for f in folders):
                     continue
                 out.append((n.path, n.format))
         return out[:30]

@@ -257,6 +257,17 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
         raise _refuse_optimizer(inspect(src, trust_pickles=trust_pickles))
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
                                         why="the checkpoint has problems an export cannot work around")
+    plan = _plan(report, node, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
+                 strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, trust_pickles=trust_pickles,
+                 from_module_states=from_module_states)
+    plan.out_given, plan.src_given = str(out), os.fspath(src)
+    return plan, said
+
+
+def _plan(report: Report, node: Node, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False,
+          strip_prefix=None, keep_prefix=False, config=None, trust_pickles=False,
+          from_module_states=False) -> ExportPlan:
+    """The export plan of ``node`` (a model component of the scanned ``report``), without scanning again."""
     try:
         source = source_for(node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles,
                             from_module_states=from_module_states)
@@ -269,8 +280,22 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
     plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size,
                      exclude_frozen=exclude_frozen, config_dirs=config_dirs(node, report),
                      config_path=Path(config) if config else None)
-    plan.out_given, plan.src_given, plan.prefix = str(out), os.fspath(src), prefix
-    return plan, said
+    plan.prefix = prefix
+    return plan
+
+
+def export_needs(report: Report, node: Node, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False,
+                 from_module_states=False, config=None) -> int:
+    """The bytes an export of ``node`` (an ``Inventory.export_candidates`` path of the scanned ``report``)
+    writes with these options -- the model's tensors in the output dtype, safetensors headers, the index,
+    the copied config files, never the optimizer states -- as ``export`` checks free space for
+    (``ExportPlan.output_bytes``). Reads headers (a DeepSpeed tag: every rank's optimizer-states pickle),
+    never tensor data: call it off the UI thread. Raises ExportError (not exportable, unreadable),
+    ValueError (a bad dtype or size)."""
+    plan = _plan(report, node, report.inventory.path / ".ckpt-tui-needs", dtype=dtype, max_shard_size=max_shard_size,
+                 exclude_frozen=exclude_frozen, config=config, trust_pickles=report.inventory.trust_pickles,
+                 from_module_states=from_module_states)
+    return plan.output_bytes
 
 
 def export(src, out, *, dtype="keep", max_shard_size="50GB", jobs=1, exclude_frozen=False, strip_prefix=None,

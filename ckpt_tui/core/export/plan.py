@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..dtypes import ITEMSIZE, short_dtype
+from ..dtypes import ITEMSIZE, ST_CODE, short_dtype
 from ..types import Plan, PlanStep, numel
 from .prefix import PrefixChoice
 from .sources import Source, SourceTensor
@@ -81,6 +82,16 @@ class ExportPlan:
         return self.tensor_bytes + sum(p.stat().st_size for p, _ in self.copies)
 
     @property
+    def output_bytes(self) -> int:
+        """The bytes the export writes, exactly: each safetensors file (header and tensors), the index of a
+        sharded output, the copied config files. The free space an export needs (the CLI's preflight and
+        the TUI wizard ask this); ``total_bytes`` leaves out headers and index."""
+        out = sum(len(header_bytes(f)) + f.nbytes for f in self.files)
+        if self.index:
+            out += len(index_text(self).encode())
+        return out + sum(p.stat().st_size for p, _ in self.copies)
+
+    @property
     def params(self) -> int:
         return sum(t.src.numel for f in self.files for t in f.tensors)
 
@@ -102,6 +113,24 @@ class ExportPlan:
         if self.missing_config:
             notes.append("no " + ", ".join(self.missing_config) + " found: " + _missing_text(self.missing_config))
         return Plan(f"Export {src} -> {self.out_given or self.out} ({self.dtype})", tuple(steps), tuple(notes))
+
+
+def header_bytes(f: OutFile) -> bytes:
+    """The safetensors header of ``f`` as written: 8-byte length, JSON, padded to 8 bytes."""
+    hdr: dict = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for t in f.tensors:
+        hdr[t.name] = {"dtype": ST_CODE[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
+        off += t.nbytes
+    raw = json.dumps(hdr, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def index_text(plan: ExportPlan) -> str:
+    """``model.safetensors.index.json`` of a sharded output, as written."""
+    wm = {t.name: f.name for f in plan.files for t in f.tensors}
+    return json.dumps({"metadata": {"total_size": plan.tensor_bytes}, "weight_map": wm}, indent=2)
 
 
 def _missing_text(missing: list[str]) -> str:

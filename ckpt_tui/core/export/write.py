@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import shutil
 import threading
@@ -19,11 +18,10 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
-from ..dtypes import ST_CODE as ST_NAMES
 from ..fsutil import OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot, write_synced
 from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
-from .plan import ExportPlan, OutFile, OutTensor
+from .plan import ExportPlan, OutFile, OutTensor, header_bytes, index_text
 from .snippet import load_snippet
 
 BUF = 16 * 1024 * 1024
@@ -49,17 +47,6 @@ class ExportResult(JsonFields):
 
     def to_json(self) -> dict:
         return as_json(self) | {"seconds": round(self.seconds, 3)}
-
-
-def header_bytes(f: OutFile) -> bytes:
-    hdr: dict = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for t in f.tensors:
-        hdr[t.name] = {"dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
-        off += t.nbytes
-    raw = json.dumps(hdr, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw
 
 
 class _Counter:
@@ -171,7 +158,7 @@ def preflight(plan: ExportPlan, overwrite: bool) -> None:
     out = plan.out
     parent = out.parent
     try:
-        preflight_output(out, need=plan.total_bytes + (1 << 20), source=plan.source.path, overwrite=overwrite)
+        preflight_output(out, need=plan.output_bytes + (1 << 20), source=plan.source.path, overwrite=overwrite)
     except OutputError as e:
         if e.kind == "no-space":
             from ..units import naturalsize
@@ -227,9 +214,7 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
                     _write_file(f, tmp / f.name, counter, cancel)
             counter.add(0, force=True)
             if plan.index:
-                wm = {t.name: f.name for f in plan.files for t in f.tensors}
-                write_synced(tmp / "model.safetensors.index.json",
-                             json.dumps({"metadata": {"total_size": plan.tensor_bytes}, "weight_map": wm}, indent=2))
+                write_synced(tmp / "model.safetensors.index.json", index_text(plan))
             for src, name in plan.copies:
                 check_cancel(cancel)
                 shutil.copyfile(src, tmp / name)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
 from ..facts import DeepSpeedZeroFacts
 from ..types import TensorInfo, numel
+from . import torchfile
 from .pickles import Stub, TensorRef, iter_tensors
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
@@ -157,6 +159,70 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
         f["optimizer_kind"] = "bf16-optimizer" if "fp32_groups_flat" in str(list(osd.keys())) else "unknown"
     if osd.get("ds_version") and "ds_version" not in f:
         f["ds_version"] = str(osd.get("ds_version"))
+
+
+@dataclass
+class OptimStates:
+    """One ``*_optim_states.pt`` as its data.pkl describes it (no tensor data is read): what the tensor
+    table lists, and what an optimizer export reads -- each TensorRef names its storage, and
+    ``torchfile.storage_offsets(path)`` where that storage's bytes are in the file."""
+
+    path: Path
+    dp_rank: Optional[int]  # from the file name
+    mp_rank: Optional[int]
+    zero_stage: Optional[int]
+    partition_count: Optional[int]  # ways each param group is partitioned (the dp world size)
+    # this rank's fp32 master partition of each param group: ZeRO-1/2 ``single_partition_of_fp32_groups``,
+    # ZeRO-3 ``fp32_flat_groups``; named as in ``tensors``
+    fp32_partitions: list[tuple[str, TensorRef]]
+    # the wrapped torch optimizer's state (``exp_avg``, ``exp_avg_sq``, ``step`` of each group): ZeRO-1/2
+    # ``base_optimizer_state``, ZeRO-3 ``optimizer_state_dict``; named as in ``tensors``
+    optimizer_state: list[tuple[str, TensorRef]]
+    # param name -> (start, numel) in this rank's fp32 partition of its group (ZeRO-1/2 ``param_slice_mappings``)
+    slices: dict[str, tuple[int, int]]
+    tensors: list[tuple[str, TensorRef]]  # every tensor of the file, named as torch.load's object nests it
+    unsafe: set[str] = field(default_factory=set)  # globals outside the allowlist its pickle names (never called)
+
+    def tensor_infos(self) -> list[TensorInfo]:
+        return [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in self.tensors]
+
+
+def optim_states(obj: Any, path: Path) -> OptimStates:
+    """:class:`OptimStates` of an optim-states file's unpickled object (``torchfile.read(path).obj``)."""
+    path = Path(path)
+    m = OPTIM_STATES_RE.match(path.name)
+    st = OptimStates(path, int(m.group(2)) if m else None, int(m.group(3)) if m else None, None, None, [], [], {},
+                     list(iter_tensors(obj)))
+    osd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
+    if not isinstance(osd, dict):
+        return st
+    st.zero_stage = stage_value(osd.get("zero_stage"))
+    pc = osd.get("partition_count")
+    pc = pc[0] if isinstance(pc, (list, tuple)) and pc else pc
+    st.partition_count = pc if isinstance(pc, int) else None
+    pre = "optimizer_state_dict."
+    for key in ("single_partition_of_fp32_groups", "fp32_flat_groups"):
+        st.fp32_partitions += [(f"{pre}{key}.{n}", t) for n, t in iter_tensors(osd.get(key))]
+    for key in ("base_optimizer_state", "optimizer_state_dict"):
+        st.optimizer_state += [(f"{pre}{key}.{n}", t) for n, t in iter_tensors(osd.get(key))]
+    maps = osd.get("param_slice_mappings")
+    for group in maps if isinstance(maps, list) else []:
+        for name, addr in (group.items() if isinstance(group, dict) else ()):
+            a = getattr(addr, "__dict__", {})
+            args = a.get("_args") or ()
+            start, n = a.get("start", args[1] if len(args) > 1 else None), a.get("numel", args[0] if args else None)
+            if isinstance(start, int) and isinstance(n, int):
+                st.slices[str(name)] = (start, n)
+    return st
+
+
+def read_optim_states(path: Path) -> OptimStates:
+    """Read an optim-states file's structure (zip directory and data.pkl, through the restricted
+    unpickler). Raises FormatError (truncated, corrupt) and OSError."""
+    tf = torchfile.read(Path(path))
+    st = optim_states(tf.obj, path)
+    st.unsafe = set(tf.unsafe)
+    return st
 
 
 HALF = ("bfloat16", "float16")

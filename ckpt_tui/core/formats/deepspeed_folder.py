@@ -11,14 +11,14 @@ from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, Pick
 from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
-from .format import FolderFormat, NotExportable, set_tensor_facts
+from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from .pickles import TensorRef
 from .torch_save import TorchFileFormat, read_torch_file
 
 
 class DeepSpeedStatesFiles(TorchFileFormat):
-    """``*_model_states.pt`` / ``*_optim_states.pt``: read with their tag folder (rank 0), so the
-    file itself is not analysed. A model-states file lists and exports as a torch file."""
+    """``*_model_states.pt``: read with its tag folder (rank 0), so the file itself is not analysed.
+    Lists (every tensor of the file: the module's, frozen fragments) and exports as a torch file."""
 
     formats = ("deepspeed-model-states",)
     reference = None  # verify reports the format's name
@@ -26,9 +26,26 @@ class DeepSpeedStatesFiles(TorchFileFormat):
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         if dsfmt.MODEL_STATES_RE.match(name) or dsfmt.LAYER_RE.match(name):
             return "deepspeed-model-states", "model"
-        if dsfmt.OPTIM_STATES_RE.match(name):
-            return "deepspeed-optim-states", "optimizer"
         return None
+
+
+class DeepSpeedOptimStatesFiles(FileFormat):
+    """``*_optim_states.pt``: read with its tag folder (rank 0). Lists its tensors (the rank's fp32 master
+    partitions, exp_avg, exp_avg_sq, step) from data.pkl (``deepspeed.read_optim_states``); not a model
+    to export by itself: its tag folder is."""
+
+    formats = ("deepspeed-optim-states",)
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        return ("deepspeed-optim-states", "optimizer") if dsfmt.OPTIM_STATES_RE.match(name) else None
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        yield from dsfmt.read_optim_states(node.abspath).tensor_infos()
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        tag = node.path.rsplit("/", 1)[0] if "/" in node.path else "its folder"
+        raise NotExportable(f"`{node.path}` is one rank's optimizer states, not a model: export the tag folder "
+                            f"`{tag}`, whose fp32 weights are rebuilt from every rank's optimizer states")
 
 
 def _record(c: Node, e: Exception) -> None:

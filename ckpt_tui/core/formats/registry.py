@@ -4,20 +4,40 @@ Adding a format: write its module (see ``format.py``) and add an instance here."
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
-from ..types import Node
+from ..facts import BackupFacts
+from ..names import backed_up_name
+from ..types import Node, Parsed
 from .dcp_folder import DcpFiles, DcpFolder, DcpSafetensorsFolder
-from .deepspeed_folder import DeepSpeedStatesFiles, DeepSpeedTag, DeepSpeedUniversal
+from .deepspeed_folder import DeepSpeedOptimStatesFiles, DeepSpeedStatesFiles, DeepSpeedTag, DeepSpeedUniversal
 from .format import FileFormat, FolderFormat, Format
 from .plain_files import PlainFiles, TextFiles
 from .safetensors_file import HfModelFolder, SafetensorsFiles
 from .torch_save import TorchSave
 
+
+class BackupFiles(FileFormat):
+    """``.<name>.ckpt-tui-bak``: the original a repair (``ckpt-tui fix``) kept beside the file it rewrote.
+    Never read (a backup of a broken file is the broken file, not a finding again); named by what it keeps."""
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        return ("backup", "backup") if backed_up_name(name) is not None else None
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        orig = backed_up_name(node.name) or ""
+        f = cast(BackupFacts, node.facts)
+        f["backup_of"] = orig
+        hit = next((h for fmt in FILE_FORMATS if fmt is not self and (h := fmt.classify(orig, orig.lower()))), None)
+        if hit is not None:
+            f["backup_of_format"] = hit[0]
+
+
 FORMATS: tuple[Format, ...] = (
+    BackupFiles(),
     DcpFiles(), DcpFolder(),
     DeepSpeedUniversal(),
-    DeepSpeedStatesFiles(), DeepSpeedTag(),
+    DeepSpeedStatesFiles(), DeepSpeedOptimStatesFiles(), DeepSpeedTag(),
     DcpSafetensorsFolder(),
     SafetensorsFiles(), HfModelFolder(),
     PlainFiles(),

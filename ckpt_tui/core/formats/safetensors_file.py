@@ -16,6 +16,7 @@ from .format import FileFormat, FolderFormat, set_tensor_facts
 class SafetensorsFiles(FileFormat):
     formats = ("safetensors", "safetensors-sharded-index")
     reference = "safetensors"
+    file_layout = "hf-model"  # an index named by itself: the sharded model beside it (a file is safetensors-file)
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         if low.endswith(".safetensors.index.json") or low.endswith(".bin.index.json"):

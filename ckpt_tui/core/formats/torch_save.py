@@ -37,9 +37,11 @@ def read_torch_file(node: Node) -> TorchFile:
 
 
 def torch_file_tensors(node: Node) -> Iterator[TensorInfo]:
+    """Every tensor of the file, named as torch.load's object nests it (a file holding one bare tensor,
+    as a ZeRO-3 universal ``fp32.pt`` does: by the file's name)."""
     obj = torchfile.read(node.abspath).obj
     for name, t in iter_tensors(obj):
-        yield TensorInfo(name, t.shape, t.dtype, t.nbytes)
+        yield TensorInfo(name or node.name, t.shape, t.dtype, t.nbytes)
 
 
 def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bool):

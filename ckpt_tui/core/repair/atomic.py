@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
 from ..fsutil import OutputError, Stamp, check_space, check_writable, fsync_dir, stamp
+from ..names import BACKUP_SUFFIX  # the scan names backups by it too
 from ..progress import check_cancel, report
 
-BACKUP_SUFFIX = ".ckpt-tui-bak"
 TMP_MARK = ".ckpt-tui-tmp-"
 FREE_MARGIN = 64 << 20  # leave this much free beyond what a write needs
 

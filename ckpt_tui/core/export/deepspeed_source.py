@@ -228,9 +228,8 @@ def _osd(f: _File) -> dict:
     return osd
 
 
-def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
-    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives."""
-    tag_dir = Path(tag_dir)
+def _tag_names(tag_dir: Path) -> list[str]:
+    """The file names of a ZeRO tag folder, refusing layouts no source here reads (pipeline, MoE)."""
     if not tag_dir.is_dir():
         raise ValueError(f"{tag_dir} is not a folder")
     names = sorted(os.listdir(tag_dir))
@@ -238,6 +237,13 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
         raise ValueError("pipeline-parallel checkpoints (layer_*-model_states.pt files) are not supported")
     if any(MOE_RE.search(n) for n in names):
         raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
+    return names
+
+
+def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives."""
+    tag_dir = Path(tag_dir)
+    names = _tag_names(tag_dir)
     model_files: dict[tuple[int, int], str] = {}
     optim_files: dict[tuple[int, int], str] = {}
     for n in names:
@@ -479,13 +485,7 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
     written once; frozen params are flagged so ``--exclude-frozen`` leaves them out.
     """
     tag_dir = Path(tag_dir)
-    if not tag_dir.is_dir():
-        raise ValueError(f"{tag_dir} is not a folder")
-    names = sorted(os.listdir(tag_dir))
-    if any(LAYER_RE.match(n) for n in names):
-        raise ValueError("pipeline-parallel checkpoints (layer_*-model_states.pt files) are not supported")
-    if any(MOE_RE.search(n) for n in names):
-        raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
+    names = _tag_names(tag_dir)
     matches = [m for m in map(MODEL_STATES_RE.match, names) if m]
     if any(m.group(1) is not None for m in matches):
         raise ValueError(ZERO3_MODULE_REFUSAL)

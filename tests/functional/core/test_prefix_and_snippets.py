@@ -154,16 +154,10 @@ from pathlib import Path
 import lightning as L
 import torch
 from torch import nn
-from ckpt_tui.samples._common import TinyLM, batch, lm_loss, seed_all
+from ckpt_tui.samples._common import batch, seed_all
+from ckpt_tui.samples.lightning_ckpt import _module_cls
 
-class One(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.model = TinyLM()
-    def training_step(self, ids, idx):
-        return lm_loss(self.model(ids), ids)
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+One = _module_cls()  # the LightningModule the lightning fixtures train: self.model = TinyLM()
 
 class Two(One):
     def __init__(self):

@@ -9,11 +9,11 @@ from textual.widgets import Tree
 
 from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.jobs import JobInfo, outcome
-from ckpt_tui.ui.widgets.jobs_panel import JobRow
 from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
 from ckpt_tui.ui.screens.findings import FindingsScreen
 from ckpt_tui.ui.screens.wizards import ExportWizard
 from ckpt_tui.ui.widgets.details import TensorTable
+from ckpt_tui.ui.widgets.jobs_panel import JobRow
 from ckpt_tui.ui.widgets.tree import CheckpointTree
 from tests.util import FileLease
 

@@ -35,7 +35,8 @@ ACTIONS = (
            needs="a finished scan"),
     Action("stats", "s", "stats", "Stats", "Compute min/max/NaN of every tensor of the selected component",
            needs="a finished scan and a selected component with tensors"),
-    Action("filter", "slash", "filter", "Filter", "Filter the tensor table by name", key_display="/"),
+    Action("filter", "slash", "filter", "Filter", "Filter the tensor table by name", key_display="/",
+           show=False),  # 80 columns hold e u x f s c ? q
     Action("cancel", "c", "cancel_job", "Cancel", "Cancel the running job (asks first)", needs="a running job"),
     Action("narrow", "less_than_sign", "tree_narrower", "Tree", "Narrow the tree pane (the details widen)",
            show=False, key_display="<"),

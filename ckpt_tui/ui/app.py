@@ -17,7 +17,9 @@ from .screens.main import MainScreen
 
 
 class CkptApp(App):
-    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere keep it
+    # absolute: subclasses elsewhere keep it. Textual loads a pushed screen's CSS_PATH but not the default
+    # screen's, so the App names the main screen's file (beside it) too
+    CSS_PATH = [Path(__file__).with_name("app.tcss"), MainScreen.CSS_PATH]
     TITLE = "ckpt-tui"
     BINDINGS = bindings(app=True)
 
@@ -31,7 +33,7 @@ class CkptApp(App):
         self.main = MainScreen(self.path, clock=clock, trust_pickles=trust_pickles)
 
     def get_default_screen(self) -> MainScreen:
-        return self.main
+        return self.main  # the default screen: App.query_one finds its widgets, as scripts and tests expect
 
     # read-only views of the main screen's state, for scripts and tests
     @property

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core.types import SEVERITY_RANK
 from .jobs import JobInfo
 from .screens.dialogs import MessageDialog
+
+
+def by_severity(findings, here=None) -> list:
+    """Errors first; within a severity, the findings under ``here`` first; then by path and code."""
+    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], here is not None and not here.contains(f.path),
+                                           f.path, f.code))
 
 
 class JobActions:
     # ------------------------------------------------------------------ fix
     def fixable(self) -> list:
         """Fixable findings, errors first, the selected node's first within a severity."""
-        from .screens.main import by_severity
-
         if self.report is None:
             return []
         return by_severity([f for f in self.report.findings if f.fix], self.selected)

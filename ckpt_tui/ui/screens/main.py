@@ -24,9 +24,9 @@ from textual.worker import Worker
 
 from ...core.present import GLYPH
 from ...core.report import Report
-from ...core.types import SEVERITY_RANK, Node
+from ...core.types import Node
 from ..actions import bindings
-from ..job_actions import JobActions
+from ..job_actions import JobActions, by_severity
 from ..jobs import JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
 from ..widgets.jobs_panel import JobsPanel
@@ -40,12 +40,6 @@ class TreeReady(Message):
     def __init__(self, root: Node) -> None:
         super().__init__()
         self.root = root
-
-
-def by_severity(findings, here: Optional[Node] = None) -> list:
-    """Errors first; within a severity, the findings under ``here`` first; then by path and code."""
-    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], here is not None and not here.contains(f.path),
-                                           f.path, f.code))
 
 
 class MainScreen(JobActions, Screen):
@@ -297,7 +291,7 @@ class MainScreen(JobActions, Screen):
 
     def watch_stats(self, stats: tuple) -> None:
         line = self.query_one("#stats-summary", Static)
-        line.display = bool(stats)
+        line.set_class(bool(stats), "shown")
         if not stats:
             line.update("")
             line.remove_class("bad")

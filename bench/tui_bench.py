@@ -208,6 +208,8 @@ TORCH_CHECK = r"""
 import asyncio, sys, time
 sys.path.insert(0, {root!r})
 from ckpt_tui.ui.app import make_app
+from ckpt_tui.ui.jobs import outcome
+from ckpt_tui.ui.widgets.jobs_panel import JobsPanel
 from ckpt_tui.ui.widgets.details import TensorTable
 async def main():
     app = make_app({path!r})
@@ -239,7 +241,9 @@ def bench_no_torch(paths: list[Path]) -> list[tuple[str, bool, bool]]:
 async def pilot_keys(big: Path, presses: int) -> dict:
     from ckpt_tui.core.export.api import plan_export
     from ckpt_tui.ui.app import make_app
+    from ckpt_tui.ui.jobs import outcome
     from ckpt_tui.ui.screens.dialogs import MessageDialog
+    from ckpt_tui.ui.widgets.jobs_panel import JobsPanel
 
     app = make_app(big)
     lat, lat_details, exports, max_frac = [], [], 0, 0.0
@@ -250,9 +254,9 @@ async def pilot_keys(big: Path, presses: int) -> dict:
         job = None
         key = "k"
         while len(lat) < presses:
-            if job is None or job.state != "running":
-                if job is not None and job.state not in ("done", "running"):
-                    raise RuntimeError(f"export {job.state}: {job.error}")
+            if job is None or outcome(job) != "running":
+                if job is not None and outcome(job) not in ("done", "running"):
+                    raise RuntimeError(f"export {outcome(job)}: {job.error}")
                 if job is not None:  # close the "Export finished" dialog it opened
                     await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog))
                     await pilot.press("escape")
@@ -261,24 +265,25 @@ async def pilot_keys(big: Path, presses: int) -> dict:
                 out = DATA / "big-run" / f"pilot-export-{exports}"
                 shutil.rmtree(out, ignore_errors=True)
                 plan, _ = plan_export(big, out, max_shard_size="500MB")
-                app.run_export(plan)
-                job = app.jobs[-1]
+                job = app.main.run_export(plan)
                 exports += 1
-                await wait_for(pilot, lambda: job.progress is not None and job.progress.done > 0)
+                await wait_for(pilot, lambda: app.main.query_one(JobsPanel).row(job) is not None)
+                row = app.main.query_one(JobsPanel).row(job)
+                await wait_for(pilot, lambda: row.progress is not None and row.progress.done > 0)
             before, sel = tree.cursor_line, app.selected
             t0 = time.perf_counter()
             send_key(app, key, key)
             dt = await until(lambda: tree.cursor_line != before, t0, f"cursor did not move on {key!r}")
             dt2 = await until(lambda: app.selected is not sel, t0, f"details did not follow {key!r}")
-            if job.state == "running":  # only presses made while the export ran count
+            if outcome(job) == "running":  # only presses made while the export ran count
                 lat.append(dt)
                 lat_details.append(dt2)
-                if job.progress and job.progress.total:
-                    max_frac = max(max_frac, job.progress.done / job.progress.total)
+                if row.progress and row.progress.total:
+                    max_frac = max(max_frac, row.progress.done / row.progress.total)
             key = "j" if key == "k" else "k"
             await pilot.pause(0.01)
-        job.cancel.set()
-        await wait_for(pilot, lambda: job.state != "running")
+        job.cancelled_event.set()
+        await wait_for(pilot, lambda: outcome(job) != "running")
     for i in range(exports):
         shutil.rmtree(DATA / "big-run" / f"pilot-export-{i}", ignore_errors=True)
     return {"lat": lat, "details": lat_details, "exports": exports}

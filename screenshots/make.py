@@ -119,15 +119,16 @@ async def shot_export_progress(ckpt: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
         plan, _ = plan_export(ckpt, out, max_shard_size="300MB")
-        app.run_export(plan)
-        job = app.jobs[-1]
+        from ckpt_tui.ui.jobs import outcome
+
+        job = app.main.run_export(plan)
 
         def shown():
-            rows = [r for r in app.query(JobRow) if r.job is job]
-            if not rows or job.state != "running" or not job.rate:
+            rows = [r for r in app.query(JobRow) if r.worker is job]
+            if not rows or outcome(job) != "running":
                 return None
             bar = rows[0].query_one(ProgressBar)
-            p = job.progress
+            p = rows[0].progress
             if not bar.total or p is None or p.label != "writing":
                 return None
             return bar.progress / bar.total
@@ -140,8 +141,8 @@ async def shot_export_progress(ckpt: Path) -> None:
         HERE_OUT.mkdir(parents=True, exist_ok=True)
         (HERE_OUT / "export-progress.svg").write_text(svg)
         print(f"wrote {HERE_OUT / 'export-progress.svg'} at {frac:.0%}")
-        job.cancel.set()
-        await wait_for(pilot, lambda: job.state != "running", timeout=120)
+        job.cancelled_event.set()
+        await wait_for(pilot, lambda: outcome(job) != "running", timeout=120)
 
 
 def to_png(svgs) -> None:

@@ -1,42 +1,47 @@
 """The keys that start work on the checkpoint -- fix (x), export (e), universal (u), stats (s): each opens
-its wizard, runs the core function as a job, and shows the result. Mixed into CkptApp (ui/app.py), which
-owns the job plumbing (``_start``, ``on_job_finished`` calling ``_done_<kind>``) and the main screen."""
+its wizard, runs the core function as a job (a worker) and shows the result. Mixed into MainScreen
+(screens/main.py), which owns ``start_job`` and calls ``_done_<kind>(worker, info)`` when a job succeeds.
+``check_action`` keeps these from running while they cannot (``why_not``)."""
 
 from __future__ import annotations
 
-from .jobs import Job
+from typing import Optional
+
+from ..core.types import SEVERITY_RANK
+from .jobs import JobInfo
 from .screens.dialogs import MessageDialog
-from .widgets.details import TensorTable
+
+
+def by_severity(findings, here=None) -> list:
+    """Errors first; within a severity, the findings under ``here`` first; then by path and code."""
+    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], here is not None and not here.contains(f.path),
+                                           f.path, f.code))
 
 
 class JobActions:
-    def action_fix(self) -> None:
+    # ------------------------------------------------------------------ fix
+    def fixable(self) -> list:
+        """Fixable findings, errors first, the selected node's first within a severity."""
         if self.report is None:
-            self.notify("Still scanning…")
-            return
-        sel = self.selected or self.report.inventory.root
-        fixable = [f for f in self.report.findings if f.fix]
-        mine = [f for f in fixable if sel.contains(f.path)]
-        pick = (mine or fixable)
-        if not pick:
-            self.notify("Nothing here has a fix.")
-            return
-        self.start_fix(pick[0])
+            return []
+        return by_severity([f for f in self.report.findings if f.fix], self.selected)
+
+    def action_fix(self) -> None:
+        pick = self.fixable()
+        if pick:
+            self.start_fix(pick[0])
 
     def start_fix(self, finding) -> None:
         if finding.fix == "export":
             self.action_export()
             return
-        try:
-            from ..core.repair import repairs_for
-        except ImportError:
-            self.push_screen(MessageDialog("Repairs", "Repairs are not available in this build.", error=True))
-            return
+        from ..core.repair import repairs_for
+
         reps = [r for r in repairs_for(self.report) if r.id == finding.fix and r.path == finding.path] or \
                [r for r in repairs_for(self.report) if r.id == finding.fix]
         if not reps:
-            self.push_screen(MessageDialog("No repair", f"No automatic repair applies to {finding.code} at "
-                                           f"{finding.path}.\n\n{finding.message}"))
+            self.app.push_screen(MessageDialog("No repair", f"No automatic repair applies to {finding.code} at "
+                                               f"{finding.path}.\n\n{finding.message}"))
             return
         from .screens.wizards import RepairWizard
 
@@ -44,25 +49,22 @@ class JobActions:
             if res:
                 self.run_repair(res["repair"])
 
-        self.push_screen(RepairWizard(reps[0]), go)
+        self.app.push_screen(RepairWizard(reps[0]), go)
 
-    def run_repair(self, repair) -> None:
-        job = Job(f"repair {repair.id}", "repair")
-        job.cleanup_note = "nothing was replaced; the original is untouched"
-        self._start(job, lambda on_progress, cancel: repair.apply(on_progress=on_progress, cancel=cancel))
+    def run_repair(self, repair):
+        info = JobInfo("repair", f"repair {repair.id}", "nothing was replaced; the original is untouched")
+        return self.start_job(info, lambda on_progress, cancel: repair.apply(on_progress=on_progress, cancel=cancel))
 
-    def _done_repair(self, job: Job) -> None:
-        res = job.result
+    def _done_repair(self, worker, info) -> None:
+        res = worker.result
         gone = getattr(res, "finding_gone", None)
         text = getattr(res, "summary", None) or str(res)
         title = "Repaired ✔" + (" — the finding is gone" if gone else "")
-        self.push_screen(MessageDialog(title, text))
+        self.app.push_screen(MessageDialog(title, text))
         self.action_rescan()
 
+    # ------------------------------------------------------------------ export
     def action_export(self) -> None:
-        if self.report is None:
-            self.notify("Still scanning…")
-            return
         from .screens.wizards import ExportWizard
 
         def go(res) -> None:
@@ -70,43 +72,47 @@ class JobActions:
                 self.run_export(res["plan"])
 
         sel = self.selected.path if self.selected else None
-        self.push_screen(ExportWizard(self.report, sel), go)
+        self.app.push_screen(ExportWizard(self.report, sel), go)
 
-    def run_export(self, plan) -> None:
+    def run_export(self, plan):
         from ..core.export.write import execute
 
-        job = Job(f"export {plan.out.name}", "export")
-        job.shown_out = plan.out_given or str(plan.out)  # the output folder as the user typed it
-        job.cleanup_note = f"the temp output was removed; {job.shown_out} was not created"
-        self._start(job, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress,
-                                                             cancel=cancel))
+        shown = plan.out_given or str(plan.out)  # the output folder as the user typed it
+        info = JobInfo("export", f"export {plan.out.name}", f"the temp output was removed; {shown} was not created",
+                       shown_out=shown)
+        return self.start_job(info, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress,
+                                                                        cancel=cancel))
 
-    def _done_export(self, job: Job) -> None:
+    def _done_export(self, worker, info) -> None:
         from textual.content import Content
 
-        r = job.result
         from .format import size
 
+        r = worker.result
         notes = "\n".join(f"• {n}" for n in r.notes)
         code = "\n".join(f"  {line}" if line else "" for line in r.load_code.splitlines())
-        body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {job.shown_out or r.out}\n"
+        body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {info.shown_out or r.out}\n"
                 f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}\n\n"
                 f"{notes}\n\nLoad it with:\n{code}")
-        self.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]
+        self.app.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]
+
+    # ------------------------------------------------------------------ universal
+    def universal_tag(self) -> Optional[object]:
+        """The DeepSpeed tag `u` converts: the selected one, else the model's, else the first; None if none."""
+        if self.report is None:
+            return None
+        inv = self.report.inventory
+        if self.selected is not None and self.selected.format == "deepspeed-zero":
+            return self.selected
+        tags = inv.deepspeed_tags()
+        if not tags:
+            return None
+        model = inv.model_node()
+        return model if model is not None and model.format == "deepspeed-zero" else tags[0]
 
     def action_universal(self) -> None:
-        if self.report is None:
-            self.notify("Still scanning…")
-            return
-        inv = self.report.inventory
-        tags = inv.deepspeed_tags()
-        if self.selected is not None and self.selected.format == "deepspeed-zero":
-            tag = self.selected
-        elif tags:
-            model = inv.model_node()
-            tag = model if model is not None and model.format == "deepspeed-zero" else tags[0]
-        else:
-            self.notify("Universal conversion needs a DeepSpeed ZeRO checkpoint; none here.", severity="warning")
+        tag = self.universal_tag()
+        if tag is None:
             return
         from .screens.wizards import UniversalWizard
 
@@ -114,37 +120,33 @@ class JobActions:
             if res and res.get("plan") is not None:
                 self.run_universal(res["plan"])
 
-        self.push_screen(UniversalWizard(self.report, tag.path), go)
+        self.app.push_screen(UniversalWizard(self.report, tag.path), go)
 
-    def run_universal(self, plan) -> None:
+    def run_universal(self, plan):
         from ..core.convert.universal import convert_to_universal
 
-        job = Job("universal", "universal")
-        job.cleanup_note = "the converter was stopped and its temp output removed"
-        self._start(job, lambda on_progress, cancel: convert_to_universal(plan, on_progress=on_progress,
-                                                                          cancel=cancel))
+        info = JobInfo("universal", "universal", "the converter was stopped and its temp output removed")
+        return self.start_job(info, lambda on_progress, cancel: convert_to_universal(plan, on_progress=on_progress,
+                                                                                     cancel=cancel))
 
-    def _done_universal(self, job: Job) -> None:
-        r = job.result
-        text = getattr(r, "instructions", None) or str(r)
-        self.push_screen(MessageDialog("Universal checkpoint ready ✔", text))
+    def _done_universal(self, worker, info) -> None:
+        r = worker.result
+        self.app.push_screen(MessageDialog("Universal checkpoint ready ✔", getattr(r, "instructions", None) or str(r)))
         self.action_rescan()
 
+    # ------------------------------------------------------------------ stats
     def action_stats(self) -> None:
-        if self.selected is None:
-            return
-        comp, _ = self._component_for(self.selected)
+        comp, _ = self.component_for(self.selected) if self.selected is not None else (None, "")
         if comp is None:
-            self.notify("Select a model component to compute statistics.")
             return
         from ..core.analysis import stats
 
-        job = Job(f"stats {comp.name}", "stats")
-        self._start(job, lambda on_progress, cancel: stats(comp.abspath, trust_pickles=self.trust_pickles,
-                                                           on_progress=on_progress, cancel=cancel))
+        trust = self.trust_pickles
+        self.start_job(JobInfo("stats", f"stats {comp.name}"),
+                       lambda on_progress, cancel: (comp.path, stats(comp.abspath, trust_pickles=trust,
+                                                                     on_progress=on_progress, cancel=cancel)))
 
-    def _done_stats(self, job: Job) -> None:
-        self._main(TensorTable).set_stats(job.result)
-        bad = [s for s in job.result if s.nan or s.inf]
-        self.notify(f"{len(job.result)} tensors: " + (f"{len(bad)} with NaN/Inf ✖" if bad else "no NaN/Inf ✔"),
-                    severity="error" if bad else "information")
+    def _done_stats(self, worker, info) -> None:
+        component, result = worker.result
+        if component == self._shown_component:
+            self.stats = tuple(result)

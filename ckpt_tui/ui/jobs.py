@@ -1,96 +1,75 @@
-"""Background jobs: the only code that runs workers. Each worker is a thin wrapper over a core
-function; it never touches widgets — it posts messages, and the app's handlers own UI state."""
+"""Background jobs are Textual thread workers, each a thin wrapper over a core function.
+
+The worker passes its own ``cancelled_event`` to the core function as the cancel token and posts the core's
+``Progress`` as a message; it never touches widgets. The worker's state is the job's state: the main screen
+handles every end in one ``on_worker_state_changed``. What a worker does not know -- the title shown to the user,
+what a cancel removes -- is a frozen ``JobInfo`` kept beside it.
+
+Cancelling a job sets its ``cancelled_event`` only (``request_cancel``): ``Worker.cancel`` would mark a thread
+worker cancelled at once while its thread still runs, and the user would read "cancelled" before the core
+function removed its temp output. Set the event, and the worker ends when the core function has cleaned up:
+with ``Cancelled`` (shown as cancelled) or, when it was past its last check, with its result.
+"""
 
 from __future__ import annotations
 
-import itertools
-import threading
-import time
-import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from textual.message import Message
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from ..core.progress import Cancelled, Progress
 
-_ids = itertools.count(1)
 
-
-@dataclass
-class Job:
+@dataclass(frozen=True)
+class JobInfo:
+    kind: str  # scan | export | universal | repair | stats | tensors
     title: str
-    kind: str  # scan | export | universal | repair | stats | verify | tensors
-    id: int = field(default_factory=lambda: next(_ids))
-    cancel: threading.Event = field(default_factory=threading.Event)
-    progress: Optional[Progress] = None
-    started: float = field(default_factory=time.monotonic)
-    state: str = "running"  # running | done | failed | cancelled
-    result: Any = None
-    error: str = ""
-    log: Optional[Path] = None
     cleanup_note: str = ""  # what a cancel removes, said to the user
     shown_out: str = ""  # the output path as the user typed it (export)
-    rate: float = 0.0
-    _last: tuple[float, int] = (0.0, 0)
-
-    def update(self, p: Progress) -> None:
-        now = time.monotonic()
-        t0, d0 = self._last
-        if p.unit == "bytes" and t0 and now > t0 and p.done >= d0:
-            inst = (p.done - d0) / (now - t0)
-            self.rate = inst if not self.rate else 0.7 * self.rate + 0.3 * inst
-        self._last = (now, p.done)
-        self.progress = p
-
-    @property
-    def eta(self) -> Optional[float]:
-        p = self.progress
-        if not p or not p.total or not self.rate or p.unit != "bytes":
-            elapsed = time.monotonic() - self.started
-            if p and p.total and p.done:
-                return elapsed * (p.total - p.done) / p.done
-            return None
-        return max(0.0, (p.total - p.done) / self.rate)
 
 
 class JobProgress(Message):
-    def __init__(self, job: Job, progress: Progress) -> None:
+    def __init__(self, worker: Worker, progress: Progress) -> None:
         super().__init__()
-        self.job = job
+        self.worker = worker
         self.progress = progress
 
     def can_replace(self, message: Message) -> bool:  # a flood collapses to the latest
-        return isinstance(message, JobProgress) and message.job is self.job
+        return isinstance(message, JobProgress) and message.worker is self.worker
 
 
-class JobFinished(Message):
-    def __init__(self, job: Job) -> None:
-        super().__init__()
-        self.job = job
-
-
-def run_in_thread(app, job: Job, fn: Callable[..., Any]) -> None:
-    """Run ``fn(on_progress=..., cancel=...)`` in a thread worker; report through messages."""
+def run_job(node, info: JobInfo, fn: Callable[..., Any], *, exclusive: bool = False) -> Worker:
+    """Run ``fn(on_progress=..., cancel=...)`` in a thread worker of ``node`` (group = the job's kind)."""
 
     def body():
+        worker = get_current_worker()
+
         def on_progress(p: Progress) -> None:
-            job.update(p)
-            app.post_message(JobProgress(job, p))
+            node.post_message(JobProgress(worker, p))
 
-        try:
-            job.result = fn(on_progress=on_progress, cancel=job.cancel)
-            job.state = "done"
-        except Cancelled:
-            job.state = "cancelled"
-        except BaseException as e:  # shown in an error dialog, never as a traceback on screen
-            if job.cancel.is_set():
-                job.state = "cancelled"
-            else:
-                job.state = "failed"
-                job.error = str(e) or type(e).__name__
-                job.trace = traceback.format_exc()  # type: ignore[attr-defined]
-        app.post_message(JobFinished(job))
+        return fn(on_progress=on_progress, cancel=worker.cancelled_event)
 
-    app.run_worker(body, thread=True, exclusive=False, exit_on_error=False, group="jobs", name=job.title)
+    return node.run_worker(body, name=info.kind, group=info.kind, description=info.title, thread=True,
+                           exclusive=exclusive, exit_on_error=False)
+
+
+def outcome(worker: Worker) -> str:
+    """running | done | failed | cancelled, from the worker's state."""
+    if worker.state in (WorkerState.PENDING, WorkerState.RUNNING):
+        return "running"
+    if worker.state == WorkerState.SUCCESS:
+        return "done"
+    if worker.state == WorkerState.CANCELLED or isinstance(worker.error, Cancelled) or worker.cancelled_event.is_set():
+        return "cancelled"
+    return "failed"
+
+
+def request_cancel(worker: Worker) -> None:
+    worker.cancelled_event.set()
+
+
+def error_text(worker: Worker) -> str:
+    e = worker.error
+    return (str(e) or type(e).__name__) if e is not None else ""

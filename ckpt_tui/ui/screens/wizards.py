@@ -19,23 +19,9 @@ from ...core.fsutil import OutputError, check_output_folder, free_bytes
 from ...core.types import user_path
 from ..format import size
 
-WIZARD_CSS = """
-{name} {{ align: center middle; }}
-{name} > Vertical {{ width: 94%; max-width: 110; height: auto; max-height: 94%; border: thick $primary;
-                     background: $surface; padding: 0 1; }}
-{name} .title {{ text-style: bold; }}
-{name} .step {{ color: $text-muted; }}
-{name} ContentSwitcher {{ height: auto; }}
-{name} .pane {{ height: auto; }}
-{name} .explain {{ margin: 1 0; }}
-{name} VerticalScroll {{ height: auto; max-height: 9; }}
-{name} OptionList {{ height: auto; max-height: 8; }}
-{name} .buttons {{ height: 3; align: right middle; }}
-{name} Button {{ margin-left: 1; }}
-"""
-
 
 class Wizard(ModalScreen):
+    CSS_PATH = Path(__file__).with_name("wizards.tcss")  # type selectors on Wizard: every subclass
     STEPS: tuple[str, ...] = ()
     TITLE = ""
     BINDINGS = [Binding("escape", "back", "Back"), Binding("ctrl+n", "next", "Next", show=False)]
@@ -72,6 +58,7 @@ class Wizard(ModalScreen):
         # previous step, so end it: enter on the next step's button must not be lost
         nxt.remove_class("-active")
         self.query_one("#back", Button).label = "Cancel (esc)" if self.step == 0 else "Back (esc)"
+        nxt.disabled = not self.can_run() if last else False
         self.enter_step(name)
         self.focus_step(name)
 
@@ -81,6 +68,10 @@ class Wizard(ModalScreen):
     def run_label(self) -> str:
         return "Run"
 
+    def can_run(self) -> bool:
+        """Whether the last step's button runs: False while there is nothing valid to run."""
+        return True
+
     def enter_step(self, name: str) -> None:
         pass
 
@@ -89,7 +80,8 @@ class Wizard(ModalScreen):
         for w in pane.query("Input, OptionList, Select"):
             w.focus()
             return
-        self.query_one("#next", Button).focus()
+        nxt = self.query_one("#next", Button)
+        (self.query_one("#back", Button) if nxt.disabled else nxt).focus()
 
     def validate_step(self, name: str) -> Optional[str]:
         return None
@@ -176,6 +168,15 @@ class PlannedWizard(Wizard):
         self.plan, self.plan_error = plan, err
         self.query_one("#plan-head", Static).update(self.READY if plan else f"{self.FAILED}: {err}")
         self.query_one("#plan-text", Static).update(text if plan else "")
+        nxt = self.query_one("#next", Button)
+        nxt.disabled = not self.can_run()
+        if plan is None:
+            self.query_one("#back", Button).focus()  # the run button is disabled: esc/back is what is left
+        elif self.step == len(self.STEPS) - 1:
+            nxt.focus()
+
+    def can_run(self) -> bool:
+        return self.plan is not None
 
     def validate_step(self, name: str) -> Optional[str]:
         if name == "confirm" and self.plan is None:
@@ -187,7 +188,6 @@ class PlannedWizard(Wizard):
 
 
 class ExportWizard(PlannedWizard):
-    DEFAULT_CSS = WIZARD_CSS.format(name="ExportWizard")
     STEPS = ("source", "output", "dtype", "shards", "confirm")
     TITLE = "Export to safetensors"
     READY = "Press enter to export (then verify every tensor). The plan:"
@@ -200,6 +200,7 @@ class ExportWizard(PlannedWizard):
         self.candidates = inv.export_candidates()
         self.default = selected_path if selected_path in [c[0] for c in self.candidates] else (
             self.candidates[0][0] if self.candidates else ".")
+        self.output_bytes: dict[str, object] = {}  # source -> bytes the export writes, or why it cannot say
 
     def step_titles(self):
         return ["what to export", "where to write it", "output dtype", "shard size", "check the plan and run"]
@@ -257,15 +258,41 @@ class ExportWizard(PlannedWizard):
     def _space(self) -> None:
         out = Path(self.query_one("#out", Input).value).expanduser()
         parent = out.parent if out.parent.exists() else Path.cwd()
+        line = self.query_one("#space", Static)
         try:
             free = free_bytes(parent)
-            node = self.report.inventory.node(self.source())
-            need = node.size if node is not None else 0
-            ok = "enough" if free > need else "NOT ENOUGH"
-            self.query_one("#space", Static).update(f"Free in {parent}: {size(free)} — the export needs about "
-                                                    f"{size(need)} ({ok}).")
         except OSError as e:
-            self.query_one("#space", Static).update(f"Cannot check free space: {e.strerror}")
+            line.update(f"Cannot check free space: {e.strerror}")
+            return
+        src = self.source()
+        need = self.output_bytes.get(src)
+        if need is None:
+            line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — sizing the export…")
+            self._size_worker(src, str(_abs(self.report, src)))
+        elif isinstance(need, str):
+            line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — {need}")
+        else:
+            ok = "enough" if free > need else "NOT ENOUGH"
+            line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — the export writes "
+                        f"about {size(need)} ({ok}).")
+
+    @work(thread=True, exclusive=True, group="sizing", exit_on_error=False)
+    def _size_worker(self, src: str, abs_src: str) -> None:
+        """The bytes the export writes (model tensors as stored, plus copied files), from its plan: not the
+        component's size on disk, which counts the optimizer."""
+        from ...core.export.api import plan_export
+
+        try:
+            plan, _ = plan_export(abs_src, Path(abs_src).parent / ".ckpt-tui-sizing", dtype="keep")
+            need: object = plan.total_bytes
+        except Exception as e:  # the plan step says it in full
+            need = f"cannot size the export: {(str(e).splitlines() or [''])[0]}"
+        self.app.call_from_thread(self._sized, src, need)
+
+    def _sized(self, src: str, need) -> None:
+        self.output_bytes[src] = need
+        if self.is_mounted:
+            self._space()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "out":
@@ -315,7 +342,6 @@ class ExportWizard(PlannedWizard):
 
 
 class UniversalWizard(PlannedWizard):
-    DEFAULT_CSS = WIZARD_CSS.format(name="UniversalWizard")
     STEPS = ("why", "output", "confirm")
     TITLE = "Convert to a DeepSpeed universal checkpoint"
     READY = "Press enter to convert (DeepSpeed's converter runs in the background). The plan:"
@@ -369,7 +395,6 @@ class UniversalWizard(PlannedWizard):
 
 
 class RepairWizard(Wizard):
-    DEFAULT_CSS = WIZARD_CSS.format(name="RepairWizard")
     STEPS = ("diff", "confirm")
     TITLE = "Repair"
 
@@ -385,8 +410,7 @@ class RepairWizard(Wizard):
 
     def panes(self) -> ComposeResult:
         with Vertical(id="diff", classes="pane"):
-            yield Static(f"{self.repair.title}", classes="explain")
-            with VerticalScroll():
+            with VerticalScroll():  # the plan's description begins with the repair's title
                 yield Static(self.repair.plan.describe())
         with Vertical(id="confirm", classes="pane"):
             yield Static("The original is kept as a backup (named in the plan above); the new file is written to a "

@@ -22,6 +22,9 @@ NAME_WIDTH = 26
 
 
 class Facts(Static):
+    """The selected node's name, then the findings it is given (the caller orders them, errors first; one
+    about another file names it), then the node's facts."""
+
     def show(self, node, findings) -> None:
         if node is None:
             self.update("")
@@ -36,6 +39,8 @@ class Facts(Static):
             line = Text()
             line.append(f"{GLYPH[f.severity]} {f.severity} ", style=SEV_STYLE[f.severity])
             line.append(f.code, style="bold")
+            if f.path != node.path:
+                line.append(f" in {f.path}", style="bold")
             if f.fix:
                 line.append(f"  press {fix_key(f.fix)}: {f.fix}", style="reverse")
             parts.append(line)

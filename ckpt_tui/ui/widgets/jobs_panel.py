@@ -1,15 +1,21 @@
-"""Running and finished jobs, each with a ProgressBar, bytes done/total, rate and ETA."""
+"""Running and finished jobs: a row per worker with Textual's ProgressBar (its ETA), and bytes or files
+done/total from the core's Progress. A row's ``progress`` and ``outcome`` are reactive: the main screen sets
+them from the worker's messages, the watchers repaint."""
 
 from __future__ import annotations
 
-import humanize
+from typing import Optional
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
 from textual.widgets import ProgressBar, Static
 
+from ...core.progress import Progress
 from ..format import size
 
-STATE_TEXT = {"running": "", "done": "✔ done", "failed": "✖ failed", "cancelled": "■ cancelled"}
+OUTCOME_TEXT = {"running": "", "done": "✔ done", "failed": "✖ failed", "cancelling": "■ cancelling…",
+                "cancelled": "■ cancelled"}
 
 
 class JobRow(Horizontal):
@@ -21,54 +27,41 @@ class JobRow(Horizontal):
     JobRow .status { width: 1fr; padding-left: 1; }
     """
 
-    def __init__(self, job, clock=None):
-        super().__init__(id=f"job-{job.id}")
-        self.job = job
+    progress: reactive[Optional[Progress]] = reactive(None, init=False)
+    outcome: reactive[str] = reactive("running", init=False)
+
+    def __init__(self, worker, info, clock=None):
+        super().__init__()
+        self.worker = worker
+        self.info = info
         self.clock = clock
 
     def compose(self) -> ComposeResult:
-        yield Static(self.job.title[:17], classes="title")
+        yield Static(self.info.title[:17], classes="title")
         kw = {"clock": self.clock} if self.clock is not None else {}
-        yield ProgressBar(total=None, show_eta=False, show_percentage=True, **kw)
-        yield Static("", classes="status")
+        yield ProgressBar(total=None, show_eta=True, show_percentage=True, **kw)
+        yield Static("starting…", classes="status")
 
-    def refresh_job(self) -> None:
-        j = self.job
-        p = j.progress
-        bar = self.query_one(ProgressBar)
-        status = self.query_one(".status", Static)
-        if p is not None and p.total:
-            bar.update(total=p.total, progress=p.done)
-        if j.state != "running":
-            if j.state == "done" and p is not None and p.total:
-                bar.update(total=p.total, progress=p.total)
-            status.update(f"{STATE_TEXT[j.state]} {j.cleanup_note if j.state == 'cancelled' else ''}".strip())
-            return
+    def watch_progress(self, p: Optional[Progress]) -> None:
         if p is None:
-            status.update("starting…")
             return
-        if p.unit == "bytes":
-            text = f"{size(p.done)}/{size(p.total)}"
-            if j.rate:
-                text += f" {size(int(j.rate))}/s"
-        else:
-            text = f"{p.done}/{p.total or '?'} files"
-        eta = j.eta
-        if eta is not None:
-            text += f" ETA {_short_delta(eta)}"
-        if p.label:
-            text = f"{p.label[:10]}: " + text
-        status.update(text)
+        if p.total:
+            self.query_one(ProgressBar).update(total=p.total, progress=p.done)
+        if self.outcome == "running":
+            self.query_one(".status", Static).update(progress_text(p))
+
+    def watch_outcome(self, outcome: str) -> None:
+        p = self.progress
+        if outcome == "done" and p is not None and p.total:
+            self.query_one(ProgressBar).update(total=p.total, progress=p.total)
+        if outcome != "running":
+            note = self.info.cleanup_note if outcome == "cancelled" else ""
+            self.query_one(".status", Static).update(f"{OUTCOME_TEXT[outcome]} {note}".strip())
 
 
-def _short_delta(seconds: float) -> str:
-    if seconds < 1:
-        return "<1s"
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}m"
-    return humanize.naturaldelta(seconds)
+def progress_text(p: Progress) -> str:
+    text = f"{size(p.done)}/{size(p.total)}" if p.unit == "bytes" else f"{p.done}/{p.total or '?'} files"
+    return f"{p.label[:10]}: {text}" if p.label else text
 
 
 class JobsPanel(Vertical):
@@ -81,19 +74,15 @@ class JobsPanel(Vertical):
         super().__init__(**kw)
         self.clock = clock
 
-    def add_job(self, job) -> None:
+    def add_job(self, worker, info) -> JobRow:
         self.add_class("active")
-        row = JobRow(job, self.clock)
+        row = JobRow(worker, info, self.clock)
         self.mount(row)
         rows = list(self.query(JobRow))
         for old in rows[:-4]:  # keep the last few
-            if old.job.state != "running":
+            if old.outcome != "running":
                 old.remove()
+        return row
 
-    def update_job(self, job) -> None:
-        for row in self.query(JobRow):
-            if row.job is job:
-                row.refresh_job()
-
-    def running(self):
-        return [r.job for r in self.query(JobRow) if r.job.state == "running"]
+    def row(self, worker) -> Optional[JobRow]:
+        return next((r for r in self.query(JobRow) if r.worker is worker), None)

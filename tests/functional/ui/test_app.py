@@ -8,11 +8,12 @@ import pytest
 from textual.widgets import Tree
 
 from ckpt_tui.ui.app import make_app
-from ckpt_tui.ui.jobs import Job
+from ckpt_tui.ui.jobs import JobInfo, outcome
 from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
 from ckpt_tui.ui.screens.findings import FindingsScreen
 from ckpt_tui.ui.screens.wizards import ExportWizard
 from ckpt_tui.ui.widgets.details import TensorTable
+from ckpt_tui.ui.widgets.jobs_panel import JobRow
 from ckpt_tui.ui.widgets.tree import CheckpointTree
 from tests.util import FileLease
 
@@ -93,8 +94,9 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "verified ✔" in screen_text(app),
                        timeout=60)
         assert (out / "model.safetensors").is_file()
-        job = [j for j in app.jobs if j.kind == "export"][0]
-        assert job.state == "done" and job.progress.done == job.progress.total
+        job = [w for w, info in app.main.jobs.items() if info.kind == "export"][0]
+        row = app.main.query_one(JobRow)
+        assert outcome(job) == "done" and row.worker is job and row.progress.done == row.progress.total
 
 
 async def test_cancel_an_export_midway_leaves_no_output(fsdp_ckpt, tmp_path):
@@ -109,16 +111,19 @@ async def test_cancel_an_export_midway_leaves_no_output(fsdp_ckpt, tmp_path):
         plan, _ = plan_export(fsdp_ckpt, tmp_path / "out")
         assert (fsdp_ckpt / "tokenizer.model", "tokenizer.model") in plan.copies
         with FileLease(fsdp_ckpt / "tokenizer.model") as lease:
-            app.run_export(plan)
-            job = app.jobs[-1]
+            job = app.main.run_export(plan)
+            row = app.main.query_one(JobRow)
             await wait_for(pilot, lease.blocked, timeout=60)
-            assert job.state == "running" and job.progress.done == job.progress.total  # every tensor written
+            await wait_for(pilot, lambda: row.progress is not None and row.progress.done == row.progress.total)
+            assert outcome(job) == "running"  # every tensor written, the copy waits
             assert list(tmp_path.glob(".out.tmp-*")) and not (tmp_path / "out").exists()
             await press_and_wait(pilot, "c", lambda: isinstance(app.screen, ConfirmDialog))
-            await press_and_wait(pilot, "y", lambda: job.cancel.is_set())
+            await press_and_wait(pilot, "y", lambda: job.cancelled_event.is_set())
+            assert outcome(job) == "running"  # the worker ends only when the core function has cleaned up
         # released: the job copies the file, reaches its next cancel check and stops
-        await wait_for(pilot, lambda: job.state != "running", timeout=60)
-        assert job.state == "cancelled"
+        await wait_for(pilot, lambda: outcome(job) != "running", timeout=60)
+        assert outcome(job) == "cancelled"
+        await wait_for(pilot, lambda: row.outcome == "cancelled")
         assert not (tmp_path / "out").exists()
         assert not list(tmp_path.glob(".out.*"))
 
@@ -130,11 +135,10 @@ async def test_failure_opens_an_error_dialog(fsdp_ckpt, tmp_path):
         from ckpt_tui.core.export.api import plan_export
 
         plan, _ = plan_export(fsdp_ckpt, Path("/proc/ckpt-tui-out"))  # nobody can write there
-        app.run_export(plan)
-        job = app.jobs[-1]
+        job = app.main.run_export(plan)
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "failed" in screen_text(app),
                        timeout=30)
-        assert job.state == "failed" and job.error and job.error in screen_text(app)
+        assert outcome(job) == "failed" and str(job.error) and str(job.error) in screen_text(app)
         assert "Traceback" not in screen_text(app)
 
 
@@ -146,7 +150,7 @@ async def test_a_highlight_arriving_while_the_app_closes_is_ignored(fsdp_ckpt):
         await wait_for(pilot, lambda: app.report is not None)
         node = app.query_one(CheckpointTree).get_node_at_line(0)
     assert not app.screen_stack
-    app._highlighted(Tree.NodeHighlighted(node))  # what the message pump calls: nothing, now
+    app.main._highlighted(Tree.NodeHighlighted(node))  # what the message pump calls: nothing, now
 
 
 async def test_findings_panel_on_second_user_report(real_ckpt):
@@ -174,12 +178,14 @@ async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
         await press_and_wait(pilot, "question_mark", lambda: isinstance(app.screen, HelpScreen))
         await press_and_wait(pilot, "escape", lambda: not isinstance(app.screen, HelpScreen))
         # a running job makes quit ask first
-        job = Job("fake wait", "stats")
-        app.jobs.append(job)
+        import threading
+
+        release = threading.Event()
+        app.main.start_job(JobInfo("stats", "fake wait"), lambda on_progress, cancel: release.wait(30))
         await press_and_wait(pilot, "q", lambda: isinstance(app.screen, ConfirmDialog))
         await press_and_wait(pilot, "n", lambda: not isinstance(app.screen, ConfirmDialog))
         assert app.is_running and app.return_code is None
-        job.state = "done"
+        release.set()
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert "Export" in commands and "Findings" in commands
 
@@ -209,7 +215,7 @@ async def test_universal_wizard_converts_and_shows_how_to_load(ds_ckpt):
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog)
                        and "Universal checkpoint ready" in screen_text(app), timeout=240)
-        assert "load_universal" in screen_text(app)
+        await wait_for(pilot, lambda: "load_universal" in screen_text(app))  # the body mounts after the title
         assert (ds_ckpt / "global_step2_universal" / "zero").is_dir()
         assert (ds_ckpt / "latest_universal").read_text().strip() == "global_step2_universal"
 

@@ -16,11 +16,11 @@ async def test_export_done_dialog_shows_the_snippet_that_loads(real_ckpt, tmp_pa
     async with app.run_test(size=(120, 60)) as pilot:
         await wait_for(pilot, lambda: app.report is not None)
         plan, _ = plan_export(src, tmp_path / "tui-out")  # the wizard passes the folder typed in its field
-        app.run_export(plan)
+        job = app.main.run_export(plan)
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Export finished" in screen_text(app),
                        timeout=60)
         shown = screen_text(app)
-        code = app.jobs[-1].result.load_code
+        code = job.result.load_code
     # shown as is: the tied line's [brackets] are code, not markup
     assert "sd['lm_head.weight'] = sd['embed_tokens.weight']" in code
     assert "Load it with:\n" + "\n".join(f"  {ln}" if ln else "" for ln in code.splitlines()) in shown

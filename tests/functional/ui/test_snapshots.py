@@ -17,10 +17,11 @@ def _ready(theme=None):
     async def run_before(pilot):
         app = pilot.app
         t0 = time.monotonic()
-        tree = app.query_one("#tree")
 
         def settled():
-            node = tree.cursor_node
+            if not app.query("#tree"):
+                return False  # the main screen is not composed yet
+            node = app.query_one("#tree").cursor_node
             tensors = app.query_one(TensorTable)
             return (app.report is not None and tensors.rows and node is not None
                     and node.data is not None and app.selected is not None and node.data.path == app.selected.path

@@ -1,0 +1,334 @@
+"""The main screen: the checkpoint tree (left), the selected node's findings and facts over its tensors
+(right), the jobs panel and the footer.
+
+Its state is reactive and each watcher repaints one thing: ``report`` (the scan's result), ``selected`` (the
+highlighted node), ``listing`` (the tensor table's rows and note), ``stats`` and ``tree_width``. Bindings that
+cannot run now are dimmed by ``check_action``; ``why_not`` says why (help screen, palette). Every job is a
+Textual worker over a core function (ui/jobs.py) and every worker's end is handled in
+``on_worker_state_changed``."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Optional
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Static, Tree
+from textual.worker import Worker
+
+from ...core.present import GLYPH
+from ...core.report import Report
+from ...core.types import Node
+from ..actions import bindings
+from ..job_actions import JobActions, by_severity
+from ..jobs import JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
+from ..widgets.details import Details, Facts, TensorTable
+from ..widgets.jobs_panel import JobsPanel
+from ..widgets.tree import CheckpointTree
+from .dialogs import ConfirmDialog, MessageDialog
+
+TREE_WIDTHS = (20, 30, 40, 50, 60, 70)  # the tree pane's share of the width, in percent; `<` / `>` step through
+
+
+class TreeReady(Message):
+    def __init__(self, root: Node) -> None:
+        super().__init__()
+        self.root = root
+
+
+class MainScreen(JobActions, Screen):
+    CSS_PATH = Path(__file__).with_name("main.tcss")
+    BINDINGS = bindings(app=False)
+
+    report: reactive[Optional[Report]] = reactive(None, init=False, bindings=True)
+    selected: reactive[Optional[Node]] = reactive(None, init=False, bindings=True, always_update=True)
+    listing: reactive[tuple] = reactive(((), ""), init=False)  # (tensor rows, note) of the shown component
+    stats: reactive[tuple] = reactive((), init=False)  # TensorStats of the shown component, after `s`
+    tree_width: reactive[int] = reactive(40, init=False)
+
+    def __init__(self, path: Path, *, clock=None, trust_pickles: bool = False):
+        super().__init__()
+        self.path = path
+        self.clock = clock
+        self.trust_pickles = trust_pickles
+        self.jobs: dict[Worker, JobInfo] = {}  # every job started, in order; the worker holds its state
+        self._tensor_cache: dict[str, tuple] = {}
+        self._shown_component: object = "unset"
+        self._early_root: Optional[Node] = None
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Static(f"Scanning {self.path} …", id="summary")
+        with Horizontal(id="main"):
+            yield CheckpointTree(id="tree")
+            with Vertical(id="right"):
+                yield Details()
+                yield Static("", id="stats-summary")
+                yield TensorTable()
+        yield JobsPanel(clock=self.clock, id="jobs")
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one(CheckpointTree).focus()
+        self.start_scan()
+
+    # ------------------------------------------------------------------ what can run now
+    def why_not(self, action: str) -> Optional[str]:
+        """Why ``action`` cannot run now, or None when it can."""
+        if action in ("export", "universal", "fix", "findings", "stats") and self.report is None:
+            return "still scanning"
+        if action == "universal" and self.universal_tag() is None:
+            return "no DeepSpeed ZeRO checkpoint here"
+        if action == "fix" and not self.fixable():
+            return "nothing here has a fix"
+        if action == "stats" and (self.selected is None or self.component_for(self.selected)[0] is None):
+            return "select a component with tensors"
+        if action == "cancel_job" and not self.running_jobs():
+            return "no job is running"
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return None if self.why_not(action) else True  # None: shown dimmed in the footer
+
+    # ------------------------------------------------------------------ jobs
+    def start_job(self, info: JobInfo, fn, *, exclusive: bool = False) -> Worker:
+        worker = run_job(self, info, fn, exclusive=exclusive)
+        self.jobs[worker] = info
+        if info.kind not in ("scan", "tensors"):
+            self.query_one(JobsPanel).add_job(worker, info)
+        self.refresh_bindings()
+        return worker
+
+    def running_jobs(self) -> list[Worker]:
+        return [w for w, info in self.jobs.items() if info.kind not in ("scan", "tensors") and outcome(w) == "running"]
+
+    def on_job_progress(self, msg: JobProgress) -> None:
+        row = self.query_one(JobsPanel).row(msg.worker)
+        if row is not None:
+            row.progress = msg.progress
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        info = self.jobs.get(worker)
+        if info is None:
+            return  # not a job (a wizard's planner reports to its own screen)
+        end = outcome(worker)
+        row = self.query_one(JobsPanel).row(worker)
+        if row is not None:
+            row.outcome = end
+        self.refresh_bindings()
+        if end == "running":
+            return
+        if info.kind == "scan":
+            self._scan_done(worker, end)
+        elif info.kind == "tensors":
+            if end == "done":
+                self._tensors_done(*worker.result)
+        elif end == "failed":
+            self.app.push_screen(MessageDialog(f"{info.title} failed", error_text(worker), error=True))
+        elif end == "cancelled":
+            self.notify(f"{info.title}: cancelled. {info.cleanup_note}".strip())
+        elif end == "done":
+            getattr(self, f"_done_{info.kind}")(worker, info)
+
+    def action_cancel_job(self) -> None:
+        running = self.running_jobs()
+        if not running:
+            return
+        worker = running[-1]
+        info = self.jobs[worker]
+
+        def answer(yes: bool | None) -> None:
+            if yes and outcome(worker) == "running":
+                request_cancel(worker)
+                row = self.query_one(JobsPanel).row(worker)
+                if row is not None:
+                    row.outcome = "cancelling"
+
+        self.app.push_screen(ConfirmDialog(f"Cancel {info.title}?", info.cleanup_note, yes="Cancel job",
+                                           no="Keep running"), answer)
+
+    # ------------------------------------------------------------------ scanning
+    def start_scan(self) -> None:
+        from ...core.report import inspect
+
+        self._early_root = None
+        sent = [False]
+
+        def scan(on_progress, cancel):
+            def on_node(ev):
+                if self._early_root is None:
+                    self._early_root = ev.node  # the walk reports the root first
+                if ev.kind == "analyzed" and not sent[0]:
+                    sent[0] = True  # the walk is complete: draw the whole tree at once
+                    self.post_message(TreeReady(self._early_root))
+
+            return inspect(self.path, on_node=on_node, on_progress=on_progress, cancel=cancel,
+                           trust_pickles=self.trust_pickles)
+
+        self.start_job(JobInfo("scan", f"scan {self.path.name}"), scan, exclusive=True)
+
+    def on_tree_ready(self, msg: TreeReady) -> None:
+        if self.report is None and msg.root is not None:
+            self.query_one(CheckpointTree).load(msg.root, {})
+
+    def _scan_done(self, worker: Worker, end: str) -> None:
+        if end == "failed":
+            self.query_one("#summary", Static).update(f"✖ {error_text(worker)}")
+            self.app.push_screen(MessageDialog("Cannot open this path", error_text(worker), error=True))
+        elif end == "done":
+            # the inventory is long-lived: move it out of the GC's way, so later collections (which run
+            # on the UI thread) do not walk hundreds of thousands of nodes between two key presses
+            gc.freeze()
+            self.report = worker.result
+
+    def watch_report(self, report: Optional[Report]) -> None:
+        self._tensor_cache = {}
+        self._shown_component = "unset"
+        if report is None:
+            self.query_one("#summary", Static).update(f"Scanning {self.path} …")
+            return
+        inv = report.inventory
+        by_path: dict[str, list] = {}
+        for f in report.findings:
+            by_path.setdefault(f.path, []).append(f)
+        counts = {s: sum(1 for f in report.findings if f.severity == s) for s in GLYPH}
+        marks = "  ".join(f"{g} {counts[s]}" for s, g in GLYPH.items() if counts[s])
+        self.query_one("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
+        tree = self.query_one(CheckpointTree)
+        tree.load(inv.root, by_path)
+        target = inv.model_path()
+        if inv.layout == "run-folder" and inv.checkpoints:
+            target = inv.checkpoints[0]["path"]
+        if target:
+            tree.select_path(target)
+        self.selected = inv.node(target) if target else inv.root
+
+    def action_rescan(self) -> None:
+        self.report = None
+        self.start_scan()
+
+    # ------------------------------------------------------------------ details
+    @on(Tree.NodeHighlighted)
+    def _highlighted(self, event: Tree.NodeHighlighted) -> None:
+        # the scan's tree.select_path posts this; it can arrive after the app removed the screen's widgets
+        if isinstance(event.node.data, Node) and self.query(Facts):
+            self.selected = event.node.data
+
+    def watch_selected(self, node: Optional[Node]) -> None:
+        if node is None:
+            return
+        findings = self.report.findings if self.report else []
+        # its own findings, and the checkpoint's errors elsewhere: errors lead, whichever node is selected
+        mine = [f for f in findings if f.path == node.path]
+        elsewhere = [f for f in findings if f.severity == "error" and f.path != node.path]
+        self.query_one(Facts).show(node, by_severity(elsewhere + mine, node))
+        if self.report is not None:
+            self.load_tensors(node)
+
+    def component_for(self, node: Node) -> tuple[Optional[Node], str]:
+        if node.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "safetensors",
+                           "safetensors-sharded-index") or (node.format == "torch-zip" and node.facts.get("tensor_count")):
+            return node, ""
+        if self.report is None:
+            return None, ""
+        from ...core.layout import classify
+        from ...core.types import model_component
+
+        if node.is_dir:
+            rel = model_component(classify(node)[1])
+            if rel:
+                sub = self.report.inventory.node(rel)
+                if sub is not None:
+                    return sub, f"model component `{rel}`"
+        return None, ""
+
+    def load_tensors(self, node: Node) -> None:
+        comp, note = self.component_for(node)
+        key = comp.path if comp is not None else None
+        if key == self._shown_component:
+            return  # moving inside the same component: the table is already right
+        self._shown_component = key
+        if comp is None:
+            self.listing = ((), "")
+            return
+        cached = self._tensor_cache.get(key)
+        if cached is not None:
+            self.listing = cached
+            return
+        parsed = self.report.inventory.parsed
+        self.start_job(JobInfo("tensors", f"tensors {comp.name}"),
+                       lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed), exclusive=True)
+
+    @staticmethod
+    def tensors_of(path: str, comp: Node, note: str, parsed) -> tuple:
+        """The rows the table shows for ``comp`` (runs in a worker): the one place that asks the core."""
+        from ...core.tensors import list_tensors
+
+        rows: tuple = ()
+        try:
+            rows = tuple(list_tensors(comp, parsed))
+        except Exception as e:  # a broken file: say so in the table's caption
+            note = f"cannot list tensors: {e}"
+        return path, comp.path, rows, note
+
+    def _tensors_done(self, path: str, component: str, rows: tuple, note: str) -> None:
+        gc.freeze()  # the listing is long-lived too (see _scan_done)
+        self._tensor_cache[component] = (rows, note)
+        if self.selected is not None and self.selected.path == path:
+            self.listing = (rows, note)
+
+    def watch_listing(self, listing: tuple) -> None:
+        rows, note = listing
+        self.stats = ()  # statistics belong to the rows they were computed for
+        self.query_one(TensorTable).set_rows(rows, note)
+
+    def watch_stats(self, stats: tuple) -> None:
+        line = self.query_one("#stats-summary", Static)
+        line.set_class(bool(stats), "shown")
+        if not stats:
+            line.update("")
+            line.remove_class("bad")
+            return
+        self.query_one(TensorTable).set_stats(stats)
+        nan = sum(1 for s in stats if s.nan)
+        inf = sum(1 for s in stats if s.inf)
+        bad = [f"{nan} tensor{'s' if nan != 1 else ''} with NaN"] * bool(nan) + \
+              [f"{inf} tensor{'s' if inf != 1 else ''} with Inf"] * bool(inf)
+        line.update(f"✖ {', '.join(bad)} (of {len(stats)})" if bad else f"✔ {len(stats)} tensors, no NaN/Inf")
+        line.set_class(bool(bad), "bad")
+
+    # ------------------------------------------------------------------ layout keys
+    def action_tree_narrower(self) -> None:
+        self.tree_width = max(w for w in TREE_WIDTHS if w < self.tree_width) if self.tree_width > TREE_WIDTHS[0] \
+            else TREE_WIDTHS[0]
+
+    def action_tree_wider(self) -> None:
+        self.tree_width = min(w for w in TREE_WIDTHS if w > self.tree_width) if self.tree_width < TREE_WIDTHS[-1] \
+            else TREE_WIDTHS[-1]
+
+    def watch_tree_width(self, width: int) -> None:
+        self.query_one(CheckpointTree).styles.width = f"{width}%"
+
+    def action_findings(self) -> None:
+        from .findings import FindingsScreen
+
+        def done(res) -> None:
+            if not res or self.report is None:
+                return
+            kind, finding = res
+            self.query_one(CheckpointTree).select_path(finding.path)
+            self.selected = self.report.inventory.node(finding.path)
+            if kind == "fix":
+                self.start_fix(finding)
+
+        self.app.push_screen(FindingsScreen(self.report.findings), done)
+
+    def action_filter(self) -> None:
+        self.query_one(TensorTable).open_filter()

@@ -233,30 +233,21 @@ class MainScreen(JobActions, Screen):
             self.load_tensors(node)
 
     def component_for(self, node: Node) -> tuple[Optional[Node], str]:
-        if node.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "safetensors",
-                           "safetensors-sharded-index") or (node.format == "torch-zip" and node.facts.get("tensor_count")):
-            return node, ""
+        """Which node's tensors the table shows for ``node``: the core decides (as for `ckpt-tui tensors`)."""
         if self.report is None:
             return None, ""
-        from ...core.layout import classify
-        from ...core.types import model_component
+        from ...core.tensors import listable
 
-        if node.is_dir:
-            rel = model_component(classify(node)[1])
-            if rel:
-                sub = self.report.inventory.node(rel)
-                if sub is not None:
-                    return sub, f"model component `{rel}`"
-        return None, ""
+        return listable(self.report.inventory, node)
 
     def load_tensors(self, node: Node) -> None:
         comp, note = self.component_for(node)
-        key = comp.path if comp is not None else None
+        key = comp.path if comp is not None else "\0" + note  # nothing to list: the note says why
         if key == self._shown_component:
             return  # moving inside the same component: the table is already right
         self._shown_component = key
         if comp is None:
-            self.listing = ((), "")
+            self.listing = ((), note)
             return
         cached = self._tensor_cache.get(key)
         if cached is not None:

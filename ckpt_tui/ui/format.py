@@ -4,6 +4,7 @@ Severity is a glyph as well as a colour."""
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.style import Style
 from rich.text import Text
 
 from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
@@ -15,10 +16,15 @@ BADGE_STYLE = {"model": "bold black on green", "optimizer": "bold black on magen
                "model+optimizer": "bold black on green"}
 
 
+# The space between two parts of a label is styled italic, which no part uses and nothing shows on a space: a
+# style of its own keeps it from merging into the part after it. SVG renderers (rsvg) draw a segment that begins
+# with a space without it (the screenshots showed `MODELpytorch_model.bin`), and a space alone as a gap.
+GAP = Style(italic=True)
+
+
 def node_label(node, findings=()) -> Text:
     """``▲ MODEL name/ 1.6 MB`` or ``name badge 1.6 MB``: one plain space between the parts, each part a
-    styled span of one Text (a tree line never wraps, so nothing needs a non-breaking space, which some
-    renderers, SVG among them, draw as no space at all)."""
+    styled span of one Text (a tree line never wraps: no non-breaking spaces)."""
     name = (node.abspath.name if node.path == "." else node.name) + ("/" if node.is_dir else "")
     sev = worst(findings)
     badge = role_badge(node.role)
@@ -33,7 +39,12 @@ def node_label(node, findings=()) -> Text:
         parts.append((badge, "dim reverse"))
     if node.size:
         parts.append((size(node.size), "dim"))
-    return Text(" ").join(Text(text, style=style) for text, style in parts)
+    label = Text()
+    for i, (text, style) in enumerate(parts):
+        if i:
+            label.append(" ", style=GAP)
+        label.append(text, style=style)
+    return label
 
 
 def middle_ellipsis(name: str, width: int, sep: str = ".") -> str:

@@ -10,7 +10,7 @@ import pytest
 from rich.cells import cell_len
 
 from ckpt_tui.core.types import Finding
-from ckpt_tui.ui.format import middle_ellipsis, node_label
+from ckpt_tui.ui.format import GAP, middle_ellipsis, node_label
 
 Q = "model.layers.10.self_attn.q_proj.weight"  # 39 cells
 
@@ -53,18 +53,25 @@ def _node(name, role, size, is_dir=False):
     return SimpleNamespace(path=name, name=name, abspath=Path("/x") / name, is_dir=is_dir, role=role, size=size)
 
 
-@pytest.mark.parametrize("node,findings,text", [
-    (_node("pytorch_model.bin", "model", 1_700_000), (), "MODEL pytorch_model.bin 1.7 MB"),
-    (_node("checkpoint-2", "checkpoint", 1_700_000, True), (), "checkpoint-2/ ckpt 1.7 MB"),
+@pytest.mark.parametrize("node,findings,parts", [
+    (_node("pytorch_model.bin", "model", 1_700_000), (), ["MODEL", "pytorch_model.bin", "1.7 MB"]),
+    (_node("checkpoint-2", "checkpoint", 1_700_000, True), (), ["checkpoint-2/", "ckpt", "1.7 MB"]),
     (_node("global_step2", "model+optimizer", 942_200, True),
-     (Finding(code="x", severity="warning", path="global_step2", message="m"),), "▲ MODEL+OPTIM global_step2/ 942.2 kB"),
-    (_node("__0_0.distcp", "shard", 0), (), "__0_0.distcp"),
+     (Finding(code="x", severity="warning", path="global_step2", message="m"),),
+     ["▲", "MODEL+OPTIM", "global_step2/", "942.2 kB"]),
+    (_node("__0_0.distcp", "shard", 0), (), ["__0_0.distcp"]),
 ])
-def test_node_label_one_plain_space_between_badge_name_and_size(node, findings, text):
+def test_node_label_one_plain_space_between_badge_name_and_size(node, findings, parts):
     label = node_label(node, findings)
-    assert label.plain == text
-    # styles are spans of one Text, each over one part: no span takes in a separating space
-    spans = [label.plain[s.start:s.end] for s in label.spans]
-    assert all(t == t.strip() and t for t in spans), spans
+    assert label.plain == " ".join(parts)
+    assert not label.style  # no style over the whole label: each part has its own
+    # each space between parts is a span of its own style (GAP), so an SVG export draws it as a gap, never as
+    # the (dropped) first character of the part after it; no other span takes in a separating space
+    gaps = [(sp.start, sp.end) for sp in label.spans if sp.style == GAP]
+    assert all(label.plain[a:b] == " " for a, b in gaps) and len(gaps) == len(parts) - 1
+    bounds = [0] + [i for g in gaps for i in g] + [len(label.plain)]
+    assert [label.plain[a:b] for a, b in zip(bounds[::2], bounds[1::2])] == parts
+    styled = [label.plain[sp.start:sp.end] for sp in label.spans if sp.style != GAP]
+    assert all(t in parts for t in styled), styled
     if node.role == "model":
-        assert "MODEL" in spans and "1.7 MB" in spans
+        assert "MODEL" in styled and "1.7 MB" in styled

@@ -36,6 +36,10 @@ class Tmux:
         for k in keys:
             self._tmux("send-keys", "-t", self.name, k, check=True)
 
+    def resize(self, width: int, height: int) -> None:
+        """Resize the terminal, as a user dragging the window's edge does."""
+        self._tmux("resize-window", "-t", self.name, "-x", str(width), "-y", str(height), check=True)
+
     def screen(self, history: int = 0) -> str:
         return self._tmux("capture-pane", "-p", "-J", "-t", self.name, *(["-S", f"-{history}"] if history else []))
 

@@ -3,35 +3,102 @@ Severity is a glyph as well as a colour."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
+from rich.style import Style
 from rich.text import Text
 
 from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
 
-__all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst"]
+__all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst", "middle_ellipsis"]
 
 SEV_STYLE = {sev: color if sev == "info" else f"bold {color}" for sev, color in SEVERITY_COLOR.items()}
 BADGE_STYLE = {"model": "bold black on green", "optimizer": "bold black on magenta",
                "model+optimizer": "bold black on green"}
 
 
+# The space between two parts of a label is styled italic, which no part uses and nothing shows on a space: a
+# style of its own keeps it from merging into the part after it. SVG renderers (rsvg) draw a segment that begins
+# with a space without it (the screenshots showed `MODELpytorch_model.bin`), and a space alone as a gap.
+GAP = Style(italic=True)
+
+
 def node_label(node, findings=()) -> Text:
+    """``▲ MODEL name/ 1.6 MB`` or ``name badge 1.6 MB``: one plain space between the parts, each part a
+    styled span of one Text (a tree line never wraps: no non-breaking spaces)."""
     name = (node.abspath.name if node.path == "." else node.name) + ("/" if node.is_dir else "")
-    t = Text()
     sev = worst(findings)
-    if sev:
-        t.append(GLYPH[sev] + " ", style=SEV_STYLE[sev])
     badge = role_badge(node.role)
     main = node.role in MAIN_ROLES
+    parts: list[tuple[str, str]] = []
+    if sev:
+        parts.append((GLYPH[sev], SEV_STYLE[sev]))
     if badge and main:  # model/optimizer first, in capitals: never cut
-        t.append(badge.upper(), style=BADGE_STYLE.get(node.role, "reverse"))
-        t.append("\u00a0")
-    t.append(name, style="bold" if node.is_dir else "")
+        parts.append((badge.upper(), BADGE_STYLE.get(node.role, "reverse")))
+    parts.append((name, "bold" if node.is_dir else ""))
     if badge and not main:
-        t.append("\u00a0")
-        t.append(badge, style="dim reverse")
+        parts.append((badge, "dim reverse"))
     if node.size:
-        t.append(f"\u00a0{size(node.size)}", style="dim")
-    return t
+        parts.append((size(node.size), "dim"))
+    label = Text()
+    for i, (text, style) in enumerate(parts):
+        if i:
+            label.append(" ", style=GAP)
+        label.append(text, style=style)
+    return label
+
+
+def middle_ellipsis(name: str, width: int, sep: str = ".") -> str:
+    """``name`` in at most ``width`` cells, cut in the middle where it must be: the start up to the first
+    numeric component (the layer index) and the leaf are kept, then as many components before the leaf as
+    fit, e.g. ``model.layers.10.self_attn.q_proj.weight`` in 29 cells is ``model.layers.10…q_proj.weight``.
+    Left-over room shows the end of the next component after the cut. Narrower, the layer index stays
+    whole and the leaf loses its start; narrower still, the name keeps as many characters of each end. A long
+    start before the index (``model.model.layers.0``) gives way first: ``…layers.0…q_proj.weight``."""
+    if cell_len(name) <= width:
+        return name
+    if width <= 1:
+        return "…"[:max(width, 0)]
+    parts = name.split(sep)
+    index = next((i for i, p in enumerate(parts[1:-1], 1) if p.isdigit()), 0)
+    head, tail = index + 1, 1  # components kept before and after the cut
+
+    def cut(h: int, t: int) -> str:
+        return sep.join(parts[:h]) + "…" + sep.join(parts[len(parts) - t:])
+
+    if index >= 3 and len(parts) - head >= 2 and cell_len(cut(head, 2)) > width:
+        # a long wrapper start (model.model.layers.0): keep the index's own name and the leaf's two parts
+        short = "…" + sep.join(parts[index - 1:head]) + "…" + sep.join(parts[-2:])
+        if cell_len(short) <= width:
+            return short
+    if len(parts) < 3 or cell_len(cut(head, tail)) > width:
+        start = sep.join(parts[:head])
+        if index and cell_len(start) + 5 <= width:  # the layer index whole, the leaf's end
+            return start + "…" + _cells_from_end(name, width - cell_len(start) - 1)
+        left = width // 2  # characters: the start gets the odd one
+        return _cells(name, left) + "…" + _cells_from_end(name, width - 1 - left)
+    while head + tail < len(parts) and cell_len(cut(head, tail + 1)) <= width:
+        tail += 1  # the leaf side grows (q_proj.weight): the start is kept only up to the layer index
+    text = cut(head, tail)
+    room = width - cell_len(text)
+    if room >= 2 and head + tail < len(parts):  # the end of the next component, rather than blank cells
+        after = _cells_from_end(parts[len(parts) - tail - 1] + sep, room)
+        text = sep.join(parts[:head]) + "…" + after + sep.join(parts[len(parts) - tail:])
+    return text
+
+
+def _cells(text: str, n: int) -> str:
+    out, used = [], 0
+    for ch in text:
+        w = cell_len(ch)
+        if used + w > n:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out)
+
+
+def _cells_from_end(text: str, n: int) -> str:
+    return _cells(text[::-1], n)[::-1]
 
 
 def fact_rows(node) -> list[tuple[str, str]]:

@@ -50,7 +50,7 @@ class MainScreen(JobActions, Screen):
     selected: reactive[Optional[Node]] = reactive(None, init=False, bindings=True, always_update=True)
     listing: reactive[tuple] = reactive(((), ""), init=False)  # (tensor rows, note) of the shown component
     stats: reactive[tuple] = reactive((), init=False)  # TensorStats of the shown component, after `s`
-    tree_width: reactive[int] = reactive(40, init=False)
+    tree_width: reactive[int] = reactive(0, init=False)  # 0: by content (CheckpointTree); else % set by < / >
 
     def __init__(self, path: Path, *, clock=None, trust_pickles: bool = False):
         super().__init__()
@@ -296,16 +296,23 @@ class MainScreen(JobActions, Screen):
         line.set_class(bool(bad), "bad")
 
     # ------------------------------------------------------------------ layout keys
+    def _tree_share(self) -> int:
+        """The tree pane's share of the width now, in percent (what `<` / `>` step from)."""
+        if self.tree_width:
+            return self.tree_width
+        total = max(1, self.query_one("#main").size.width)
+        return round(100 * self.query_one(CheckpointTree).size.width / total)
+
     def action_tree_narrower(self) -> None:
-        self.tree_width = max(w for w in TREE_WIDTHS if w < self.tree_width) if self.tree_width > TREE_WIDTHS[0] \
-            else TREE_WIDTHS[0]
+        now = self._tree_share()
+        self.tree_width = max([w for w in TREE_WIDTHS if w < now] or [TREE_WIDTHS[0]])
 
     def action_tree_wider(self) -> None:
-        self.tree_width = min(w for w in TREE_WIDTHS if w > self.tree_width) if self.tree_width < TREE_WIDTHS[-1] \
-            else TREE_WIDTHS[-1]
+        now = self._tree_share()
+        self.tree_width = min([w for w in TREE_WIDTHS if w > now] or [TREE_WIDTHS[-1]])
 
     def watch_tree_width(self, width: int) -> None:
-        self.query_one(CheckpointTree).styles.width = f"{width}%"
+        self.query_one(CheckpointTree).styles.width = f"{width}%" if width else "auto"
 
     def action_findings(self) -> None:
         from .findings import FindingsScreen

@@ -4,6 +4,7 @@ tensor table that filters as you type."""
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from rich.cells import cell_len
 from rich.console import Group
@@ -15,10 +16,9 @@ from textual.widgets import DataTable, Input, Static
 
 from ...core.codes import fix_key
 from ...core.present import GLYPH, shape_text, short_dtype, size
-from ..format import SEV_STYLE, fact_rows
+from ..format import SEV_STYLE, fact_rows, middle_ellipsis
 
 MAX_ROWS = 100
-NAME_WIDTH = 26
 
 
 class Facts(Static):
@@ -52,20 +52,31 @@ class Facts(Static):
 
 class TensorTable(Vertical):
     """Rows are kept in memory and only the first MAX_ROWS matches are drawn, so a keystroke
-    costs the same at 100,000 tensors as at 10."""
+    costs the same at 100,000 tensors as at 10.
+
+    Column widths follow the table's width (recomputed on resize): every column but the name is as wide as
+    its widest cell, and the name gets the rest, cut in the middle if it must be (``middle_ellipsis`` keeps
+    the layer index and the leaf). Where the name would get fewer than ``NAME_ROOM`` cells, the size column
+    goes, then the dtype; the shape stays."""
 
     DEFAULT_CSS = """
     TensorTable { height: 1fr; }
     TensorTable Input { height: 3; display: none; }
     TensorTable Input.visible { display: block; }
     TensorTable #tensor-count { height: 1; color: $text-muted; }
+    TensorTable DataTable { height: 1fr; scrollbar-gutter: stable; scrollbar-size-vertical: 1; }
     """
+    NAME_ROOM = 30  # `model.layers.10…q_proj.weight` and a cell to spare
+    DROP_ORDER = ("size", "dtype")  # least useful first: bytes follow from dtype and shape
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self.rows: list = []
         self.stats: dict[str, object] = {}
         self.last_filter_ms = 0.0
+        self._shown: list = []  # the rows drawn (at most MAX_ROWS matches)
+        self._with_stats = False
+        self._drawn_width = -1
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter tensors by name…", id="tensor-filter")
@@ -74,21 +85,71 @@ class TensorTable(Vertical):
         yield table
 
     def on_mount(self) -> None:
-        self._columns(False)
+        self._draw()
 
-    def _columns(self, with_stats: bool) -> None:
-        self._with_stats = with_stats
-        self._set_columns([])
+    @property
+    def columns(self) -> list[str]:
+        """The columns drawn now (narrow tables drop some, see DROP_ORDER)."""
+        return list(getattr(self, "_drawn_columns", []))
 
-    def _set_columns(self, rows: list) -> None:
-        """Columns as wide as their widest cell shown, set explicitly: a DataTable that measures its columns
-        itself does so when idle, and a frame drawn before that (a loaded machine) kept a stale header row."""
-        table = self.query_one(DataTable)
+    def _cells(self, r) -> dict:
+        dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
+        cells = {"name": r.name, "size": Text(size(r.nbytes)), "dtype": Text(dtype), "shape": Text(shape_text(r.shape))}
+        if self._with_stats:
+            st = self.stats.get(r.name)
+            fmt = lambda v: "" if v is None else f"{v:.3g}"
+            bad = 0 if st is None else st.nan + st.inf
+            cells.update({"min": fmt(getattr(st, "min", None)), "max": fmt(getattr(st, "max", None)),
+                          "NaN/Inf": Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0")})
+        return cells
+
+    def _fit(self, cells: list[dict], room: Optional[int]) -> dict[str, int]:
+        """Column -> width for ``room`` cells of table (None: unknown yet, every column as wide as its cells)."""
         cols = ["name", "size", "dtype", "shape"] + (["min", "max", "NaN/Inf"] if self._with_stats else [])
-        widths = [max([cell_len(c)] + [cell_len(str(r[i])) for r in rows]) for i, c in enumerate(cols)]
+        natural = {c: max([cell_len(c)] + [cell_len(_plain(row[c])) for row in cells]) for c in cols}
+        if room is None:
+            return natural
+        pad = 2 * self.query_one(DataTable).cell_padding
+
+        def name_room(shown):
+            return room - sum(natural[c] + pad for c in shown if c != "name") - pad
+
+        for drop in self.DROP_ORDER:
+            if name_room(cols) >= min(natural["name"], self.NAME_ROOM):
+                break
+            cols.remove(drop)
+        widths = {c: natural[c] for c in cols}
+        widths["name"] = max(cell_len("name"), min(natural["name"], name_room(cols)))
+        return widths
+
+    def _draw(self) -> None:
+        """Columns and rows for the table's width now. Widths are set explicitly: a DataTable that measures
+        its columns itself does so when idle, and a frame drawn before that (a loaded machine) kept a stale
+        header row."""
+        table = self.query_one(DataTable)
+        width = self.content_size.width
+        room = width - table.styles.scrollbar_size_vertical if width > 0 else None  # the bar's gutter is kept
+        self._drawn_width = width
+        cells = [self._cells(r) for r in self._shown]
+        widths = self._fit(cells, room)
+        self._drawn_columns = list(widths)
+        cursor = table.cursor_row
         table.clear(columns=True)
-        for c, w in zip(cols, widths):
-            table.add_column(c, width=w)
+        for c, w in widths.items():
+            table.add_column(c, width=w, key=c)
+        name_w = widths["name"]
+        table.add_rows([[Text(middle_ellipsis(row["name"], name_w)) if c == "name" else row[c] for c in widths]
+                        for row in cells])
+        if 0 < cursor < table.row_count:
+            table.move_cursor(row=cursor, animate=False)
+
+    def is_drawn(self) -> bool:
+        """The table shows the current matches at its current width (what tests and snapshots wait for)."""
+        return self._drawn_width == self.content_size.width > 0 and self.query_one(DataTable).row_count == len(self._shown)
+
+    def on_resize(self) -> None:
+        if self.content_size.width != self._drawn_width:
+            self._draw()
 
     def set_rows(self, rows, note: str = "") -> None:
         self.rows = list(rows)
@@ -96,46 +157,32 @@ class TensorTable(Vertical):
         self.note = note
         if self.stats:
             self.stats = {}
-            self._columns(False)
+            self._with_stats = False
         self.refilter()
 
     def set_stats(self, stats) -> None:
         self.stats = {s.name: s for s in stats}
-        self._columns(True)
+        self._with_stats = True
         self.refilter()
 
     def refilter(self) -> None:
         t0 = time.perf_counter()
         text = self.query_one(Input).value.strip().lower()
-        table = self.query_one(DataTable)
-        shown = 0
-        rows = []
+        shown = []
         matches = 0
         lower = getattr(self, "_lower", [])
         for r, low in zip(self.rows, lower):
             if text and text not in low:
                 continue
             matches += 1
-            if shown >= MAX_ROWS:
-                continue
-            name = r.name if len(r.name) <= NAME_WIDTH else "…" + r.name[-(NAME_WIDTH - 1):]
-            dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
-            cells = [Text(name), Text(size(r.nbytes)), Text(dtype),
-                     Text(shape_text(r.shape))]
-            if getattr(self, "_with_stats", False):
-                st = self.stats.get(r.name)
-                fmt = lambda v: "" if v is None else f"{v:.3g}"
-                bad = 0 if st is None else st.nan + st.inf
-                cells += [fmt(getattr(st, "min", None)), fmt(getattr(st, "max", None)),
-                          Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0")]
-            rows.append(cells)
-            shown += 1
-        self._set_columns(rows)
-        table.add_rows(rows)
+            if len(shown) < MAX_ROWS:
+                shown.append(r)
+        self._shown = shown
+        self._draw()
         note = getattr(self, "note", "")
         count = f"{matches:,}/{len(self.rows):,} match '{text}'" if text else f"{matches:,} tensors"
-        if matches > shown:
-            count += f" ({shown} shown)"
+        if matches > len(shown):
+            count += f" ({len(shown)} shown)"
         self.query_one("#tensor-count", Static).update(Text(count + (f" — {note}" if note else "")))
         self.last_filter_ms = (time.perf_counter() - t0) * 1000
 
@@ -149,6 +196,10 @@ class TensorTable(Vertical):
         inp = self.query_one(Input)
         inp.add_class("visible")
         inp.focus()
+
+
+def _plain(cell) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
 
 
 class Details(VerticalScroll):

@@ -1,11 +1,17 @@
 """The checkpoint tree: children are added when a folder is expanded, so a folder of 100,000
 files shows at once. A DeepSpeed universal checkpoint folder (a folder per parameter, several files
-each) stays collapsed with its summary until it is expanded."""
+each) stays collapsed with its summary until it is expanded.
+
+The pane is as wide as its shown lines (CSS ``width: auto``, see ``get_content_width``), within limits: while
+the tree has the focus it leaves the right pane ``RIGHT_ROOM`` columns, so at 120 columns no file name is
+cut; while the right pane has it the tree takes at most ``SHARE_UNFOCUSED`` of the width, so tensor names
+get the room."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.binding import Binding
+from textual.geometry import Size
 from textual.widgets import Tree
 
 from ...core.present import universal_summary
@@ -18,6 +24,11 @@ COLLAPSED = ("dcp", "deepspeed-universal")  # folders not opened at start (many 
 
 class CheckpointTree(Tree[Node]):
     BINDINGS = [Binding("j", "cursor_down", "Down", show=False), Binding("k", "cursor_up", "Up", show=False)]
+    DEFAULT_CSS = """
+    CheckpointTree { width: auto; min-width: 24; padding-right: 1; }
+    """
+    RIGHT_ROOM = 40  # columns left to the right pane while the tree has the focus (its table shows a name and shape)
+    SHARE_UNFOCUSED = 1 / 3  # the most of its container the tree takes while the focus is elsewhere on its screen
 
     def __init__(self, **kw):
         super().__init__("…", **kw)
@@ -25,6 +36,37 @@ class CheckpointTree(Tree[Node]):
         self.guide_depth = 2
         self.findings_by_path: dict[str, list] = {}
         self._by_path: dict[str, object] = {}
+
+    def content_width(self) -> int:
+        """Cells the shown lines need (guides, icons and labels): the width at which no label is cut,
+        without the pane's border and scrollbar. Changes as folders open and close."""
+        self._tree_lines  # builds the lines (and the virtual size) if a change left them stale
+        return self.virtual_size.width
+
+    def get_content_width(self, container: Size, viewport: Size) -> int:
+        """``width: auto``: the content's width, at most what the limits above leave. ``container`` is the
+        parent's width less this pane's border; the scrollbar is added after this."""
+        outer = container.width + self.styles.gutter.width
+        if self._focus_elsewhere():
+            limit = int(outer * self.SHARE_UNFOCUSED)
+        else:
+            limit = outer - self.RIGHT_ROOM
+        bar = self.styles.scrollbar_size_vertical if self.show_vertical_scrollbar else 0
+        return max(0, min(self.content_width(), limit - self.styles.gutter.width - bar))
+
+    def _focus_elsewhere(self) -> bool:
+        """Another widget of this screen has the focus (a dialog on top leaves the screen's focus as it was)."""
+        try:
+            focused = self.screen.focused
+        except Exception:  # not mounted yet
+            return False
+        return focused is not None and focused is not self
+
+    def on_focus(self) -> None:
+        self.refresh(layout=True)
+
+    def on_blur(self) -> None:
+        self.refresh(layout=True)
 
     def load(self, root: Node, findings_by_path: dict[str, list]) -> None:
         self.findings_by_path = findings_by_path
@@ -50,7 +92,8 @@ class CheckpointTree(Tree[Node]):
     def _label(self, node: Node) -> Text:
         label = node_label(node, self._subtree_findings(node))
         if node.format == "deepspeed-universal":
-            label.append("\u00a0" + universal_summary(node.facts), style="dim")
+            label.append(" ")
+            label.append(universal_summary(node.facts), style="dim")
         return label
 
     def _fill(self, tnode, node: Node) -> None:

@@ -1,4 +1,6 @@
-"""SVG snapshots of the main screen (dark, light, NO_COLOR) and the help screen at 80×24.
+"""SVG snapshots of the main screen (dark, light, NO_COLOR) and the help screen at 80×24, and of the main
+screen at 80×24, 120×40 and 200×50 on a DeepSpeed ZeRO-2 and on an HF Trainer FSDP checkpoint (what is cut at
+which width: issue 12; tests/functional/ui/test_widths.py asserts it on the rendered text).
 
 On a DeepSpeed fixture, whose file sizes do not depend on where the fixture cache lives, opened by a relative
 path from its parent folder (as a user there would), so the paths its findings show do not either.
@@ -7,10 +9,10 @@ Update with `pytest tests/functional/ui/test_snapshots.py --snapshot-update` aft
 
 import time
 
-from textual.widgets import DataTable
+import pytest
 
 from ckpt_tui.ui.app import make_app
-from ckpt_tui.ui.widgets.details import MAX_ROWS, NAME_WIDTH, TensorTable
+from ckpt_tui.ui.widgets.details import TensorTable
 
 
 def _ready(theme=None):
@@ -25,17 +27,7 @@ def _ready(theme=None):
             tensors = app.query_one(TensorTable)
             return (app.report is not None and tensors.rows and node is not None
                     and node.data is not None and app.selected is not None and node.data.path == app.selected.path
-                    and node.data.path != "." and columns_fit(tensors))
-
-        def columns_fit(tensors) -> bool:
-            """The table has its rows and has measured them: the name column is as wide as the widest name
-            shown (under load the screenshot could otherwise catch the columns at their header widths)."""
-            table = tensors.query_one(DataTable)
-            if table.row_count != min(len(tensors.rows), MAX_ROWS):
-                return False
-            name = next(iter(table.columns.values()))
-            widest = max(min(len(r.name), NAME_WIDTH) for r in tensors.rows[:MAX_ROWS])
-            return name.content_width >= widest
+                    and node.data.path != "." and tensors.is_drawn())
 
         while not settled():
             assert time.monotonic() - t0 < 60, "the main screen did not settle"
@@ -53,8 +45,8 @@ def _ready(theme=None):
     return run_before
 
 
-def _app(real_ckpt, monkeypatch):
-    path = real_ckpt("ds-zero2-bf16")
+def _app(real_ckpt, monkeypatch, key="ds-zero2-bf16"):
+    path = real_ckpt(key)
     monkeypatch.chdir(path.parent)
     return make_app(path.name)
 
@@ -75,3 +67,9 @@ def test_main_no_color(snap_compare, real_ckpt, monkeypatch):
 def test_help(snap_compare, real_ckpt, monkeypatch):
     assert snap_compare(_app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready(),
                         press=["question_mark"])
+
+
+@pytest.mark.parametrize("key", ["ds-zero2-bf16", "hf-fsdp1"])
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_main_width(snap_compare, real_ckpt, monkeypatch, key, size):
+    assert snap_compare(_app(real_ckpt, monkeypatch, key), terminal_size=size, run_before=_ready())

@@ -66,3 +66,26 @@ def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
         assert t.exit_code() == 0
     finally:
         t.close()
+
+
+def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
+    """At 120 columns the tree shows whole file names; narrowed to 80 the tensor table redraws its columns for the
+    new width: the shape stays and each name keeps its layer index (issue 12)."""
+    ck = real_ckpt("hf-ds-zero2")
+    # without COLUMNS/LINES (the test run sets them): the size comes from the terminal, and follows its resize
+    t = Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui {ck.name}", {"TERM": "xterm-256color"},
+             size=(120, 40), cwd=ck.parent)
+    try:
+        t.wait_for("optimizer in")
+        t.wait_for("model.layers.0.self_attn.q_proj.weight")  # 120 columns: the table's names whole
+        t.keys("j", "Enter")  # the cursor starts on checkpoint-2/: open global_step2/ below it
+        s = t.wait_for("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt 694.9 kB")
+        assert "mp_rank_00_model_states.pt 237.7 kB" in s
+        t.resize(80, 24)
+        s = t.wait_for("model.layers.0…q_proj.weight")
+        line = next(x for x in s.splitlines() if "model.layers.0…q_proj.weight" in x)
+        assert "64×64" in line  # the shape is on the same row
+        t.keys("q")
+        assert t.exit_code() == 0
+    finally:
+        t.close()

@@ -97,18 +97,28 @@ class JobActions:
         self.app.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]
 
     # ------------------------------------------------------------------ universal
-    def universal_tag(self) -> Optional[object]:
-        """The DeepSpeed tag `u` converts: the selected one, else the model's, else the first; None if none."""
+    def universal_choice(self) -> tuple[Optional[object], str]:
+        """The DeepSpeed tag `u` converts -- the selected tag folder, else the one the core picks for
+        `ckpt-tui universal` (`latest`, the newest complete checkpoint) -- or None and why not."""
         if self.report is None:
-            return None
-        inv = self.report.inventory
+            return None, "still scanning"
         if self.selected is not None and self.selected.format == "deepspeed-zero":
-            return self.selected
-        tags = inv.deepspeed_tags()
-        if not tags:
-            return None
-        model = inv.model_node()
-        return model if model is not None and model.format == "deepspeed-zero" else tags[0]
+            return self.selected, ""
+        if not self.report.inventory.deepspeed_tags():
+            return None, "no DeepSpeed ZeRO checkpoint here"
+        from ..core.export.api import resolve
+        from ..core.export.write import ExportError
+
+        try:
+            node, _ = resolve(self.report, None, verb="converting")
+        except ExportError as e:  # a dangling `latest`: the user picks the tag in the tree
+            return None, (str(e).splitlines() or [""])[0] + " (select a tag folder)"
+        if node.format != "deepspeed-zero":
+            return None, "no DeepSpeed ZeRO checkpoint here"
+        return node, ""
+
+    def universal_tag(self) -> Optional[object]:
+        return self.universal_choice()[0]
 
     def action_universal(self) -> None:
         tag = self.universal_tag()

@@ -84,7 +84,7 @@ class MainScreen(JobActions, Screen):
         if action in ("export", "universal", "fix", "findings", "stats") and self.report is None:
             return "still scanning"
         if action == "universal" and self.universal_tag() is None:
-            return "no DeepSpeed ZeRO checkpoint here"
+            return self.universal_choice()[1]
         if action == "fix" and not self.fixable():
             return "nothing here has a fix"
         if action == "stats" and (self.selected is None or self.component_for(self.selected)[0] is None):

@@ -268,7 +268,7 @@ class ExportWizard(PlannedWizard):
         need = self.output_bytes.get(src)
         if need is None:
             line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — sizing the export…")
-            self._size_worker(src, str(_abs(self.report, src)))
+            self._size_worker(src)
         elif isinstance(need, str):
             line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — {need}")
         else:
@@ -277,14 +277,13 @@ class ExportWizard(PlannedWizard):
                         f"about {size(need)} ({ok}).")
 
     @work(thread=True, exclusive=True, group="sizing", exit_on_error=False)
-    def _size_worker(self, src: str, abs_src: str) -> None:
-        """The bytes the export writes (model tensors as stored, plus copied files), from its plan: not the
-        component's size on disk, which counts the optimizer."""
-        from ...core.export.api import plan_export
+    def _size_worker(self, src: str) -> None:
+        """The bytes the export writes (model tensors as stored, plus copied files), as the core's
+        ``export_needs`` counts them for ``export``'s own free-space check: never the optimizer."""
+        from ...core.export.api import export_needs
 
         try:
-            plan, _ = plan_export(abs_src, Path(abs_src).parent / ".ckpt-tui-sizing", dtype="keep")
-            need: object = plan.total_bytes
+            need: object = export_needs(self.report, self.report.inventory.node(src), dtype="keep")
         except Exception as e:  # the plan step says it in full
             need = f"cannot size the export: {(str(e).splitlines() or [''])[0]}"
         self.app.call_from_thread(self._sized, src, need)

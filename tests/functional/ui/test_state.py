@@ -202,3 +202,23 @@ async def test_cancel_an_export_from_the_jobs_panel_leaves_no_output(real_ckpt, 
         assert outcome(worker) == "cancelled"
         assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
         await wait_for(pilot, lambda: main.check_action("cancel_job", ()) is None)
+
+
+async def test_universal_asks_the_core_which_tag_and_says_why_not(dangling):
+    """`u` converts the tag `ckpt-tui universal` would: with `latest` naming no tag folder the core
+    refuses to guess, so `u` is dimmed with that reason until a tag folder is selected."""
+    app = make_app(dangling)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None and app.selected is not None)
+        main = app.main
+        from ckpt_tui.ui.widgets.tree import CheckpointTree
+
+        tree = main.query_one(CheckpointTree)
+        tree.select_path(".")  # as the user moves the cursor to the top
+        await wait_for(pilot, lambda: main.selected is not None and main.selected.path == ".")
+        why = main.why_not("universal")
+        assert why and "global_step999" in why and "select a tag folder" in why
+        assert main.check_action("universal", ()) is None  # dimmed in the footer
+        tree.select_path("global_step2")
+        await wait_for(pilot, lambda: main.selected.path == "global_step2")
+        assert main.why_not("universal") is None and main.universal_tag().path == "global_step2"

@@ -87,8 +87,12 @@ class MainScreen(JobActions, Screen):
             return self.universal_choice()[1]
         if action == "fix" and not self.fixable():
             return "nothing here has a fix"
-        if action == "stats" and (self.selected is None or self.component_for(self.selected)[0] is None):
-            return "select a component with tensors"
+        if action == "stats":
+            comp = self.component_for(self.selected)[0] if self.selected is not None else None
+            if comp is None:
+                return "select a component with tensors"
+            if comp.role not in ("model", "model+optimizer"):
+                return "statistics are of model weights: select the model component"
         if action == "cancel_job" and not self.running_jobs():
             return "no job is running"
         return None

@@ -89,3 +89,31 @@ def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
         assert t.exit_code() == 0
     finally:
         t.close()
+
+
+def test_errors_first_model_states_tensors_and_stats_in_tmux(real_ckpt, tmp_path):
+    """Issue 12's data, in a real terminal at 120×40: with a dangling `latest` (an error) and no
+    universal_checkpoint_info (a warning) the error is the first finding shown; a DeepSpeed model-states
+    file lists its tensors; `s` fills the min/max columns."""
+    d = tmp_path / "ds"
+    shutil.copytree(real_ckpt("ds-zero2-bf16"), d)
+    (d / "latest").write_text("global_step999")
+    t = Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui ds", {"TERM": "xterm-256color"},
+             size=(120, 40), cwd=tmp_path)
+    try:
+        s = t.wait_for("universal-info-missing")
+        first = [ln for ln in s.splitlines() if "latest-dangling" in ln or "universal-info-missing" in ln]
+        assert "latest-dangling" in first[0], s  # the error leads the details pane
+        t.wait_for("17 tensors")  # the model component's table (fp32 masters)
+        t.keys("s")  # statistics of the selected component fill the table's min/max columns
+        s = t.wait_for(" max ")
+        row = next(ln for ln in s.splitlines() if "embed_t" in ln and "256×64" in ln)  # the embedding's row
+        assert sum(ch.isdigit() for ch in row.split("256×64", 1)[1]) >= 4, row  # min and max are numbers
+        t.keys("j", "j", "j")  # global_step2/ -> optim rank 0 -> optim rank 1 -> mp_rank_00_model_states.pt
+        s = t.wait_for("module.embed_tokens.weight")  # its module tensors as the file holds them
+        row = next(ln for ln in s.splitlines() if "module.embed_tokens.weight" in ln)
+        assert "bf16" in row and "256×64" in row  # the training dtype, not the fp32 masters
+        t.keys("q")
+        assert t.exit_code() == 0
+    finally:
+        t.close()

@@ -1,6 +1,7 @@
 """Regenerate the README screenshots by driving the real app on real fixture checkpoints.
 
     python screenshots/make.py            # writes screenshots/*.svg (and /tmp/ckpt-tui-shots/png/*.png)
+    python screenshots/make.py --size 120x40   # the README's wide set, in screenshots/120x40/
     python screenshots/make.py --size 100x30   # a trial at another size, under /tmp/ckpt-tui-shots/100x30
 
 The checkpoints are copied to fixed, readable paths under /tmp/ckpt-tui-shots so the pictures
@@ -30,7 +31,9 @@ BASE = Path("/tmp/ckpt-tui-shots")
 SIZE = (80, 24)  # the target terminal; `--size 100x30` to try another
 if "--size" in sys.argv:
     SIZE = tuple(int(v) for v in sys.argv[sys.argv.index("--size") + 1].split("x"))  # type: ignore[assignment]
-HERE_OUT = HERE if SIZE == (80, 24) else Path(f"/tmp/ckpt-tui-shots/{SIZE[0]}x{SIZE[1]}")
+# 80x24 (the target) in screenshots/, 120x40 (a common SSH window) in screenshots/120x40/, others in /tmp
+HERE_OUT = HERE if SIZE == (80, 24) else (HERE / "120x40" if SIZE == (120, 40)
+                                          else Path(f"/tmp/ckpt-tui-shots/{SIZE[0]}x{SIZE[1]}"))
 
 
 def fresh_copy(src: Path, dest: Path) -> Path:

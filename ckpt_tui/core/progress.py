@@ -8,6 +8,7 @@ figures and calls :func:`check_cancel` between units of work.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional
 
@@ -29,6 +30,25 @@ class Progress:
 
 
 OnProgress = Callable[[Progress], None]
+
+
+class RateMeter:
+    """Units per second of one job, from its successive :class:`Progress` reports, over the last
+    ``window`` seconds (so a stall shows as a falling rate, not a lifetime average)."""
+
+    def __init__(self, window: float = 3.0) -> None:
+        self.window = window
+        self._points: deque[tuple[float, int]] = deque()
+
+    def update(self, p: Progress, now: float) -> Optional[float]:
+        """Record ``p`` seen at ``now`` (seconds, any monotonic clock); the rate, or None before two reports
+        a moment apart."""
+        pts = self._points
+        pts.append((now, p.done))
+        while len(pts) > 2 and now - pts[0][0] > self.window:
+            pts.popleft()
+        (t0, d0), (t1, d1) = pts[0], pts[-1]
+        return (d1 - d0) / (t1 - t0) if t1 > t0 and d1 >= d0 else None
 CancelToken = threading.Event
 
 

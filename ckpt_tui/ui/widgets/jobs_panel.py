@@ -4,6 +4,7 @@ them from the worker's messages, the watchers repaint."""
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from textual.app import ComposeResult
@@ -11,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import ProgressBar, Static
 
-from ...core.progress import Progress
+from ...core.progress import Progress, RateMeter
 from ..format import size
 
 OUTCOME_TEXT = {"running": "", "done": "✔ done", "failed": "✖ failed", "cancelling": "■ cancelling…",
@@ -35,6 +36,7 @@ class JobRow(Horizontal):
         self.worker = worker
         self.info = info
         self.clock = clock
+        self._rate = RateMeter()
 
     def compose(self) -> ComposeResult:
         yield Static(self.info.title[:17], classes="title")
@@ -48,7 +50,8 @@ class JobRow(Horizontal):
         if p.total:
             self.query_one(ProgressBar).update(total=p.total, progress=p.done)
         if self.outcome == "running":
-            self.query_one(".status", Static).update(progress_text(p))
+            now = self.clock.time if self.clock is not None else time.monotonic()
+            self.query_one(".status", Static).update(progress_text(p, self._rate.update(p, now)))
 
     def watch_outcome(self, outcome: str) -> None:
         p = self.progress
@@ -59,8 +62,12 @@ class JobRow(Horizontal):
             self.query_one(".status", Static).update(f"{OUTCOME_TEXT[outcome]} {note}".strip())
 
 
-def progress_text(p: Progress) -> str:
-    text = f"{size(p.done)}/{size(p.total)}" if p.unit == "bytes" else f"{p.done}/{p.total or '?'} files"
+def progress_text(p: Progress, rate: Optional[float] = None) -> str:
+    """``label: done/total rate`` of a job (the rate from the core's RateMeter, when known)."""
+    if p.unit == "bytes":
+        text = f"{size(p.done)}/{size(p.total)}" + (f"  {size(rate)}/s" if rate else "")
+    else:
+        text = f"{p.done}/{p.total or '?'} files" + (f"  {rate:.1f} files/s" if rate else "")
     return f"{p.label[:10]}: {text}" if p.label else text
 
 

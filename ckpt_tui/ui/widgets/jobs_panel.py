@@ -63,12 +63,13 @@ class JobRow(Horizontal):
 
 
 def progress_text(p: Progress, rate: Optional[float] = None) -> str:
-    """``label: done/total rate`` of a job (the rate from the core's RateMeter, when known)."""
+    """``done/total  rate  label`` of a job (the rate from the core's RateMeter, when known): the label, the
+    least useful, last, where a narrow row cuts it."""
     if p.unit == "bytes":
         text = f"{size(p.done)}/{size(p.total)}" + (f"  {size(rate)}/s" if rate else "")
     else:
         text = f"{p.done}/{p.total or '?'} files" + (f"  {rate:.1f} files/s" if rate else "")
-    return f"{p.label[:10]}: {text}" if p.label else text
+    return f"{text}  {p.label}" if p.label else text
 
 
 class JobsPanel(Vertical):

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
 
 from ...core.codes import fix_key
@@ -67,6 +68,7 @@ class TensorTable(Vertical):
     TensorTable DataTable { height: 1fr; scrollbar-gutter: stable; scrollbar-size-vertical: 1; }
     """
     NAME_ROOM = 30  # `model.layers.10…q_proj.weight` and a cell to spare
+    filter: reactive[str] = reactive("", init=False)  # what the rows are filtered by (the input's text)
     DROP_ORDER = ("size", "dtype")  # least useful first: bytes follow from dtype and shape
 
     def __init__(self, **kw):
@@ -167,9 +169,12 @@ class TensorTable(Vertical):
         self._with_stats = True
         self.refilter()
 
+    def watch_filter(self, text: str) -> None:
+        self.refilter()
+
     def refilter(self) -> None:
         t0 = time.perf_counter()
-        text = self.query_one(Input).value.strip().lower()
+        text = self.filter.strip().lower()
         shown = []
         matches = 0
         lower = getattr(self, "_lower", [])
@@ -189,7 +194,7 @@ class TensorTable(Vertical):
         self.last_filter_ms = (time.perf_counter() - t0) * 1000
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        self.refilter()
+        self.filter = event.value  # the watcher redraws
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.query_one(DataTable).focus()

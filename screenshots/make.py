@@ -130,8 +130,10 @@ async def shot_export_progress(ckpt: Path) -> None:
             rows = [r for r in app.query(JobRow) if r.worker is job]
             if not rows or outcome(job) != "running":
                 return None
-            bar = rows[0].query_one(ProgressBar)
-            p = rows[0].progress
+            bars = rows[0].query(ProgressBar)
+            if not bars:
+                return None  # the row is not composed yet
+            bar, p = bars.first(), rows[0].progress
             if not bar.total or p is None or p.label != "writing":
                 return None
             return bar.progress / bar.total

@@ -113,8 +113,10 @@ class JobActions:
             node, _ = resolve(self.report, None, verb="converting")
         except ExportError as e:  # a dangling `latest`: the user picks the tag in the tree
             return None, (str(e).splitlines() or [""])[0] + " (select a tag folder)"
-        if node.format != "deepspeed-zero":
-            return None, "no DeepSpeed ZeRO checkpoint here"
+        if node.format != "deepspeed-zero":  # e.g. a run folder whose newest checkpoint is not DeepSpeed
+            tags = self.report.inventory.deepspeed_tags()
+            return None, (f"the model here is not a DeepSpeed tag: select one "
+                          f"({', '.join(self.report.inventory.shown(t.path) for t in tags[:2])})")
         return node, ""
 
     def universal_tag(self) -> Optional[object]:

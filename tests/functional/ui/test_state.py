@@ -222,3 +222,15 @@ async def test_universal_asks_the_core_which_tag_and_says_why_not(dangling):
         tree.select_path("global_step2")
         await wait_for(pilot, lambda: main.selected.path == "global_step2")
         assert main.why_not("universal") is None and main.universal_tag().path == "global_step2"
+
+
+async def test_universal_in_a_run_whose_newest_checkpoint_is_not_deepspeed_names_the_tag(real_ckpt, monkeypatch):
+    """The demo run: the newest checkpoint is FSDP, so `ckpt-tui universal demo` would refuse it; `u` says
+    which tag folder to select instead of claiming there is none."""
+    demo = real_ckpt("demo")
+    monkeypatch.chdir(demo.parent)
+    app = make_app(demo.name)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None and app.selected is not None)
+        why = app.main.why_not("universal")
+        assert why and "select one" in why and "deepspeed-zero2/global_step3" in why, why

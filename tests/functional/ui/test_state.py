@@ -60,6 +60,15 @@ async def test_errors_lead_the_details_pane_the_findings_panel_and_x(dangling):
         assert text.count(app.screen.repair.title) == 1  # the title once, not twice
 
 
+async def open_export_wizard(pilot, app) -> ExportWizard:
+    """After the scan, `e`: the export wizard at its first step."""
+    await wait_for(pilot, lambda: app.report is not None)
+    await press_and_wait(pilot, "e", lambda: isinstance(app.screen, ExportWizard))
+    wiz = app.screen
+    await wait_for(pilot, lambda: step_ready(wiz, 0))
+    return wiz
+
+
 async def test_export_is_disabled_when_the_plan_is_invalid(real_ckpt, tmp_path):
     d = tmp_path / "checkpoint-2000"
     shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2", d)
@@ -67,10 +76,7 @@ async def test_export_is_disabled_when_the_plan_is_invalid(real_ckpt, tmp_path):
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
     app = make_app(d)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: app.report is not None)
-        await press_and_wait(pilot, "e", lambda: isinstance(app.screen, ExportWizard))
-        wiz = app.screen
-        await wait_for(pilot, lambda: step_ready(wiz, 0))
+        wiz = await open_export_wizard(pilot, app)
         for step in (1, 2, 3, 4):
             await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step) or wiz.step == step)
         await wait_for(pilot, lambda: wiz.plan_error != "")
@@ -87,10 +93,7 @@ async def test_the_free_space_line_counts_what_the_export_writes(real_ckpt, tmp_
     shutil.copytree(real_ckpt("ds-zero2-bf16"), d)
     app = make_app(d)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.report is not None)
-        await press_and_wait(pilot, "e", lambda: isinstance(app.screen, ExportWizard))
-        wiz = app.screen
-        await wait_for(pilot, lambda: step_ready(wiz, 0))
+        wiz = await open_export_wizard(pilot, app)
         await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))
         await wait_for(pilot, lambda: "writes about" in str(wiz.query_one("#space").render()))
         need = wiz.output_bytes[wiz.source()]

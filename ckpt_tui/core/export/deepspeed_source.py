@@ -33,8 +33,9 @@ import math
 import os
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..dtypes import ITEMSIZE, short_dtype
 from ..formats import FormatError, torchfile
@@ -146,8 +147,10 @@ class _Flat:
         self.numel = 0
 
     def add(self, f: _File, ref: TensorRef, what: str) -> None:
+        if not isinstance(ref, TensorRef):
+            raise ValueError(f"{what}: not a tensor")
         if ref.dtype != "float32":
-            raise ValueError(f"{what}: expected a float32 master partition, found {ref.dtype}")
+            raise ValueError(f"{what}: expected a float32 partition, found {ref.dtype}")
         if len(ref.shape) != 1 or not ref.contiguous:
             raise ValueError(f"{what}: expected a flat contiguous tensor, found shape {ref.shape}")
         (r,) = _ref_ranges(f, ref, what) or (ByteRange(str(f.path), 0, 0),)
@@ -240,9 +243,9 @@ def _tag_names(tag_dir: Path) -> list[str]:
     return names
 
 
-def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
-    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives."""
-    tag_dir = Path(tag_dir)
+def _open_tag(tag_dir: Path) -> tuple[int, int, dict[int, _File], list[_File], dict]:
+    """A ZeRO tag's stage, world size, optimizer-states files by rank, model-states files (one for
+    ZeRO-1/2, one per rank for ZeRO-3) and rank 0's optimizer_state_dict; refuses what no source reads."""
     names = _tag_names(tag_dir)
     model_files: dict[tuple[int, int], str] = {}
     optim_files: dict[tuple[int, int], str] = {}
@@ -293,6 +296,81 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
         models = [_File(tag_dir / model_files[(r, 0)]) for r in range(world)]
     for mf in models:
         _check_model_states(mf.obj, mf.path.name)
+    return stage, world, optim, models, osd0
+
+
+@dataclass
+class ZeroTag:
+    """An opened ZeRO-1/2/3 tag folder (structure only, from the pickles): what the optimizer export
+    (:mod:`.deepspeed_optim`) reads through the same partition mapping as the fp32 masters."""
+
+    path: Path
+    stage: int
+    world: int
+    _optim: dict[int, _File]
+    _models: list[_File]
+    _osd0: dict
+
+    @property
+    def model_states(self) -> dict:
+        """Rank 0's model-states object (``param_shapes``, ``buffer_names``, ``module``, ``ds_config`` ...)."""
+        return self._models[0].obj
+
+    @property
+    def shapes(self) -> list["OrderedDict[str, tuple[int, ...]]"]:
+        return _param_shapes(self.model_states, self._models[0].path.name)
+
+    @property
+    def train_dtype(self) -> Optional[str]:
+        return _train_dtype(self.model_states)
+
+    def optimizer_state_dict(self, rank: int) -> dict:
+        """Rank ``rank``'s ``optimizer_state_dict`` (TensorRefs for tensors)."""
+        return _osd(self._optim[rank])
+
+    def file_name(self, rank: int) -> str:
+        return self._optim[rank].path.name
+
+    def fp32_groups(self, rank: int) -> list:
+        return _fp32_groups(self._optim[rank], self.stage)
+
+    def tensor_bytes(self, rank: int, ref: TensorRef, what: str) -> bytes:
+        """The bytes of a (small) tensor of rank ``rank``'s optimizer-states file, e.g. a 0-d step."""
+        out = b""
+        for r in _ref_ranges(self._optim[rank], ref, what):
+            with open(r.path, "rb") as fh:
+                fh.seek(r.offset)
+                data = fh.read(r.length)
+            if len(data) != r.length:
+                raise ValueError(f"{what}: {self.file_name(rank)} ends early")
+            out += data
+        return out
+
+    def params(self, groups_of: Optional[Callable[[int], list]] = None, *, suffix: str = "",
+               what: str = "fp32") -> "OrderedDict[str, SourceTensor]":
+        """Every trainable param (``name + suffix``) as byte ranges of the flat tensors ``groups_of(rank)``
+        gives for each group (default: the fp32 master partitions; or a state laid out like them)."""
+        out: "OrderedDict[str, SourceTensor]" = OrderedDict()
+        ranks = {id(f): r for r, f in self._optim.items()}
+        of = None if groups_of is None else (lambda f: groups_of(ranks[id(f)]))
+        if self.stage <= 2:
+            _zero2_params(out, self.shapes, self._optim, self.world, self._osd0, groups_of=of, suffix=suffix,
+                          what=what)
+        else:
+            _zero3_params(out, self.shapes, self._optim, self.world, groups_of=of, suffix=suffix, what=what)
+        return out
+
+
+def open_zero_tag(tag_dir: Path) -> ZeroTag:
+    """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason)."""
+    stage, world, optim, models, osd0 = _open_tag(Path(tag_dir))
+    return ZeroTag(Path(tag_dir), stage, world, optim, models, osd0)
+
+
+def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives."""
+    tag_dir = Path(tag_dir)
+    stage, world, optim, models, osd0 = _open_tag(tag_dir)
     m0f = models[0]
     m0 = m0f.obj
     shapes = _param_shapes(m0, m0f.path.name)
@@ -397,22 +475,31 @@ def _cut(ranges, nbytes: int) -> list[ByteRange]:
     return out
 
 
-def _zero2_params(out, shapes, optim: dict[int, _File], world: int, osd0: dict) -> None:
-    groups_per_rank = []
-    for r in range(world):
-        g = _osd(optim[r]).get("single_partition_of_fp32_groups")
-        if not isinstance(g, (list, tuple)):
-            raise ValueError(f"{optim[r].path.name}: no single_partition_of_fp32_groups")
-        groups_per_rank.append(g)
+def _fp32_groups(f: _File, stage: int) -> list:
+    """A rank's fp32 master partition of each param group (ZeRO-3: of each sub-group)."""
+    key = "single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"
+    g = _osd(f).get(key)
+    if not isinstance(g, (list, tuple)):
+        raise ValueError(f"{f.path.name}: no {key}")
+    return list(g)
+
+
+def _zero2_params(out, shapes, optim: dict[int, _File], world: int, osd0: dict, *, groups_of=None,
+                  suffix: str = "", what: str = "fp32") -> None:
+    """ZeRO-1/2: each param's slice of its group's flat vector (the ranks' partitions back to back).
+    ``groups_of(file)``: a rank's flat tensor of each group -- the fp32 masters by default, or an
+    optimizer state laid out like them (exp_avg, exp_avg_sq); written as ``name + suffix``."""
+    groups_of = groups_of or (lambda f: _fp32_groups(f, 2))
+    groups_per_rank = [groups_of(optim[r]) for r in range(world)]
     n_groups = len(groups_per_rank[0])
     if any(len(g) != n_groups for g in groups_per_rank) or n_groups != len(shapes):
-        raise ValueError(f"{n_groups} fp32 param groups but {len(shapes)} groups in param_shapes")
+        raise ValueError(f"{n_groups} {what} param groups but {len(shapes)} groups in param_shapes")
     paddings = osd0.get("param_alignment_paddings")
     align_to = 2 * world
     for gi, group_shapes in enumerate(shapes):
         flat = _Flat()
         for r in range(world):
-            flat.add(optim[r], groups_per_rank[r][gi], f"{optim[r].path.name} group {gi}")
+            flat.add(optim[r], groups_per_rank[r][gi], f"{optim[r].path.name} {what} group {gi}")
         pads = None
         if paddings is not None:
             pads = paddings[gi]
@@ -422,31 +509,32 @@ def _zero2_params(out, shapes, optim: dict[int, _File], world: int, osd0: dict) 
         offset = 0
         for pi, (name, shape) in enumerate(group_shapes.items()):
             n = math.prod(shape)
-            out[name] = SourceTensor(name, shape, "float32", _merge(flat.slice(offset, n)))
+            out[name + suffix] = SourceTensor(name + suffix, shape, "float32", _merge(flat.slice(offset, n)))
             offset += n
             if pads is not None:
                 offset += int(pads[pi])
         # same sanity check as zero_to_fp32 (both rounded up to 2 * world)
         if align_to * math.ceil(offset / align_to) != align_to * math.ceil(flat.numel / align_to):
-            raise ValueError(f"group {gi}: params consume {offset} of {flat.numel} fp32 elements - "
+            raise ValueError(f"group {gi}: params consume {offset} of {flat.numel} {what} elements - "
                              "param_shapes and the optimizer partitions do not match")
 
 
-def _zero3_params(out, shapes, optim: dict[int, _File], world: int) -> None:
+def _zero3_params(out, shapes, optim: dict[int, _File], world: int, *, groups_of=None, suffix: str = "",
+                  what: str = "fp32") -> None:
+    """ZeRO-3: each param's ``ceil(numel / world)`` slice at the same offset of every rank's flat
+    groups (concatenated); ``groups_of``/``suffix`` as for :func:`_zero2_params`."""
+    groups_of = groups_of or (lambda f: _fp32_groups(f, 3))
     flats = []
     sizes0 = None
     for r in range(world):
-        groups = _osd(optim[r]).get("fp32_flat_groups")
-        if not isinstance(groups, (list, tuple)):
-            raise ValueError(f"{optim[r].path.name}: no fp32_flat_groups")
         flat = _Flat()
-        for gi, t in enumerate(groups):
-            flat.add(optim[r], t, f"{optim[r].path.name} group {gi}")
+        for gi, t in enumerate(groups_of(optim[r])):
+            flat.add(optim[r], t, f"{optim[r].path.name} {what} group {gi}")
         sizes = [p[2] for p in flat.parts]
         if sizes0 is None:
             sizes0 = sizes
         elif sizes != sizes0:
-            raise ValueError(f"ranks hold differently sized fp32 flat groups ({sizes0} vs {sizes})")
+            raise ValueError(f"ranks hold differently sized {what} flat groups ({sizes0} vs {sizes})")
         flats.append(flat)
     offset = 0
     merged = OrderedDict((k, v) for g in shapes for k, v in g.items())
@@ -459,10 +547,10 @@ def _zero3_params(out, shapes, optim: dict[int, _File], world: int) -> None:
             if take > 0:
                 ranges += flats[r].slice(offset, take)
                 left -= take
-        out[name] = SourceTensor(name, shape, "float32", _merge(ranges))
+        out[name + suffix] = SourceTensor(name + suffix, shape, "float32", _merge(ranges))
         offset += pn
     if offset != flats[0].numel:
-        raise ValueError(f"params consume {offset * world} of {flats[0].numel * world} fp32 elements - "
+        raise ValueError(f"params consume {offset * world} of {flats[0].numel * world} {what} elements - "
                          "param_shapes and the optimizer partitions do not match")
 
 

@@ -72,6 +72,12 @@ class ExportPlan:
     out_given: str = ""  # --out as the user typed it (relative stays relative): what messages and snippets show
     src_given: str = ""  # SRC as the user typed it: source paths in the plan follow its form
     prefix: Optional[PrefixChoice] = None  # the wrapper prefix decision (Lightning)
+    stem: str = "model"  # output files: <stem>.safetensors, or shards + <stem>.safetensors.index.json
+    extra_files: list[tuple[str, str]] = field(default_factory=list)  # (name in out, text): written beside them
+
+    @property
+    def index_name(self) -> str:
+        return f"{self.stem}.safetensors.index.json"
 
     @property
     def tensor_bytes(self) -> int:
@@ -89,6 +95,7 @@ class ExportPlan:
         out = sum(len(header_bytes(f)) + f.nbytes for f in self.files)
         if self.index:
             out += len(index_text(self).encode())
+        out += sum(len(text.encode()) for _, text in self.extra_files)
         return out + sum(p.stat().st_size for p, _ in self.copies)
 
     @property
@@ -106,7 +113,8 @@ class ExportPlan:
         src = self.shown(self.source.path)
         steps = [PlanStep("write", f.name, src, f.nbytes, f"{len(f.tensors)} tensors") for f in self.files]
         if self.index:
-            steps.append(PlanStep("write", "model.safetensors.index.json", None, 0, "weight_map of every tensor"))
+            steps.append(PlanStep("write", self.index_name, None, 0, "weight_map of every tensor"))
+        steps += [PlanStep("write", name, None, len(text.encode())) for name, text in self.extra_files]
         steps += [PlanStep("copy", name, self.shown(p), p.stat().st_size) for p, name in self.copies]
         notes = list(self.notes)
         notes += [f"tied: {a} is {b} (written once, as save_pretrained does)" for a, b in self.dropped_tied]
@@ -128,7 +136,7 @@ def header_bytes(f: OutFile) -> bytes:
 
 
 def index_text(plan: ExportPlan) -> str:
-    """``model.safetensors.index.json`` of a sharded output, as written."""
+    """``<stem>.safetensors.index.json`` of a sharded output, as written."""
     wm = {t.name: f.name for f in plan.files for t in f.tensors}
     return json.dumps({"metadata": {"total_size": plan.tensor_bytes}, "weight_map": wm}, indent=2)
 
@@ -151,7 +159,9 @@ def out_dtype(t: SourceTensor, dtype: str, source_kind: str) -> str:
 
 
 def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=DEFAULT_MAX_SHARD,
-              exclude_frozen: bool = False, config_dirs: list[Path] = (), config_path: Optional[Path] = None) -> ExportPlan:
+              exclude_frozen: bool = False, config_dirs: list[Path] = (), config_path: Optional[Path] = None,
+              stem: str = "model") -> ExportPlan:
+    """``stem``: "model", or "optimizer" for an optimizer export (no config files are looked for)."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
     limit = parse_size(max_shard_size)
@@ -180,9 +190,10 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
         groups[-1].append(o)
         size += o.nbytes
     n = len(groups)
-    files = [OutFile("model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors", g)
+    files = [OutFile(f"{stem}.safetensors" if n == 1 else f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors", g)
              for i, g in enumerate(groups)]
-    plan = ExportPlan(source, Path(out), files, n > 1, dropped_tied=dropped, excluded=excluded, dtype=dtype)
+    plan = ExportPlan(source, Path(out), files, n > 1, dropped_tied=dropped, excluded=excluded, dtype=dtype,
+                      stem=stem)
     plan.notes.extend(source.notes)
     if source.train_dtype and source.train_dtype != "float32" and dtype == "keep":
         short = short_dtype(source.train_dtype)
@@ -200,7 +211,8 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
         if t.note and t.note not in plan.notes and "torch DCP" in t.note:
             plan.notes.append(f"some tensors {t.note}")
             break
-    _find_configs(plan, list(config_dirs), config_path)
+    if stem == "model":
+        _find_configs(plan, list(config_dirs), config_path)
     return plan
 
 

@@ -58,6 +58,8 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
     """Python code that loads the output of ``plan``; the output folder is spelt as the user gave it
     (``given``: relative stays relative)."""
     out = user_path(given if given is not None else (plan.out_given or str(plan.out)))
+    if plan.stem == "optimizer":
+        return _optimizer_snippet(plan, out)
     names = [t.name for f in plan.files for t in f.tensors]
     arch = _architecture(plan)
     frozen = len(plan.excluded)
@@ -70,7 +72,7 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
     lines = ["import json"] if plan.index else []
     lines += ["from safetensors.torch import load_file", "", _model_comment(plan.prefix), f"out = {out!r}"]
     if plan.index:
-        lines += ['with open(f"{out}/model.safetensors.index.json") as f:',
+        lines += [f'with open(f"{{out}}/{plan.index_name}") as f:',
                   '    shards = sorted(set(json.load(f)["weight_map"].values()))',
                   "sd = {}",
                   "for shard in shards:",
@@ -87,4 +89,24 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
         lines.append("assert not unexpected, unexpected")
     else:
         lines.append("model.load_state_dict(sd, strict=True)")
+    return "\n".join(lines)
+
+
+def _optimizer_snippet(plan: ExportPlan, out: str) -> str:
+    """An optimizer export: its tensors by parameter name, and its step and param groups."""
+    lines = ["import json", "from safetensors.torch import load_file", "", f"out = {out!r}"]
+    if plan.index:
+        lines += [f'with open(f"{{out}}/{plan.index_name}") as f:',
+                  '    shards = sorted(set(json.load(f)["weight_map"].values()))',
+                  "sd = {}",
+                  "for shard in shards:",
+                  '    sd.update(load_file(f"{out}/{shard}"))']
+    else:
+        lines.append(f'sd = load_file(f"{{out}}/{plan.files[0].name}")')
+    extra = [name for name, _ in plan.extra_files]
+    if extra:
+        lines += [f'with open(f"{{out}}/{extra[0]}") as f:', "    config = json.load(f)  # step, param_groups (lr, betas, "
+                  "eps, weight_decay, params)"]
+    lines.append('# per parameter name p: sd[f"{p}.exp_avg"], sd[f"{p}.exp_avg_sq"] (and sd[f"{p}.master"], the fp32 '
+                 "master, where the run kept one)")
     return "\n".join(lines)

@@ -214,7 +214,9 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
                     _write_file(f, tmp / f.name, counter, cancel)
             counter.add(0, force=True)
             if plan.index:
-                write_synced(tmp / "model.safetensors.index.json", index_text(plan))
+                write_synced(tmp / plan.index_name, index_text(plan))
+            for name, text in plan.extra_files:
+                write_synced(tmp / name, text)
             for src, name in plan.copies:
                 check_cancel(cancel)
                 shutil.copyfile(src, tmp / name)

@@ -25,7 +25,9 @@ from .output import emit_json, fail, run_core
               help="DeepSpeed ZeRO-1/2: export the module weights of mp_rank_00_model_states.pt (training dtype, "
                    "bf16/fp16: NOT the fp32 masters), for when an optimizer-states file is missing or corrupt.")
 @click.option("--component", type=click.Choice(["model", "optimizer"]), default="model", show_default=True,
-              help="The role to export where a checkpoint holds several (optimizer: not supported yet).")
+              help="The role to export: optimizer writes a DeepSpeed ZeRO tag's Adam state per parameter "
+                   "(optimizer.safetensors: <name>.exp_avg, .exp_avg_sq, .master) and optimizer_config.json "
+                   "(step, param groups); other sources: not supported yet.")
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
 @click.option("--keep-prefix", is_flag=True,
@@ -107,7 +109,7 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
                f"{param_count(res.params)} params to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
     for n in res.notes:
-        if not n.startswith("the model is") and not n.startswith("exporting the newest"):
+        if not n.startswith(("the model is", "exporting the newest", "exporting the optimizer state of")):
             click.echo(f"  note: {n}")
     click.echo("Load it with:")
     for line in res.load_code.splitlines():

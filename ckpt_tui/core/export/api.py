@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Optional, cast
@@ -147,15 +148,16 @@ def module_states_command(report: Report, node: Node) -> str:
 
 
 def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot read the weights",
-                   from_module_states: bool = False, verb: str = "exporting") -> tuple[Report, Node, list[str]]:
+                   from_module_states: bool = False, verb: str = "exporting",
+                   report: Optional[Report] = None) -> tuple[Report, Node, list[str]]:
     """Inspect ``src``, pick the node holding the model weights, and refuse (ExportError) if an
     error finding inside it — unsafe pickles above all — says it must not be read. Every path that
     reads weights (export, verify, stats, diff) starts here.
 
     ``from_module_states``: a DeepSpeed ZeRO-1/2 tag is read from its module weights only, so
     broken optimizer-states files do not block it. Where they block a normal read but the module
-    weights are intact, the refusal names that option."""
-    report = inspect(src, trust_pickles=trust_pickles)
+    weights are intact, the refusal names that option. ``report``: ``src`` inspected already."""
+    report = report if report is not None else inspect(src, trust_pickles=trust_pickles)
     inv = report.inventory
     node, said = resolve(report, tag, verb=verb)
     blocking = _blocking_findings(report, node, trust_pickles)
@@ -220,10 +222,12 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
 
 
 COMPONENTS = ("model", "optimizer")  # what ``component`` may ask for
+OPTIMIZER_VERB = "exporting the optimizer state of"  # what --component optimizer says it picked
 
 
 def _refuse_optimizer(report: Report) -> ExportError:
-    """Exporting the optimizer state is not supported yet: say so, naming the optimizer component that exists."""
+    """Exporting the optimizer state of this source is not supported yet (only of DeepSpeed ZeRO tags): say so,
+    naming the optimizer component that exists."""
     inv = report.inventory
     comps = inv.components
     if inv.layout == "run-folder" and inv.checkpoints:
@@ -240,7 +244,8 @@ def _refuse_optimizer(report: Report) -> ExportError:
     if f.get("dtypes"):
         bits.append("/".join(f["dtypes"]))
     return ExportError(f"the optimizer component is {inv.shown(rel, slash=node.is_dir)} ({', '.join(bits)}); "
-                       "exporting optimizer state to safetensors is not supported yet. --component model (the "
+                       f"exporting the optimizer state of {node.format or 'this format'} to safetensors is not "
+                       "supported yet (only of DeepSpeed ZeRO-1/2/3 tag folders). --component model (the "
                        "default) exports the model weights; the optimizer state resumes from the checkpoint as it is")
 
 
@@ -254,13 +259,55 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
     if component is not None and component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, not {component!r}")
     if component == "optimizer":
-        raise _refuse_optimizer(inspect(src, trust_pickles=trust_pickles))
+        if from_module_states:
+            raise ExportError("--from-module-states exports a tag's module weights: it does not go with "
+                              "--component optimizer")
+        plan, said = _plan_optimizer(src, out, dtype=dtype, max_shard_size=max_shard_size, strip_prefix=strip_prefix,
+                                     keep_prefix=keep_prefix, tag=tag, trust_pickles=trust_pickles)
+        plan.out_given, plan.src_given = str(out), os.fspath(src)
+        return plan, said
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
                                         why="the checkpoint has problems an export cannot work around")
     plan = _plan(report, node, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
                  strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, trust_pickles=trust_pickles,
                  from_module_states=from_module_states)
     plan.out_given, plan.src_given = str(out), os.fspath(src)
+    return plan, said
+
+
+def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_prefix=None, keep_prefix=False,
+                    tag=None, trust_pickles=False) -> tuple[ExportPlan, list[str]]:
+    """The plan of ``--component optimizer``: a DeepSpeed ZeRO tag's exp_avg, exp_avg_sq (and fp32 masters)
+    per parameter into ``optimizer.safetensors``, its step and param groups into ``optimizer_config.json``;
+    names as the model export of the same tag has them. Other sources are refused, saying so."""
+    from .deepspeed_optim import CONFIG_FILE, deepspeed_optimizer_source, strip_config
+
+    report = inspect(src, trust_pickles=trust_pickles)
+    try:
+        node, _ = resolve(report, tag, verb=OPTIMIZER_VERB)
+    except ExportError:
+        if not report.inventory.deepspeed_tags():
+            raise _refuse_optimizer(report) from None
+        raise
+    if node.format != "deepspeed-zero":
+        raise _refuse_optimizer(report)
+    report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, report=report, verb=OPTIMIZER_VERB,
+                                        why="the checkpoint has problems an export cannot work around")
+    try:
+        source, config, model_names = deepspeed_optimizer_source(node.abspath)
+    except ValueError as e:
+        raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
+    except FormatError as e:
+        raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
+    prefix = choose(node, model_names, strip_prefix=strip_prefix, keep_prefix=keep_prefix)
+    strip_names(source, prefix.strip)
+    config = strip_config(config, prefix.strip)
+    if prefix.note:
+        source.notes.append(prefix.note)
+    plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size, stem="optimizer")
+    plan.prefix = prefix
+    config["dtype"] = dtype
+    plan.extra_files = [(CONFIG_FILE, json.dumps(config, indent=2) + "\n")]
     return plan, said
 
 

@@ -1,0 +1,199 @@
+"""The optimizer state of a DeepSpeed ZeRO-1/2/3 tag folder as byte ranges (``--component optimizer``).
+
+Adam's ``exp_avg`` and ``exp_avg_sq`` sit in each rank's ``*_optim_states.pt`` as flat tensors with
+exactly the layout of that rank's fp32 master partition: ZeRO-1/2 ``base_optimizer_state['state'][g]``
+beside ``single_partition_of_fp32_groups[g]``, ZeRO-3 ``optimizer_state_dict['state'][i]`` beside
+``fp32_flat_groups[i]`` (this is how DeepSpeed's ``ds_to_universal`` pairs them). So the mapping that
+rebuilds the masters (:mod:`.deepspeed_source`, after ``zero_to_fp32``) cuts them per parameter too.
+
+Each trainable parameter ``p`` gives ``p.exp_avg``, ``p.exp_avg_sq`` and, where the run kept fp32
+masters apart from its bf16/fp16 module weights, ``p.master``. Frozen parameters have no optimizer
+state and are only listed. The step and each param group's hyper-parameters (with the names of its
+parameters) go to ``optimizer_config.json``: :func:`optimizer_config`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Optional
+
+from ..formats.pickles import Stub, TensorRef
+from .deepspeed_source import ZeroTag, open_zero_tag
+from .sources import Source, SourceTensor
+
+STATES = ("exp_avg", "exp_avg_sq")
+CONFIG_FILE = "optimizer_config.json"
+KIND = "deepspeed-optimizer"
+_SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
+
+
+def _state(tag: ZeroTag, rank: int) -> dict:
+    """The wrapped torch optimizer's state_dict of a rank (``{"state": {i: {...}}, "param_groups": [...]}``)."""
+    osd = tag.optimizer_state_dict(rank)
+    key = "base_optimizer_state" if tag.stage <= 2 else "optimizer_state_dict"
+    sd = osd.get(key)
+    if isinstance(sd, (list, tuple)):  # older DeepSpeed (ZeRO-1/2): a list of per-group states, no param_groups
+        sd = {"state": dict(enumerate(sd)), "param_groups": []}
+    if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict):
+        raise ValueError(f"{tag.file_name(rank)}: no {key} with a 'state' (saved without optimizer state?)")
+    return sd
+
+
+def _state_groups(tag: ZeroTag, rank: int, key: str) -> list:
+    """A rank's flat ``key`` tensor (exp_avg, exp_avg_sq) of each group, in the order of its fp32 groups."""
+    n = len(tag.fp32_groups(rank))
+    state = _state(tag, rank)["state"]
+    out = []
+    for i in range(n):
+        s = state.get(i, state.get(str(i)))
+        if not isinstance(s, dict) or not isinstance(s.get(key), TensorRef):
+            found = sorted(s) if isinstance(s, dict) else "nothing"
+            raise ValueError(f"{tag.file_name(rank)}: the optimizer state of group {i} has no {key} tensor (found {found}): "
+                             "only Adam-style optimizers (exp_avg, exp_avg_sq) are exported")
+        out.append(s[key])
+    return out
+
+
+def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
+    """A Python number from a step value: a number, or a 0-d tensor whose few bytes are read here."""
+    if isinstance(v, Stub):
+        v = v.value
+    if isinstance(v, bool) or v is None:
+        raise ValueError(f"{what}: not a number ({v!r})")
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, TensorRef):
+        if v.numel != 1 or v.dtype not in _SCALAR:
+            raise ValueError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
+        (x,) = struct.unpack(_SCALAR[v.dtype], tag.tensor_bytes(rank, v, what))
+        return int(x) if isinstance(x, float) and x.is_integer() else x
+    raise ValueError(f"{what}: unreadable step {type(v).__name__}")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Stub):
+        v = v.value
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, TensorRef):
+        return f"<tensor {v.dtype} {list(v.shape)}>"
+    return repr(v)
+
+
+def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
+    """The optimizer state of ZeRO tag ``tag_dir``: the source (``p.exp_avg``, ``p.exp_avg_sq``,
+    ``p.master`` per trainable param ``p``), the content of ``optimizer_config.json`` (names not yet
+    prefix-stripped: :func:`strip_config`), and every name the model export of this tag sees (its
+    prefix decision must be the same). Raises ValueError with the reason."""
+    tag_dir = Path(tag_dir)
+    tag = open_zero_tag(tag_dir)
+    stage, world = tag.stage, tag.world
+    m0 = tag.model_states
+    shapes = tag.shapes
+    train_dtype = tag.train_dtype
+    masters = train_dtype in ("bfloat16", "float16")
+
+    per_state: dict[str, "OrderedDict[str, SourceTensor]"] = {}
+    for key in STATES:
+        per_state[key] = tag.params(lambda r, key=key: _state_groups(tag, r, key), suffix=f".{key}", what=key)
+    if masters:
+        per_state["master"] = tag.params(suffix=".master")
+    out: list[SourceTensor] = []
+    trainable = [n for g in shapes for n in g]
+    for name in trainable:
+        for key, d in per_state.items():
+            out.append(d[f"{name}.{key}"])
+
+    # names the model export sees: buffers, frozen params, trainable params, tied aliases
+    module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
+    buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
+    shared = {str(k): str(v) for k, v in m0.get("shared_params").items()} \
+        if isinstance(m0.get("shared_params"), dict) else {}
+    fz = m0.get("frozen_param_shapes")
+    if isinstance(fz, dict):
+        frozen = [str(n) for n in fz]
+    elif stage <= 2:  # ZeRO-1 records none: what the module holds that is neither trainable, a buffer nor tied
+        frozen = [n for n, t in module.items() if n not in set(trainable) and n not in buffer_names
+                  and n not in shared and isinstance(t, TensorRef)]
+    else:
+        frozen = []
+    model_names = [n for n in buffer_names if n in module] + frozen + trainable + list(shared)
+
+    # step and param groups (rank 0's; every rank's steps must agree)
+    sd0 = _state(tag, 0)
+    n_groups = len(tag.fp32_groups(0))
+    if n_groups != len(shapes):
+        raise ValueError(f"{n_groups} optimizer groups but {len(shapes)} groups in param_shapes")
+    steps: list[Optional[Any]] = []
+    for i in range(n_groups):
+        seen = set()
+        for r in range(world):
+            st = _state(tag, r)["state"]
+            s = st.get(i, st.get(str(i))) or {}
+            if "step" in s:
+                seen.add(_scalar(tag, r, s["step"], f"{tag.file_name(r)} group {i} step"))
+        if len(seen) > 1:
+            raise ValueError(f"the ranks disagree on the step of optimizer group {i}: {sorted(seen)}")
+        steps.append(seen.pop() if seen else None)
+    groups = []
+    pgs = sd0.get("param_groups") if isinstance(sd0.get("param_groups"), (list, tuple)) else []
+    for gi, pg in enumerate(pgs):
+        if not isinstance(pg, dict):
+            continue
+        idx = [i for i in (pg.get("params") or []) if isinstance(i, int) and 0 <= i < n_groups]
+        if not idx and len(pgs) == n_groups:
+            idx = [gi]
+        hyper = {str(k): _jsonable(v) for k, v in pg.items() if k != "params"}
+        group_steps = {steps[i] for i in idx}
+        groups.append(hyper | {"step": group_steps.pop() if len(group_steps) == 1 else None,
+                               "params": [n for i in idx for n in shapes[i]]})
+    if not groups:  # no param_groups saved: at least which params share a group, and its step
+        groups = [{"step": steps[i], "params": list(shapes[i])} for i in range(n_groups)]
+    distinct = {s for s in steps if s is not None}
+    cfg_ds = m0.get("ds_config") if isinstance(m0.get("ds_config"), dict) else {}
+    config = {
+        "source": "deepspeed",
+        "zero_stage": stage,
+        "dp_world_size": world,
+        "optimizer": _jsonable(cfg_ds.get("optimizer")) if cfg_ds.get("optimizer") is not None else None,
+        "step": distinct.pop() if len(distinct) == 1 else None,
+        "states": list(per_state),
+        "param_groups": groups,
+        "frozen_params": frozen,
+        "tied_params": shared,
+    }
+    notes = []
+    if masters:
+        notes.append(f"the run trained in {'bf16' if train_dtype == 'bfloat16' else 'fp16'}: each parameter's fp32 "
+                     "master is written as <name>.master, beside <name>.exp_avg and <name>.exp_avg_sq")
+    else:
+        notes.append("the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
+                     "(the weights are --component model)")
+    if frozen:
+        notes.append(f"{len(frozen)} frozen param(s) have no optimizer state (listed in {CONFIG_FILE})")
+    src = Source(KIND, tag_dir, out, notes=notes)
+    return src, config, model_names
+
+
+def strip_config(config: dict, prefix: Optional[str]) -> dict:
+    """``config`` with ``prefix`` removed from every parameter name (the model export's prefix decision)."""
+    if not prefix:
+        return config
+
+    def s(n: str) -> str:
+        return n[len(prefix):] if n.startswith(prefix) else n
+
+    out = dict(config)
+    out["param_groups"] = [g | {"params": [s(n) for n in g["params"]]} for g in config["param_groups"]]
+    out["frozen_params"] = [s(n) for n in config["frozen_params"]]
+    out["tied_params"] = {s(k): s(v) for k, v in config["tied_params"].items()}
+    return out

@@ -1,0 +1,170 @@
+"""`ckpt-tui export --component optimizer` of DeepSpeed ZeRO-1/2/3 tags, bit-exact against DeepSpeed's
+own `ds_to_universal` (run for real through `ckpt-tui universal` on a copy): every parameter's
+exp_avg, exp_avg_sq and fp32 master, the step, the param groups; frozen parameters (no optimizer
+state) accounted for; a sharded output; names as the model export has them; the refusals."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ckpt_tui.core.export.api import export, plan_export
+from ckpt_tui.core.export.write import ExportError
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+
+
+def ckpt_tui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run(["ckpt-tui", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def universal_of(copy: Path, tmp_path: Path) -> Path:
+    """DeepSpeed's ds_to_universal of ``copy`` (via `ckpt-tui universal`): the folder holding zero/."""
+    uc = tmp_path / "uc"
+    r = ckpt_tui("universal", str(copy), "--out", str(uc), "--no-export-frozen", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (uc / "zero").is_dir()
+    return uc
+
+
+def state_tensor(path: Path) -> torch.Tensor:
+    obj = torch.load(path, weights_only=False)
+    return obj["param"] if isinstance(obj, dict) else obj
+
+
+def load_export(out: Path) -> dict:
+    index = out / "optimizer.safetensors.index.json"
+    if not index.exists():
+        return load_file(out / "optimizer.safetensors")
+    sd = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        sd.update(load_file(out / shard))
+    return sd
+
+
+CASES = [("ds-zero1-bf16", 1, []), ("ds-zero2-bf16", 2, []), ("ds-zero3-bf16", 3, []),
+         ("ds-zero1-frozen", 1, ["embed_tokens.weight"]), ("ds-zero3-frozen", 3, ["embed_tokens.weight"])]
+
+
+@pytest.mark.parametrize("variant,stage,frozen", CASES, ids=[c[0] for c in CASES])
+def test_matches_ds_to_universal_bit_exact(real_ckpt_copy, tmp_path, variant, stage, frozen):
+    copy = real_ckpt_copy(variant)
+    uc = universal_of(copy, tmp_path)
+    res = export(copy, tmp_path / "out", component="optimizer")
+    assert res.verified and res.files == ["optimizer.safetensors"]
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["optimizer.safetensors", "optimizer_config.json"]
+    sd = load_export(out)
+    cfg = json.loads((out / "optimizer_config.json").read_text())
+    assert cfg["zero_stage"] == stage and cfg["frozen_params"] == frozen
+
+    # every parameter with optimizer state in the universal checkpoint, and only those, is exported
+    ref_params = sorted(p.name for p in (uc / "zero").iterdir() if (p / "exp_avg.pt").is_file())
+    params = sorted({k.rsplit(".", 1)[0] for k in sd})
+    assert params == ref_params and len(params) >= 10
+    assert sorted(n for g in cfg["param_groups"] for n in g["params"]) == params
+    assert not set(frozen) & set(params)
+    assert len(sd) == 3 * len(params)  # bf16 runs: the fp32 masters are apart from the module weights
+    for p in params:
+        for key, ref_file in (("exp_avg", "exp_avg.pt"), ("exp_avg_sq", "exp_avg_sq.pt"), ("master", "fp32.pt")):
+            got = sd[f"{p}.{key}"]
+            ref = state_tensor(uc / "zero" / p / ref_file)
+            assert got.dtype == ref.dtype == torch.float32
+            assert got.numel() == ref.numel(), (p, key)
+            # ZeRO-3 universal stores params flat; ours have the parameter's shape
+            assert torch.equal(got, ref.reshape(got.shape)), (p, key)
+        assert sd[f"{p}.exp_avg_sq"].abs().sum() > 0  # trained: not an all-zero state compared with itself
+
+    # the step and the param groups, as DeepSpeed saved them
+    zopt = torch.load(uc / "zero" / "optimizer_state.pt", weights_only=False)
+    if stage <= 2:
+        steps = {float(torch.load(uc / "zero" / p / "step.pt", weights_only=False)) for p in params}
+        groups = zopt["param_groups"]
+    else:
+        steps = {float(s["step"]) for s in zopt["optimizer_state_dict"]["state"].values()}
+        groups = zopt["optimizer_state_dict"]["param_groups"]
+    assert steps == {cfg["step"]} and cfg["step"] == 2
+    assert len(groups) == len(cfg["param_groups"])
+    for ref, got in zip(groups, cfg["param_groups"]):
+        for k in ("lr", "eps", "weight_decay"):
+            assert got[k] == ref[k]
+        assert got["betas"] == list(ref["betas"])
+        assert got["step"] == 2
+
+
+def test_sharded_output(real_ckpt, tmp_path):
+    src = real_ckpt("ds-zero2-bf16")
+    export(src, tmp_path / "one", component="optimizer")
+    res = export(src, tmp_path / "many", component="optimizer", max_shard_size="100KB")
+    assert res.verified and len(res.files) > 3
+    index = json.loads((tmp_path / "many" / "optimizer.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == sorted(res.files)
+    for f in res.files:  # each shard within the limit, unless one tensor alone exceeds it
+        shard = load_file(tmp_path / "many" / f)
+        assert f.startswith("optimizer-") and (len(shard) == 1 or sum(t.nbytes for t in shard.values()) <= 100_000)
+    one, many = load_file(tmp_path / "one" / "optimizer.safetensors"), load_export(tmp_path / "many")
+    assert sorted(one) == sorted(many) == sorted(index["weight_map"])
+    assert all(torch.equal(one[k], many[k]) for k in one)
+    assert (tmp_path / "many" / "optimizer_config.json").read_text() == \
+        (tmp_path / "one" / "optimizer_config.json").read_text()
+
+
+def test_fp32_run_writes_no_master(real_ckpt, tmp_path):
+    res = export(real_ckpt("ds-zero2-fp32"), tmp_path / "out", component="optimizer")
+    sd = load_file(tmp_path / "out" / "optimizer.safetensors")
+    assert sd and not any(k.endswith(".master") for k in sd)
+    assert {k.rsplit(".", 1)[1] for k in sd} == {"exp_avg", "exp_avg_sq"}
+    assert any("no <name>.master" in n for n in res.notes)
+
+
+def test_names_match_the_model_export(real_ckpt, tmp_path):
+    """A Lightning DeepSpeed tag: the model export strips the LightningModule prefix; so does this one."""
+    src = real_ckpt("lightning-ds-zero2") / "checkpoints" / "epoch=0-step=2.ckpt"
+    model = export(src, tmp_path / "model")
+    export(src, tmp_path / "optim", component="optimizer")
+    assert model.stripped_prefix
+    names = set(load_file(tmp_path / "model" / "model.safetensors"))
+    sd = load_file(tmp_path / "optim" / "optimizer.safetensors")
+    params = {k.rsplit(".", 1)[0] for k in sd}
+    assert params and params <= names
+    assert not any(p.startswith(model.stripped_prefix) for p in params if model.stripped_prefix + p not in names)
+    cfg = json.loads((tmp_path / "optim" / "optimizer_config.json").read_text())
+    assert {n for g in cfg["param_groups"] for n in g["params"]} == params
+    for p in params:  # the masters are the model export's weights, bit for bit
+        assert torch.equal(sd[f"{p}.master"], load_file(tmp_path / "model" / "model.safetensors")[p])
+
+
+def test_cli_refuses_what_it_cannot_read_yet(real_ckpt_copy, real_ckpt, tmp_path):
+    real_ckpt_copy("dcp-mixed")
+    r = ckpt_tui("export", "dcp-mixed", "--out", "out", "--component", "optimizer", cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "the optimizer component is dcp-mixed/optimizer/ (dcp" in r.stderr
+    assert "not supported yet (only of DeepSpeed ZeRO-1/2/3 tag folders)" in r.stderr
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ExportError, match="does not go with --component optimizer"):
+        plan_export(real_ckpt("ds-zero2-bf16"), tmp_path / "out", component="optimizer", from_module_states=True)
+
+
+def test_cli_writes_it(real_ckpt, tmp_path):
+    r = ckpt_tui("export", str(real_ckpt("ds-zero3-bf16")), "--out", "out", "--component", "optimizer", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "verified ✓" in r.stdout and 'sd = load_file(f"{out}/optimizer.safetensors")' in r.stdout
+    assert "optimizer_config.json" in r.stdout
+    assert sorted(os.listdir(tmp_path / "out")) == ["optimizer.safetensors", "optimizer_config.json"]
+
+
+def test_a_truncated_rank_is_refused(real_ckpt_copy, tmp_path):
+    bad = real_ckpt_copy("ds-zero2-bf16")
+    f = bad / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(ExportError, match="problems an export cannot work around"):
+        export(bad, tmp_path / "out", component="optimizer")
+    assert not (tmp_path / "out").exists()

@@ -51,7 +51,8 @@ def load_export(out: Path) -> dict:
 
 
 CASES = [("ds-zero1-bf16", 1, []), ("ds-zero2-bf16", 2, []), ("ds-zero3-bf16", 3, []),
-         ("ds-zero1-frozen", 1, ["embed_tokens.weight"]), ("ds-zero3-frozen", 3, ["embed_tokens.weight"])]
+         ("ds-zero1-frozen", 1, ["embed_tokens.weight"]), ("ds-zero3-frozen", 3, ["embed_tokens.weight"]),
+         ("ds-zero2-3ranks", 2, []), ("ds-zero3-3ranks", 3, [])]  # 3 ranks: uneven partitions, padding
 
 
 @pytest.mark.parametrize("variant,stage,frozen", CASES, ids=[c[0] for c in CASES])

@@ -41,7 +41,7 @@ from ..dtypes import ITEMSIZE, short_dtype
 from ..formats import FormatError, torchfile
 from ..formats.deepspeed import LAYER_RE, MODEL_STATES_RE, OPTIM_STATES_RE, stage_value
 from ..formats.pickles import TensorRef, iter_tensors
-from .sources import ByteRange, Source, SourceTensor
+from .sources import ByteRange, Source, SourceTensor, read_ranges
 
 MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
 MAX_RANGES_PER_TENSOR = 1 << 20
@@ -336,15 +336,10 @@ class ZeroTag:
 
     def tensor_bytes(self, rank: int, ref: TensorRef, what: str) -> bytes:
         """The bytes of a (small) tensor of rank ``rank``'s optimizer-states file, e.g. a 0-d step."""
-        out = b""
-        for r in _ref_ranges(self._optim[rank], ref, what):
-            with open(r.path, "rb") as fh:
-                fh.seek(r.offset)
-                data = fh.read(r.length)
-            if len(data) != r.length:
-                raise ValueError(f"{what}: {self.file_name(rank)} ends early")
-            out += data
-        return out
+        try:
+            return read_ranges(_ref_ranges(self._optim[rank], ref, what))
+        except OSError:
+            raise ValueError(f"{what}: {self.file_name(rank)} ends early") from None
 
     def params(self, groups_of: Optional[Callable[[int], list]] = None, *, suffix: str = "",
                what: str = "fp32") -> "OrderedDict[str, SourceTensor]":

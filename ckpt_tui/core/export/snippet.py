@@ -71,14 +71,7 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
         return "\n".join(lines)
     lines = ["import json"] if plan.index else []
     lines += ["from safetensors.torch import load_file", "", _model_comment(plan.prefix), f"out = {out!r}"]
-    if plan.index:
-        lines += [f'with open(f"{{out}}/{plan.index_name}") as f:',
-                  '    shards = sorted(set(json.load(f)["weight_map"].values()))',
-                  "sd = {}",
-                  "for shard in shards:",
-                  '    sd.update(load_file(f"{out}/{shard}"))']
-    else:
-        lines.append(f'sd = load_file(f"{{out}}/{plan.files[0].name}")')
+    lines += _load_sd(plan)
     written = set(names)
     for alias, target in plan.dropped_tied:
         if target in written:
@@ -92,17 +85,22 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
     return "\n".join(lines)
 
 
+def _load_sd(plan: ExportPlan) -> list[str]:
+    """Lines that read every tensor of the output into ``sd`` (``out`` names the folder): the one file, or
+    each shard its index names."""
+    if plan.index:
+        return [f'with open(f"{{out}}/{plan.index_name}") as f:',
+                '    shards = sorted(set(json.load(f)["weight_map"].values()))',
+                "sd = {}",
+                "for shard in shards:",
+                '    sd.update(load_file(f"{out}/{shard}"))']
+    return [f'sd = load_file(f"{{out}}/{plan.files[0].name}")']
+
+
 def _optimizer_snippet(plan: ExportPlan, out: str) -> str:
     """An optimizer export: its tensors by parameter name, and its step and param groups."""
     lines = ["import json", "from safetensors.torch import load_file", "", f"out = {out!r}"]
-    if plan.index:
-        lines += [f'with open(f"{{out}}/{plan.index_name}") as f:',
-                  '    shards = sorted(set(json.load(f)["weight_map"].values()))',
-                  "sd = {}",
-                  "for shard in shards:",
-                  '    sd.update(load_file(f"{out}/{shard}"))']
-    else:
-        lines.append(f'sd = load_file(f"{{out}}/{plan.files[0].name}")')
+    lines += _load_sd(plan)
     extra = [name for name, _ in plan.extra_files]
     if extra:
         lines += [f'with open(f"{{out}}/{extra[0]}") as f:', "    config = json.load(f)  # step, param_groups (lr, betas, "

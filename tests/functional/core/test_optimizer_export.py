@@ -162,6 +162,27 @@ def test_cli_writes_it(real_ckpt, tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["optimizer.safetensors", "optimizer_config.json"]
 
 
+@pytest.mark.parametrize("shard", [None, "100KB"], ids=["one-file", "sharded"])
+def test_the_printed_load_code_runs_as_printed(real_ckpt, tmp_path, shard):
+    """The "Load it with" code an optimizer export prints, run exactly as printed from the folder the
+    export ran in: `sd` holds every exported tensor, `config` the step and the param groups."""
+    from tests.snippets import snippet_after
+
+    args = ["export", str(real_ckpt("ds-zero2-bf16")), "--out", "out", "--component", "optimizer"]
+    r = ckpt_tui(*args, *(["--max-shard-size", shard] if shard else []), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    code = snippet_after(r.stdout)
+    check = code + (
+        "\nimport json as _j, sys as _s\n"
+        "_s.stdout.write(_j.dumps({'keys': sorted(sd), 'step': config['step'], "
+        "'groups': len(config['param_groups'])}))\n")
+    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["keys"] == sorted(load_export(tmp_path / "out")) and any(k.endswith(".exp_avg_sq") for k in got["keys"])
+    assert got["step"] == 2 and got["groups"] >= 1
+
+
 def test_a_truncated_rank_is_refused(real_ckpt_copy, tmp_path):
     bad = real_ckpt_copy("ds-zero2-bf16")
     f = bad / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"

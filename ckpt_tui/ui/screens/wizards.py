@@ -373,13 +373,15 @@ class UniversalWizard(PlannedWizard):
             why += ("\n\nThis run has frozen parameters: a universal checkpoint restores only optimizer-tracked "
                     "parameters, so ckpt-tui will also write their weights to frozen_params.safetensors and show "
                     "how to load them.")
-        tag = _abs(self.report, self.tag_path)
+        from ...core.convert.universal.plan import default_out
+
+        out = default_out(_abs(self.report, self.tag_path))
         with Vertical(id="why", classes="pane"):
             yield Static(why, classes="explain")
         with Vertical(id="output", classes="pane"):
             yield Static("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
                          "`latest_universal`):", classes="explain")
-            yield Input(value=self.report.inventory.user_form(tag.parent / f"{tag.name}_universal"), id="out")
+            yield Input(value=self.report.inventory.user_form(out), id="out")
         yield from self.confirm_pane()
 
     def plan_inputs(self):
@@ -388,8 +390,7 @@ class UniversalWizard(PlannedWizard):
     def build_plan(self, out):
         from ...core.convert.universal import universal_plan
 
-        inv = self.report.inventory
-        plan = universal_plan(user_path(inv.given or str(inv.root.abspath), self.tag_path), Path(out).expanduser())
+        plan = universal_plan(_typed(self.report, self.tag_path), Path(out).expanduser())
         return plan, plan.to_plan().describe()
 
 

@@ -211,7 +211,7 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     estimated = 3 * 4 * params + sum(c.size for c in node.children if "model_states" in c.name)
 
     if out is None:
-        out = tag_dir.parent / f"{tag_dir.name}_universal"
+        out = default_out(tag_dir)
     out = Path(os.path.abspath(out))
     parent = out.parent
     frozen_only = bool(export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists()
@@ -251,6 +251,12 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
                          estimated_bytes=estimated, trust_pickles=trust_pickles, target_stage=target_stage,
                          export_frozen=export_frozen, warnings=warnings, said=said, frozen_only=frozen_only,
                          given=os.fspath(src))
+
+
+def default_out(tag_dir: Path) -> Path:
+    """Where a tag's universal checkpoint goes unless told: ``<tag>_universal/`` beside it (where
+    ``latest_universal`` lets load_checkpoint find it)."""
+    return Path(tag_dir).parent / f"{Path(tag_dir).name}_universal"
 
 
 def _complete_universal(rep, out: Path) -> bool:

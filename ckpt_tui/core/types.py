@@ -122,6 +122,17 @@ def user_path(given: str, rel: str = ".") -> str:
     return os.path.normpath(p)
 
 
+def in_user_form(given: str, p) -> str:
+    """A path ckpt-tui names or creates (an output folder, a file of the source) in the form the user chose
+    for ``given``: relative to their current folder if they typed a relative path, else absolute. Not quoted."""
+    if given and not os.path.isabs(given):
+        try:
+            return os.path.relpath(p)
+        except ValueError:  # another drive (Windows): only the absolute form exists
+            pass
+    return str(Path(p).absolute())
+
+
 def shell_path(given: str, rel: str = ".") -> str:
     """:func:`user_path`, quoted for a shell command line (``shlex.quote``: spaces, quotes)."""
     return shlex.quote(user_path(given, rel))
@@ -168,13 +179,7 @@ class Inventory:
     def user_form(self, p) -> str:
         """A path ckpt-tui will create (an output folder) in the user's form: relative to their current
         folder when they named the checkpoint by a relative path, else absolute. Not quoted."""
-        p = Path(p)
-        if self.given and not os.path.isabs(self.given):
-            try:
-                return os.path.relpath(p)
-            except ValueError:
-                pass
-        return str(p.absolute())
+        return in_user_form(self.given, p)
 
     def shown(self, rel: str = ".", *, slash: bool = False) -> str:
         """Node ``rel`` as the user can paste it into a shell from where they ran ckpt-tui

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE, ST_CODE, short_dtype
-from ..types import Plan, PlanStep, numel
+from ..types import Plan, PlanStep, in_user_form, numel
 from .prefix import PrefixChoice
 from .sources import Source, SourceTensor
 
@@ -105,9 +104,7 @@ class ExportPlan:
     def shown(self, p) -> str:
         """A source path as the user can type it: relative to their folder if they named SRC by a relative
         path, else absolute."""
-        if self.src_given and not os.path.isabs(self.src_given):
-            return os.path.relpath(p)
-        return str(p)
+        return in_user_form(self.src_given, p)
 
     def to_plan(self) -> Plan:
         src = self.shown(self.source.path)

@@ -14,7 +14,7 @@ from ...export.write import ExportError
 from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import JsonFields, as_json
-from ...types import Plan, PlanStep
+from ...types import Plan, PlanStep, in_user_form
 from .instructions import FROZEN_FILE
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
@@ -74,9 +74,7 @@ class UniversalPlan(JsonFields):
     def shown(self, p) -> str:
         """``p`` as the user can type it: relative to their folder if they named SRC by a relative
         path, else absolute (not quoted: prose and Python strings)."""
-        if self.given and not os.path.isabs(self.given):
-            return os.path.relpath(p)
-        return str(p)
+        return in_user_form(self.given, p)
 
     @property
     def frozen_file(self) -> Path:

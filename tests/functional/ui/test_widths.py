@@ -7,6 +7,7 @@ from the widgets' computed widths: a name is "not cut" when it appears whole on 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -101,26 +102,28 @@ def table_rows(app) -> tuple[str, list[str]]:
     return lines[0], [line for line in lines[1:1 + table.row_count]]
 
 
-@pytest.mark.parametrize("key", ALL)
-async def test_at_120_columns_no_file_name_is_cut_with_the_tree_focused(key, monkeypatch):
+@contextlib.asynccontextmanager
+async def every_folder_open(key: str, size: tuple[int, int], monkeypatch):
+    """Fixture ``key`` opened as typed from its parent folder, at ``size``, every folder of the tree open."""
     path = fixture_path(key)
     monkeypatch.chdir(path.parent)
     app = make_app(path.name)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=size) as pilot:
         tree = await opened(pilot, app)
         await open_every_folder(pilot, tree)
+        yield pilot, app, tree
+
+
+@pytest.mark.parametrize("key", ALL)
+async def test_at_120_columns_no_file_name_is_cut_with_the_tree_focused(key, monkeypatch):
+    async with every_folder_open(key, (120, 40), monkeypatch) as (pilot, app, tree):
         assert app.focused is tree
         assert await assert_tree_names_whole(pilot, app, tree) >= 2
 
 
 @pytest.mark.parametrize("key", TWO_LAYER)
 async def test_at_200_columns_no_file_or_tensor_name_is_cut(key, monkeypatch):
-    path = fixture_path(key)
-    monkeypatch.chdir(path.parent)
-    app = make_app(path.name)
-    async with app.run_test(size=(200, 50)) as pilot:
-        tree = await opened(pilot, app)
-        await open_every_folder(pilot, tree)
+    async with every_folder_open(key, (200, 50), monkeypatch) as (pilot, app, tree):
         await assert_tree_names_whole(pilot, app, tree)
         # every component's tensors: move the cursor to each node that lists tensors
         seen = 0

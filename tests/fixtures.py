@@ -5,7 +5,8 @@
     python -m tests.fixtures --list
 
 Cache: $CKPT_TUI_FIXTURE_CACHE, else ~/.cache/ckpt-tui/fixtures/<key> ($XDG_CACHE_HOME is honoured), where <key> hashes the versions of
-torch/deepspeed/transformers/accelerate/lightning and the source of ckpt_tui/samples/*.py.
+torch/deepspeed/transformers/accelerate/lightning and Python; each group lives in <group>-<hash> there, the hash
+covering its generator's code (samples.group_hash), so a new or changed group regenerates only itself.
 Each group is generated into a temp folder and os.replace'd into place under a file lock.
 The cached folders are shared: copy before modifying (real_ckpt_copy).
 """
@@ -44,7 +45,6 @@ def cache_key() -> str:
         except metadata.PackageNotFoundError:
             h.update(f"{dist}=missing\n".encode())
     h.update(sys.version.split()[0].encode())
-    h.update(samples.source_hash().encode())
     return h.hexdigest()[:16]
 
 
@@ -55,10 +55,14 @@ def cache_dir() -> Path:
     return cache_home() / "fixtures" / cache_key()
 
 
+def group_dir(group: str) -> Path:
+    return cache_dir() / f"{group}-{samples.group_hash(group)}"
+
+
 def group_path(group: str, on_line=None) -> Path:
     """The cached folder of a whole group, generating it if absent."""
     base = cache_dir()
-    final = base / group
+    final = group_dir(group)
     if final.is_dir():
         return final
     base.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cache: {cache_dir()}")
     if args.list:
         for v, (g, n) in REGISTRY.items():
-            state = "cached" if (cache_dir() / g / v).is_dir() else "-"
+            state = "cached" if (group_dir(g) / v).is_dir() else "-"
             print(f"{v:26} {g:18} nproc={n} {state}")
         for v, why in SKIPPED.items():
             print(f"{v:26} SKIPPED: {why}")
@@ -112,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     total = 0.0
     for g in groups:
         if args.force:
-            shutil.rmtree(cache_dir() / g, ignore_errors=True)
+            shutil.rmtree(group_dir(g), ignore_errors=True)
         t0 = time.perf_counter()
-        cached = (cache_dir() / g).is_dir()
+        cached = group_dir(g).is_dir()
         group_path(g, on_line=on_line)
         dt = time.perf_counter() - t0
         total += dt

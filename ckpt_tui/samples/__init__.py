@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..core.userdirs import cache_home
 
-__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "demo_stamp", "source_hash", "STEP_PREFIX", "launch_env",
+__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "demo_stamp", "source_hash", "group_hash", "STEP_PREFIX", "launch_env",
            "big_torch_checkpoint"]
 
 
@@ -35,6 +35,8 @@ class Group:
     variants: tuple[str, ...]
     # variants made after the launch by a converter, from another variant of the same group: name -> source
     derived: dict[str, str] = field(default_factory=dict)
+    # a producer that cannot live beside the test pins runs in its own cached venv: a key of venvs.VENVS
+    venv: str | None = None
 
 
 GROUPS: dict[str, Group] = {
@@ -260,7 +262,12 @@ def generate(
     outdir = Path(outdir).resolve()
     outdir.mkdir(parents=True, exist_ok=True)
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={grp.nproc}",
+    python = sys.executable
+    if grp.venv is not None:
+        from .venvs import python_for
+
+        python = str(python_for(grp.venv, on_line=on_line))
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={grp.nproc}",
            "-m", f"ckpt_tui.samples.{grp.module}", str(outdir), *launched]
     _attempt(lambda: _run(cmd, outdir, on_line, timeout), outdir, launched)
 
@@ -310,6 +317,37 @@ def source_hash() -> str:
     h = hashlib.sha256()
     for src in sorted(Path(__file__).parent.glob("*.py")):
         h.update(src.name.encode() + b"\0" + src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def group_hash(group: str) -> str:
+    """A hash of what decides a group's output: its generator module and the sample modules it imports,
+    its definition, the files it must write, the converter of its derived variants and its venv's pins.
+    The test fixtures cache each group under it, so a new or changed group regenerates only itself."""
+    import hashlib
+    import inspect
+    import re
+
+    grp = GROUPS[group]
+    here = Path(__file__).parent
+    h = hashlib.sha256(repr(grp).encode())
+    todo, seen = [grp.module], set()
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        src = (here / f"{mod}.py").read_bytes()
+        h.update(mod.encode() + b"\0" + src)
+        todo += [m.decode() for m in re.findall(rb"ckpt_tui\.samples\.(\w+)", src) if (here / f"{m.decode()}.py").is_file()]
+    for v in grp.variants:
+        h.update(repr((v, EXPECTED[v])).encode())
+    if grp.derived:
+        h.update(inspect.getsource(_to_universal).encode())
+    if grp.venv is not None:
+        from .venvs import VENVS
+
+        h.update(repr(VENVS[grp.venv]).encode())
     return h.hexdigest()[:16]
 
 

@@ -22,7 +22,7 @@ def open_source(path, *, trust_pickles: bool = False, strip_prefix: Optional[str
 
 @dataclass
 class TensorStats(JsonFields):
-    json_keys = ("name", "dtype", "numel", "min", "max", "mean", "std", "nan", "inf", "shape")
+    json_keys = ("name", "dtype", "numel", "min", "max", "mean", "std", "nan", "inf", "shape")  # not listed_as
 
     name: str
     shape: tuple[int, ...]
@@ -34,6 +34,12 @@ class TensorStats(JsonFields):
     std: Optional[float] = None
     nan: int = 0
     inf: int = 0
+    # the tensor's name in ``list_tensors`` of the same path (a torch file lists `module.X` where the
+    # weights, and so these statistics, are named `X`): what a listing matches its rows on
+    listed_as: str = ""
+
+    def __post_init__(self) -> None:
+        self.listed_as = self.listed_as or self.name
 
 
 def _chunks(t: SourceTensor):
@@ -85,7 +91,7 @@ def _fixed_chunks(t: SourceTensor, n: int = CHUNK_ELEMS):
 def tensor_stats(t: SourceTensor, cancel=None) -> TensorStats:
     import torch
 
-    st = TensorStats(t.name, t.shape, t.dtype, t.numel)
+    st = TensorStats(t.name, t.shape, t.dtype, t.numel, listed_as=t.listed_as or t.name)
     if t.numel == 0:
         return st
     n = 0

@@ -32,6 +32,7 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
     first_by_view: dict[tuple, str] = {}
     for name, t in iter_tensors(sd):
         out = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
+        listed = f"{wrapper}.{name}" if wrapper else None  # list_tensors names the whole nesting
         if t.storage is None:
             raise FormatError(f"{name} is not a plain tensor (a sharded or subclass tensor); export its "
                               "folder's DCP/full state dict instead")
@@ -47,10 +48,10 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
             if (t.offset + t.numel) * item > size:
                 raise FormatError(f"{name} runs past its storage: the file is corrupt", "corrupt")
             rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
-            tensors.append(SourceTensor(out, t.shape, t.dtype, ranges=rng, tied_to=tied))
+            tensors.append(SourceTensor(out, t.shape, t.dtype, ranges=rng, tied_to=tied, listed_as=listed))
         else:
             tensors.append(SourceTensor(out, t.shape, t.dtype, load=_strided_loader(path, t, offsets), tied_to=tied,
-                                        note="non-contiguous view, copied element-wise"))
+                                        note="non-contiguous view, copied element-wise", listed_as=listed))
     if not tensors:
         raise FormatError(f"{path.name} holds no tensors")
     src = Source("torch-file", path, tensors)

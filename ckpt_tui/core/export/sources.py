@@ -33,6 +33,9 @@ class SourceTensor:
     tied_to: Optional[str] = None  # written once: this name is an alias of ``tied_to``
     frozen: bool = False
     note: str = ""
+    # the name ``list_tensors`` gives this tensor in the file it comes from, where that differs (a torch
+    # file's weights under a wrapper key: DeepSpeed's `module.X`, Lightning's `state_dict.X`)
+    listed_as: Optional[str] = None
 
     @property
     def numel(self) -> int:

@@ -24,7 +24,7 @@ from textual.worker import Worker
 
 from ...core.present import GLYPH
 from ...core.report import Report
-from ...core.types import Node
+from ...core.types import MODEL_ROLES, Node
 from ..actions import bindings
 from ..job_actions import JobActions, by_severity
 from ..jobs import JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
@@ -91,7 +91,7 @@ class MainScreen(JobActions, Screen):
             comp = self.component_for(self.selected)[0] if self.selected is not None else None
             if comp is None:
                 return "select a component with tensors"
-            if comp.role not in ("model", "model+optimizer"):
+            if comp.role not in MODEL_ROLES:
                 return "statistics are of model weights: select the model component"
         if action == "cancel_job" and not self.running_jobs():
             return "no job is running"

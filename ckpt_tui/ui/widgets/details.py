@@ -98,9 +98,7 @@ class TensorTable(Vertical):
         dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
         cells = {"name": r.name, "size": Text(size(r.nbytes)), "dtype": Text(dtype), "shape": Text(shape_text(r.shape))}
         if self._with_stats:
-            # a DeepSpeed model-states file lists `module.X` as torch.load nests it; its stats (the module
-            # weights export reads) are named `X`
-            st = self.stats.get(r.name) or self.stats.get(r.name.removeprefix("module."))
+            st = self.stats.get(r.name)
             fmt = lambda v: "" if v is None else f"{v:.3g}"
             bad = 0 if st is None else st.nan + st.inf
             cells.update({"min": fmt(getattr(st, "min", None)), "max": fmt(getattr(st, "max", None)),
@@ -165,7 +163,7 @@ class TensorTable(Vertical):
         self.refilter()
 
     def set_stats(self, stats) -> None:
-        self.stats = {s.name: s for s in stats}
+        self.stats = {s.listed_as: s for s in stats}  # the core names them as the listing does
         self._with_stats = True
         self.refilter()
 

@@ -141,3 +141,23 @@ def test_listable_dcp_files_show_their_folder_and_universal_param_folders(real_c
     assert comp is param.child("fp32.pt") and "fp32.pt" in note
     real = torch.load(comp.abspath, map_location="cpu", weights_only=False)  # ZeRO-3's converter: a bare tensor
     assert [(t.name, t.shape, t.dtype) for t in list_tensors(comp)] == [("fp32.pt", tuple(real.shape), "float32")]
+
+
+@pytest.mark.parametrize("variant,rel", [("ds-zero2-bf16", "global_step2/mp_rank_00_model_states.pt"),
+                                         ("lightning-ds-zero2", "checkpoints/epoch=0-step=2.ckpt/checkpoint/mp_rank_00_model_states.pt")])
+def test_stats_are_named_as_the_listing_names_them(real_ckpt, variant, rel):
+    """`ckpt-tui stats` of a DeepSpeed model-states file reads the `module` weights (named `X`, as export
+    names them); the listing of the same file names them `module.X`: each statistic carries the listing's
+    name, so a table of the listing finds every row's statistics."""
+    from ckpt_tui.core.analysis import stats
+
+    path = real_ckpt(variant) / rel
+    report = inspect(path)
+    node = report.inventory.root
+    listed = {t.name for t in list_tensors(node)}
+    st = stats(path)
+    assert st and {s.name for s in st}.isdisjoint(listed)  # the weights' own names are not the listing's
+    assert {s.listed_as for s in st} <= listed
+    assert {s.listed_as for s in st} == {n for n in listed if n.startswith("module.")}
+    assert all(s.listed_as == f"module.{s.name}" for s in st)
+    assert "listed_as" not in st[0].to_json()

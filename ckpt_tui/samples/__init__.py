@@ -58,7 +58,8 @@ GROUPS: dict[str, Group] = {
         ("fsdp1-dcp", "fsdp2-dcp", "fsdp-full", "fsdp-local", "dcp-ranklocal", "dcp-safetensors",
          "dcp-fs-safetensors", "torchtitan", "megatron-dist", "dcp-mixed"),
     ),
-    "single": Group("single", 1, ("accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt")),
+    "single": Group("single", 1, ("accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt",
+                                   "plain-pt-optim", "plain-pt-optim-groups", "lightning-file-optim")),
     "demo": Group("demo", 2, ("demo",)),
 }
 
@@ -155,6 +156,9 @@ EXPECTED: dict[str, list[str]] = {
     "hf-model-bin": ["config.json", "pytorch_model.bin"],
     "megatron-legacy": ["iter_0000010/mp_rank_00/model_optim_rng.pt", "latest_checkpointed_iteration.txt"],
     "plain-pt": ["model.pt"],
+    "plain-pt-optim": ["checkpoint.pt"],
+    "plain-pt-optim-groups": ["checkpoint.pt"],
+    "lightning-file-optim": ["last.ckpt"],
     "demo": (
         [f"fsdp-trainer-run/checkpoint-20/{f}" for f in _dcp("pytorch_model_fsdp_0/") + _dcp("optimizer_0/")]
         + [f"fsdp-trainer-run/checkpoint-20/{f}" for f in

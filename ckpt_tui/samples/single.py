@@ -12,7 +12,8 @@ import torch
 
 from ckpt_tui.samples._common import TINY_LLAMA, TinyLM, batch, finish, lm_loss, log, parse_args, seed_all
 
-VARIANTS = ["accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt"]
+VARIANTS = ["accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt", "plain-pt-optim",
+            "plain-pt-optim-groups", "lightning-file-optim"]
 
 
 def _tiny_llama(tied: bool = False):
@@ -98,12 +99,62 @@ def v_plain_pt(out: Path) -> None:
     torch.save(TinyLM().state_dict(), out / "model.pt")
 
 
+def _train_adamw(model, groups, steps: int = 2):
+    """The real torch.optim.AdamW over ``groups``, ``steps`` steps of the tiny LM loss."""
+    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for step in range(steps):
+        ids = batch(step, 0)
+        lm_loss(model(ids), ids).backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+def v_plain_pt_optim(out: Path) -> None:
+    """torch.save({"model": ..., "optimizer": opt.state_dict()}): one param group over model.parameters(),
+    so the index-keyed optimizer state lines up with the model's parameters."""
+    seed_all()
+    model = TinyLM()
+    opt = _train_adamw(model, model.parameters())
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 2}, out / "checkpoint.pt")
+
+
+def v_plain_pt_optim_groups(out: Path) -> None:
+    """The usual decay / no-decay split: two param groups whose concatenated order is not the model's,
+    so index-keyed state cannot be named by the model's parameters."""
+    seed_all()
+    model = TinyLM()
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = _train_adamw(model, [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, out / "checkpoint.pt")
+
+
+def v_lightning_file_optim(out: Path) -> None:
+    """A single-file Lightning .ckpt (the real Trainer on CPU, AdamW): `state_dict` + `optimizer_states`."""
+    import lightning as L
+
+    from ckpt_tui.samples.lightning_ckpt import _module_cls
+
+    seed_all()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(out))
+    data = torch.utils.data.DataLoader([batch(i, 0, bs=1)[0] for i in range(4)], batch_size=2)
+    trainer.fit(_module_cls()(), data)
+    trainer.save_checkpoint(out / "last.ckpt")
+
+
 FUNCS = {
     "accelerate-save-state": v_accelerate_save_state,
     "hf-model-sharded": v_hf_model_sharded,
     "hf-model-bin": v_hf_model_bin,
     "megatron-legacy": v_megatron_legacy,
     "plain-pt": v_plain_pt,
+    "plain-pt-optim": v_plain_pt_optim,
+    "plain-pt-optim-groups": v_plain_pt_optim_groups,
+    "lightning-file-optim": v_lightning_file_optim,
 }
 
 

@@ -245,8 +245,45 @@ def _refuse_optimizer(report: Report) -> ExportError:
         bits.append("/".join(f["dtypes"]))
     return ExportError(f"the optimizer component is {inv.shown(rel, slash=node.is_dir)} ({', '.join(bits)}); "
                        f"exporting the optimizer state of {node.format or 'this format'} to safetensors is not "
-                       "supported yet (only of DeepSpeed ZeRO-1/2/3 tag folders). --component model (the "
+                       f"supported yet (only of {OPTIMIZER_SOURCES}). --component model (the "
                        "default) exports the model weights; the optimizer state resumes from the checkpoint as it is")
+
+
+# what --component optimizer reads (said in refusals and in the CLI's help)
+OPTIMIZER_SOURCES = ("DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders (HF Trainer/Accelerate FSDP "
+                     "optimizer_0/, FSDP2 get_state_dict saves) and torch files with an optimizer state dict "
+                     "(Lightning .ckpt, torch.save, Accelerate optimizer.bin)")
+
+
+def optimizer_component(report: Report) -> Optional[Node]:
+    """The node holding the optimizer state (of the newest complete checkpoint of a run folder), as the
+    inspector's components name it; None where there is none. A DeepSpeed tag is its own."""
+    inv = report.inventory
+    comps = inv.components
+    if inv.layout == "run-folder" and inv.checkpoints:
+        complete = [c for c in inv.checkpoints if c["complete"]] or inv.checkpoints
+        comps = inv.checkpoint_components.get(complete[0]["path"], {})
+    rel = comps.get("optimizer") or comps.get("model+optimizer")
+    return inv.node(rel) if rel else None
+
+
+def optimizer_exportable(report: Report) -> Optional[str]:
+    """Where ``--component optimizer`` would read from (a relative path), or None where this checkpoint
+    has no optimizer state of a format it reads. Decided from the inventory only (no file is read): the
+    plan says in full what is read, or why not. The TUI's export wizard asks this."""
+    inv = report.inventory
+    if inv.deepspeed_tags():
+        try:
+            node, _ = resolve(report, verb=OPTIMIZER_VERB)
+        except ExportError:
+            return None
+        return node.path if node.format == "deepspeed-zero" else None
+    node = optimizer_component(report)
+    if node is None:
+        return None
+    if node.format == "dcp" or (not node.is_dir and node.format == "torch-zip"):
+        return node.path
+    return None
 
 
 def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
@@ -276,21 +313,24 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
 
 
 def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_prefix=None, keep_prefix=False,
-                    tag=None, trust_pickles=False) -> tuple[ExportPlan, list[str]]:
-    """The plan of ``--component optimizer``: a DeepSpeed ZeRO tag's exp_avg, exp_avg_sq (and fp32 masters)
-    per parameter into ``optimizer.safetensors``, its step and param groups into ``optimizer_config.json``;
-    names as the model export of the same tag has them. Other sources are refused, saying so."""
-    from .deepspeed_optim import CONFIG_FILE, deepspeed_optimizer_source, strip_config
+                    tag=None, trust_pickles=False, report: Optional[Report] = None) -> tuple[ExportPlan, list[str]]:
+    """The plan of ``--component optimizer``: exp_avg, exp_avg_sq (and fp32 masters where the run kept them
+    apart) per parameter into ``optimizer.safetensors``, the step and param groups into
+    ``optimizer_config.json``; names as the model export of the same checkpoint has them. Reads DeepSpeed
+    ZeRO tags, torch DCP optimizer folders and torch files with an optimizer state dict; others are
+    refused, saying so. ``report``: ``src`` inspected already."""
+    from .deepspeed_optim import deepspeed_optimizer_source
 
-    report = inspect(src, trust_pickles=trust_pickles)
+    report = report if report is not None else inspect(src, trust_pickles=trust_pickles)
     try:
-        node, _ = resolve(report, tag, verb=OPTIMIZER_VERB)
+        node, said = resolve(report, tag, verb=OPTIMIZER_VERB)
     except ExportError:
-        if not report.inventory.deepspeed_tags():
-            raise _refuse_optimizer(report) from None
-        raise
-    if node.format != "deepspeed-zero":
-        raise _refuse_optimizer(report)
+        if report.inventory.deepspeed_tags() or tag:
+            raise
+        node, said = None, []
+    if node is None or node.format != "deepspeed-zero":
+        return _plan_torch_optimizer(report, node, said, out, dtype=dtype, max_shard_size=max_shard_size,
+                                     strip_prefix=strip_prefix, keep_prefix=keep_prefix, trust_pickles=trust_pickles)
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, report=report, verb=OPTIMIZER_VERB,
                                         why="the checkpoint has problems an export cannot work around")
     try:
@@ -299,6 +339,16 @@ def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_pref
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
     except FormatError as e:
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
+    return _optimizer_plan(node, source, config, model_names, out, dtype=dtype, max_shard_size=max_shard_size,
+                           strip_prefix=strip_prefix, keep_prefix=keep_prefix), said
+
+
+def _optimizer_plan(node: Node, source: Source, config: dict, model_names: list[str], out, *, dtype, max_shard_size,
+                    strip_prefix, keep_prefix) -> ExportPlan:
+    """The plan of an optimizer ``source``: the model export's prefix decision (``node``: the model's
+    node, ``model_names``: its names) applied to the tensors and to ``config``, which goes beside them."""
+    from .deepspeed_optim import CONFIG_FILE, strip_config
+
     prefix = choose(node, model_names, strip_prefix=strip_prefix, keep_prefix=keep_prefix)
     strip_names(source, prefix.strip)
     config = strip_config(config, prefix.strip)
@@ -308,6 +358,52 @@ def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_pref
     plan.prefix = prefix
     config["dtype"] = dtype
     plan.extra_files = [(CONFIG_FILE, json.dumps(config, indent=2) + "\n")]
+    return plan
+
+
+def _plan_torch_optimizer(report: Report, model: Optional[Node], said: list[str], out, *, dtype, max_shard_size,
+                          strip_prefix, keep_prefix, trust_pickles) -> tuple[ExportPlan, list[str]]:
+    """``--component optimizer`` of a torch DCP optimizer folder or a torch file's optimizer state dict;
+    ``model``: the checkpoint's model node (its names decide the optimizer's, and their prefix)."""
+    inv = report.inventory
+    opt = optimizer_component(report)
+    if opt is None or not (opt.format == "dcp" or (not opt.is_dir and opt.format == "torch-zip")):
+        raise _refuse_optimizer(report)
+    blocking = _blocking_findings(report, opt, trust_pickles)
+    if blocking:
+        raise ExportError("the checkpoint has problems an export cannot work around:\n  " + "\n  ".join(
+            f"{f.code} at {inv.shown(f.path)}: {f.message}" for f in blocking))
+    if opt is not model:
+        said = said + [f"the optimizer state is `{inv.shown(opt.path, slash=opt.is_dir)}`"]
+    model_tensors: Optional[list[tuple[str, tuple]]] = None
+    model_what = ""
+    if model is not None:
+        try:
+            msrc = source_for(model, trust_pickles=trust_pickles)
+            if msrc.kind == "safetensors":
+                model_what = (f"the model beside it, {inv.shown(model.path)}, is safetensors: it keeps no parameter "
+                              "order")
+            else:
+                model_tensors = [(t.name, tuple(t.shape)) for t in msrc.tensors
+                                 if t.tied_to is None and t.dtype.startswith(("float", "bfloat"))]
+        except (ExportError, FormatError) as e:
+            model_what = f"the model's names cannot be read: {e}"
+    try:
+        if opt.format == "dcp":
+            from .dcp_optim import dcp_optimizer_source
+
+            source, config = dcp_optimizer_source(opt.abspath, [n for n, _ in model_tensors or []])
+        else:
+            from .torch_optim import torch_optimizer_source
+
+            source, config = torch_optimizer_source(opt.abspath, model_tensors, model_what=model_what,
+                                                    trust_pickles=trust_pickles)
+    except FormatError as e:
+        raise ExportError(f"`{inv.shown(opt.path)}`: {e}") from None
+    names = [n for n, _ in model_tensors] if model_tensors is not None else [
+        t.name for t in source.tensors if not t.name.startswith("param_")]
+    plan = _optimizer_plan(model or opt, source, config, names, out, dtype=dtype, max_shard_size=max_shard_size,
+                           strip_prefix=strip_prefix, keep_prefix=keep_prefix)
     return plan, said
 
 
@@ -332,14 +428,20 @@ def _plan(report: Report, node: Node, out, *, dtype="keep", max_shard_size="50GB
 
 
 def export_needs(report: Report, node: Node, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False,
-                 from_module_states=False, config=None) -> int:
+                 from_module_states=False, config=None, component=None) -> int:
     """The bytes an export of ``node`` (an ``Inventory.export_candidates`` path of the scanned ``report``)
     writes with these options -- the model's tensors in the output dtype, safetensors headers, the index,
     the copied config files, never the optimizer states -- as ``export`` checks free space for
-    (``ExportPlan.output_bytes``). Reads headers (a DeepSpeed tag: every rank's optimizer-states pickle),
-    never tensor data: call it off the UI thread. Raises ExportError (not exportable, unreadable),
-    ValueError (a bad dtype or size)."""
-    plan = _plan(report, node, report.inventory.path / ".ckpt-tui-needs", dtype=dtype, max_shard_size=max_shard_size,
+    (``ExportPlan.output_bytes``). ``component="optimizer"``: what ``--component optimizer`` of the scanned
+    checkpoint writes instead (``node`` is not used). Reads headers (a DeepSpeed tag: every rank's
+    optimizer-states pickle), never tensor data: call it off the UI thread. Raises ExportError (not
+    exportable, unreadable), ValueError (a bad dtype or size)."""
+    out = report.inventory.path / ".ckpt-tui-needs"
+    if component == "optimizer":
+        plan, _ = _plan_optimizer(report.inventory.path, out, dtype=dtype, max_shard_size=max_shard_size,
+                                  trust_pickles=report.inventory.trust_pickles, report=report)
+        return plan.output_bytes
+    plan = _plan(report, node, out, dtype=dtype, max_shard_size=max_shard_size,
                  exclude_frozen=exclude_frozen, config=config, trust_pickles=report.inventory.trust_pickles,
                  from_module_states=from_module_states)
     return plan.output_bytes

@@ -60,6 +60,13 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
     names = model_names(info, strip_prefix)
     if not names:
         raise FormatError("this DCP folder holds no model tensors (only optimizer or other state)")
+    return Source("dcp", folder, dcp_tensors(folder, info, names, force_general=force_general))
+
+
+def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names: dict[str, str], *,
+                force_general: bool = False) -> list[SourceTensor]:
+    """The DCP tensors ``names`` (flattened key -> output name) of ``folder`` as source tensors: byte
+    ranges where the chunks allow, else torch's DCP loader one tensor at a time."""
     glob_meta, rank_metas = dcpfmt.metadata_files(folder)
     metas = [glob_meta] if glob_meta else rank_metas
     chunks: dict[str, list] = {}
@@ -84,7 +91,7 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
         else:
             tensors.append(SourceTensor(out_name, ti.shape, ti.dtype, load=_general_loader(folder, key, ti),
                                         note="read with torch DCP (chunks are not contiguous byte ranges)"))
-    return Source("dcp", folder, tensors)
+    return tensors
 
 
 def _fast_ranges(folder: Path, ti, chunk_list, storage) -> Optional[list[ByteRange]]:

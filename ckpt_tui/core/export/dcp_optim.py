@@ -1,0 +1,196 @@
+"""The optimizer state of a torch.distributed.checkpoint folder (``--component optimizer``).
+
+HF Trainer / Accelerate FSDP (``checkpoint-N/optimizer_0/``) and FSDP2 ``get_state_dict`` saves write
+the optimizer state dict FQN-keyed (``get_optimizer_state_dict`` / FSDP's ``optim_state_dict``): DCP
+flattens it to ``<top>.state.<fqn>.<key>`` tensors (``exp_avg``, ``exp_avg_sq``, a 0-d ``step``) and
+``<top>.param_groups.<g>.<hyper>`` objects (torch.save blobs: lr, betas, eps, weight_decay, params as
+FQNs), with ``planner_data`` giving each key's path, so no name is cut by text. The tensors are byte
+ranges of the ``.distcp`` files (:func:`.dcp_source.dcp_tensors`); the few small objects are read
+through the restricted unpickler. Output as the DeepSpeed source has it (:mod:`.deepspeed_optim`):
+``<fqn>.exp_avg``, ``<fqn>.exp_avg_sq`` in ``optimizer.safetensors``, step and param groups in
+``optimizer_config.json``. FSDP trains the fp32 parameters themselves: there is no separate master.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+from ..formats import FormatError
+from ..formats import dcp as dcpfmt
+from ..formats.pickles import Record, Stub, safe_loads
+from ..formats.torchfile import FileWindow
+from ..names import OPTIMIZER_KEYS
+from .deepspeed_optim import CONFIG_FILE, STATES, _jsonable
+from .sources import Source, SourceTensor, read_bytes
+
+KIND = "dcp-optimizer"
+_SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
+_MAX_OBJECT = 64 << 20  # a param-group object larger than this is not a hyper-parameter
+
+
+def _d(o):
+    return o.__dict__ if isinstance(o, (Stub, Record)) else {}
+
+
+def _paths(info: dcpfmt.DcpInfo) -> dict[str, tuple]:
+    """Every key's path (planner_data; else the dotted key, whose fqn part is rejoined below)."""
+    return {k: info.planner_data.get(k) or tuple(k.split(".")) for k in info.keys}
+
+
+def _split(path: tuple, what: str) -> Optional[tuple[tuple, tuple]]:
+    """(container, rest) where ``path`` is ``container + (what,) + rest`` and the container is empty or
+    optimizer keys only (``optimizer``, ``optim``)."""
+    for i, p in enumerate(path):
+        if p == what:
+            top = path[:i]
+            if all(t in OPTIMIZER_KEYS for t in top) and len(path) > i + 1:
+                return top, path[i + 1:]
+            return None
+    return None
+
+
+def has_optimizer_state(info: dcpfmt.DcpInfo) -> bool:
+    """Does this DCP hold an FQN-keyed optimizer state (``…state.<fqn>.exp_avg``)?"""
+    for path in _paths(info).values():
+        sp = _split(path, "state")
+        if sp and sp[1][-1] in STATES:
+            return True
+    return False
+
+
+def _objects(folder: Path, keys: set[str]) -> dict[str, Any]:
+    """The non-tensor objects ``keys`` (torch.save blobs in the .distcp files), read through the
+    restricted unpickler: nothing is executed."""
+    glob_meta, rank_metas = dcpfmt.metadata_files(folder)
+    where: dict[str, dict] = {}
+    for m in [glob_meta] if glob_meta else rank_metas:
+        meta, _, _ = dcpfmt.read_metadata_file(m)
+        for idx, st in (_d(meta).get("storage_data") or {}).items():
+            fqn = _d(idx).get("fqn")
+            if fqn in keys:
+                where.setdefault(fqn, _d(st))
+    out = {}
+    for key, st in where.items():
+        length = int(st.get("length") or 0)
+        if st.get("transform_descriptors") or length > _MAX_OBJECT:
+            raise FormatError(f"{key}: stored with an extension or too large to be a hyper-parameter")
+        path = folder / str(st["relative_path"])
+        with open(path, "rb") as f, zipfile.ZipFile(FileWindow(f, int(st["offset"]), length)) as zf:
+            pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
+            if not pkl:
+                raise FormatError(f"{key}: not a torch.save object")
+            up = safe_loads(zf.read(pkl[0]), persistent=True)
+        if up.unsafe:
+            raise FormatError(f"{key} names code outside the allowlist: {', '.join(sorted(up.unsafe))}")
+        out[key] = up.obj
+    return out
+
+
+def _number(t: SourceTensor, what: str):
+    """The value of a 0-d (or one-element) tensor, from its few bytes."""
+    import struct
+
+    if t.numel != 1 or t.dtype not in _SCALAR:
+        raise FormatError(f"{what}: a {t.dtype} tensor of shape {t.shape}, not a scalar")
+    if t.ranges is None:
+        x = t.load().item()  # general path (a chunked 0-d tensor: never seen, but torch reads it)
+    else:
+        (x,) = struct.unpack(_SCALAR[t.dtype], read_bytes(t))
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) -> tuple[Source, dict]:
+    """The optimizer state of DCP ``folder``: the source (``<fqn>.<state>`` per parameter with state) and
+    the content of ``optimizer_config.json`` (names not yet prefix-stripped). ``model_names``: the model
+    export's names of the same checkpoint (which of them have no optimizer state is said in the
+    config). Raises FormatError with the reason."""
+    from .dcp_source import dcp_tensors
+
+    folder = Path(folder)
+    info = dcpfmt.read(folder)
+    if info.unsafe:
+        raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
+    paths = _paths(info)
+    tensor_keys = {t.name for t in info.tensors}
+    state: dict[str, dict[str, str]] = {}  # fqn -> state key -> DCP key
+    groups: dict[int, dict[str, str]] = {}  # group index -> hyper-parameter -> DCP key
+    tops: set[tuple] = set()
+    for key, path in paths.items():
+        sp = _split(path, "state")
+        if sp and len(sp[1]) >= 2:
+            tops.add(sp[0])
+            fqn, leaf = ".".join(sp[1][:-1]), sp[1][-1]
+            state.setdefault(fqn, {})[leaf] = key
+            continue
+        sp = _split(path, "param_groups")
+        if sp and len(sp[1]) == 2 and str(sp[1][0]).isdigit():
+            tops.add(sp[0])
+            groups.setdefault(int(sp[1][0]), {})[sp[1][1]] = key
+    if not state:
+        raise FormatError("this DCP folder holds no FQN-keyed optimizer state (no `state.<param>.exp_avg`)")
+    if len(tops) > 1:
+        raise FormatError(f"several optimizers in one DCP ({', '.join('.'.join(t) or '(top)' for t in sorted(tops))}); "
+                          "ckpt-tui exports one")
+    # tensors: per parameter, exp_avg, exp_avg_sq, then any other tensor state (not the step)
+    names: dict[str, str] = {}
+    steps: dict[str, str] = {}
+    kinds: list[str] = []
+    for fqn, keys in state.items():
+        for leaf, key in sorted(keys.items(), key=lambda kv: (kv[0] not in STATES, STATES.index(kv[0])
+                                                              if kv[0] in STATES else 0, kv[0])):
+            if key not in tensor_keys:
+                continue
+            if leaf == "step":
+                steps[key] = fqn
+                continue
+            names[key] = f"{fqn}.{leaf}"
+            if leaf not in kinds:
+                kinds.append(leaf)
+    if not names:
+        raise FormatError("the optimizer state holds no tensors (exp_avg, exp_avg_sq)")
+    tensors = dcp_tensors(folder, info, names)
+    step_values = {}
+    for t in dcp_tensors(folder, info, {k: f"{fqn}.step" for k, fqn in steps.items()}):
+        step_values[t.name[: -len(".step")]] = _number(t, t.name)
+    # scalar steps stored as objects (older torch: a Python number)
+    obj_keys = {key for keys in state.values() for leaf, key in keys.items() if key not in tensor_keys}
+    obj_keys |= {key for hyper in groups.values() for key in hyper.values()}
+    objects = _objects(folder, obj_keys)
+    for fqn, keys in state.items():
+        if "step" in keys and keys["step"] in objects:
+            v = objects[keys["step"]]
+            step_values[fqn] = v.value if isinstance(v, Stub) else v
+    # tensor hyper-parameters (a tensor lr): their value
+    group_tensors = {key: key for hyper in groups.values() for key in hyper.values() if key in tensor_keys}
+    for t in dcp_tensors(folder, info, group_tensors):
+        objects[t.name] = _number(t, t.name)
+
+    param_groups = []
+    for gi in sorted(groups):
+        hyper = {h: _jsonable(objects.get(k)) for h, k in groups[gi].items() if h != "params"}
+        params = objects.get(groups[gi].get("params", ""), [])
+        params = [str(p) for p in params] if isinstance(params, (list, tuple)) else []
+        gsteps = {step_values.get(p) for p in params if p in step_values}
+        param_groups.append(hyper | {"step": gsteps.pop() if len(gsteps) == 1 else None, "params": params})
+    if not param_groups:
+        param_groups = [{"step": None, "params": list(state)}]
+    distinct = set(step_values.values())
+    with_state = set(state)
+    no_state = [n for n in (model_names or []) if n not in with_state]
+    config = {
+        "source": "torch-dcp",
+        "optimizer": None,  # a DCP does not record the optimizer's class
+        "step": distinct.pop() if len(distinct) == 1 else None,
+        "states": kinds,
+        "param_groups": param_groups,
+        "frozen_params": no_state,
+        "tied_params": {},
+    }
+    notes = [f"FQN-keyed optimizer state of {len(state)} parameter(s) (<name>.{', <name>.'.join(kinds)}); "
+             "FSDP trains the fp32 parameters themselves: no separate master (the weights are --component model)"]
+    if no_state:
+        notes.append(f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
+                     f"stepped parameters; listed as frozen_params in {CONFIG_FILE})")
+    return Source(KIND, folder, tensors, notes=notes), config

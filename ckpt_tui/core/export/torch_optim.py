@@ -1,0 +1,232 @@
+"""The optimizer state inside a torch.save file (``--component optimizer``): a Lightning ``.ckpt``
+(``optimizer_states[0]``), a plain ``torch.save({"model": …, "optimizer": opt.state_dict()})``, an
+Accelerate ``optimizer.bin`` (a bare ``optimizer.state_dict()``).
+
+``optimizer.state_dict()`` keys its state by index: ``state[i]`` is the i-th parameter of the
+concatenated param groups' ``params``. An index has a name only where the model's parameters, in
+order, line up with those indices: :func:`align`. The model's state dict also holds buffers (and
+frozen parameters, which have no state), so the trainable parameters are found as the one
+order-preserving match of the optimizer's state shapes into the model's tensors; where there is no
+such match, or more than one, or the model beside it keeps no order (a safetensors file, sorted by
+name), the tensors are ``param_<i>.exp_avg`` … and the plan says why. A file whose state is keyed by
+FQN (``get_optimizer_state_dict``) is named as it is.
+
+Read through the restricted unpickler; tensor bytes are byte ranges of the zip (:mod:`.file_sources`).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any, Optional
+
+from ..dtypes import ITEMSIZE
+from ..formats import FormatError, torchfile
+from ..formats.pickles import Stub, TensorRef
+from .deepspeed_optim import CONFIG_FILE, STATES, _jsonable
+from .sources import ByteRange, Source, SourceTensor
+
+KIND = "torch-file-optimizer"
+_SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
+_MAX_PAIRS = 20_000_000  # alignment table size beyond which names are not attempted
+
+
+def find_optimizer_state(obj: Any) -> tuple[Optional[dict], str, int]:
+    """(the optimizer state dict, where it is in the file, how many optimizers the file holds)."""
+    def is_sd(x):
+        return isinstance(x, dict) and isinstance(x.get("state"), dict) and isinstance(x.get("param_groups"), (list, tuple))
+
+    if is_sd(obj):
+        return obj, "the file itself", 1
+    if isinstance(obj, dict):
+        states = obj.get("optimizer_states")
+        if isinstance(states, (list, tuple)) and states and is_sd(states[0]):
+            return states[0], "optimizer_states[0]", len(states)
+        for k in ("optimizer", "optim", "optimizer_state_dict"):
+            if is_sd(obj.get(k)):
+                return obj[k], k, 1
+    return None, "", 0
+
+
+def has_optimizer_state(path: Path) -> bool:
+    try:
+        tf = torchfile.read(path)
+    except (FormatError, OSError):
+        return False
+    return find_optimizer_state(tf.obj)[0] is not None
+
+
+def align(opt_shapes: list[Optional[tuple]], model: list[tuple[str, tuple]]) -> tuple[Optional[list[str]], str]:
+    """The model names of the optimizer's parameters, in order: the one order-preserving match of
+    ``opt_shapes`` (None: a parameter without state, matching any shape) into the ``model``'s (name,
+    shape) list, which may hold more (buffers, frozen parameters). None and why where there is no
+    single such match."""
+    n, m = len(opt_shapes), len(model)
+    if n == 0:
+        return [], ""
+    if n > m:
+        return None, f"the optimizer has {n} parameters, the model {m} tensors"
+    if n * m > _MAX_PAIRS:
+        return None, f"too many parameters to match ({n} x {m})"
+    shapes = [s for _, s in model]
+    # ways[j] for row i: embeddings of opt[i:] into model[j:], capped at 2
+    nxt = [1] * (m + 1)
+    table = [nxt]
+    for i in range(n - 1, -1, -1):
+        row = [0] * (m + 1)
+        want = opt_shapes[i]
+        for j in range(m - 1, -1, -1):
+            w = row[j + 1]
+            if want is None or shapes[j] == want:
+                w += nxt[j + 1]
+            row[j] = min(w, 2)
+        table.append(row)
+        nxt = row
+    table.reverse()  # table[i] = row for opt[i:]
+    if table[0][0] == 0:
+        return None, "no in-order match of the optimizer's state shapes with the model's parameters"
+    if table[0][0] > 1:
+        return None, "the optimizer's state shapes match the model's parameters in more than one way"
+    names, j = [], 0
+    for i in range(n):
+        while not ((opt_shapes[i] is None or shapes[j] == opt_shapes[i]) and table[i + 1][j + 1] >= 1):
+            j += 1
+        names.append(model[j][0])
+        j += 1
+    return names, ""
+
+
+def _tensor(path: Path, t: TensorRef, offsets, name: str) -> SourceTensor:
+    from .file_sources import _strided_loader
+
+    if t.storage is None:
+        raise FormatError(f"{name} is not a plain tensor")
+    item = ITEMSIZE.get(t.dtype)
+    if item is None:
+        raise FormatError(f"{name} has unsupported dtype {t.dtype}")
+    if t.contiguous:
+        start, size = offsets[t.storage.key]
+        if (t.offset + t.numel) * item > size:
+            raise FormatError(f"{name} runs past its storage: the file is corrupt", "corrupt")
+        rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
+        return SourceTensor(name, t.shape, t.dtype, ranges=rng)
+    return SourceTensor(name, t.shape, t.dtype, load=_strided_loader(path, t, offsets),
+                        note="non-contiguous view, copied element-wise")
+
+
+def _number(path: Path, v: Any, offsets, what: str):
+    if isinstance(v, Stub):
+        v = v.value
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, TensorRef):
+        if v.numel != 1 or v.dtype not in _SCALAR or v.storage is None:
+            raise FormatError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
+        start, _ = offsets[v.storage.key]
+        with open(path, "rb") as f:
+            f.seek(start + v.offset * ITEMSIZE[v.dtype])
+            (x,) = struct.unpack(_SCALAR[v.dtype], f.read(ITEMSIZE[v.dtype]))
+        return int(x) if isinstance(x, float) and x.is_integer() else x
+    raise FormatError(f"{what}: unreadable step {type(v).__name__}")
+
+
+def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]], *, model_what: str = "",
+                           trust_pickles: bool = False) -> tuple[Source, dict]:
+    """The optimizer state in torch file ``path``: the source (``<name>.exp_avg`` … per parameter with
+    state, ``param_<i>.…`` where the index has no name) and the content of ``optimizer_config.json``
+    (names not yet prefix-stripped). ``model``: the model's (name, shape) in module order, or None
+    where that order is unknown (``model_what`` says why, for the plan). Raises FormatError."""
+    path = Path(path)
+    tf = torchfile.read(path)
+    if tf.unsafe and not trust_pickles:
+        raise FormatError(f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
+                          "pass --trust-pickles if you trust its origin")
+    if not tf.is_zip:
+        raise FormatError(f"{path.name} uses torch's legacy (pre-1.6) format; re-save it with torch.save first")
+    sd, where, count = find_optimizer_state(tf.obj)
+    if sd is None:
+        raise FormatError(f"{path.name} holds no optimizer state dict (`optimizer`, `optimizer_states`)")
+    offsets = torchfile.storage_offsets(path)
+    state: dict = sd["state"]
+    groups = [g for g in sd["param_groups"] if isinstance(g, dict)]
+    notes = [f"optimizer state taken from the file's {where}" if where != "the file itself" else
+             f"{path.name} is an optimizer state_dict()"]
+    if count > 1:
+        notes.append(f"the file holds {count} optimizers: only the first is exported")
+    fqn_keyed = bool(state) and all(isinstance(k, str) and not k.isdigit() for k in state)
+    if fqn_keyed:
+        order = list(state)
+        names = {k: str(k) for k in order}
+        gparams = [[str(p) for p in (g.get("params") or [])] for g in groups]
+        notes.append("the state is keyed by parameter name")
+    else:
+        order = [p for g in groups for p in (g.get("params") or [])]
+        extra = [k for k in state if k not in order]
+        order += extra
+
+        def shape_of(i):
+            s = state.get(i)
+            if not isinstance(s, dict):
+                return None
+            for k in STATES + tuple(sorted(s)):
+                t = s.get(k)
+                if isinstance(t, TensorRef) and k != "step":
+                    return tuple(t.shape)
+            return None
+
+        found, why = (None, model_what or "no model beside it") if model is None else \
+            align([shape_of(i) for i in order], model)
+        if found is not None and not extra:
+            names = dict(zip(order, found))
+            notes.append(f"the optimizer's {len(order)} parameters, keyed by index, line up in order and shape with "
+                         "the model's parameters: named by them")
+        else:
+            names = {i: f"param_{i}" for i in order}
+            notes.append(f"the optimizer state is keyed by index and could not be named ({why or 'unmatched indices'}): "
+                         "its tensors are param_<i>.exp_avg …, i the index in the param groups' params")
+        gparams = [[names[p] for p in (g.get("params") or [])] for g in groups]
+
+    tensors: list[SourceTensor] = []
+    kinds: list[str] = []
+    steps: dict[str, Any] = {}
+    for key in order:
+        s = state.get(key)
+        if not isinstance(s, dict):
+            continue
+        name = names[key]
+        leaves = sorted(s, key=lambda k: (k not in STATES, STATES.index(k) if k in STATES else 0, str(k)))
+        for leaf in leaves:
+            v = s[leaf]
+            if leaf == "step":
+                steps[name] = _number(path, v, offsets, f"{name} step")
+            elif isinstance(v, TensorRef):
+                tensors.append(_tensor(path, v, offsets, f"{name}.{leaf}"))
+                if leaf not in kinds:
+                    kinds.append(leaf)
+    if not tensors:
+        raise FormatError(f"the optimizer state in {path.name} holds no tensors (never stepped?)")
+    param_groups = []
+    for g, params in zip(groups, gparams):
+        hyper = {str(k): _jsonable(v) for k, v in g.items() if k != "params"}
+        gsteps = {steps[p] for p in params if p in steps}
+        param_groups.append(hyper | {"step": gsteps.pop() if len(gsteps) == 1 else None, "params": params})
+    distinct = {v for v in steps.values() if v is not None}
+    with_state = set(names.values())
+    no_state = [n for n, _ in (model or []) if n not in with_state] if not fqn_keyed and model is not None else []
+    config = {
+        "source": "torch-file",
+        "optimizer": None,  # state_dict() does not record the optimizer's class
+        "step": distinct.pop() if len(distinct) == 1 else None,
+        "states": kinds,
+        "param_groups": param_groups,
+        "frozen_params": no_state if any(not n.startswith("param_") for n in with_state) else [],
+        "tied_params": {},
+    }
+    if config["frozen_params"]:
+        notes.append(f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
+                     f"stepped parameters; listed as frozen_params in {CONFIG_FILE})")
+    notes.append("the optimizer trained the model's own parameters: no separate master (the weights are "
+                 "--component model)")
+    return Source(KIND, path, tensors, notes=notes), config

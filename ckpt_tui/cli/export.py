@@ -25,9 +25,12 @@ from .output import emit_json, fail, run_core
               help="DeepSpeed ZeRO-1/2: export the module weights of mp_rank_00_model_states.pt (training dtype, "
                    "bf16/fp16: NOT the fp32 masters), for when an optimizer-states file is missing or corrupt.")
 @click.option("--component", type=click.Choice(["model", "optimizer"]), default="model", show_default=True,
-              help="The role to export: optimizer writes a DeepSpeed ZeRO tag's Adam state per parameter "
-                   "(optimizer.safetensors: <name>.exp_avg, .exp_avg_sq, .master) and optimizer_config.json "
-                   "(step, param groups); other sources: not supported yet.")
+              help="The role to export: optimizer writes the Adam state per parameter (optimizer.safetensors: "
+                   "<name>.exp_avg, .exp_avg_sq, and .master where the run kept fp32 masters apart) and "
+                   "optimizer_config.json (step, param groups) of DeepSpeed ZeRO-1/2/3 tags, torch DCP optimizer "
+                   "folders (HF Trainer/Accelerate FSDP optimizer_0/, FSDP2 get_state_dict, torchtitan, Lightning "
+                   "FSDP) and torch files with an optimizer state dict (Lightning .ckpt, torch.save, Accelerate "
+                   "optimizer.bin); other sources: not supported yet.")
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
 @click.option("--keep-prefix", is_flag=True,

@@ -23,7 +23,7 @@ from .progress import OnProgress, Progress, check_cancel
 @dataclass
 class VerifyResult(JsonFields):
     json_keys = ("ok", "compared", "mismatches", "missing_in_output", "not_in_reference", "reference",
-                 "stripped_prefix")
+                 "stripped_prefix", "problems")
 
     compared: int = 0
     mismatches: list[str] = field(default_factory=list)
@@ -32,18 +32,22 @@ class VerifyResult(JsonFields):
     reference: str = ""
     stripped_prefix: Optional[str] = None  # removed from the source's names before comparing, as export does
     note: str = ""  # what was decided about the prefix, said to the user
+    problems: list[str] = field(default_factory=list)  # an optimizer export's optimizer_config.json, where it is wrong
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches and not self.missing_in_output
+        return not self.mismatches and not self.missing_in_output and not self.problems
 
 
-def _output_tensors(out: Path) -> dict[str, tuple[Path, str]]:
-    """name -> (file, safetensors dtype) of an export folder or file."""
+def _output_tensors(out: Path, stem: Optional[str] = None) -> dict[str, tuple[Path, str]]:
+    """name -> (file, safetensors dtype) of an export folder or file (``stem``: only ``stem.safetensors``
+    and its shards ``stem-0000k-of-0000n.safetensors``)."""
     from .formats import safetensors_header as stfmt
 
     out = Path(out)
     files = [out] if out.is_file() else sorted(out.glob("*.safetensors"))
+    if stem is not None:
+        files = [f for f in files if f.name == f"{stem}.safetensors" or f.name.startswith(f"{stem}-")]
     if not files:
         raise ExportError(f"{out}: no .safetensors files")
     res = {}
@@ -91,6 +95,9 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     import torch
     from safetensors import safe_open
 
+    if is_optimizer_export(Path(out)):
+        return verify_optimizer(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix,
+                                keep_prefix=keep_prefix, on_progress=on_progress, cancel=cancel)
     _, node, _ = screened_model(against, trust_pickles=trust_pickles,
                                 why="refusing to hand this checkpoint to the reference loaders")
     outs = _output_tensors(Path(out))
@@ -129,3 +136,120 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     res.not_in_reference = sorted(set(outs) - seen)
     # tied aliases the reference returns twice are written once: not a miss
     return res
+
+
+def is_optimizer_export(out: Path) -> bool:
+    """An ``--component optimizer`` output: optimizer_config.json beside optimizer*.safetensors, no model."""
+    from .export.deepspeed_optim import CONFIG_FILE
+
+    return out.is_dir() and (out / CONFIG_FILE).is_file() and any(out.glob("optimizer*.safetensors")) \
+        and not any(out.glob("model*.safetensors"))
+
+
+def _config_problems(cfg, planned: dict, outs: dict) -> list[str]:
+    """What is wrong with an export's optimizer_config.json: not the step and param groups the source has,
+    or a parameter whose tensors are exported but that no param group names (or the reverse)."""
+    from .export.deepspeed_optim import CONFIG_FILE
+
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("param_groups"), list):
+        return [f"{CONFIG_FILE} has no param_groups list"]
+    out = []
+    if cfg.get("step") != planned.get("step"):
+        out.append(f"{CONFIG_FILE}: step {cfg.get('step')!r}, the source's is {planned.get('step')!r}")
+    ours = [{k: v for k, v in g.items()} for g in cfg["param_groups"] if isinstance(g, dict)]
+    if ours != planned["param_groups"]:
+        out.append(f"{CONFIG_FILE}: the param groups (hyper-parameters or parameter names) differ from the source's")
+    named = {n for g in ours for n in (g.get("params") or [])}
+    with_tensors = {n.rsplit(".", 1)[0] for n in outs}
+    if with_tensors - named:
+        out.append(f"{CONFIG_FILE}: {len(with_tensors - named)} exported parameter(s) in no param group, e.g. "
+                   f"{sorted(with_tensors - named)[0]}")
+    return out
+
+
+def verify_optimizer(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None,
+                     keep_prefix: bool = False, on_progress: Optional[OnProgress] = None, cancel=None) -> VerifyResult:
+    """An optimizer export ``out`` against ``against``: every tensor bit-exact with torch's own reader of
+    the source (the DCP loader, ``torch.load``), named by the param groups the export's
+    optimizer_config.json records (so its names are checked too), and that config against the source's
+    step and param groups. A DeepSpeed tag's state is re-read through ckpt-tui's partition map (DeepSpeed
+    has no per-parameter reader short of ds_to_universal: ``ckpt-tui universal``)."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+
+    from .export.api import plan_export
+    from .export.deepspeed_optim import CONFIG_FILE
+
+    out = Path(out)
+    plan, _ = plan_export(against, out / ".ckpt-tui-verify", component="optimizer", strip_prefix=strip_prefix,
+                          keep_prefix=keep_prefix, trust_pickles=trust_pickles)
+    outs = _output_tensors(out, "optimizer")
+    planned = json.loads(dict(plan.extra_files)[CONFIG_FILE])
+    try:
+        cfg = json.loads((out / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as e:
+        cfg = None
+        problems = [f"{CONFIG_FILE} cannot be read: {e}"]
+    else:
+        problems = _config_problems(cfg, planned, outs)
+    res = VerifyResult(stripped_prefix=plan.prefix.strip if plan.prefix else None, problems=problems)
+    seen: set[str] = set()
+    handles: dict[Path, object] = {}
+    try:
+        for name, ref in _optimizer_reference(plan, cfg if not problems else planned, res, trust_pickles):
+            check_cancel(cancel)
+            if name not in outs:
+                res.missing_in_output.append(name)
+                continue
+            seen.add(name)
+            path, _ = outs[name]
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt").__enter__()
+            got = handles[path].get_tensor(name)
+            want = ref.to(got.dtype) if ref.is_floating_point() and got.is_floating_point() else ref
+            res.compared += 1
+            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or not torch.equal(
+                    got.reshape(-1).view(torch.uint8), want.contiguous().reshape(-1).view(torch.uint8)):
+                res.mismatches.append(name)
+            if on_progress:
+                on_progress(Progress(len(seen), len(outs), "files", name))
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    res.not_in_reference = sorted(set(outs) - seen)
+    return res
+
+
+def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool):
+    """(exported name, tensor) of the source's optimizer state, read by torch where torch can."""
+    kind = plan.source.kind
+    strip = plan.prefix.strip if plan.prefix else None
+    if kind == "torch-file-optimizer":
+        import torch
+
+        from .export.torch_optim import find_optimizer_state
+
+        res.reference = "torch.load" + ("" if trust_pickles else "(weights_only=True)")
+        obj = torch.load(plan.source.path, map_location="cpu", mmap=True, weights_only=not trust_pickles)
+        sd, _, _ = find_optimizer_state(obj)
+        state = sd["state"]
+        for g_ref, g_cfg in zip(sd["param_groups"], cfg["param_groups"]):
+            for idx, name in zip(g_ref["params"], g_cfg["params"]):
+                for leaf, t in (state.get(idx) or {}).items():
+                    if leaf != "step" and isinstance(t, torch.Tensor):
+                        yield f"{name}.{leaf}", t
+    elif kind == "dcp-optimizer":
+        from .export.dcp_optim import reference_tensors
+
+        res.reference = "torch DCP loader"
+        for name, t in reference_tensors(plan.source.path):
+            yield (name[len(strip):] if strip and name.startswith(strip) else name), t
+    else:
+        from .export.sources import to_torch
+
+        res.reference = "ckpt-tui's ZeRO partition map (DeepSpeed's ds_to_universal: `ckpt-tui universal`)"
+        for f in plan.files:
+            for t in f.tensors:
+                yield t.name, to_torch(t.src)

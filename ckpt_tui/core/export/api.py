@@ -367,6 +367,14 @@ def _plan_torch_optimizer(report: Report, model: Optional[Node], said: list[str]
     ``model``: the checkpoint's model node (its names decide the optimizer's, and their prefix)."""
     inv = report.inventory
     opt = optimizer_component(report)
+    if opt is None and model is not None and model.format == "dcp":  # Lightning FSDP: one DCP holds both
+        from ..formats import dcp as dcpfmt
+        from .dcp_optim import has_optimizer_state
+
+        try:
+            opt = model if has_optimizer_state(dcpfmt.read(model.abspath)) else None
+        except (FormatError, OSError):
+            opt = None
     if opt is None or not (opt.format == "dcp" or (not opt.is_dir and opt.format == "torch-zip")):
         raise _refuse_optimizer(report)
     blocking = _blocking_findings(report, opt, trust_pickles)

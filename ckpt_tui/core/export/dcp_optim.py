@@ -35,8 +35,25 @@ def _d(o):
 
 
 def _paths(info: dcpfmt.DcpInfo) -> dict[str, tuple]:
-    """Every key's path (planner_data; else the dotted key, whose fqn part is rejoined below)."""
-    return {k: info.planner_data.get(k) or tuple(k.split(".")) for k in info.keys}
+    """Every key's path (planner_data; else the dotted key, whose fqn part is rejoined below). A
+    flattened optimizer state dict (torchtitan: ``("optimizer", "state.<fqn>.exp_avg")``,
+    ``("optimizer", "param_groups.<fqn>.lr")``) is unfolded to ``(…, "state", <fqn>, "exp_avg")`` and
+    ``(…, "param_groups", <fqn>, "lr")``: state leaves and hyper-parameter names have no dot."""
+    out = {}
+    for k in info.keys:
+        path = info.planner_data.get(k) or tuple(k.split("."))
+        last = path[-1] if path else ""
+        for what in ("state", "param_groups"):
+            if last.startswith(what + ".") and last.count(".") >= 2:
+                fqn, leaf = last[len(what) + 1:].rsplit(".", 1)
+                path = path[:-1] + (what, fqn, leaf)
+        out[k] = path
+    return out
+
+
+def _optimizer_top(t: str) -> bool:
+    """A container of optimizer state: ``optimizer``, ``optim`` …, Lightning's ``optimizer_0``."""
+    return t in OPTIMIZER_KEYS or (t.startswith("optimizer_") and t[len("optimizer_"):].isdigit())
 
 
 def _split(path: tuple, what: str) -> Optional[tuple[tuple, tuple]]:
@@ -45,7 +62,7 @@ def _split(path: tuple, what: str) -> Optional[tuple[tuple, tuple]]:
     for i, p in enumerate(path):
         if p == what:
             top = path[:i]
-            if all(t in OPTIMIZER_KEYS for t in top) and len(path) > i + 1:
+            if all(_optimizer_top(t) for t in top) and len(path) > i + 1:
                 return top, path[i + 1:]
             return None
     return None
@@ -116,6 +133,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     tensor_keys = {t.name for t in info.tensors}
     state: dict[str, dict[str, str]] = {}  # fqn -> state key -> DCP key
     groups: dict[int, dict[str, str]] = {}  # group index -> hyper-parameter -> DCP key
+    per_param: dict[str, dict[str, str]] = {}  # flattened: fqn -> hyper-parameter -> DCP key
     tops: set[tuple] = set()
     for key, path in paths.items():
         sp = _split(path, "state")
@@ -128,6 +146,9 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
         if sp and len(sp[1]) == 2 and str(sp[1][0]).isdigit():
             tops.add(sp[0])
             groups.setdefault(int(sp[1][0]), {})[sp[1][1]] = key
+        elif sp and len(sp[1]) == 2:
+            tops.add(sp[0])
+            per_param.setdefault(sp[1][0], {})[sp[1][1]] = key
     if not state:
         raise FormatError("this DCP folder holds no FQN-keyed optimizer state (no `state.<param>.exp_avg`)")
     if len(tops) > 1:
@@ -156,14 +177,15 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
         step_values[t.name[: -len(".step")]] = _number(t, t.name)
     # scalar steps stored as objects (older torch: a Python number)
     obj_keys = {key for keys in state.values() for leaf, key in keys.items() if key not in tensor_keys}
-    obj_keys |= {key for hyper in groups.values() for key in hyper.values()}
+    obj_keys |= {key for hyper in (*groups.values(), *per_param.values()) for key in hyper.values()}
     objects = _objects(folder, obj_keys)
     for fqn, keys in state.items():
         if "step" in keys and keys["step"] in objects:
             v = objects[keys["step"]]
             step_values[fqn] = v.value if isinstance(v, Stub) else v
     # tensor hyper-parameters (a tensor lr): their value
-    group_tensors = {key: key for hyper in groups.values() for key in hyper.values() if key in tensor_keys}
+    group_tensors = {key: key for hyper in (*groups.values(), *per_param.values()) for key in hyper.values()
+                     if key in tensor_keys}
     for t in dcp_tensors(folder, info, group_tensors):
         objects[t.name] = _number(t, t.name)
 
@@ -174,6 +196,18 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
         params = [str(p) for p in params] if isinstance(params, (list, tuple)) else []
         gsteps = {step_values.get(p) for p in params if p in step_values}
         param_groups.append(hyper | {"step": gsteps.pop() if len(gsteps) == 1 else None, "params": params})
+    if per_param and not groups:  # flattened: the parameters whose hyper-parameters are equal share a group
+        import json
+
+        by_hyper: dict[str, dict] = {}
+        for fqn, hyper_keys in per_param.items():
+            hyper = {h: _jsonable(objects.get(k)) for h, k in hyper_keys.items()}
+            g = by_hyper.setdefault(json.dumps(hyper, sort_keys=True), hyper | {"step": None, "params": []})
+            g["params"].append(fqn)
+        for g in by_hyper.values():
+            gsteps = {step_values.get(p) for p in g["params"] if p in step_values}
+            g["step"] = gsteps.pop() if len(gsteps) == 1 else None
+            param_groups.append(g)
     if not param_groups:
         param_groups = [{"step": None, "params": list(state)}]
     distinct = set(step_values.values())
@@ -194,3 +228,46 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
         notes.append(f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
                      f"stepped parameters; listed as frozen_params in {CONFIG_FILE})")
     return Source(KIND, folder, tensors, notes=notes), config
+
+
+def state_tensor_keys(info: dcpfmt.DcpInfo) -> dict[str, str]:
+    """DCP key -> ``<fqn>.<state>`` of every optimizer state tensor but the step."""
+    tensor_keys = {t.name for t in info.tensors}
+    out = {}
+    for key, path in _paths(info).items():
+        sp = _split(path, "state")
+        if sp and len(sp[1]) >= 2 and key in tensor_keys and sp[1][-1] != "step":
+            out[key] = f"{'.'.join(sp[1][:-1])}.{sp[1][-1]}"
+    return out
+
+
+def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
+    """(``<fqn>.<state>``, tensor) of the optimizer state of DCP ``folder``, read by torch's own DCP
+    loader a batch of at most ``batch_bytes`` at a time (``ckpt-tui verify``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    info = dcpfmt.read(Path(folder))
+    names = state_tensor_keys(info)
+    size = {t.name: t.nbytes for t in info.tensors}
+    batch: list[str] = []
+
+    def load(keys):
+        sd: dict = {}
+        _load_state_dict(sd, storage_reader=FileSystemReader(str(folder)),
+                         planner=_EmptyStateDictLoadPlanner(keys=set(keys)), no_dist=True)
+        flat, _ = flatten_state_dict(sd)
+        for k in keys:
+            yield names[k], flat[k]
+
+    total = 0
+    for key in names:
+        if batch and total + size[key] > batch_bytes:
+            yield from load(batch)
+            batch, total = [], 0
+        batch.append(key)
+        total += size[key]
+    if batch:
+        yield from load(batch)

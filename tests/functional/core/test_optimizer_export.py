@@ -144,11 +144,11 @@ def test_names_match_the_model_export(real_ckpt, tmp_path):
 
 
 def test_cli_refuses_what_it_cannot_read_yet(real_ckpt_copy, real_ckpt, tmp_path):
-    real_ckpt_copy("dcp-mixed")
-    r = ckpt_tui("export", "dcp-mixed", "--out", "out", "--component", "optimizer", cwd=tmp_path)
+    real_ckpt_copy("universal")
+    r = ckpt_tui("export", "universal", "--out", "out", "--component", "optimizer", cwd=tmp_path)
     assert r.returncode == 1 and r.stdout == ""
-    assert "the optimizer component is dcp-mixed/optimizer/ (dcp" in r.stderr
-    assert "not supported yet (only of DeepSpeed ZeRO-1/2/3 tag folders)" in r.stderr
+    assert "the optimizer component is universal/global_step2_universal/ (deepspeed-universal" in r.stderr
+    assert "not supported yet (only of DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders" in r.stderr
     assert not (tmp_path / "out").exists()
     with pytest.raises(ExportError, match="does not go with --component optimizer"):
         plan_export(real_ckpt("ds-zero2-bf16"), tmp_path / "out", component="optimizer", from_module_states=True)

@@ -228,3 +228,27 @@ def test_a_truncated_optimizer_shard_is_refused(real_ckpt_copy, tmp_path):
     with pytest.raises(ExportError):
         export(bad / "checkpoint-2", tmp_path / "out", component="optimizer")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fixture", ["hf-fsdp1", "lightning-file-optim"])
+def test_both_side_by_side_in_one_folder(real_ckpt, tmp_path, fixture):
+    """The wizard's "both": model and optimizer files in one folder, each as its own export writes it."""
+    from ckpt_tui.core.export.both import execute_both
+
+    src = real_ckpt(fixture)
+    pm, _ = plan_export(src, tmp_path / "both")
+    po, _ = plan_export(src, tmp_path / "both", component="optimizer")
+    rm, ro = execute_both(pm, po)
+    assert rm.verified and ro.verified and rm.out == ro.out == tmp_path / "both"
+    export(src, tmp_path / "model")
+    export(src, tmp_path / "optim", component="optimizer")
+    assert sorted(os.listdir(tmp_path / "both")) == sorted(os.listdir(tmp_path / "model") + os.listdir(tmp_path / "optim"))
+    for f in os.listdir(tmp_path / "both"):
+        other = tmp_path / ("model" if (tmp_path / "model" / f).exists() else "optim") / f
+        assert (tmp_path / "both" / f).read_bytes() == other.read_bytes(), f
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
+    assert "both" in rm.load_code and "optimizer.safetensors" in ro.load_code
+    from ckpt_tui.core.export.write import ExportError
+
+    with pytest.raises(ExportError, match="not empty"):  # a second "both" into it is refused, nothing touched
+        execute_both(*[plan_export(src, tmp_path / "both", component=c)[0] for c in ("model", "optimizer")])

@@ -103,8 +103,8 @@ for case in json.loads(sys.stdin.read()):
     exec(compile(snippet, "<printed snippet>", "exec"), ns)
     model = ns["model"]
     exported = {}
-    for f in sorted(os.listdir(out)):
-        if f.endswith(".safetensors"):
+    for f in sorted(os.listdir(out)):  # an optimizer export beside the model ("both") is not the model's
+        if f.endswith(".safetensors") and not f.startswith("optimizer"):
             exported.update(load_file(os.path.join(out, f)))
     sd = model.state_dict()
     owners = {sd[k].untyped_storage().data_ptr() for k in exported if k in sd}

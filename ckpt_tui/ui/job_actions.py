@@ -77,6 +77,14 @@ class JobActions:
     def run_export(self, plan):
         from ..core.export.write import execute
 
+        if isinstance(plan, tuple):  # the wizard's "both": model and optimizer side by side in one folder
+            from ..core.export.both import execute_both
+
+            shown = plan[0].out_given or str(plan[0].out)
+            info = JobInfo("export", f"export {plan[0].out.name}", f"the temp output was removed; {shown} was not "
+                           "created", shown_out=shown)
+            return self.start_job(info, lambda on_progress, cancel: execute_both(
+                *plan, verify=True, on_progress=on_progress, cancel=cancel))
         shown = plan.out_given or str(plan.out)  # the output folder as the user typed it
         info = JobInfo("export", f"export {plan.out.name}", f"the temp output was removed; {shown} was not created",
                        shown_out=shown)
@@ -88,12 +96,15 @@ class JobActions:
 
         from .format import size
 
-        r = worker.result
-        notes = "\n".join(f"• {n}" for n in r.notes)
-        code = "\n".join(f"  {line}" if line else "" for line in r.load_code.splitlines())
-        body = (f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {info.shown_out or r.out}\n"
-                f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}\n\n"
-                f"{notes}\n\nLoad it with:\n{code}")
+        results = worker.result if isinstance(worker.result, tuple) else (worker.result,)
+        parts = []
+        for r in results:  # the model, then (the wizard's "both") the optimizer state beside it
+            notes = "\n".join(f"• {n}" for n in r.notes)
+            code = "\n".join(f"  {line}" if line else "" for line in r.load_code.splitlines())
+            parts.append(f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {info.shown_out or r.out}\n"
+                         f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}"
+                         f"\n\n{notes}\n\nLoad it with:\n{code}")
+        body = "\n\n".join(parts)
         self.app.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]
 
     # ------------------------------------------------------------------ universal

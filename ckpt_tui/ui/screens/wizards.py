@@ -187,6 +187,9 @@ class PlannedWizard(Wizard):
         return {"plan": self.plan}
 
 
+OPTIMIZER, BOTH = "::optimizer", "::both"  # the export wizard's choices beside the model candidates
+
+
 class ExportWizard(PlannedWizard):
     STEPS = ("source", "output", "dtype", "shards", "confirm")
     TITLE = "Export to safetensors"
@@ -194,10 +197,20 @@ class ExportWizard(PlannedWizard):
     FAILED = "Cannot export"
 
     def __init__(self, report, selected_path: Optional[str] = None):
+        from ...core.export.api import optimizer_exportable
+
         super().__init__()
         self.report = report
         inv = report.inventory
         self.candidates = inv.export_candidates()
+        self.model_default = self.candidates[0][0] if self.candidates else "."
+        # the core decides whether this checkpoint has an optimizer state it exports; the wizard only asks
+        self.optimizer_at = optimizer_exportable(report)
+        if self.optimizer_at is not None:
+            where = inv.shown(self.optimizer_at, slash=inv.node(self.optimizer_at).is_dir)
+            self.candidates = self.candidates + [
+                (OPTIMIZER, f"the optimizer state ({where}): exp_avg, exp_avg_sq per parameter"),
+                (BOTH, "both: the model weights and the optimizer state, side by side in one folder")]
         self.default = selected_path if selected_path in [c[0] for c in self.candidates] else (
             self.candidates[0][0] if self.candidates else ".")
         self.output_bytes: dict[str, object] = {}  # source -> bytes the export writes, or why it cannot say
@@ -212,8 +225,11 @@ class ExportWizard(PlannedWizard):
         inv = self.report.inventory
         with Vertical(id="source", classes="pane"):
             yield Static("The model weights to export. ckpt-tui picked the model component of this checkpoint;"
-                         " pick another if you want.", classes="explain")
-            ol = OptionList(*[Option(f"{p}  —  {desc}", id=p) for p, desc in self.candidates], id="source-list")
+                         " pick another if you want." + (" Or its optimizer state (optimizer.safetensors + "
+                                                         "optimizer_config.json), or both."
+                                                         if self.optimizer_at is not None else ""), classes="explain")
+            ol = OptionList(*[Option(desc if p in (OPTIMIZER, BOTH) else f"{p}  —  {desc}", id=p)
+                              for p, desc in self.candidates], id="source-list")
             yield ol
         with Vertical(id="output", classes="pane"):
             yield Static("A new folder. Files are written to a hidden temp folder beside it and moved into place "
@@ -242,7 +258,7 @@ class ExportWizard(PlannedWizard):
         if name == "output":
             self._space()
         elif name == "dtype":
-            node = self.report.inventory.node(self.source())
+            node = self.report.inventory.node(self.model_source())
             td = None
             if node is not None:
                 td = node.facts.get("train_dtype")
@@ -278,12 +294,17 @@ class ExportWizard(PlannedWizard):
 
     @work(thread=True, exclusive=True, group="sizing", exit_on_error=False)
     def _size_worker(self, src: str) -> None:
-        """The bytes the export writes (model tensors as stored, plus copied files), as the core's
-        ``export_needs`` counts them for ``export``'s own free-space check: never the optimizer."""
+        """The bytes the export writes (model tensors as stored, plus copied files; the optimizer state where
+        it is chosen), as the core's ``export_needs`` counts them for ``export``'s own free-space check."""
         from ...core.export.api import export_needs
 
         try:
-            need: object = export_needs(self.report, self.report.inventory.node(src), dtype="keep")
+            node = self.report.inventory.node(self.model_default if src in (OPTIMIZER, BOTH) else src)
+            need: object = 0
+            if src != OPTIMIZER:
+                need = export_needs(self.report, node, dtype="keep")
+            if src in (OPTIMIZER, BOTH):
+                need = cast(int, need) + export_needs(self.report, node, dtype="keep", component="optimizer")
         except Exception as e:  # the plan step says it in full
             need = f"cannot size the export: {(str(e).splitlines() or [''])[0]}"
         self.app.call_from_thread(self._sized, src, need)
@@ -303,8 +324,18 @@ class ExportWizard(PlannedWizard):
             return self.default
         return self.candidates[ol.highlighted][0]
 
+    def model_source(self) -> str:
+        """The model candidate the export reads (the core's pick where the optimizer or both is chosen)."""
+        src = self.source()
+        return self.model_default if src in (OPTIMIZER, BOTH) else src
+
+    def component(self) -> str:
+        return {OPTIMIZER: "optimizer", BOTH: "both"}.get(self.source(), "model")
+
     def options(self) -> dict:
-        return {"src": _typed(self.report, self.source()), "out": self.query_one("#out", Input).value,
+        comp = self.component()
+        src = _typed(self.report, ".") if comp != "model" else _typed(self.report, self.source())
+        return {"src": src, "out": self.query_one("#out", Input).value, "component": comp,
                 "dtype": self.dtype(), "max_shard_size": self.query_one("#shard", Input).value}
 
     def dtype(self) -> str:
@@ -335,9 +366,18 @@ class ExportWizard(PlannedWizard):
     def build_plan(self, o):
         from ...core.export.api import plan_export
 
-        plan, said = plan_export(o["src"], Path(o["out"]).expanduser(), dtype=o["dtype"],
-                                 max_shard_size=o["max_shard_size"])
-        return plan, "\n".join(said + [plan.to_plan().describe()])
+        out = Path(o["out"]).expanduser()
+        kw = {"dtype": o["dtype"], "max_shard_size": o["max_shard_size"]}
+        if o["component"] != "both":
+            plan, said = plan_export(o["src"], out, component=o["component"], **kw)
+            return plan, "\n".join(said + [plan.to_plan().describe()])
+        # both: the two plans of one checkpoint, written side by side into OUT (core.export.both)
+        pm, said_m = plan_export(o["src"], out, **kw)
+        po, said_o = plan_export(o["src"], out, component="optimizer", **kw)
+        return (pm, po), "\n".join(
+            ["Both into one folder: each export is written and verified into a hidden folder beside it, then the "
+             "optimizer's files join the model's and the folder is renamed into place.", "", "The model:"]
+            + said_m + [pm.to_plan().describe(), "", "The optimizer state:"] + said_o + [po.to_plan().describe()])
 
 
 class UniversalWizard(PlannedWizard):

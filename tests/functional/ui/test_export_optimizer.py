@@ -1,0 +1,76 @@
+"""The export wizard offers the optimizer state, or both, where the core says the checkpoint has one it
+exports (core.export.api.optimizer_exportable); "both" writes model and optimizer side by side into one
+folder, and the done dialog shows the load code of each, which runs as shown."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from textual.widgets import Input, OptionList
+
+from ckpt_tui.ui.app import make_app
+from ckpt_tui.ui.screens.dialogs import MessageDialog
+from ckpt_tui.ui.screens.wizards import BOTH, OPTIMIZER
+from tests.functional.ui.test_app import press_and_wait, screen_text, step_ready, wait_for
+from tests.functional.ui.test_state import open_export_wizard
+from tests.snippets import run_load_snippet, snippet_after
+
+
+async def choose(pilot, wiz, ident: str, out: str) -> None:
+    """On the first step, highlight ``ident``, then walk to the plan with ``out`` as the output folder."""
+    ol = wiz.query_one("#source-list", OptionList)
+    ol.highlighted = [c[0] for c in wiz.candidates].index(ident)
+    await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))
+    wiz.query_one("#out", Input).value = out
+    for step in (2, 3, 4):
+        await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step) or wiz.step == step)
+    await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error != "", timeout=60)
+    assert wiz.plan is not None, wiz.plan_error
+
+
+async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path, monkeypatch):
+    src = tmp_path / "checkpoint-2"
+    shutil.copytree(real_ckpt("hf-fsdp2") / "checkpoint-2", src)
+    monkeypatch.chdir(tmp_path)
+    app = make_app(src)
+    async with app.run_test(size=(120, 60)) as pilot:
+        wiz = await open_export_wizard(pilot, app)
+        ids = [c[0] for c in wiz.candidates]
+        assert ids[0] == "pytorch_model_fsdp_0" and ids[-2:] == [OPTIMIZER, BOTH]
+        assert wiz.source() == "pytorch_model_fsdp_0"  # the model stays the default
+        await choose(pilot, wiz, BOTH, str(tmp_path / "both"))
+        text = screen_text(app)
+        assert "The model:" in text and "The optimizer state:" in text
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Export finished" in screen_text(app),
+                       timeout=120)
+        shown = screen_text(app)
+    assert sorted(os.listdir(tmp_path / "both")) == ["model.safetensors", "optimizer.safetensors",
+                                                     "optimizer_config.json"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    parts = shown.split("Load it with:\n")
+    assert len(parts) == 3  # the model's code, then the optimizer's
+    optim_code = snippet_after("Load it with:\n" + parts[2])
+    run_load_snippet(snippet_after(shown), tmp_path, "hf-fsdp2")
+    check = optim_code + "\nimport json as _j\nprint(_j.dumps({'n': len(sd), 'step': config['step']}))\n"
+    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"n": 42, "step": 2}
+
+
+async def test_optimizer_only_and_not_offered_without_one(real_ckpt, tmp_path):
+    src = tmp_path / "lit"
+    shutil.copytree(real_ckpt("lightning-file-optim"), src)
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        wiz = await open_export_wizard(pilot, app)
+        await choose(pilot, wiz, OPTIMIZER, str(tmp_path / "optim"))
+        await press_and_wait(pilot, "enter", lambda: (tmp_path / "optim").exists(), timeout=120)
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=60)
+    assert sorted(os.listdir(tmp_path / "optim")) == ["optimizer.safetensors", "optimizer_config.json"]
+    app = make_app(real_ckpt("fsdp1-dcp"))  # model weights only: nothing else offered
+    async with app.run_test(size=(120, 40)) as pilot:
+        wiz = await open_export_wizard(pilot, app)
+        assert OPTIMIZER not in [c[0] for c in wiz.candidates] and wiz.optimizer_at is None

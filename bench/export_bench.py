@@ -11,7 +11,8 @@ Tools per checkpoint kind:
          ``accelerate merge-weights CKPT/pytorch_model_fsdp_0 X``,
          ``python -m torch.distributed.checkpoint.format_utils dcp_to_torch CKPT/pytorch_model_fsdp_0 X.pt``,
          ``cp -r CKPT/pytorch_model_fsdp_0 X`` (the floor: the same bytes, no format change).
-  ZeRO:  ours, ours+verify, ``python CKPT/zero_to_fp32.py CKPT X --safe_serialization``.
+  ZeRO:  ours, ours+verify, ``python CKPT/zero_to_fp32.py CKPT X --safe_serialization``; the optimizer
+         state: ours optimizer (``--component optimizer --no-verify``), ours optimizer+verify.
 
 Each command runs under GNU ``/usr/bin/time -v`` ("Maximum resident set size" = peak RSS of the
 largest process; install with ``apt-get install -y time`` if missing). One warm-up run per
@@ -77,6 +78,9 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
         t["cp -r (floor)"] = (["cp", "-r", str(m), "{out}"], "dir")
     else:
         t["zero_to_fp32"] = ([PY, str(ckpt / "zero_to_fp32.py"), str(ckpt), "{out}", "--safe_serialization"], "dir")
+        # the optimizer state (fp32 masters, exp_avg, exp_avg_sq per parameter: 3x the fp32 model)
+        t["ours optimizer"] = (ours + ["--component", "optimizer", "--no-verify"], "dir")
+        t["ours optimizer+verify"] = (ours + ["--component", "optimizer"], "dir")
     return t
 
 
@@ -182,8 +186,8 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
          f"accelerate {mach['accelerate']}.",
          f"Median of {runs} runs after one warm-up; page cache warm. `wall` = command; `+flush` = command + `sync` "
          "(ours fsyncs itself, the peers do not). Ratio = tool / ours (ours = `--no-verify`).", "",
-         "| checkpoint | size | tool | wall s | +flush s | peak RSS MB | wall ratio | +flush ratio | output |",
-         "|---|---|---|---:|---:|---:|---:|---:|---|"]
+         "| checkpoint | size | tool | wall s | +flush s | peak RSS MB | wall ratio | +flush ratio | output | MB/s |",
+         "|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
     ours = {r["ckpt"]: r for r in results if r["tool"] == "ours"}
     for r in results:
         o = ours.get(r["ckpt"])
@@ -192,7 +196,7 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
         wr = f"{w / _med(o, 'wall'):.2f}×" if o else "–"
         fr = f"{f / _med(o, 'flush'):.2f}×" if o else "–"
         L.append(f"| {r['ckpt']} | {r['size'] / 1e9:.2f} GB | {r['tool']} | {w:.2f} | {f:.2f} | {rss:.0f} | "
-                 f"{wr} | {fr} | {r['runs'][0]['out_bytes'] / 1e9:.2f} GB |")
+                 f"{wr} | {fr} | {r['runs'][0]['out_bytes'] / 1e9:.2f} GB | {r['runs'][0]['out_bytes'] / 1e6 / w:.0f} |")
 
     # verification cost
     L += ["", "Verification cost (ours+verify − ours, median wall):", ""]

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINYLM = ("ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-fp32", "ds-zero1-frozen", "ds-zero2-frozen",
           "ds-zero3-frozen", "ds-zero2-3ranks", "ds-zero3-3ranks", "universal", "universal-zero2", "fsdp1-dcp",
           "fsdp2-dcp", "dcp-mixed", "fsdp-full", "dcp-ranklocal", "dcp-safetensors", "dcp-fs-safetensors", "torchtitan",
-          "accelerate-save-state", "plain-pt", "demo",
+          "accelerate-save-state", "plain-pt", "plain-pt-optim", "plain-pt-optim-groups", "demo",
           # Lightning: the default export strips the LightningModule's `model.`, so `model` is what it holds
-          "lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp")
+          "lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp", "lightning-file-optim")
 LLAMA = ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-fsdp1", "hf-fsdp2", "hf-model-sharded", "hf-model-bin")
 MODELS: dict[str, tuple[str, str | None]] = {
     **{f: ("tinylm", None) for f in TINYLM},

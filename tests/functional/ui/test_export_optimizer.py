@@ -41,6 +41,13 @@ async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path,
         assert ids[0] == "pytorch_model_fsdp_0" and ids[-2:] == [OPTIMIZER, BOTH]
         assert wiz.source() == "pytorch_model_fsdp_0"  # the model stays the default
         await choose(pilot, wiz, BOTH, str(tmp_path / "both"))
+        # the free-space line counted both exports, as the core's export_needs does
+        from ckpt_tui.core.export.api import export_needs
+
+        node = app.report.inventory.node("pytorch_model_fsdp_0")
+        await wait_for(pilot, lambda: isinstance(wiz.output_bytes.get(BOTH), int))
+        assert wiz.output_bytes[BOTH] == export_needs(app.report, node) + export_needs(app.report, node,
+                                                                                       component="optimizer")
         text = screen_text(app)
         assert "The model:" in text and "The optimizer state:" in text
         await pilot.press("enter")

@@ -13,6 +13,7 @@ import sys
 import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_USAGE
+from ..core.layout import deepspeed_layout
 from ..core.types import SCHEMA_VERSION
 
 
@@ -132,8 +133,8 @@ def print_report(rep, show_all: bool) -> None:
         extra = []
         if n.format == "deepspeed-universal":
             extra.append(universal_summary(f))
-        elif f.get("zero_stage") is not None and n.format == "deepspeed-zero":
-            extra.append(f"ZeRO-{f['zero_stage']}")
+        elif n.format == "deepspeed-zero" and deepspeed_layout(f):
+            extra.append(deepspeed_layout(f))
         if f.get("world_size"):
             extra.append(f"{f['world_size']} ranks")
         weights = n.format != "deepspeed-universal" and (n.is_dir or n.role in ("model", "model+optimizer"))

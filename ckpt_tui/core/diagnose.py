@@ -185,7 +185,8 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
     p = n.path
     out = []
     stage = f.get("zero_stage")
-    if stage in (1, 2) and f.get("universal_checkpoint_info") is False:
+    # BF16_Optimizer, stage 0 and pipeline tags: ds_to_universal fails on them whatever the info says
+    if stage in (1, 2) and f.get("universal_checkpoint_info") is False and f.get("ds_layout", "zero") == "zero":
         out.append(_universal_info_finding(inv, n))
     if f.get("missing_files"):
         miss = f["missing_files"]
@@ -233,11 +234,10 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
                            "fails on these (\"Some tensors share memory\"); its get_fp32_state_dict_from_zero_checkpoint "
                            "still returns both names." + (f" `{export}` writes each tied tensor once, as save_pretrained "
                                                           "does." if export else ""), "export", export))
-    if f.get("pipeline") or f.get("moe"):
-        what = "pipeline-parallel" if f.get("pipeline") else "mixture-of-experts"
+    if f.get("moe"):
         out.append(Finding("world-size-mismatch", "info", p,
-                           f"`{inv.shown(p, slash=True)}` is a {what} DeepSpeed checkpoint; export and universal conversion of this "
-                           "layout are not supported by ckpt-tui yet."))
+                           f"`{inv.shown(p, slash=True)}` is a mixture-of-experts DeepSpeed checkpoint; export and universal "
+                           "conversion of this layout are not supported by ckpt-tui yet."))
     return out
 
 

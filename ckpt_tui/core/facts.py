@@ -128,6 +128,12 @@ class DeepSpeedZeroFacts(NodeFacts, TensorFacts, total=False):
     frozen_params: list[str]  # frozen parameters recorded in frozen_param_shapes
     frozen_params_unrecorded: int  # elements of frozen weights ZeRO-1/2 did not record
     module_dtypes: list[str]  # dtypes of the model-states ``module`` tensors
+    # "zero" (ZeRO-1/2/3), "zero-0" (stage 0: the optimizer inside the model states), "bf16-optimizer"
+    # (BF16_Optimizer: ZeRO-1 + bf16 + fp32 grad accumulation) or "pipeline" (layer_XX-model_states.pt)
+    ds_layout: str
+    optimizer_class: str  # the optimizer that saved the states: BF16_Optimizer, FP16_UnfusedOptimizer, ...
+    pipeline_stages: int  # pipeline-parallel degree (checkpoint_parallel_dimensions.pp_degree)
+    layer_files: int  # layer_XX-model_states.pt files of a pipeline
 
 
 class DeepSpeedUniversalFacts(NodeFacts, TensorFacts, total=False):

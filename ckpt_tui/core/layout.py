@@ -219,6 +219,22 @@ def _world(root: Node, comps: dict[str, str]) -> Optional[int]:
     return None
 
 
+def deepspeed_layout(f) -> Optional[str]:
+    """What kind of DeepSpeed tag folder this is, in words: "ZeRO-2"; "ZeRO stage 0" (no ZeRO: the optimizer,
+    FP16_UnfusedOptimizer or the plain torch one, inside mp_rank_00_model_states.pt); "BF16_Optimizer (ZeRO-1)";
+    "pipeline parallel, N stages"."""
+    st = f.get("zero_stage")
+    kind = f.get("ds_layout")
+    if kind == "pipeline":
+        n = f.get("pipeline_stages") or f.get("mp_world_size")
+        return f"pipeline parallel, {n} stages" if n else "pipeline parallel"
+    if kind == "zero-0":
+        return "ZeRO stage 0"
+    if kind == "bf16-optimizer":
+        return "BF16_Optimizer (ZeRO-1)"
+    return f"ZeRO-{st}" if st is not None else None
+
+
 def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     if layout == "unknown":
         return "not a checkpoint: nothing here is a format ckpt-tui recognises"
@@ -235,9 +251,9 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None and n_model.format == "deepspeed-zero":
         tag = cast(DeepSpeedZeroFacts, n_model.facts)
-        st = tag.get("zero_stage")
-        if st is not None:
-            head += f" ZeRO-{st}"
+        name = deepspeed_layout(tag)
+        if name:
+            head += f" {name}"
         td = tag.get("train_dtype")
         if td:
             head += f" ({short_dtype(td)})"

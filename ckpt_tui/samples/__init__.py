@@ -48,6 +48,7 @@ GROUPS: dict[str, Group] = {
         derived={"universal": "ds-zero3-bf16", "universal-zero2": "ds-zero2-bf16"},
     ),
     "ds_engine_3ranks": Group("ds_engine", 3, ("ds-zero2-3ranks", "ds-zero3-3ranks")),
+    "ds_beyond": Group("ds_beyond", 2, ("ds-zero0-bf16", "ds-zero0-fp32", "ds-bf16-optimizer", "ds-pipeline")),
     "hf_trainer": Group(
         "hf_trainer", 2, ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2")
     ),
@@ -102,6 +103,12 @@ def _hf_fsdp() -> list[str]:
     )
 
 
+def _ds_beyond(files: list[str], oracle_ranks: int = 1) -> list[str]:
+    """``checkpoint/`` as DeepSpeed wrote it, and beside it ``oracle/``: what its engine loaded back."""
+    return (["checkpoint/latest"] + [f"checkpoint/global_step2/{f}" for f in files]
+            + [f"oracle/rank{r}.pt" for r in range(oracle_ranks)])
+
+
 _LIT = "checkpoints/epoch=0-step=2.ckpt/"
 
 # variant -> paths (relative to the variant folder) that must exist after generation.
@@ -116,6 +123,12 @@ EXPECTED: dict[str, list[str]] = {
     "ds-zero3-frozen": _ds("global_step2", 2, True),
     "ds-zero2-3ranks": _ds("global_step2", 3, False),
     "ds-zero3-3ranks": _ds("global_step2", 3, True),
+    "ds-zero0-bf16": _ds_beyond(["mp_rank_00_model_states.pt"]),
+    "ds-zero0-fp32": _ds_beyond(["mp_rank_00_model_states.pt"]),
+    "ds-bf16-optimizer": _ds_beyond(["mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                     "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]),
+    "ds-pipeline": _ds_beyond([f"layer_0{i}-model_states.pt" for i in range(5)]
+                              + ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"], oracle_ranks=2),
     "universal": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
                   "global_step2_universal/zero/lm_head.weight/fp32.pt",
                   "global_step2_universal/zero/lm_head.weight/exp_avg.pt",

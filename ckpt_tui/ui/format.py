@@ -7,6 +7,7 @@ from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 
+from ..core.layout import deepspeed_layout
 from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
 
 __all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst", "middle_ellipsis"]
@@ -110,6 +111,10 @@ def fact_rows(node) -> list[tuple[str, str]]:
     rows.append(("role", node.role))
     if f.get("zero_stage") is not None:
         rows.append(("ZeRO stage", str(f["zero_stage"])))
+    if f.get("ds_layout") in ("zero-0", "bf16-optimizer", "pipeline"):
+        rows.append(("layout", deepspeed_layout(f) or ""))
+    if f.get("optimizer_class"):
+        rows.append(("optimizer", f["optimizer_class"]))
     if f.get("world_size"):
         rows.append(("ranks", f"{f['world_size']} (present: {len(f.get('ranks_present') or [])})"))
     if f.get("train_dtype"):

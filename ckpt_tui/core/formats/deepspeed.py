@@ -20,6 +20,13 @@ from .pickles import Stub, TensorRef, iter_tensors
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 LAYER_RE = re.compile(r"^layer_\d+-model_\d+-model_states\.pt$|^layer_\d+-model_states\.pt$")
+LAYER_INDEX_RE = re.compile(r"^layer_(\d+)-")
+# what a tag's optimizer is, by what it saved (``optimizer_kind``): ZeRO-1/2/3 flat groups in *_optim_states.pt,
+# BF16_Optimizer (ZeRO-1 + bf16 + fp32 grad accumulation: ZeRO-like partitions, no zero_stage), and without ZeRO
+# (stage 0) the optimizer inside mp_rank_XX_model_states.pt: FP16_UnfusedOptimizer (bf16/fp16: fp32 masters in
+# ``fp32_groups``) or the plain torch optimizer (fp32: the module weights are the masters)
+OPTIMIZER_CLASS = {"bf16-optimizer": "BF16_Optimizer", "fp16-unfused": "FP16_UnfusedOptimizer",
+                   "torch": "torch optimizer (no DeepSpeed wrapper)"}
 UNIVERSAL_KEY = "universal_checkpoint_info"
 # a universal checkpoint's per-parameter files (zero/<param>/<state>.pt), in the order ds_to_universal writes them
 UNIVERSAL_STATES = ("fp32", "exp_avg", "exp_avg_sq", "step")
@@ -54,6 +61,14 @@ class TagFacts:
     frozen_recorded: bool = False  # the model states have frozen_param_shapes (ZeRO-1 saves none)
     frozen_dtypes: dict[str, str] = field(default_factory=dict)  # frozen param -> dtype of its fragment
     module_tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # name -> (shape, dtype)
+    # ZeRO stage 0: the optimizer inside the model states ("fp16-unfused" or "torch"), and its fp32 master
+    # shapes in order (FP16_UnfusedOptimizer ``fp32_groups`` flattened)
+    inline_optimizer: Optional[str] = None
+    master_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    module_param_names: list[str] = field(default_factory=list)  # module params in named_parameters() order
+    # pipeline: each layer file's tensors (read from their data.pkl), named as PipelineModule names them
+    layer_tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    layers: list = field(default_factory=list)  # [(file, [(name, shape)])] in layer order
 
 
 def classify_files(names) -> TagFacts:
@@ -74,11 +89,60 @@ def classify_files(names) -> TagFacts:
     return tf
 
 
+def module_param_names(module: dict, buffer_names) -> list[str]:
+    """The parameters of a model-states ``module`` in ``named_parameters()`` order: its state_dict order
+    without the buffers and without a second name of one storage view (tied weights)."""
+    buffers = {str(b) for b in buffer_names or ()}
+    seen: set = set()
+    out = []
+    for name, t in iter_tensors(module):
+        if name in buffers:
+            continue
+        view = (t.storage.key, t.offset, tuple(t.shape), t.stride) if t.storage is not None else (id(t),)
+        if view in seen:
+            continue
+        seen.add(view)
+        out.append(name)
+    return out
+
+
+def layer_name(file_name: str, key: str) -> str:
+    """A pipeline layer file's tensor as DeepSpeed's PipelineModule names it: ``<layer index>.<key>``
+    (``layer_03-model_states.pt``'s ``weight`` is ``3.weight``, as in the PipelineModule's state_dict)."""
+    m = LAYER_INDEX_RE.match(file_name)
+    return f"{int(m.group(1))}.{key}" if m else key
+
+
+def inline_optimizer(obj: Any) -> Optional[str]:
+    """ZeRO stage 0's optimizer saved inside the model states: "fp16-unfused" (FP16_UnfusedOptimizer, fp32
+    masters in ``fp32_groups``), "torch" (a plain torch optimizer's state_dict), or None."""
+    opt = obj.get("optimizer") if isinstance(obj, dict) else None
+    if not isinstance(opt, dict):
+        return None
+    if isinstance(opt.get("fp32_groups"), (list, tuple)) and isinstance(opt.get("optimizer_state_dict"), dict):
+        return "fp16-unfused"
+    if isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), (list, tuple)):
+        return "torch"
+    return None
+
+
 def analyze_model_states(obj: Any, tf: TagFacts) -> None:
     """Facts from the top-level dict of a model-states file."""
     f = tf.facts
     if not isinstance(obj, dict):
         return
+    kind = inline_optimizer(obj)
+    if kind is not None:
+        tf.inline_optimizer = kind
+        f["optimizer_kind"] = kind
+        if kind == "fp16-unfused":
+            f["master_dtype"] = "float32"
+            tf.master_shapes = [tuple(t.shape) for g in obj["optimizer"]["fp32_groups"] if isinstance(g, (list, tuple))
+                                for t in g if isinstance(t, TensorRef)]
+    dims = obj.get("checkpoint_parallel_dimensions")
+    if isinstance(dims, dict) and isinstance(dims.get("pp_degree"), int) and dims["pp_degree"] > 1:
+        f["pipeline"] = True
+        f["pipeline_stages"] = dims["pp_degree"]
     f["universal_checkpoint_info"] = UNIVERSAL_KEY in obj
     for k_src, k_dst in (("dp_world_size", "dp_world_size"), ("mp_world_size", "mp_world_size"),
                          ("global_steps", "global_step"), ("ds_version", "ds_version"),
@@ -94,7 +158,8 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
             sect = cfg.get(name)
             if isinstance(sect, dict) and sect.get("enabled") in (True, "true"):
                 f["train_dtype"] = "bfloat16" if name == "bf16" else "float16"
-        f["pipeline"] = bool(cfg.get("pipeline")) if isinstance(cfg.get("pipeline"), dict) and cfg["pipeline"].get("stages", 1) not in (1, None) else False
+        if not f.get("pipeline"):
+            f["pipeline"] = bool(cfg.get("pipeline")) if isinstance(cfg.get("pipeline"), dict) and cfg["pipeline"].get("stages", 1) not in (1, None) else False
     shapes = obj.get("param_shapes")
     if isinstance(shapes, list):
         for group in shapes:
@@ -132,6 +197,7 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
             seen_storage.add(key)
             n_params += t.numel
         f["module_params"] = n_params
+        tf.module_param_names = module_param_names(module, buffer_names)
     moe = obj.get("num_experts")
     if moe:
         f["moe"] = True
@@ -154,6 +220,8 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
         f["partition_count"] = pc
     if "single_partition_of_fp32_groups" in osd or "fp32_flat_groups" in osd:
         f["master_dtype"] = "float32"
+        if st is None and "param_slice_mappings" in osd:  # BF16_Optimizer: ZeRO-1 partitions, no zero_stage
+            f["optimizer_kind"] = "bf16-optimizer"
     else:
         # DeepSpeed's BF16_Optimizer (bf16 without ZeRO-1/2/3 flat groups) stores fp32 groups differently
         f["optimizer_kind"] = "bf16-optimizer" if "fp32_groups_flat" in str(list(osd.keys())) else "unknown"
@@ -236,10 +304,32 @@ def _frozen(name: str, shape: tuple[int, ...], stored: Optional[str]) -> TensorI
     return TensorInfo(name, shape, stored, numel(shape) * ITEMSIZE.get(stored, 1))
 
 
+def stage0_masters(tf: TagFacts) -> Optional[list[str]]:
+    """ZeRO stage 0 + FP16_UnfusedOptimizer: the module parameter each fp32 master belongs to, in the order of
+    ``fp32_groups`` (DeepSpeed records no names: matched by count, order and shape), or None where they differ."""
+    names = tf.module_param_names
+    shapes = [tf.module_tensors[n][0] for n in names]
+    return names if shapes == tf.master_shapes else None
+
+
 def tensors(tf: TagFacts) -> list[TensorInfo]:
     """What an export of this tag writes with --dtype keep (export.deepspeed_source): trainable params as
     their fp32 masters; frozen params, which have none, from their fragments (ZeRO-1 records none: from the
-    model-states module, as the export takes them) upcast to fp32; buffers as stored."""
+    model-states module, as the export takes them) upcast to fp32; buffers as stored. ZeRO stage 0: the
+    FP16_UnfusedOptimizer masters (else the module weights); pipeline: the layer files' tensors."""
+    if tf.layer_files:
+        return [TensorInfo(n, s, d, numel(s) * ITEMSIZE.get(d, 1)) for n, (s, d) in tf.layer_tensors.items()]
+    if tf.inline_optimizer is not None or (not tf.optim_files and not tf.param_shapes):
+        masters = stage0_masters(tf) if tf.inline_optimizer == "fp16-unfused" else None
+        out = []
+        for n, (s, d) in tf.module_tensors.items():
+            if masters is not None and n in masters:
+                out.append(TensorInfo(n, s, "float32", numel(s) * 4))
+            elif n not in tf.module_param_names and n not in tf.buffers:
+                continue  # a tied alias: written once
+            else:
+                out.append(TensorInfo(n, s, d, numel(s) * ITEMSIZE.get(d, 1)))
+        return out
     out = [TensorInfo(n, s, "float32", numel(s) * 4) for n, s in tf.param_shapes.items()]
     out += [_frozen(n, s, tf.frozen_dtypes.get(n)) for n, s in tf.frozen_shapes.items() if n not in tf.param_shapes]
     stage = tf.facts.get("zero_stage")
@@ -250,3 +340,45 @@ def tensors(tf: TagFacts) -> list[TensorInfo]:
         out.append(TensorInfo(n, t.shape, t.dtype, t.nbytes))
     return out
 
+
+
+def inline_param_shapes(obj: Any) -> Optional[list[tuple[int, ...]]]:
+    """The shapes of the parameters a stage-0 optimizer inside the model states holds, in its order
+    (FP16_UnfusedOptimizer: its fp32 masters; a torch optimizer: its exp_avg), or None where unreadable."""
+    kind = inline_optimizer(obj)
+    if kind is None:
+        return None
+    opt = obj["optimizer"]
+    if kind == "fp16-unfused":
+        return [tuple(t.shape) for g in opt["fp32_groups"] if isinstance(g, (list, tuple))
+                for t in g if isinstance(t, TensorRef)]
+    state, out = opt["state"], []
+    for g in opt["param_groups"]:
+        for i in (g.get("params") or []) if isinstance(g, dict) else []:
+            s = state.get(i, state.get(str(i)))
+            t = s.get("exp_avg") if isinstance(s, dict) else None
+            if not isinstance(t, TensorRef):
+                return None
+            out.append(tuple(t.shape))
+    return out
+
+
+def match_pipeline(layers: list[tuple[str, list[tuple[str, tuple[int, ...]]]]],
+                   stages: list[list[tuple[int, ...]]]) -> Optional[list[list[str]]]:
+    """Which layer tensors each pipeline stage's optimizer holds: the layers (``[(file, [(name, shape)])]`` in
+    index order) cut into consecutive runs whose shapes are each stage's optimizer shapes, in order. DeepSpeed
+    records no partition of layers to stages; None where no such cut exists (a layer file missing, buffers)."""
+    out, li = [], 0
+    for shapes in stages:
+        names: list[str] = []
+        got: list[tuple[int, ...]] = []
+        while len(got) < len(shapes) and li < len(layers):
+            names += [n for n, _ in layers[li][1]]
+            got += [s for _, s in layers[li][1]]
+            li += 1
+        if got != shapes:
+            return None
+        out.append(names)
+    if any(ts for _, ts in layers[li:]):
+        return None
+    return out

@@ -12,7 +12,7 @@ from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
 from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
-from .pickles import TensorRef
+from .pickles import TensorRef, iter_tensors
 from .torch_save import TorchFileFormat, read_torch_file
 
 
@@ -56,6 +56,57 @@ def _record(c: Node, e: Exception) -> None:
                                  error_kind="permission" if isinstance(e, PermissionError) else "unreadable"))
 
 
+def _layer_files(node: Node, tf: dsfmt.TagFacts) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """Each pipeline layer file's tensors from its data.pkl, in layer order (``tf.layer_tensors`` named as
+    the PipelineModule names them); errors are recorded on the files."""
+    out = []
+    for name in sorted(tf.layer_files, key=lambda n: int(dsfmt.LAYER_INDEX_RE.match(n).group(1))):
+        c = node.child(name)
+        try:
+            obj = read_torch_file(c).obj
+        except (FormatError, OSError) as e:
+            _record(c, e)
+            continue
+        ts = []
+        for key, t in iter_tensors(obj if isinstance(obj, dict) else {}):
+            full = dsfmt.layer_name(name, key)
+            tf.layer_tensors[full] = (tuple(t.shape), t.dtype)
+            ts.append((full, tuple(t.shape)))
+        out.append((name, ts))
+    return out
+
+
+def _pipeline_layers(node: Node, tf: dsfmt.TagFacts, ms_name: Optional[str]) -> list[str]:
+    """A pipeline tag's layer files that are missing: each stage's optimizer (in ``mp_rank_XX_model_states.pt``)
+    must hold exactly a consecutive run of the layers' tensors. Where it does not, the gaps in the layer numbers
+    are named (a layer of functions writes no file, so a gap alone is no proof)."""
+    layers = tf.layers
+    stages = []
+    for m in range(max((k[1] for k in tf.model_files), default=-1) + 1):
+        name = tf.model_files.get((-1, m))
+        c = node.child(name) if name else None
+        if c is None or "error" in c.facts:
+            return []  # reported as a missing or broken file already
+        try:
+            shapes = dsfmt.inline_param_shapes(read_torch_file(c).obj)
+        except (FormatError, OSError) as e:
+            _record(c, e)
+            return []
+        if shapes is None:
+            return []  # no optimizer state to check against (saved without it, or wrapped in ZeRO files)
+        stages.append(shapes)
+    if dsfmt.match_pipeline(layers, stages) is not None:
+        return []
+    idx = sorted(int(dsfmt.LAYER_INDEX_RE.match(n).group(1)) for n, _ in layers)
+    gaps = [f"layer_{i:02d}-model_states.pt" for i in range(max(idx, default=-1) + 1) if i not in idx]
+    if gaps:
+        return gaps
+    have = sum(len(ts) for _, ts in layers)
+    want = sum(len(s) for s in stages)
+    return [f"layer_{(max(idx, default=-1) + 1):02d}-model_states.pt (or later: the stages' optimizers hold {want} "
+            f"parameters, the layer files {have})"]
+
+
 def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
     """Classify a tag folder's files and read rank 0's model and optim states (errors recorded on
     the files): (facts, model-states file read, optim-states file read)."""
@@ -71,6 +122,8 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
                 _record(c, e)
     if obj is not None:
         dsfmt.analyze_model_states(obj, tf)
+    if tf.layer_files:
+        tf.layers = _layer_files(node, tf)
     opt_name = tf.optim_files.get((0, 0)) or (next(iter(tf.optim_files.values())) if tf.optim_files else None)
     if opt_name:
         oc = node.child(opt_name)
@@ -114,16 +167,25 @@ class DeepSpeedTag(FolderFormat):
         ws = f.get("dp_world_size")
         mp = f.get("mp_world_size") or 1
         f["world_size"] = ws
-        expected_optim = [(r, m) for r in range(ws or 0) for m in range(mp)] if ws else []
-        missing = [f"{tf.optim_prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"
-                   for (r, m) in expected_optim if (r, m) not in tf.optim_files]
+        inline = tf.inline_optimizer is not None or (stage == 0 and not tf.optim_files)
+        f["ds_layout"] = ("pipeline" if tf.layer_files or f.get("pipeline") else "zero-0" if inline
+                          else "bf16-optimizer" if f.get("optimizer_kind") == "bf16-optimizer" else "zero")
+        missing: list[str] = []
+        if not inline:  # ZeRO stage 0 keeps its optimizer in the model states: it writes no *_optim_states.pt
+            expected_optim = [(r, m) for r in range(ws or 0) for m in range(mp)] if ws else []
+            missing = [f"{tf.optim_prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"
+                       for (r, m) in expected_optim if (r, m) not in tf.optim_files]
         if stage == 3 and ws:
             missing += [f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"
                         for r in range(ws) for m in range(mp) if (r, m) not in tf.model_files]
-        elif ws:
+        elif ws or inline:
             missing += [f"mp_rank_{m:02d}_model_states.pt" for m in range(mp) if (-1, m) not in tf.model_files]
+        if tf.layer_files:
+            missing += _pipeline_layers(node, tf, ms_name)
         if missing:
             f["missing_files"] = missing
+        if f["ds_layout"] == "pipeline" and ws and f.get("pipeline_stages"):
+            f["world_size"] = ws * f["pipeline_stages"]  # every rank: data-parallel x pipeline stages
         extra = [tf.optim_files[k] for k in sorted(tf.optim_files) if ws and k[0] >= ws]
         if extra:
             f["extra_rank_files"] = extra
@@ -143,6 +205,9 @@ class DeepSpeedTag(FolderFormat):
             f["module_dtypes"] = sorted(tf.module_dtypes)
         if tf.layer_files:
             f["pipeline"] = True
+            f["layer_files"] = len(tf.layer_files)
+        if f.get("optimizer_kind") in dsfmt.OPTIMIZER_CLASS:
+            f["optimizer_class"] = dsfmt.OPTIMIZER_CLASS[f["optimizer_kind"]]
         parsed.put(node, tf)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:

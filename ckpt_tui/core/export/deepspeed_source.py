@@ -39,7 +39,16 @@ from typing import Any, Callable, Optional
 
 from ..dtypes import ITEMSIZE, short_dtype
 from ..formats import FormatError, torchfile
-from ..formats.deepspeed import LAYER_RE, MODEL_STATES_RE, OPTIM_STATES_RE, stage_value
+from ..formats.deepspeed import (
+    LAYER_INDEX_RE,
+    LAYER_RE,
+    MODEL_STATES_RE,
+    OPTIM_STATES_RE,
+    inline_optimizer,
+    layer_name,
+    module_param_names,
+    stage_value,
+)
 from ..formats.pickles import TensorRef, iter_tensors
 from .sources import ByteRange, Source, SourceTensor, read_ranges
 
@@ -243,9 +252,17 @@ def _tag_names(tag_dir: Path) -> list[str]:
     return names
 
 
-def _open_tag(tag_dir: Path) -> tuple[int, int, dict[int, _File], list[_File], dict]:
+def is_bf16_optimizer(osd: dict) -> bool:
+    """An ``optimizer_state_dict`` DeepSpeed's BF16_Optimizer saved: ZeRO-1 style fp32 partitions and
+    ``param_slice_mappings``, but no ``zero_stage`` (which is why zero_to_fp32 rejects it)."""
+    return ("zero_stage" not in osd and isinstance(osd.get("single_partition_of_fp32_groups"), (list, tuple))
+            and "param_slice_mappings" in osd)
+
+
+def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, dict[int, _File], list[_File], dict]:
     """A ZeRO tag's stage, world size, optimizer-states files by rank, model-states files (one for
-    ZeRO-1/2, one per rank for ZeRO-3) and rank 0's optimizer_state_dict; refuses what no source reads."""
+    ZeRO-1/2, one per rank for ZeRO-3) and rank 0's optimizer_state_dict; refuses what no source reads
+    (``bf16_optimizer``: a BF16_Optimizer tag is read as ZeRO-1, whose layout it has)."""
     names = _tag_names(tag_dir)
     model_files: dict[tuple[int, int], str] = {}
     optim_files: dict[tuple[int, int], str] = {}
@@ -265,12 +282,16 @@ def _open_tag(tag_dir: Path) -> tuple[int, int, dict[int, _File], list[_File], d
     optim = {dp: _File(tag_dir / n) for (dp, _), n in sorted(optim_files.items())}
     osd0 = _osd(optim[min(optim)])
     if "zero_stage" not in osd0:
-        if "single_partition_of_fp32_groups" in osd0 or "fp32_groups_flat" in osd0:
-            raise ValueError("a DeepSpeed BF16_Optimizer checkpoint (bf16 without ZeRO, e.g. ZeRO stage 0 "
-                             "or pipeline bf16): zero_to_fp32 rejects it (no zero_stage in the optimizer "
-                             "states) and it is not supported")
-        raise ValueError(f"{optim[min(optim)].path.name} is not a ZeRO checkpoint (no zero_stage)")
-    stage = stage_value(osd0.get("zero_stage"))
+        if bf16_optimizer and is_bf16_optimizer(osd0):
+            stage = 1  # BF16_Optimizer partitions like ZeRO-1: the same reconstruction, no per-param padding
+        elif "single_partition_of_fp32_groups" in osd0 or "fp32_groups_flat" in osd0:
+            raise ValueError("a DeepSpeed BF16_Optimizer checkpoint (ZeRO-1 + bf16 + fp32 gradient accumulation): "
+                             "zero_to_fp32 and ds_to_universal reject it (no zero_stage in the optimizer states); "
+                             "`ckpt-tui export` reads it")
+        else:
+            raise ValueError(f"{optim[min(optim)].path.name} is not a ZeRO checkpoint (no zero_stage)")
+    else:
+        stage = stage_value(osd0.get("zero_stage"))
     if stage not in (1, 2, 3):
         raise ValueError(f"unsupported ZeRO stage {osd0.get('zero_stage')!r}")
     world = osd0.get("partition_count")
@@ -356,16 +377,18 @@ class ZeroTag:
         return out
 
 
-def open_zero_tag(tag_dir: Path) -> ZeroTag:
-    """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason)."""
-    stage, world, optim, models, osd0 = _open_tag(Path(tag_dir))
+def open_zero_tag(tag_dir: Path, bf16_optimizer: bool = False) -> ZeroTag:
+    """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason;
+    ``bf16_optimizer``: also a BF16_Optimizer tag, as ZeRO-1)."""
+    stage, world, optim, models, osd0 = _open_tag(Path(tag_dir), bf16_optimizer)
     return ZeroTag(Path(tag_dir), stage, world, optim, models, osd0)
 
 
-def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
-    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives."""
+def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimizer: bool = False) -> Source:
+    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives
+    (``bf16_optimizer``: also a BF16_Optimizer tag, which zero_to_fp32 rejects, by the same ZeRO-1 rule)."""
     tag_dir = Path(tag_dir)
-    stage, world, optim, models, osd0 = _open_tag(tag_dir)
+    stage, world, optim, models, osd0 = _open_tag(tag_dir, bf16_optimizer)
     m0f = models[0]
     m0 = m0f.obj
     shapes = _param_shapes(m0, m0f.path.name)
@@ -455,6 +478,10 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
         elif target in left_out:
             left_out.append(alias)
 
+    if is_bf16_optimizer(osd0):
+        notes.append("BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): the fp32 masters are rebuilt from "
+                     "its ZeRO-1 style partitions in the optim-states files (zero_to_fp32 rejects this checkpoint: "
+                     "its optimizer states record no zero_stage)")
     return Source("deepspeed", tag_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes,
                   excluded=left_out)
 
@@ -547,6 +574,157 @@ def _zero3_params(out, shapes, optim: dict[int, _File], world: int, *, groups_of
     if offset != flats[0].numel:
         raise ValueError(f"params consume {offset * world} of {flats[0].numel * world} {what} elements - "
                          "param_shapes and the optimizer partitions do not match")
+
+
+# ---------------------------------------------------------------------------------------------
+# beyond ZeRO-1/2/3: stage 0 (the optimizer inside the model states), BF16_Optimizer, pipeline
+
+
+def tag_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+    """The fp32 model of any DeepSpeed tag folder ckpt-tui reads: pipeline (:func:`pipeline_source`),
+    ZeRO stage 0 (:func:`stage0_source`), BF16_Optimizer and ZeRO-1/2/3 (:func:`deepspeed_source`)."""
+    tag_dir = Path(tag_dir)
+    if not tag_dir.is_dir():
+        raise ValueError(f"{tag_dir} is not a folder")
+    names = os.listdir(tag_dir)
+    if any(LAYER_RE.match(n) for n in names):
+        return pipeline_source(tag_dir)
+    if not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names:
+        return stage0_source(tag_dir, exclude_frozen=exclude_frozen)
+    return deepspeed_source(tag_dir, exclude_frozen=exclude_frozen, bf16_optimizer=True)
+
+
+STAGE0_NOTE = ("ZeRO stage 0: no *_optim_states.pt; the optimizer is inside mp_rank_00_model_states.pt "
+               "(zero_to_fp32 rejects this checkpoint: it has no optimizer-states files and no param_shapes)")
+
+
+def _stage0(tag_dir: Path) -> tuple[_File, dict, Optional[str]]:
+    """A stage-0 tag's model-states file, its object and the optimizer kind inside it."""
+    names = _tag_names(tag_dir)
+    ms = [n for n in names if MODEL_STATES_RE.match(n)]
+    if ms != ["mp_rank_00_model_states.pt"]:
+        raise ValueError(f"ZeRO stage 0 expects one mp_rank_00_model_states.pt in {tag_dir.name}, found {ms or 'none'}"
+                         " (tensor or pipeline parallelism?)")
+    mf = _File(tag_dir / ms[0])
+    m0 = _check_model_states(mf.obj, mf.path.name)
+    if not isinstance(m0.get("module"), dict) or not m0["module"]:
+        raise ValueError(f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters?)")
+    return mf, m0, inline_optimizer(m0)
+
+
+def stage0_masters(m0: dict, name: str) -> list[tuple[str, TensorRef]]:
+    """FP16_UnfusedOptimizer's fp32 masters (``fp32_groups``, flattened in order) paired with the module's
+    parameters in ``named_parameters()`` order -- DeepSpeed records no names here: the pairing holds when
+    count, order and every shape agree (the engine built its optimizer from ``model.parameters()``), and is
+    refused otherwise (frozen or reordered parameters)."""
+    module = m0["module"]
+    params = module_param_names(module, m0.get("buffer_names"))
+    masters = [t for g in m0["optimizer"]["fp32_groups"] if isinstance(g, (list, tuple)) for t in g]
+    if len(masters) != len(params):
+        raise ValueError(f"{name}: FP16_UnfusedOptimizer holds {len(masters)} fp32 masters but the module has "
+                         f"{len(params)} parameters (frozen parameters, or param groups of their own); DeepSpeed "
+                         "records no names for them, so which master is which is unknown. Export the module "
+                         "weights (training dtype) instead: --from-module-states")
+    out = []
+    for p, t in zip(params, masters):
+        if not isinstance(t, TensorRef) or tuple(t.shape) != tuple(module[p].shape) or t.dtype != "float32":
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, TensorRef) else type(t).__name__
+            raise ValueError(f"{name}: the fp32 master in the place of {p} is {got}, the parameter "
+                             f"{tuple(module[p].shape)}: the optimizer's order is not the module's")
+        out.append((p, t))
+    return out
+
+
+def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+    """ZeRO stage 0 (no ZeRO): bf16/fp16 runs have FP16_UnfusedOptimizer's fp32 masters in the model states
+    (``optimizer.fp32_groups``): each parameter is its master; fp32 runs keep the plain torch optimizer there and
+    the module weights are the masters. Buffers as stored; tied names written once."""
+    tag_dir = Path(tag_dir)
+    mf, m0, kind = _stage0(tag_dir)
+    module = m0["module"]
+    buffer_names = {str(b) for b in (m0.get("buffer_names") or [])}
+    masters = dict(stage0_masters(m0, mf.path.name)) if kind == "fp16-unfused" else {}
+    params = set(module_param_names(module, buffer_names))
+    out: list[SourceTensor] = []
+    first_by_view: dict[tuple, str] = {}
+    for name, t in iter_tensors(module):
+        if t.storage is None:
+            raise ValueError(f"{mf.path.name}: module weight {name} has no storage (a tensor subclass?)")
+        view = (t.storage.key, t.offset, tuple(t.shape), t.stride)
+        tied = first_by_view.setdefault(view, name)
+        tied = tied if tied != name else None
+        if tied is not None:
+            first = next(x for x in out if x.name == tied)
+            out.append(SourceTensor(name, first.shape, first.dtype, first.ranges, tied_to=tied, note=first.note))
+            continue
+        if name in masters:
+            m = masters[name]
+            out.append(SourceTensor(name, tuple(m.shape), m.dtype, _ref_ranges(mf, m, name)))
+        else:
+            note = "" if name in buffer_names or name not in params or not masters else MODULE_NOTE
+            out.append(SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(mf, t, name), note=note))
+    notes = [STAGE0_NOTE]
+    train = _train_dtype(m0)
+    if kind == "fp16-unfused":
+        notes.append(f"FP16_UnfusedOptimizer: each parameter is its fp32 master from optimizer.fp32_groups, paired with "
+                     f"the module's parameters by order and shape ({len(masters)} of them)")
+    elif train in ("bfloat16", "float16"):
+        notes.append(f"HALF PRECISION: no fp32 masters in this checkpoint; the module weights ({short_dtype(train)}) "
+                     "are written")
+    else:
+        notes.append("fp32 training: the module weights are the masters (the plain torch optimizer keeps no separate "
+                     "fp32 copy): they are written as stored")
+    return Source("deepspeed", tag_dir, out, train_dtype=train, notes=notes)
+
+
+def _pipeline_layers(tag_dir: Path) -> list[tuple[str, _File]]:
+    names = sorted(os.listdir(tag_dir))
+    layers = [n for n in names if LAYER_RE.match(n)]
+    by_index: dict[int, list[str]] = {}
+    for n in layers:
+        by_index.setdefault(int(LAYER_INDEX_RE.match(n).group(1)), []).append(n)
+    if any(len(v) > 1 for v in by_index.values()):
+        raise ValueError("pipeline layers split by tensor parallelism (layer_XX-model_YY-model_states.pt) are not "
+                         "supported: each layer must be one file")
+    if any(MOE_RE.search(n) for n in names):
+        raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
+    return [(by_index[i][0], _File(tag_dir / by_index[i][0])) for i in sorted(by_index)]
+
+
+def pipeline_source(tag_dir: Path) -> Source:
+    """A pipeline-parallel tag (``PipelineModule``): each ``layer_XX-model_states.pt`` holds one layer's
+    ``state_dict``; merged, named as the PipelineModule names them (``<layer index>.<key>``, e.g.
+    ``3.weight``). Written as stored: with fp32 training these are the masters; with bf16/fp16 the
+    training-dtype weights (the masters stay in the stages' optimizer states; said in a note)."""
+    tag_dir = Path(tag_dir)
+    out: list[SourceTensor] = []
+    for fname, f in _pipeline_layers(tag_dir):
+        if not isinstance(f.obj, dict):
+            raise ValueError(f"{fname} holds no state_dict")
+        first_by_view: dict[tuple, str] = {}
+        for key, t in iter_tensors(f.obj):
+            name = layer_name(fname, key)
+            if t.storage is None:
+                raise ValueError(f"{fname}: {key} has no storage (a tensor subclass?)")
+            view = (t.storage.key, t.offset, tuple(t.shape), t.stride)
+            tied = first_by_view.setdefault(view, name)
+            out.append(SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(f, t, name),
+                                    tied_to=tied if tied != name else None))
+    if not out:
+        raise ValueError(f"no tensors in the layer files of {tag_dir.name}")
+    train = None
+    ms = tag_dir / "mp_rank_00_model_states.pt"
+    if ms.is_file():
+        m0 = _File(ms).obj
+        train = _train_dtype(m0) if isinstance(m0, dict) else None
+    notes = ["pipeline parallel: the layer_XX-model_states.pt files merged; names as DeepSpeed's PipelineModule "
+             "names them, <layer index>.<parameter> (e.g. 0.weight)"]
+    if train in ("bfloat16", "float16"):
+        notes.append(f"HALF PRECISION ({short_dtype(train)}): the layer files hold the training-dtype weights; the "
+                     "fp32 masters stay in the stages' optimizer states and are not written")
+    else:
+        notes.append("fp32 training: the layer weights are the masters (no separate fp32 copy)")
+    return Source("deepspeed", tag_dir, out, train_dtype=train, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -217,11 +217,11 @@ class DeepSpeedTag(FolderFormat):
         yield from dsfmt.tensors(tf)
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        from ..export.deepspeed_source import deepspeed_source
+        from ..export.deepspeed_source import tag_source
         from ..export.sources import strip_names
 
         try:
-            src = deepspeed_source(node.abspath, exclude_frozen=exclude_frozen)
+            src = tag_source(node.abspath, exclude_frozen=exclude_frozen)
         except ValueError as e:
             raise NotExportable(str(e)) from None
         return strip_names(src, strip_prefix)

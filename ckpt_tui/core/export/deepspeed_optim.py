@@ -15,14 +15,28 @@ parameters) go to ``optimizer_config.json``: :func:`optimizer_config`.
 from __future__ import annotations
 
 import math
+import os
 import struct
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Optional
 
+from ..formats.deepspeed import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
 from ..formats.pickles import Stub, TensorRef
-from .deepspeed_source import ZeroTag, open_zero_tag
-from .sources import Source, SourceTensor
+from .deepspeed_source import (
+    ZeroTag,
+    _File,
+    _pipeline_layers,
+    _ref_ranges,
+    _stage0,
+    _train_dtype,
+    is_bf16_optimizer,
+    module_param_names,
+    open_zero_tag,
+    stage0_masters,
+    tag_source,
+)
+from .sources import Source, SourceTensor, read_ranges
 
 STATES = ("exp_avg", "exp_avg_sq")
 CONFIG_FILE = "optimizer_config.json"
@@ -95,7 +109,12 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     prefix-stripped: :func:`strip_config`), and every name the model export of this tag sees (its
     prefix decision must be the same). Raises ValueError with the reason."""
     tag_dir = Path(tag_dir)
-    tag = open_zero_tag(tag_dir)
+    if tag_dir.is_dir():
+        names = os.listdir(tag_dir)
+        if any(LAYER_RE.match(n) for n in names) or (
+                not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names):
+            return inline_optimizer_source(tag_dir)
+    tag = open_zero_tag(tag_dir, bf16_optimizer=True)
     stage, world = tag.stage, tag.world
     m0 = tag.model_states
     shapes = tag.shapes
@@ -171,6 +190,8 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         "frozen_params": frozen,
         "tied_params": shared,
     }
+    if is_bf16_optimizer(tag.optimizer_state_dict(0)):
+        config["optimizer_class"] = "BF16_Optimizer"
     notes = []
     if masters:
         notes.append(f"the run trained in {'bf16' if train_dtype == 'bfloat16' else 'fp16'}: each parameter's fp32 "
@@ -197,3 +218,143 @@ def strip_config(config: dict, prefix: Optional[str]) -> dict:
     out["frozen_params"] = [s(n) for n in config["frozen_params"]]
     out["tied_params"] = {s(k): s(v) for k, v in config["tied_params"].items()}
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeRO stage 0 and pipeline: the optimizer inside mp_rank_XX_model_states.pt
+
+
+def _file_scalar(f: _File, v: Any, what: str):
+    """A step value of a model-states file: a number, or a 0-d tensor whose few bytes are read here."""
+    if isinstance(v, Stub):
+        v = v.value
+    if isinstance(v, TensorRef):
+        if v.numel != 1 or v.dtype not in _SCALAR:
+            raise ValueError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
+        try:
+            (x,) = struct.unpack(_SCALAR[v.dtype], read_ranges(_ref_ranges(f, v, what)))
+        except OSError:
+            raise ValueError(f"{what}: {f.path.name} ends early") from None
+        return int(x) if isinstance(x, float) and x.is_integer() else x
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v
+    raise ValueError(f"{what}: unreadable step {v!r}")
+
+
+def _inline_state(f: _File, names: list[str], shapes: dict[str, tuple[int, ...]]):
+    """The per-parameter tensors (``<name>.exp_avg``, ``.exp_avg_sq`` and, FP16_UnfusedOptimizer, ``.master``)
+    and param groups of the optimizer inside model-states file ``f``, its i-th parameter being ``names[i]``
+    (a torch optimizer numbers its parameters across its groups in order)."""
+    obj = f.obj
+    kind = inline_optimizer(obj)
+    if kind is None:
+        raise ValueError(f"{f.path.name} holds no optimizer state (saved with load_optimizer_states off, or "
+                         "without an optimizer)")
+    opt = obj["optimizer"]
+    sd = opt["optimizer_state_dict"] if kind == "fp16-unfused" else opt
+    masters = [t for g in opt["fp32_groups"] for t in g] if kind == "fp16-unfused" else None
+    state, pgs = sd["state"], [g for g in sd["param_groups"] if isinstance(g, dict)]
+    order = [i for g in pgs for i in (g.get("params") or [])]
+    if len(order) != len(names):
+        raise ValueError(f"{f.path.name}: its optimizer holds {len(order)} parameters but {len(names)} are known by "
+                         "name; DeepSpeed records no names here, so which state is whose is unknown")
+    pos = {i: k for k, i in enumerate(order)}
+    out: list[SourceTensor] = []
+    steps: dict[int, Any] = {}
+    for k, (i, name) in enumerate(zip(order, names)):
+        s = state.get(i, state.get(str(i)))
+        if not isinstance(s, dict):
+            raise ValueError(f"{f.path.name}: no optimizer state for parameter {i} ({name}): saved before any step?")
+        for key in STATES:
+            t = s.get(key)
+            if not isinstance(t, TensorRef):
+                raise ValueError(f"{f.path.name}: the optimizer state of {name} has no {key} tensor (found "
+                                 f"{sorted(s)}): only Adam-style optimizers (exp_avg, exp_avg_sq) are exported")
+            if tuple(t.shape) != shapes[name]:
+                raise ValueError(f"{f.path.name}: {key} of parameter {i} has shape {tuple(t.shape)} but {name} is "
+                                 f"{shapes[name]}: the optimizer's order is not the module's")
+            out.append(SourceTensor(f"{name}.{key}", tuple(t.shape), t.dtype, _ref_ranges(f, t, f"{name}.{key}")))
+        if masters is not None:
+            m = masters[k]
+            out.append(SourceTensor(f"{name}.master", tuple(m.shape), m.dtype, _ref_ranges(f, m, f"{name}.master")))
+        if "step" in s:
+            steps[i] = _file_scalar(f, s["step"], f"{f.path.name} {name} step")
+    groups = []
+    for pg in pgs:
+        idx = [i for i in (pg.get("params") or []) if i in pos]
+        gs = {steps.get(i) for i in idx}
+        hyper = {str(k): _jsonable(v) for k, v in pg.items() if k != "params"}
+        groups.append(hyper | {"step": gs.pop() if len(gs) == 1 else None, "params": [names[pos[i]] for i in idx]})
+    return out, groups, set(steps.values()), kind
+
+
+def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
+    """The optimizer state of a ZeRO stage 0 tag (FP16_UnfusedOptimizer, or the plain torch optimizer, inside
+    ``mp_rank_00_model_states.pt``) or of a pipeline tag (one such optimizer per stage, ``mp_rank_XX``), per
+    parameter as :func:`deepspeed_optimizer_source` gives it. The optimizer's parameters are numbered, not
+    named: stage 0 pairs them with the module's parameters (count, order and shape must agree); a pipeline
+    with the layers' tensors (each stage a consecutive run of layers: :func:`match_pipeline`)."""
+    tag_dir = Path(tag_dir)
+    names = sorted(os.listdir(tag_dir))
+    if any(LAYER_RE.match(n) for n in names):
+        layers = _pipeline_layers(tag_dir)
+        from ..formats.deepspeed import inline_param_shapes, layer_name
+        from ..formats.pickles import iter_tensors
+
+        layer_list = [(fn, [(layer_name(fn, k), tuple(t.shape)) for k, t in iter_tensors(f.obj)]) for fn, f in layers]
+        shapes = {n: s for _, ts in layer_list for n, s in ts}
+        ms = sorted(n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt"))
+        files = [_File(tag_dir / n) for n in ms]
+        stages = [inline_param_shapes(f.obj) for f in files]
+        if any(s is None for s in stages):
+            raise ValueError("a pipeline stage's mp_rank_XX_model_states.pt holds no optimizer state ckpt-tui reads "
+                             "(ZeRO-1 or BF16_Optimizer pipelines keep it in *_optim_states.pt: not supported)")
+        per_stage = match_pipeline(layer_list, stages)
+        if per_stage is None:
+            raise ValueError("the stages' optimizers do not hold consecutive runs of the layer files' tensors (a layer "
+                             "file missing, or buffers in them): which state is whose is unknown")
+        parts = [_inline_state(f, stage_names, shapes) for f, stage_names in zip(files, per_stage)]
+        m0 = files[0].obj
+    else:
+        mf, m0, kind = _stage0(tag_dir)
+        module = m0["module"]
+        shapes = {n: tuple(t.shape) for n, t in module.items() if isinstance(t, TensorRef)}
+        pnames = ([n for n, _ in stage0_masters(m0, mf.path.name)] if kind == "fp16-unfused"
+                  else module_param_names(module, m0.get("buffer_names")))
+        files = [mf]
+        parts = [_inline_state(mf, pnames, shapes)]
+    out = [t for p in parts for t in p[0]]
+    groups = [g for p in parts for g in p[1]]
+    steps = set().union(*(p[2] for p in parts))
+    kind = parts[0][3]
+    train = _train_dtype(m0) if isinstance(m0, dict) else None
+    cfg_ds = m0.get("ds_config") if isinstance(m0.get("ds_config"), dict) else {}
+    pipeline = any(LAYER_RE.match(n) for n in names)
+    states = list(STATES) + (["master"] if kind == "fp16-unfused" else [])
+    config = {
+        "source": "deepspeed",
+        "zero_stage": 0,
+        "dp_world_size": m0.get("dp_world_size"),
+        "optimizer": _jsonable(cfg_ds.get("optimizer")) if cfg_ds.get("optimizer") is not None else None,
+        "step": steps.pop() if len(steps) == 1 else None,
+        "states": states,
+        "param_groups": groups,
+        "frozen_params": [],
+        "tied_params": {},
+        "optimizer_class": OPTIMIZER_CLASS[kind],
+    }
+    if pipeline:
+        config["pipeline_stages"] = len(files)
+    notes = [("pipeline parallel: each stage's optimizer (mp_rank_XX_model_states.pt) paired with its run of layer "
+              "files; names as the model export's (<layer index>.<parameter>)") if pipeline else
+             ("ZeRO stage 0: the optimizer inside mp_rank_00_model_states.pt, its numbered parameters paired with the "
+              "module's by order and shape")]
+    if kind == "fp16-unfused":
+        notes.append(f"the run trained in {'bf16' if train == 'bfloat16' else 'fp16'}: each parameter's fp32 master "
+                     "(FP16_UnfusedOptimizer's fp32_groups) is written as <name>.master, beside <name>.exp_avg and "
+                     "<name>.exp_avg_sq")
+    else:
+        notes.append("the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
+                     "(the weights are --component model)")
+    model_names = [t.name for t in tag_source(tag_dir).tensors]
+    return Source(KIND, tag_dir, out, notes=notes), config, model_names

@@ -1,0 +1,149 @@
+"""DeepSpeed beyond ZeRO-1/2/3, written by DeepSpeed itself on CPU (`samples/ds_beyond.py`): ZeRO stage 0
+with bf16 (FP16_UnfusedOptimizer) and fp32 (the plain torch optimizer), BF16_Optimizer (ZeRO-1 + bf16 + fp32
+gradient accumulation) and a 2-stage PipelineModule. DeepSpeed's zero_to_fp32 rejects all four.
+
+Recognised and named, model and optimizer shown, no false missing-rank finding (stage 0 writes no
+*_optim_states.pt), a real one where a pipeline file is gone; model and optimizer exports bit-exact against
+the oracle: a fresh DeepSpeed engine's ``load_checkpoint`` of the same checkpoint and its fp32 masters and Adam
+state (dumped by the generator to ``<variant>/oracle/``, outside the checkpoint) -- without --trust-pickles."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ckpt_tui.core.export.api import export
+from ckpt_tui.core.formats import torchfile
+from ckpt_tui.core.report import inspect
+
+VARIANTS = {  # variant -> (layout words, optimizer class, data-parallel ranks, fp32 masters apart from the weights)
+    "ds-zero0-bf16": ("ZeRO stage 0", "FP16_UnfusedOptimizer", 2, True),
+    "ds-zero0-fp32": ("ZeRO stage 0", "torch optimizer (no DeepSpeed wrapper)", 2, False),
+    "ds-bf16-optimizer": ("BF16_Optimizer (ZeRO-1)", "BF16_Optimizer", 2, True),
+    "ds-pipeline": ("pipeline parallel, 2 stages", "torch optimizer (no DeepSpeed wrapper)", 1, False),
+}
+IDS = list(VARIANTS)
+
+
+def oracle(real_ckpt, variant: str) -> list[dict]:
+    """What the loaded engine held, per rank that wrote it (the pipeline: one file per stage)."""
+    d = real_ckpt(variant) / "oracle"
+    return [torch.load(p, weights_only=True) for p in sorted(d.glob("rank*.pt"))]
+
+
+def assert_bit_exact(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
+        assert torch.equal(got[k], w), k
+
+
+@pytest.mark.parametrize("variant", IDS)
+def test_inspect_names_the_layout_without_false_findings(real_ckpt, variant):
+    words, opt_class, dp, _ = VARIANTS[variant]
+    rep = inspect(real_ckpt(variant) / "checkpoint")
+    inv = rep.inventory
+    assert inv.layout == "deepspeed"
+    assert inv.summary.startswith(f"DeepSpeed {words}"), inv.summary
+    assert "model and optimizer in `global_step2/`" in inv.summary
+    assert inv.framework == "deepspeed" or "DeepSpeed" in str(inv.framework)
+    tag = next(n for n in inv.nodes() if n.format == "deepspeed-zero")
+    f = tag.facts
+    assert tag.role == "model+optimizer"
+    assert f["optimizer_class"] == opt_class and f["dp_world_size"] == dp
+    assert f.get("param_count", 0) > 60_000 and f.get("tensor_bytes", 0) > 0 and "float32" in f["dtypes"]
+    assert "missing_files" not in f
+    codes = {x.code for x in rep.findings}
+    # stage 0 and pipelines write no *_optim_states.pt; no ds_to_universal advice it would fail on
+    assert not codes & {"shard-missing", "world-size-mismatch", "universal-info-missing", "unsafe-pickle"}, rep.findings
+    if variant == "ds-pipeline":
+        assert f["pipeline_stages"] == 2 and f["layer_files"] == 5 and f["world_size"] == 2
+        names = {n.name: n.role for n in tag.children}
+        assert names["layer_00-model_states.pt"] == "model" and names["mp_rank_01_model_states.pt"] == "model"
+    if variant == "ds-bf16-optimizer":
+        roles = {n.name: n.role for n in tag.children}
+        assert roles["bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"] == "optimizer"
+
+
+@pytest.mark.parametrize("variant", IDS)
+def test_the_restricted_unpickler_reads_every_file(real_ckpt, variant):
+    files = sorted((real_ckpt(variant) / "checkpoint" / "global_step2").glob("*.pt"))
+    assert files
+    for p in files:
+        tf = torchfile.read(p)
+        assert not tf.unsafe and tf.obj is not None, (p.name, tf.unsafe)
+
+
+@pytest.mark.parametrize("variant", IDS)
+def test_model_export_is_the_engines_fp32_masters(real_ckpt, tmp_path, variant):
+    res = export(real_ckpt(variant) / "checkpoint", tmp_path / "out")  # trust_pickles defaults to False
+    assert res.verified
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    want: dict = {}
+    for o in oracle(real_ckpt, variant):
+        want.update(o["module"])  # buffers, and the fp32 weights where they are the masters
+        want.update(o["masters"])  # FP16_UnfusedOptimizer / BF16_Optimizer: the fp32 master of each parameter
+    assert_bit_exact(got, want)
+    if variant == "ds-pipeline":  # PipelineModule's own names: <layer index>.<parameter>
+        assert "0.weight" in got and "2.fc1.weight" in got and "4.weight" in got
+
+
+@pytest.mark.parametrize("variant", IDS)
+def test_optimizer_export_is_the_engines_state(real_ckpt, tmp_path, variant):
+    _, opt_class, _, masters = VARIANTS[variant]
+    res = export(real_ckpt(variant) / "checkpoint", tmp_path / "out", component="optimizer")
+    assert res.verified
+    out = tmp_path / "out"
+    got = load_file(out / "optimizer.safetensors")
+    cfg = json.loads((out / "optimizer_config.json").read_text())
+    want: dict = {}
+    steps = set()
+    for o in oracle(real_ckpt, variant):
+        want.update(o["optim"])
+        if masters:
+            want.update({f"{n}.master": t for n, t in o["masters"].items()})
+        steps.add(o["step"])
+    assert_bit_exact(got, want)
+    assert cfg["optimizer_class"] == opt_class
+    assert cfg["states"] == ["exp_avg", "exp_avg_sq"] + (["master"] if masters else [])
+    (step,) = steps
+    assert cfg["step"] == step  # FP16_UnfusedOptimizer counts one more: it steps once with zero grads at start
+    names = sorted(n for g in cfg["param_groups"] for n in g["params"])
+    assert names == sorted({k.rsplit(".", 1)[0] for k in got})
+
+
+def test_zero_to_fp32_rejects_them(real_ckpt):
+    """Why ckpt-tui reads these itself: DeepSpeed's own converter refuses each."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    for variant in IDS:
+        with pytest.raises(BaseException):
+            get_fp32_state_dict_from_zero_checkpoint(str(real_ckpt(variant) / "checkpoint"))
+
+
+@pytest.mark.parametrize("gone", ["mp_rank_01_model_states.pt", "layer_02-model_states.pt",
+                                  "layer_04-model_states.pt"])
+def test_a_missing_pipeline_file_is_reported(real_ckpt_copy, gone):
+    copy = real_ckpt_copy("ds-pipeline") / "checkpoint"
+    (copy / "global_step2" / gone).unlink()
+    rep = inspect(copy)
+    miss = [x for x in rep.findings if x.code == "shard-missing"]
+    assert len(miss) == 1 and miss[0].severity == "error"
+    want = gone if gone != "layer_04-model_states.pt" else "layer_04-model_states.pt (or later"
+    assert want in miss[0].message, miss[0].message
+    with pytest.raises(Exception):
+        export(copy, copy.parent / "out")
+
+
+def test_stage0_findings_never_ask_for_optim_states(real_ckpt_copy):
+    """A stage-0 tag whose model states are gone: the missing file named is the model states, never the
+    *_optim_states.pt files stage 0 does not write."""
+    copy = real_ckpt_copy("ds-zero0-bf16") / "checkpoint"
+    ms = copy / "global_step2" / "mp_rank_00_model_states.pt"
+    ms.write_bytes(ms.read_bytes()[: ms.stat().st_size // 2])  # truncated by an interrupted save
+    rep = inspect(copy)
+    assert not any("optim_states" in x.message for x in rep.findings)
+    assert any(x.severity == "error" for x in rep.findings)
+

@@ -238,6 +238,12 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.append(Finding("world-size-mismatch", "info", p,
                            f"`{inv.shown(p, slash=True)}` is a mixture-of-experts DeepSpeed checkpoint; export and universal "
                            "conversion of this layout are not supported by ckpt-tui yet."))
+    elif f.get("pipeline") and f.get("ranks_present"):  # pipeline + ZeRO-1/BF16_Optimizer: masters in optim files
+        out.append(Finding("world-size-mismatch", "info", p,
+                           f"`{inv.shown(p, slash=True)}` is a pipeline-parallel DeepSpeed checkpoint with ZeRO "
+                           "optimizer-states files; ckpt-tui exports its layer files' weights, not the fp32 masters "
+                           "or optimizer state in those files, and universal conversion of this layout is not "
+                           "supported by ckpt-tui yet."))
     return out
 
 

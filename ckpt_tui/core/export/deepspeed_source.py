@@ -764,8 +764,11 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
     if not isinstance(module, dict) or not module:
         raise ValueError(f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters, or "
                          "by a model that keeps its weights elsewhere)")
-    trainable = {n: s for g in _param_shapes(m0, mf.path.name) for n, s in g.items()}
     buffer_names = {str(b) for b in (m0.get("buffer_names") or [])}
+    if m0.get("param_shapes") is None:  # ZeRO stage 0 records none: every module parameter is trained
+        trainable = {n: tuple(module[n].shape) for n in module_param_names(module, buffer_names)}
+    else:
+        trainable = {n: s for g in _param_shapes(m0, mf.path.name) for n, s in g.items()}
     shared = {str(k): str(v) for k, v in (m0.get("shared_params") or {}).items()} \
         if isinstance(m0.get("shared_params"), dict) else {}
     fz = m0.get("frozen_param_shapes")

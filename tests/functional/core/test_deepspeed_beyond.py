@@ -147,3 +147,22 @@ def test_stage0_findings_never_ask_for_optim_states(real_ckpt_copy):
     assert not any("optim_states" in x.message for x in rep.findings)
     assert any(x.severity == "error" for x in rep.findings)
 
+
+
+def test_stage0_module_weights_on_request(real_ckpt, tmp_path):
+    """--from-module-states: the bf16 weights the engine computed with (stage 0 records no param_shapes)."""
+    res = export(real_ckpt("ds-zero0-bf16") / "checkpoint", tmp_path / "out", from_module_states=True)
+    assert res.verified and any("NOT the fp32 master weights" in n for n in res.notes)
+    (o,) = oracle(real_ckpt, "ds-zero0-bf16")
+    assert_bit_exact(load_file(tmp_path / "out" / "model.safetensors"), o["module"])
+    assert o["module"]["embed_tokens.weight"].dtype == torch.bfloat16
+
+
+def test_universal_conversion_is_refused_with_the_reason(real_ckpt, tmp_path):
+    """ds_to_universal fails on all four: `ckpt-tui universal` says so before running it."""
+    from ckpt_tui.core.convert.universal.plan import UniversalError, universal_plan
+
+    for variant, why in (("ds-zero0-bf16", "stage 0"), ("ds-bf16-optimizer", "BF16_Optimizer"),
+                         ("ds-pipeline", "pipeline")):
+        with pytest.raises(UniversalError, match=why):
+            universal_plan(real_ckpt(variant) / "checkpoint", tmp_path / variant)

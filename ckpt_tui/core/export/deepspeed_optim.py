@@ -24,15 +24,15 @@ from typing import Any, Optional
 from ..formats.deepspeed import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
 from ..formats.pickles import Stub, TensorRef
 from .deepspeed_source import (
+    StatesFile,
     ZeroTag,
-    _File,
-    _pipeline_layers,
-    _ref_ranges,
-    _stage0,
-    _train_dtype,
+    config_train_dtype,
     is_bf16_optimizer,
     module_param_names,
+    open_stage0,
     open_zero_tag,
+    pipeline_layers,
+    ref_ranges,
     stage0_masters,
     tag_source,
 )
@@ -224,7 +224,7 @@ def strip_config(config: dict, prefix: Optional[str]) -> dict:
 # ZeRO stage 0 and pipeline: the optimizer inside mp_rank_XX_model_states.pt
 
 
-def _file_scalar(f: _File, v: Any, what: str):
+def _file_scalar(f: StatesFile, v: Any, what: str):
     """A step value of a model-states file: a number, or a 0-d tensor whose few bytes are read here."""
     if isinstance(v, Stub):
         v = v.value
@@ -232,7 +232,7 @@ def _file_scalar(f: _File, v: Any, what: str):
         if v.numel != 1 or v.dtype not in _SCALAR:
             raise ValueError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
         try:
-            (x,) = struct.unpack(_SCALAR[v.dtype], read_ranges(_ref_ranges(f, v, what)))
+            (x,) = struct.unpack(_SCALAR[v.dtype], read_ranges(ref_ranges(f, v, what)))
         except OSError:
             raise ValueError(f"{what}: {f.path.name} ends early") from None
         return int(x) if isinstance(x, float) and x.is_integer() else x
@@ -241,7 +241,7 @@ def _file_scalar(f: _File, v: Any, what: str):
     raise ValueError(f"{what}: unreadable step {v!r}")
 
 
-def _inline_state(f: _File, names: list[str], shapes: dict[str, tuple[int, ...]]):
+def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, ...]]):
     """The per-parameter tensors (``<name>.exp_avg``, ``.exp_avg_sq`` and, FP16_UnfusedOptimizer, ``.master``)
     and param groups of the optimizer inside model-states file ``f``, its i-th parameter being ``names[i]``
     (a torch optimizer numbers its parameters across its groups in order)."""
@@ -273,10 +273,10 @@ def _inline_state(f: _File, names: list[str], shapes: dict[str, tuple[int, ...]]
             if tuple(t.shape) != shapes[name]:
                 raise ValueError(f"{f.path.name}: {key} of parameter {i} has shape {tuple(t.shape)} but {name} is "
                                  f"{shapes[name]}: the optimizer's order is not the module's")
-            out.append(SourceTensor(f"{name}.{key}", tuple(t.shape), t.dtype, _ref_ranges(f, t, f"{name}.{key}")))
+            out.append(SourceTensor(f"{name}.{key}", tuple(t.shape), t.dtype, ref_ranges(f, t, f"{name}.{key}")))
         if masters is not None:
             m = masters[k]
-            out.append(SourceTensor(f"{name}.master", tuple(m.shape), m.dtype, _ref_ranges(f, m, f"{name}.master")))
+            out.append(SourceTensor(f"{name}.master", tuple(m.shape), m.dtype, ref_ranges(f, m, f"{name}.master")))
         if "step" in s:
             steps[i] = _file_scalar(f, s["step"], f"{f.path.name} {name} step")
     groups = []
@@ -297,14 +297,14 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     tag_dir = Path(tag_dir)
     names = sorted(os.listdir(tag_dir))
     if any(LAYER_RE.match(n) for n in names):
-        layers = _pipeline_layers(tag_dir)
+        layers = pipeline_layers(tag_dir)
         from ..formats.deepspeed import inline_param_shapes, layer_name
         from ..formats.pickles import iter_tensors
 
         layer_list = [(fn, [(layer_name(fn, k), tuple(t.shape)) for k, t in iter_tensors(f.obj)]) for fn, f in layers]
         shapes = {n: s for _, ts in layer_list for n, s in ts}
         ms = sorted(n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt"))
-        files = [_File(tag_dir / n) for n in ms]
+        files = [StatesFile(tag_dir / n) for n in ms]
         stages = [inline_param_shapes(f.obj) for f in files]
         if any(s is None for s in stages):
             raise ValueError("a pipeline stage's mp_rank_XX_model_states.pt holds no optimizer state ckpt-tui reads "
@@ -316,7 +316,7 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         parts = [_inline_state(f, stage_names, shapes) for f, stage_names in zip(files, per_stage)]
         m0 = files[0].obj
     else:
-        mf, m0, kind = _stage0(tag_dir)
+        mf, m0, kind = open_stage0(tag_dir)
         module = m0["module"]
         shapes = {n: tuple(t.shape) for n, t in module.items() if isinstance(t, TensorRef)}
         pnames = ([n for n, _ in stage0_masters(m0, mf.path.name)] if kind == "fp16-unfused"
@@ -327,7 +327,7 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     groups = [g for p in parts for g in p[1]]
     steps = set().union(*(p[2] for p in parts))
     kind = parts[0][3]
-    train = _train_dtype(m0) if isinstance(m0, dict) else None
+    train = config_train_dtype(m0) if isinstance(m0, dict) else None
     cfg_ds = m0.get("ds_config") if isinstance(m0.get("ds_config"), dict) else {}
     pipeline = any(LAYER_RE.match(n) for n in names)
     states = list(STATES) + (["master"] if kind == "fp16-unfused" else [])

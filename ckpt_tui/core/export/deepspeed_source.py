@@ -61,7 +61,7 @@ ZERO1_FROZEN_NOTE = "from module weights (ZeRO-1 saves no frozen_param_*)"
 # byte-range helpers
 
 
-class _File:
+class StatesFile:
     """One torch zip: its structure (data.pkl) and where each storage's bytes are."""
 
     def __init__(self, path: Path):
@@ -108,7 +108,7 @@ def _merge(ranges: list[ByteRange]) -> tuple[ByteRange, ...]:
     return tuple(out)
 
 
-def _ref_ranges(f: _File, ref: TensorRef, what: str) -> tuple[ByteRange, ...]:
+def ref_ranges(f: StatesFile, ref: TensorRef, what: str) -> tuple[ByteRange, ...]:
     """Byte ranges of a (possibly strided) tensor, in row-major order."""
     item = ITEMSIZE.get(ref.dtype)
     if item is None:
@@ -147,6 +147,9 @@ def _ref_ranges(f: _File, ref: TensorRef, what: str) -> tuple[ByteRange, ...]:
     return _merge(out)
 
 
+
+_File, _ref_ranges = StatesFile, ref_ranges  # their earlier names (tests and other branches use them)
+
 class _Flat:
     """A virtual 1-D fp32 vector: several flat tensors (of one or more files) back to back."""
 
@@ -155,14 +158,14 @@ class _Flat:
         self.starts: list[int] = []
         self.numel = 0
 
-    def add(self, f: _File, ref: TensorRef, what: str) -> None:
+    def add(self, f: StatesFile, ref: TensorRef, what: str) -> None:
         if not isinstance(ref, TensorRef):
             raise ValueError(f"{what}: not a tensor")
         if ref.dtype != "float32":
             raise ValueError(f"{what}: expected a float32 partition, found {ref.dtype}")
         if len(ref.shape) != 1 or not ref.contiguous:
             raise ValueError(f"{what}: expected a flat contiguous tensor, found shape {ref.shape}")
-        (r,) = _ref_ranges(f, ref, what) or (ByteRange(str(f.path), 0, 0),)
+        (r,) = ref_ranges(f, ref, what) or (ByteRange(str(f.path), 0, 0),)
         self.starts.append(self.numel)
         self.parts.append((r.path, r.offset, ref.shape[0]))
         self.numel += ref.shape[0]
@@ -195,7 +198,7 @@ def _shape(s: Any, what: str) -> tuple[int, ...]:
         raise ValueError(f"{what}: unreadable shape {s!r}") from None
 
 
-def _train_dtype(model: dict) -> Optional[str]:
+def config_train_dtype(model: dict) -> Optional[str]:
     cfg = model.get("ds_config")
     if isinstance(cfg, dict):
         for key, name in (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16")):
@@ -232,7 +235,7 @@ def _param_shapes(model: dict, name: str) -> list["OrderedDict[str, tuple[int, .
     return [OrderedDict((str(k), _shape(v, f"{name}: {k}")) for k, v in g.items()) for g in ps]
 
 
-def _osd(f: _File) -> dict:
+def _osd(f: StatesFile) -> dict:
     obj = f.obj
     osd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
     if not isinstance(osd, dict):
@@ -259,7 +262,7 @@ def is_bf16_optimizer(osd: dict) -> bool:
             and "param_slice_mappings" in osd)
 
 
-def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, dict[int, _File], list[_File], dict]:
+def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, dict[int, StatesFile], list[StatesFile], dict]:
     """A ZeRO tag's stage, world size, optimizer-states files by rank, model-states files (one for
     ZeRO-1/2, one per rank for ZeRO-3) and rank 0's optimizer_state_dict; refuses what no source reads
     (``bf16_optimizer``: a BF16_Optimizer tag is read as ZeRO-1, whose layout it has)."""
@@ -279,7 +282,7 @@ def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, di
         raise ValueError(f"no *_optim_states.pt in {tag_dir}: the fp32 master weights live there "
                          "(saved without optimizer states?)")
 
-    optim = {dp: _File(tag_dir / n) for (dp, _), n in sorted(optim_files.items())}
+    optim = {dp: StatesFile(tag_dir / n) for (dp, _), n in sorted(optim_files.items())}
     osd0 = _osd(optim[min(optim)])
     if "zero_stage" not in osd0:
         if bf16_optimizer and is_bf16_optimizer(osd0):
@@ -308,13 +311,13 @@ def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, di
     if stage <= 2:
         if (-1, 0) not in model_files:
             raise ValueError(f"no mp_rank_00_model_states.pt in {tag_dir}")
-        models = [_File(tag_dir / model_files[(-1, 0)])]
+        models = [StatesFile(tag_dir / model_files[(-1, 0)])]
     else:
         missing = [r for r in range(world) if (r, 0) not in model_files]
         if missing:
             raise ValueError(f"ZeRO-3 needs zero_pp_rank_<r>_mp_rank_00_model_states.pt for every rank; "
                              f"missing ranks {missing}")
-        models = [_File(tag_dir / model_files[(r, 0)]) for r in range(world)]
+        models = [StatesFile(tag_dir / model_files[(r, 0)]) for r in range(world)]
     for mf in models:
         _check_model_states(mf.obj, mf.path.name)
     return stage, world, optim, models, osd0
@@ -328,8 +331,8 @@ class ZeroTag:
     path: Path
     stage: int
     world: int
-    _optim: dict[int, _File]
-    _models: list[_File]
+    _optim: dict[int, StatesFile]
+    _models: list[StatesFile]
     _osd0: dict
 
     @property
@@ -343,7 +346,7 @@ class ZeroTag:
 
     @property
     def train_dtype(self) -> Optional[str]:
-        return _train_dtype(self.model_states)
+        return config_train_dtype(self.model_states)
 
     def optimizer_state_dict(self, rank: int) -> dict:
         """Rank ``rank``'s ``optimizer_state_dict`` (TensorRefs for tensors)."""
@@ -358,7 +361,7 @@ class ZeroTag:
     def tensor_bytes(self, rank: int, ref: TensorRef, what: str) -> bytes:
         """The bytes of a (small) tensor of rank ``rank``'s optimizer-states file, e.g. a 0-d step."""
         try:
-            return read_ranges(_ref_ranges(self._optim[rank], ref, what))
+            return read_ranges(ref_ranges(self._optim[rank], ref, what))
         except OSError:
             raise ValueError(f"{what}: {self.file_name(rank)} ends early") from None
 
@@ -403,7 +406,7 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
     # buffers (zero_to_fp32 upcasts floating buffers to fp32; we keep them as stored)
     for name, t in module.items():
         if name in buffer_names and isinstance(t, TensorRef):
-            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(m0f, t, name))
+            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(m0f, t, name))
 
     # frozen params
     if not exclude_frozen:
@@ -417,7 +420,7 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
                         raise ValueError(f"frozen param {name} has no frozen_param_fragments entry")
                     if math.prod(t.shape) != math.prod(shape):
                         raise ValueError(f"frozen param {name}: fragment {t.shape} does not match shape {shape}")
-                    out[name] = SourceTensor(name, shape, t.dtype, _ref_ranges(m0f, t, name), frozen=True)
+                    out[name] = SourceTensor(name, shape, t.dtype, ref_ranges(m0f, t, name), frozen=True)
             else:
                 for name, s in frozen_shapes.items():
                     shape = _shape(s, name)
@@ -434,7 +437,7 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
                         take = min(t.numel, numel - have)
                         if take <= 0:
                             break
-                        rs = _ref_ranges(mf, t, name)
+                        rs = ref_ranges(mf, t, name)
                         ranges += _cut(rs, take * ITEMSIZE[dtype])
                         have += take
                     if have != numel:
@@ -447,7 +450,7 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
             for name, t in module.items():
                 if name in trainable or name in buffer_names or name in shared or not isinstance(t, TensorRef):
                     continue
-                out[name] = SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(m0f, t, name),
+                out[name] = SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(m0f, t, name),
                                          frozen=True, note=ZERO1_FROZEN_NOTE)
                 n_frozen += 1
             if n_frozen:
@@ -482,7 +485,7 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
         notes.append("BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): the fp32 masters are rebuilt from "
                      "its ZeRO-1 style partitions in the optim-states files (zero_to_fp32 rejects this checkpoint: "
                      "its optimizer states record no zero_stage)")
-    return Source("deepspeed", tag_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes,
+    return Source("deepspeed", tag_dir, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes,
                   excluded=left_out)
 
 
@@ -497,7 +500,7 @@ def _cut(ranges, nbytes: int) -> list[ByteRange]:
     return out
 
 
-def _fp32_groups(f: _File, stage: int) -> list:
+def _fp32_groups(f: StatesFile, stage: int) -> list:
     """A rank's fp32 master partition of each param group (ZeRO-3: of each sub-group)."""
     key = "single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"
     g = _osd(f).get(key)
@@ -506,7 +509,7 @@ def _fp32_groups(f: _File, stage: int) -> list:
     return list(g)
 
 
-def _zero2_params(out, shapes, optim: dict[int, _File], world: int, osd0: dict, *, groups_of=None,
+def _zero2_params(out, shapes, optim: dict[int, StatesFile], world: int, osd0: dict, *, groups_of=None,
                   suffix: str = "", what: str = "fp32") -> None:
     """ZeRO-1/2: each param's slice of its group's flat vector (the ranks' partitions back to back).
     ``groups_of(file)``: a rank's flat tensor of each group -- the fp32 masters by default, or an
@@ -541,7 +544,7 @@ def _zero2_params(out, shapes, optim: dict[int, _File], world: int, osd0: dict, 
                              "param_shapes and the optimizer partitions do not match")
 
 
-def _zero3_params(out, shapes, optim: dict[int, _File], world: int, *, groups_of=None, suffix: str = "",
+def _zero3_params(out, shapes, optim: dict[int, StatesFile], world: int, *, groups_of=None, suffix: str = "",
                   what: str = "fp32") -> None:
     """ZeRO-3: each param's ``ceil(numel / world)`` slice at the same offset of every rank's flat
     groups (concatenated); ``groups_of``/``suffix`` as for :func:`_zero2_params`."""
@@ -598,14 +601,14 @@ STAGE0_NOTE = ("ZeRO stage 0: no *_optim_states.pt; the optimizer is inside mp_r
                "(zero_to_fp32 rejects this checkpoint: it has no optimizer-states files and no param_shapes)")
 
 
-def _stage0(tag_dir: Path) -> tuple[_File, dict, Optional[str]]:
+def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
     """A stage-0 tag's model-states file, its object and the optimizer kind inside it."""
     names = _tag_names(tag_dir)
     ms = [n for n in names if MODEL_STATES_RE.match(n)]
     if ms != ["mp_rank_00_model_states.pt"]:
         raise ValueError(f"ZeRO stage 0 expects one mp_rank_00_model_states.pt in {tag_dir.name}, found {ms or 'none'}"
                          " (tensor or pipeline parallelism?)")
-    mf = _File(tag_dir / ms[0])
+    mf = StatesFile(tag_dir / ms[0])
     m0 = _check_model_states(mf.obj, mf.path.name)
     if not isinstance(m0.get("module"), dict) or not m0["module"]:
         raise ValueError(f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters?)")
@@ -640,7 +643,7 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
     (``optimizer.fp32_groups``): each parameter is its master; fp32 runs keep the plain torch optimizer there and
     the module weights are the masters. Buffers as stored; tied names written once."""
     tag_dir = Path(tag_dir)
-    mf, m0, kind = _stage0(tag_dir)
+    mf, m0, kind = open_stage0(tag_dir)
     module = m0["module"]
     buffer_names = {str(b) for b in (m0.get("buffer_names") or [])}
     masters = dict(stage0_masters(m0, mf.path.name)) if kind == "fp16-unfused" else {}
@@ -659,12 +662,12 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
             continue
         if name in masters:
             m = masters[name]
-            out.append(SourceTensor(name, tuple(m.shape), m.dtype, _ref_ranges(mf, m, name)))
+            out.append(SourceTensor(name, tuple(m.shape), m.dtype, ref_ranges(mf, m, name)))
         else:
             note = "" if name in buffer_names or name not in params or not masters else MODULE_NOTE
-            out.append(SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(mf, t, name), note=note))
+            out.append(SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(mf, t, name), note=note))
     notes = [STAGE0_NOTE]
-    train = _train_dtype(m0)
+    train = config_train_dtype(m0)
     if kind == "fp16-unfused":
         notes.append(f"FP16_UnfusedOptimizer: each parameter is its fp32 master from optimizer.fp32_groups, paired with "
                      f"the module's parameters by order and shape ({len(masters)} of them)")
@@ -677,7 +680,7 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
     return Source("deepspeed", tag_dir, out, train_dtype=train, notes=notes)
 
 
-def _pipeline_layers(tag_dir: Path) -> list[tuple[str, _File]]:
+def pipeline_layers(tag_dir: Path) -> list[tuple[str, StatesFile]]:
     names = sorted(os.listdir(tag_dir))
     layers = [n for n in names if LAYER_RE.match(n)]
     by_index: dict[int, list[str]] = {}
@@ -688,7 +691,7 @@ def _pipeline_layers(tag_dir: Path) -> list[tuple[str, _File]]:
                          "supported: each layer must be one file")
     if any(MOE_RE.search(n) for n in names):
         raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
-    return [(by_index[i][0], _File(tag_dir / by_index[i][0])) for i in sorted(by_index)]
+    return [(by_index[i][0], StatesFile(tag_dir / by_index[i][0])) for i in sorted(by_index)]
 
 
 def pipeline_source(tag_dir: Path) -> Source:
@@ -698,7 +701,7 @@ def pipeline_source(tag_dir: Path) -> Source:
     training-dtype weights (the masters stay in the stages' optimizer states; said in a note)."""
     tag_dir = Path(tag_dir)
     out: list[SourceTensor] = []
-    for fname, f in _pipeline_layers(tag_dir):
+    for fname, f in pipeline_layers(tag_dir):
         if not isinstance(f.obj, dict):
             raise ValueError(f"{fname} holds no state_dict")
         first_by_view: dict[tuple, str] = {}
@@ -708,15 +711,15 @@ def pipeline_source(tag_dir: Path) -> Source:
                 raise ValueError(f"{fname}: {key} has no storage (a tensor subclass?)")
             view = (t.storage.key, t.offset, tuple(t.shape), t.stride)
             tied = first_by_view.setdefault(view, name)
-            out.append(SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(f, t, name),
+            out.append(SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(f, t, name),
                                     tied_to=tied if tied != name else None))
     if not out:
         raise ValueError(f"no tensors in the layer files of {tag_dir.name}")
     train = None
     ms = tag_dir / "mp_rank_00_model_states.pt"
     if ms.is_file():
-        m0 = _File(ms).obj
-        train = _train_dtype(m0) if isinstance(m0, dict) else None
+        m0 = StatesFile(ms).obj
+        train = config_train_dtype(m0) if isinstance(m0, dict) else None
     notes = ["pipeline parallel: the layer_XX-model_states.pt files merged; names as DeepSpeed's PipelineModule "
              "names them, <layer index>.<parameter> (e.g. 0.weight)"]
     if train in ("bfloat16", "float16"):
@@ -754,7 +757,7 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
         raise ValueError("model-parallel checkpoints (mp_rank > 0 files) are not supported")
     if "mp_rank_00_model_states.pt" not in names:
         raise ValueError(f"no mp_rank_00_model_states.pt in {tag_dir.name}: there are no module weights to export")
-    mf = _File(tag_dir / "mp_rank_00_model_states.pt")
+    mf = StatesFile(tag_dir / "mp_rank_00_model_states.pt")
     m0 = _check_model_states(mf.obj, mf.path.name)
     cfg = m0.get("ds_config")
     zo = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
@@ -795,7 +798,7 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
             frozen = name in recorded_frozen
         else:  # ZeRO-1 records no frozen_param_shapes: what is neither trainable nor a buffer is frozen
             frozen = name not in trainable and name not in buffer_names and name not in shared
-        out.append(SourceTensor(name, shape, t.dtype, _ref_ranges(mf, t, name), tied_to=tied,
+        out.append(SourceTensor(name, shape, t.dtype, ref_ranges(mf, t, name), tied_to=tied,
                                 frozen=frozen and not tied, note=MODULE_NOTE))
     if not out:
         raise ValueError(f"{mf.path.name} holds no module weights")
@@ -827,7 +830,7 @@ def universal_source(universal_dir: Path) -> Source:
         raise ValueError("pipeline-parallel universal checkpoints are not supported")
     model_names = sorted((n for n in names if MODEL_STATES_RE.match(n)),
                          key=lambda n: (0 if n.startswith("mp_rank_") else 1, int(MODEL_STATES_RE.match(n).group(1) or 0)))
-    mf = _File(universal_dir / model_names[0]) if model_names else None
+    mf = StatesFile(universal_dir / model_names[0]) if model_names else None
     m0 = mf.obj if mf is not None and isinstance(mf.obj, dict) else {}
     if mf is not None:
         _check_model_states(m0, mf.path.name)
@@ -849,12 +852,12 @@ def universal_source(universal_dir: Path) -> Source:
     buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
     for name, t in module.items():
         if name in buffer_names and isinstance(t, TensorRef):
-            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, _ref_ranges(mf, t, name))
+            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(mf, t, name))
     missing = [n for n in shapes if n not in params]
     if missing:
         notes.append(f"{len(missing)} param(s) of param_shapes have no zero/<name>/fp32.pt (e.g. {missing[0]})")
     for name in order:
-        f = _File(zdir / name / "fp32.pt")
+        f = StatesFile(zdir / name / "fp32.pt")
         obj = f.obj
         if isinstance(obj, dict) and isinstance(obj.get("param"), TensorRef):
             t = obj["param"]
@@ -868,7 +871,7 @@ def universal_source(universal_dir: Path) -> Source:
             if math.prod(want) != t.numel or not t.contiguous:
                 raise ValueError(f"zero/{name}/fp32.pt holds {t.numel} elements, param_shapes says {want}")
             shape = want  # ZeRO-3 universal stores the param flat
-        ranges = _ref_ranges(f, t, name)
+        ranges = ref_ranges(f, t, name)
         out[name] = SourceTensor(name, shape, t.dtype, ranges)
     shared = m0.get("shared_params") if isinstance(m0.get("shared_params"), dict) else {}
     for alias, target in shared.items():
@@ -876,4 +879,4 @@ def universal_source(universal_dir: Path) -> Source:
         if target in out and alias not in params:
             t = out[target]
             out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target)
-    return Source("universal", universal_dir, list(out.values()), train_dtype=_train_dtype(m0), notes=notes)
+    return Source("universal", universal_dir, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes)

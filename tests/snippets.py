@@ -35,6 +35,10 @@ MODELS: dict[str, tuple[str, str | None]] = {
     **{f: ("tinylm", None) for f in TINYLM},
     **{f: ("llama", None) for f in LLAMA},
     "ds-zero2-tied": ("tinylm-tied", None),
+    # DeepSpeed beyond ZeRO-1/2/3 (samples/ds_beyond.py); the pipeline's layers as one nn.Sequential: the
+    # names a PipelineModule gives them (<layer index>.<parameter>)
+    **{f: ("tinylm", None) for f in ("ds-zero0-bf16", "ds-zero0-fp32", "ds-bf16-optimizer")},
+    "ds-pipeline": ("tinylm-pipeline", None),
     "hf-ds-zero2-tied-frozen": ("llama-tied", None),
     "megatron-legacy": ("tinylm", "language_model"),  # torch.save({"model": {"language_model": sd}})
     "megatron-dist": ("tensors", None),  # raw tensors saved with DCP: no module class wrote them
@@ -58,6 +62,9 @@ def build(arch, out):
         m = nn.Module()
         m.model, m.head = TinyLM(), nn.Linear(64, 8)
         return m
+    if arch == "tinylm-pipeline":  # samples/ds_beyond.py's PipelineModule layers, in one module
+        from ckpt_tui.samples._common import Block
+        return nn.Sequential(nn.Embedding(256, 64), Block(64), Block(64), nn.LayerNorm(64), nn.Linear(64, 256, bias=False))
     if arch in ("llama", "llama-tied"):
         from transformers import LlamaConfig, LlamaForCausalLM
         from ckpt_tui.samples._common import TINY_LLAMA

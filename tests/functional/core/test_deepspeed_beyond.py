@@ -9,6 +9,7 @@ state (dumped by the generator to ``<variant>/oracle/``, outside the checkpoint)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,3 +167,25 @@ def test_universal_conversion_is_refused_with_the_reason(real_ckpt, tmp_path):
                          ("ds-pipeline", "pipeline")):
         with pytest.raises(UniversalError, match=why):
             universal_plan(real_ckpt(variant) / "checkpoint", tmp_path / variant)
+
+
+def test_printed_load_code_loads_each_export(real_ckpt, tmp_path):
+    """`ckpt-tui export` from the folder holding the checkpoint, its "Load it with" code run as printed: every
+    tensor loads into the model (the pipeline's: its layers in one nn.Sequential, whose names they are)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.snippets import run_load_snippets, snippet_after
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(root), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    cases = []
+    for variant in IDS:
+        shutil.copytree(real_ckpt(variant) / "checkpoint", tmp_path / variant)
+        r = subprocess.run(["ckpt-tui", "export", variant, "--out", f"{variant}-out"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        cases.append((snippet_after(r.stdout), tmp_path, variant))
+    run_load_snippets(cases)

@@ -191,9 +191,16 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
     if f.get("missing_files"):
         miss = f["missing_files"]
         ws = f.get("world_size")
-        msg = (f"`{inv.shown(p, slash=True)}` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) are "
-               f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
-               "weights and optimizer state cannot be rebuilt without every rank.")
+        if f.get("ds_layout") == "pipeline":
+            shape = (f" of {f['pipeline_stages']} stages ({f.get('dp_world_size') or '?'} data-parallel rank(s) each)"
+                     if f.get("pipeline_stages") else "")
+            msg = (f"`{inv.shown(p, slash=True)}` is a pipeline{shape} but {len(miss)} of its file(s) are "
+                   f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the model and "
+                   "optimizer state cannot be rebuilt without every stage's and every layer's file.")
+        else:
+            msg = (f"`{inv.shown(p, slash=True)}` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) "
+                   f"are missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
+                   "weights and optimizer state cannot be rebuilt without every rank.")
         command = None
         ms = n.child("mp_rank_00_model_states.pt")
         if (stage in (1, 2) and ms is not None and "error" not in ms.facts

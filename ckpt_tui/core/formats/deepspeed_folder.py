@@ -82,7 +82,8 @@ def _pipeline_layers(node: Node, tf: dsfmt.TagFacts, ms_name: Optional[str]) -> 
     are named (a layer of functions writes no file, so a gap alone is no proof)."""
     layers = tf.layers
     stages = []
-    for m in range(max((k[1] for k in tf.model_files), default=-1) + 1):
+    stages_n = tf.facts.get("mp_world_size") or max((k[1] for k in tf.model_files), default=-1) + 1
+    for m in range(stages_n):
         name = tf.model_files.get((-1, m))
         c = node.child(name) if name else None
         if c is None or "error" in c.facts:
@@ -180,7 +181,10 @@ class DeepSpeedTag(FolderFormat):
                         for r in range(ws) for m in range(mp) if (r, m) not in tf.model_files]
         elif ws or inline:
             missing += [f"mp_rank_{m:02d}_model_states.pt" for m in range(mp) if (-1, m) not in tf.model_files]
-        if tf.layer_files:
+        if tf.layer_files:  # a stage's file below the highest one present (mp_rank_00 read: mp_world_size says)
+            top = max((k[1] for k in tf.model_files), default=-1)
+            missing += [n for n in (f"mp_rank_{m:02d}_model_states.pt" for m in range(top + 1)
+                                    if (-1, m) not in tf.model_files) if n not in missing]
             missing += _pipeline_layers(node, tf, ms_name)
         if missing:
             f["missing_files"] = missing

@@ -124,8 +124,8 @@ def test_zero_to_fp32_rejects_them(real_ckpt):
             get_fp32_state_dict_from_zero_checkpoint(str(real_ckpt(variant) / "checkpoint"))
 
 
-@pytest.mark.parametrize("gone", ["mp_rank_01_model_states.pt", "layer_02-model_states.pt",
-                                  "layer_04-model_states.pt"])
+@pytest.mark.parametrize("gone", ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+                                  "layer_02-model_states.pt", "layer_04-model_states.pt"])
 def test_a_missing_pipeline_file_is_reported(real_ckpt_copy, gone):
     copy = real_ckpt_copy("ds-pipeline") / "checkpoint"
     (copy / "global_step2" / gone).unlink()
@@ -133,7 +133,9 @@ def test_a_missing_pipeline_file_is_reported(real_ckpt_copy, gone):
     miss = [x for x in rep.findings if x.code == "shard-missing"]
     assert len(miss) == 1 and miss[0].severity == "error"
     want = gone if gone != "layer_04-model_states.pt" else "layer_04-model_states.pt (or later"
+    assert want in miss[0].message and "pipeline of" in miss[0].message or gone == "mp_rank_00_model_states.pt"
     assert want in miss[0].message, miss[0].message
+    assert miss[0].message.count("model_states.pt") == 1  # only the file that is gone
     with pytest.raises(Exception):
         export(copy, copy.parent / "out")
 

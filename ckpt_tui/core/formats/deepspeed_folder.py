@@ -210,6 +210,14 @@ class DeepSpeedTag(FolderFormat):
         if tf.layer_files:
             f["pipeline"] = True
             f["layer_files"] = len(tf.layer_files)
+        # what each states file holds: stage 0's mp_rank_00 the module and the optimizer; a pipeline's
+        # mp_rank_XX the stage's optimizer (its weights are in the layer files)
+        for (dp, m), name in tf.model_files.items():
+            c = node.child(name)
+            if f["ds_layout"] == "zero-0" and dp == -1:
+                c.role = "model+optimizer"
+            elif f["ds_layout"] == "pipeline" and dp == -1 and not tf.module_tensors:
+                c.role = "optimizer"
         if f.get("optimizer_kind") in dsfmt.OPTIMIZER_CLASS:
             f["optimizer_class"] = dsfmt.OPTIMIZER_CLASS[f["optimizer_kind"]]
         parsed.put(node, tf)

@@ -70,7 +70,8 @@ def _reference(node, strip_prefix: Optional[str]):
 
 def reference_name(node) -> str:
     fmt = format_of(node)
-    return (fmt.reference if fmt is not None else None) or node.format
+    of = getattr(fmt, "reference_of", None)  # a format whose reference depends on the node (DeepSpeed tags)
+    return (of(node) if of is not None else fmt.reference if fmt is not None else None) or node.format
 
 
 def _prefix(node, names: list[str], outs, strip_prefix, keep_prefix) -> tuple[Optional[str], str]:

@@ -238,6 +238,13 @@ class DeepSpeedTag(FolderFormat):
             raise NotExportable(str(e)) from None
         return strip_names(src, strip_prefix)
 
+    def reference_of(self, node: Node) -> str:
+        """The reference loader verify names: zero_to_fp32 rejects stage 0, BF16_Optimizer and pipeline tags."""
+        return {"zero-0": "torch.load (mp_rank_00_model_states.pt: module, FP16_UnfusedOptimizer fp32_groups)",
+                "pipeline": "torch.load (layer_XX-model_states.pt)",
+                "bf16-optimizer": "DeepSpeed zero_to_fp32's ZeRO-1/2 reconstruction (its zero_stage check skipped)",
+                }.get(node.facts.get("ds_layout"), self.reference)
+
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
         import contextlib
         import io
@@ -246,9 +253,49 @@ class DeepSpeedTag(FolderFormat):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+        layout = node.facts.get("ds_layout")
+        if layout in ("zero-0", "pipeline", "bf16-optimizer"):  # zero_to_fp32 rejects these
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield from _beyond_reference(node.abspath, layout)
+            return
         with contextlib.redirect_stdout(io.StringIO()):  # it prints progress on stdout, our contract's channel
             sd = get_fp32_state_dict_from_zero_checkpoint(str(node.abspath.parent), tag=node.abspath.name)
         yield from sd.items()
+
+
+def _beyond_reference(tag_dir, layout: str):
+    """The fp32 model of a tag zero_to_fp32 rejects, read with torch.load: BF16_Optimizer through
+    zero_to_fp32's own ZeRO-1/2 reconstruction (only its zero_stage check skipped); stage 0 the module,
+    each parameter replaced by FP16_UnfusedOptimizer's fp32 master of the same place; a pipeline's layer
+    files, keys prefixed with their layer index."""
+    import torch
+    from deepspeed.utils import zero_to_fp32 as z
+
+    if layout == "bf16-optimizer":
+        model_states = z.parse_model_states(z.get_model_state_files(str(tag_dir)))
+        optim = [torch.load(f, map_location="cpu", weights_only=False) for f in z.get_optim_files(str(tag_dir))]
+        groups = [o["optimizer_state_dict"]["single_partition_of_fp32_groups"] for o in optim]
+        yield from z._get_fp32_state_dict_from_zero2_checkpoint(len(groups), groups, model_states, False, None).items()
+        return
+    if layout == "pipeline":
+        for f in sorted(tag_dir.glob("layer_*-model_states.pt"), key=lambda p: int(dsfmt.LAYER_INDEX_RE.match(p.name).group(1))):
+            for k, t in torch.load(f, map_location="cpu", weights_only=False).items():
+                yield dsfmt.layer_name(f.name, k), t
+        return
+    sd = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    module, opt = sd["module"], sd.get("optimizer") or {}
+    buffers = set(sd.get("buffer_names") or [])
+    masters = [t for g in opt.get("fp32_groups") or [] for t in g]
+    seen: set = set()
+    params = []
+    for k, t in module.items():  # named_parameters() order: no buffers, a tied view once
+        view = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if k not in buffers and view not in seen:
+            seen.add(view)
+            params.append(k)
+    by_name = dict(zip(params, masters)) if len(masters) == len(params) else {}
+    for k, t in module.items():
+        yield k, by_name.get(k, t)
 
 
 def zip_check(c: Node) -> None:

@@ -91,6 +91,13 @@ def test_model_export_is_the_engines_fp32_masters(real_ckpt, tmp_path, variant):
     assert_bit_exact(got, want)
     if variant == "ds-pipeline":  # PipelineModule's own names: <layer index>.<parameter>
         assert "0.weight" in got and "2.fc1.weight" in got and "4.weight" in got
+    # `ckpt-tui verify` against the source: zero_to_fp32 rejects these, so its reference is torch.load of the
+    # files (BF16_Optimizer: zero_to_fp32's own ZeRO-1/2 reconstruction, past its zero_stage check)
+    from ckpt_tui.core.verify import verify
+
+    v = verify(tmp_path / "out", real_ckpt(variant) / "checkpoint")
+    assert v.ok and v.compared == len(want) and not v.mismatches and not v.missing_in_output, v
+    assert "zero_to_fp32" not in v.reference or variant == "ds-bf16-optimizer"
 
 
 @pytest.mark.parametrize("variant", IDS)

@@ -610,9 +610,16 @@ def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
                          " (tensor or pipeline parallelism?)")
     mf = StatesFile(tag_dir / ms[0])
     m0 = _check_model_states(mf.obj, mf.path.name)
+    kind = inline_optimizer(m0)
+    cfg = m0.get("ds_config")
+    zo = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
+    stage = stage_value(zo.get("stage")) if isinstance(zo, dict) else None
+    if kind is None and stage in (1, 2, 3):
+        raise ValueError(f"no *_optim_states.pt in {tag_dir}: the fp32 master weights of this ZeRO-{stage} "
+                         "checkpoint live there (saved without optimizer states?)")
     if not isinstance(m0.get("module"), dict) or not m0["module"]:
         raise ValueError(f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters?)")
-    return mf, m0, inline_optimizer(m0)
+    return mf, m0, kind
 
 
 def stage0_masters(m0: dict, name: str) -> list[tuple[str, TensorRef]]:

@@ -200,3 +200,18 @@ def test_printed_load_code_loads_each_export(real_ckpt, tmp_path):
         assert r.returncode == 0, r.stderr
         cases.append((snippet_after(r.stdout), tmp_path, variant))
     run_load_snippets(cases)
+
+
+def test_a_zero2_tag_without_its_optim_files_is_not_taken_for_stage_0(real_ckpt_copy):
+    """Stage 0 is recognised by what DeepSpeed saved (the optimizer inside the model states, ds_config stage 0),
+    never by the absence of *_optim_states.pt: a ZeRO-2 tag that lost them still reports them missing."""
+    from ckpt_tui.core.export.deepspeed_source import tag_source
+
+    tag = real_ckpt_copy("ds-zero2-bf16") / "global_step2"
+    for f in tag.glob("*_optim_states.pt"):
+        f.unlink()
+    with pytest.raises(ValueError, match="no \\*_optim_states.pt"):
+        tag_source(tag)
+    rep = inspect(tag.parent)
+    miss = [x for x in rep.findings if x.code == "shard-missing"]
+    assert miss and "optim_states.pt" in miss[0].message and "ZeRO-2" in rep.inventory.summary

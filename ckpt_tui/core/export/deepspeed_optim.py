@@ -87,7 +87,7 @@ def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
     raise ValueError(f"{what}: unreadable step {type(v).__name__}")
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     if isinstance(v, Stub):
         v = v.value
     if v is None or isinstance(v, (bool, int, str)):
@@ -95,13 +95,16 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else str(v)
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, TensorRef):
         return f"<tensor {v.dtype} {list(v.shape)}>"
     return repr(v)
 
+
+
+_jsonable = jsonable  # its earlier name (dcp_optim, torch_optim import it)
 
 def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     """The optimizer state of ZeRO tag ``tag_dir``: the source (``p.exp_avg``, ``p.exp_avg_sq``,
@@ -171,7 +174,7 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         idx = [i for i in (pg.get("params") or []) if isinstance(i, int) and 0 <= i < n_groups]
         if not idx and len(pgs) == n_groups:
             idx = [gi]
-        hyper = {str(k): _jsonable(v) for k, v in pg.items() if k != "params"}
+        hyper = {str(k): jsonable(v) for k, v in pg.items() if k != "params"}
         group_steps = {steps[i] for i in idx}
         groups.append(hyper | {"step": group_steps.pop() if len(group_steps) == 1 else None,
                                "params": [n for i in idx for n in shapes[i]]})
@@ -183,7 +186,7 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         "source": "deepspeed",
         "zero_stage": stage,
         "dp_world_size": world,
-        "optimizer": _jsonable(cfg_ds.get("optimizer")) if cfg_ds.get("optimizer") is not None else None,
+        "optimizer": jsonable(cfg_ds.get("optimizer")) if cfg_ds.get("optimizer") is not None else None,
         "step": distinct.pop() if len(distinct) == 1 else None,
         "states": list(per_state),
         "param_groups": groups,
@@ -283,7 +286,7 @@ def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, 
     for pg in pgs:
         idx = [i for i in (pg.get("params") or []) if i in pos]
         gs = {steps.get(i) for i in idx}
-        hyper = {str(k): _jsonable(v) for k, v in pg.items() if k != "params"}
+        hyper = {str(k): jsonable(v) for k, v in pg.items() if k != "params"}
         groups.append(hyper | {"step": gs.pop() if len(gs) == 1 else None, "params": [names[pos[i]] for i in idx]})
     return out, groups, set(steps.values()), kind
 
@@ -335,7 +338,7 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         "source": "deepspeed",
         "zero_stage": 0,
         "dp_world_size": m0.get("dp_world_size"),
-        "optimizer": _jsonable(cfg_ds.get("optimizer")) if cfg_ds.get("optimizer") is not None else None,
+        "optimizer": jsonable(cfg_ds.get("optimizer")) if cfg_ds.get("optimizer") is not None else None,
         "step": steps.pop() if len(steps) == 1 else None,
         "states": states,
         "param_groups": groups,

@@ -122,6 +122,10 @@ def test_optimizer_export_is_the_engines_state(real_ckpt, tmp_path, variant):
     assert cfg["step"] == step  # FP16_UnfusedOptimizer counts one more: it steps once with zero grads at start
     names = sorted(n for g in cfg["param_groups"] for n in g["params"])
     assert names == sorted({k.rsplit(".", 1)[0] for k in got})
+    from ckpt_tui.core.verify import verify
+
+    v = verify(out, real_ckpt(variant) / "checkpoint")
+    assert v.ok and v.compared == len(want) and not v.problems, v
 
 
 def test_zero_to_fp32_rejects_them(real_ckpt):

@@ -62,7 +62,7 @@ def _strategies():
     return CpuDeepSpeedStrategy, CpuFSDPStrategy
 
 
-def _module_cls():
+def module_cls():
     import lightning as L
 
     class LitLM(L.LightningModule):
@@ -119,7 +119,7 @@ def run_variant(out: Path, kind: str, stage: int) -> None:
         enable_model_summary=False,
         callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=str(out / "checkpoints"))],
     )
-    trainer.fit(_module_cls()(), torch.utils.data.DataLoader(_Data(), batch_size=2))
+    trainer.fit(module_cls()(), torch.utils.data.DataLoader(_Data(), batch_size=2))
     del trainer
     gc.collect()
 

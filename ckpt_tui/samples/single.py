@@ -136,13 +136,13 @@ def v_lightning_file_optim(out: Path) -> None:
     """A single-file Lightning .ckpt (the real Trainer on CPU, AdamW): `state_dict` + `optimizer_states`."""
     import lightning as L
 
-    from ckpt_tui.samples.lightning_ckpt import _module_cls
+    from ckpt_tui.samples.lightning_ckpt import module_cls
 
     seed_all()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(out))
     data = torch.utils.data.DataLoader([batch(i, 0, bs=1)[0] for i in range(4)], batch_size=2)
-    trainer.fit(_module_cls()(), data)
+    trainer.fit(module_cls()(), data)
     trainer.save_checkpoint(out / "last.ckpt")
 
 

@@ -22,7 +22,7 @@ from ..formats import dcp as dcpfmt
 from ..formats.pickles import Record, Stub, safe_loads
 from ..formats.torchfile import FileWindow
 from ..names import OPTIMIZER_KEYS
-from .deepspeed_optim import CONFIG_FILE, STATES, _jsonable
+from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
 from .sources import Source, SourceTensor, read_bytes
 
 KIND = "dcp-optimizer"
@@ -191,7 +191,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
 
     param_groups = []
     for gi in sorted(groups):
-        hyper = {h: _jsonable(objects.get(k)) for h, k in groups[gi].items() if h != "params"}
+        hyper = {h: jsonable(objects.get(k)) for h, k in groups[gi].items() if h != "params"}
         params = objects.get(groups[gi].get("params", ""), [])
         params = [str(p) for p in params] if isinstance(params, (list, tuple)) else []
         gsteps = {step_values.get(p) for p in params if p in step_values}
@@ -201,7 +201,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
 
         by_hyper: dict[str, dict] = {}
         for fqn, hyper_keys in per_param.items():
-            hyper = {h: _jsonable(objects.get(k)) for h, k in hyper_keys.items()}
+            hyper = {h: jsonable(objects.get(k)) for h, k in hyper_keys.items()}
             g = by_hyper.setdefault(json.dumps(hyper, sort_keys=True), hyper | {"step": None, "params": []})
             g["params"].append(fqn)
         for g in by_hyper.values():

@@ -104,7 +104,6 @@ def jsonable(v: Any) -> Any:
 
 
 
-_jsonable = jsonable  # its earlier name (dcp_optim, torch_optim import it)
 
 def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     """The optimizer state of ZeRO tag ``tag_dir``: the source (``p.exp_avg``, ``p.exp_avg_sq``,

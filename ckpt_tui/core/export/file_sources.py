@@ -50,7 +50,7 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
             rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
             tensors.append(SourceTensor(out, t.shape, t.dtype, ranges=rng, tied_to=tied, listed_as=listed))
         else:
-            tensors.append(SourceTensor(out, t.shape, t.dtype, load=_strided_loader(path, t, offsets), tied_to=tied,
+            tensors.append(SourceTensor(out, t.shape, t.dtype, load=strided_loader(path, t, offsets), tied_to=tied,
                                         note="non-contiguous view, copied element-wise", listed_as=listed))
     if not tensors:
         raise FormatError(f"{path.name} holds no tensors")
@@ -60,7 +60,7 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
     return src
 
 
-def _strided_loader(path: Path, t: TensorRef, offsets):
+def strided_loader(path: Path, t: TensorRef, offsets):
     def load():
         import torch
 

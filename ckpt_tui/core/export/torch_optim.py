@@ -23,7 +23,7 @@ from typing import Any, Optional
 from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
 from ..formats.pickles import Stub, TensorRef
-from .deepspeed_optim import CONFIG_FILE, STATES, _jsonable
+from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
 from .sources import ByteRange, Source, SourceTensor
 
 KIND = "torch-file-optimizer"
@@ -97,7 +97,7 @@ def align(opt_shapes: list[Optional[tuple]], model: list[tuple[str, tuple]]) -> 
 
 
 def _tensor(path: Path, t: TensorRef, offsets, name: str) -> SourceTensor:
-    from .file_sources import _strided_loader
+    from .file_sources import strided_loader
 
     if t.storage is None:
         raise FormatError(f"{name} is not a plain tensor")
@@ -110,7 +110,7 @@ def _tensor(path: Path, t: TensorRef, offsets, name: str) -> SourceTensor:
             raise FormatError(f"{name} runs past its storage: the file is corrupt", "corrupt")
         rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
         return SourceTensor(name, t.shape, t.dtype, ranges=rng)
-    return SourceTensor(name, t.shape, t.dtype, load=_strided_loader(path, t, offsets),
+    return SourceTensor(name, t.shape, t.dtype, load=strided_loader(path, t, offsets),
                         note="non-contiguous view, copied element-wise")
 
 
@@ -209,7 +209,7 @@ def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]],
         raise FormatError(f"the optimizer state in {path.name} holds no tensors (never stepped?)")
     param_groups = []
     for g, params in zip(groups, gparams):
-        hyper = {str(k): _jsonable(v) for k, v in g.items() if k != "params"}
+        hyper = {str(k): jsonable(v) for k, v in g.items() if k != "params"}
         gsteps = {steps[p] for p in params if p in steps}
         param_groups.append(hyper | {"step": gsteps.pop() if len(gsteps) == 1 else None, "params": params})
     distinct = {v for v in steps.values() if v is not None}

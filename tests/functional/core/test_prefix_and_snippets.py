@@ -155,9 +155,9 @@ import lightning as L
 import torch
 from torch import nn
 from ckpt_tui.samples._common import batch, seed_all
-from ckpt_tui.samples.lightning_ckpt import _module_cls
+from ckpt_tui.samples.lightning_ckpt import module_cls
 
-One = _module_cls()  # the LightningModule the lightning fixtures train: self.model = TinyLM()
+One = module_cls()  # the LightningModule the lightning fixtures train: self.model = TinyLM()
 
 class Two(One):
     def __init__(self):

@@ -58,7 +58,7 @@ strategy = ds_cls(config={"steps_per_print": 10**9,
 trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", "1")), strategy=strategy,
                     precision="bf16-mixed", max_epochs=2, limit_train_batches=lc.STEPS, default_root_dir=sys.argv[2],
                     logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-trainer.fit(lc._module_cls()(), torch.utils.data.DataLoader(lc._Data(), batch_size=2), ckpt_path=sys.argv[1])
+trainer.fit(lc.module_cls()(), torch.utils.data.DataLoader(lc._Data(), batch_size=2), ckpt_path=sys.argv[1])
 if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleave
     sys.stdout.flush()
     os.write(1, ("RESULT " + json.dumps({"global_step": trainer.global_step,
@@ -121,7 +121,7 @@ from ckpt_tui.samples import lightning_ckpt as lc
 init_dist(deepspeed=True)
 seed_all()
 ds_cls, _ = lc._strategies()
-base = lc._module_cls()
+base = lc.module_cls()
 
 class WithInfo(base):
     def on_fit_start(self):   # the README's one line

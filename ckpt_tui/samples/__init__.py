@@ -48,6 +48,7 @@ GROUPS: dict[str, Group] = {
         derived={"universal": "ds-zero3-bf16", "universal-zero2": "ds-zero2-bf16"},
     ),
     "ds_engine_3ranks": Group("ds_engine", 3, ("ds-zero2-3ranks", "ds-zero3-3ranks")),
+    "ds_resume": Group("ds_resume", 2, ("ds-resume-zero2", "ds-resume-zero3")),
     "hf_trainer": Group(
         "hf_trainer", 2, ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2")
     ),
@@ -116,6 +117,8 @@ EXPECTED: dict[str, list[str]] = {
     "ds-zero3-frozen": _ds("global_step2", 2, True),
     "ds-zero2-3ranks": _ds("global_step2", 3, False),
     "ds-zero3-3ranks": _ds("global_step2", 3, True),
+    "ds-resume-zero2": [f"checkpoint/{f}" for f in _ds("global_step2", 2, False, bf16=False)] + ["reference.pt"],
+    "ds-resume-zero3": [f"checkpoint/{f}" for f in _ds("global_step2", 2, True, bf16=False)] + ["reference.pt"],
     "universal": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
                   "global_step2_universal/zero/lm_head.weight/fp32.pt",
                   "global_step2_universal/zero/lm_head.weight/exp_avg.pt",

@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -143,12 +145,23 @@ def _save(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> tuple[int, i
 
     writer = BoundedWriter(str(folder), single_file_per_rank=True, sync_files=True, thread_count=1)
     try:
-        dcp.save(state, storage_writer=writer, planner=LazyPlanner(), no_dist=True)
-    except Exception as e:  # noqa: BLE001 - dcp wraps what the planner raised in a CheckpointException
+        with _quiet():
+            dcp.save(state, storage_writer=writer, planner=LazyPlanner(), no_dist=True)
+    except (KeyboardInterrupt, SystemExit, Cancelled):
+        raise
+    except BaseException as e:  # dcp wraps what the planner raised in a CheckpointException (a BaseException)
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled") from None
         raise TorchDcpError(f"torch.distributed.checkpoint could not write the output: {e}") from None
     return done[0], done[1]
+
+
+@contextmanager
+def _quiet():
+    """No "assuming the intent is to save in a single process" warning: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        yield
 
 
 def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
@@ -181,7 +194,8 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
             for k in path[:-1]:
                 d = d.setdefault(k, {})
             d[path[-1]] = torch.empty(s.shape, dtype=getattr(torch, s.dtype))
-        dcp.load(want, storage_reader=reader, no_dist=True)
+        with _quiet():
+            dcp.load(want, storage_reader=reader, no_dist=True)
         for path, s in batch:
             got = want
             for k in path:
@@ -194,7 +208,8 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
     back: dict = {"optimizer": {"state": {fqn: {"step": torch.tensor(0.0)} for fqn in plan.steps},
                                 "param_groups": [{k: None for k in g} for g in plan.param_groups]},
                   "step": -1}
-    dcp.load(back, storage_reader=reader, no_dist=True)
+    with _quiet():
+        dcp.load(back, storage_reader=reader, no_dist=True)
     for fqn, st in plan.steps.items():
         if float(back["optimizer"]["state"][fqn]["step"]) != float(st):
             raise TorchDcpError(f"verification failed: the step of {fqn} reads back as "

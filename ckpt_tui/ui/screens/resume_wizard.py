@@ -12,7 +12,8 @@ from textual.containers import Vertical
 from textual.widgets import Input, Static
 
 from ...core.facts import DeepSpeedZeroFacts
-from .wizards import PlannedWizard, _abs, _typed
+from ...core.types import user_path
+from .wizards import PlannedWizard
 
 
 class ResumeWizard(PlannedWizard):
@@ -45,7 +46,7 @@ class ResumeWizard(PlannedWizard):
                "At the end it shows the code that loads it.")
         from ...core.convert.torch_dcp import default_out
 
-        out = default_out(_abs(self.report, self.tag_path))
+        out = default_out(node.abspath if node is not None else self.report.inventory.root.abspath)
         with Vertical(id="why", classes="pane"):
             yield Static(why, classes="explain")
         with Vertical(id="output", classes="pane"):
@@ -59,5 +60,6 @@ class ResumeWizard(PlannedWizard):
     def build_plan(self, out):
         from ...core.convert.torch_dcp import torch_dcp_plan
 
-        plan = torch_dcp_plan(_typed(self.report, self.tag_path), Path(out).expanduser())
+        inv = self.report.inventory  # the tag as the user would type it: what the plan and the code then name
+        plan = torch_dcp_plan(user_path(inv.given or str(inv.root.abspath), self.tag_path), Path(out).expanduser())
         return plan, plan.to_plan().describe()

@@ -250,7 +250,7 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     try:
         preflight_output(out, need=2 * estimated, source=tag_dir.parent)
     except OutputError as e:
-        raise TorchDcpError(_refusal(e, out, tag_dir)) from None
+        raise TorchDcpError(output_refusal(e, out, tag_dir)) from None
     del params
     return TorchDcpPlan(src=src, tag_dir=tag_dir, out=out, stage=zt.stage, world_size=zt.world,
                         global_step=ms.get("global_steps") if isinstance(ms.get("global_steps"), int) else None,
@@ -260,7 +260,7 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
                         said=said, given=os.fspath(src))
 
 
-def _refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
+def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
     if e.kind == "inside-source":
         return f"the output {out} is inside the checkpoint {tag_dir.parent}; the source is never modified: choose --out elsewhere"
     if e.kind in ("not-a-folder", "not-empty"):

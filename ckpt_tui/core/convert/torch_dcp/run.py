@@ -25,7 +25,7 @@ from ...fsutil import OutputError, changed, check_output_folder, fsync_dir, fsyn
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
 from .instructions import instructions
-from .plan import NOTE_FILE, TMP_PREFIX, TorchDcpError, TorchDcpPlan, _refusal
+from .plan import NOTE_FILE, TMP_PREFIX, TorchDcpError, TorchDcpPlan, output_refusal
 
 FILE_BYTES = 256 << 20  # tensors per .distcp file: the memory bound of the write
 
@@ -241,7 +241,7 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
     try:
         check_output_folder(out)
     except OutputError as e:
-        raise TorchDcpError(_refusal(e, out, plan.tag_dir)) from None
+        raise TorchDcpError(output_refusal(e, out, plan.tag_dir)) from None
     sources = sorted({r.path for t in plan.model for r in (t.ranges or ())}
                      | {r.path for o in plan.optim for r in (o.source.ranges or ())})
     before = snapshot(sources)

@@ -57,6 +57,40 @@ dist.destroy_process_group()
 '''
 
 
+# frozen and tied runs (bf16, Adam with torch_adam): load under FSDP2 at 2 ranks, write what was loaded
+LOAD = r'''
+import sys
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from ckpt_tui.samples._common import TinyLM
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(99)
+model = TinyLM(tied=sys.argv[2] == "tied")
+if sys.argv[2] == "frozen":
+    model.embed_tokens.weight.requires_grad_(False)
+mesh = init_device_mesh("cpu", (world,))
+for layer in model.layers:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+scope = {"model": model}
+exec(compile(open(sys.argv[1]).read(), sys.argv[1], "exec"), scope)
+optimizer = scope["optimizer"]
+full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t
+params = {k: full(p).detach().clone() for k, p in model.named_parameters()}
+state = {k: {s: full(v).clone() for s, v in optimizer.state.get(p, {}).items()} for k, p in model.named_parameters()}
+if rank == 0:
+    torch.save({"params": params, "buffers": dict(model.named_buffers()), "state": state, "step": scope["step"]},
+               sys.argv[3])
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
 def cli(*args, cwd) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
     return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], cwd=cwd, env=env, capture_output=True,
@@ -97,6 +131,34 @@ def test_deepspeed_run_resumes_under_fsdp2_at_1_and_3_ranks(fixture, real_ckpt, 
         assert sorted(got) == sorted(ref["params"])
         for k in ref["params"]:
             torch.testing.assert_close(got[k], ref["params"][k], atol=1e-6, rtol=0, msg=f"{k} at world {world}")
+
+
+@pytest.mark.parametrize("fixture,kind", [("ds-zero3-frozen", "frozen"), ("ds-zero2-tied", "tied")])
+def test_frozen_and_tied_bf16_runs_load_under_fsdp2_bit_exact(fixture, kind, real_ckpt, tmp_path):
+    """A bf16 run's fp32 masters become the parameters; a frozen parameter has its weight and no state;
+    tied weights load once; each exp_avg/exp_avg_sq and step is the source's, bit-exact, after resharding."""
+    from ckpt_tui.core.export.deepspeed_optim import deepspeed_optimizer_source
+
+    tag = real_ckpt(fixture) / "global_step2"
+    r = cli("convert", real_ckpt(fixture), "--to", "torch-dcp", "--out", tmp_path / "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "fp32 masters are carried" in r.stdout
+    (tmp_path / "load.py").write_text(printed_code(r.stdout))
+    (tmp_path / "load_fsdp2.py").write_text(LOAD)
+    torchrun(tmp_path / "load_fsdp2.py", "load.py", kind, "got.pt", nproc=2, cwd=tmp_path)
+    got = torch.load(tmp_path / "got.pt", weights_only=True)
+    src = {t.name: to_torch(t) for t in deepspeed_source(tag).tensors}
+    opt = {t.name: to_torch(t) for t in deepspeed_optimizer_source(tag)[0].tensors}
+    for k, v in got["params"].items():
+        assert v.dtype == torch.float32 and torch.equal(v, src[k]), k
+        st = got["state"][k]
+        if kind == "frozen" and k == "embed_tokens.weight":
+            assert st == {}
+            continue
+        assert torch.equal(st["exp_avg"], opt[f"{k}.exp_avg"]) and torch.equal(st["exp_avg_sq"], opt[f"{k}.exp_avg_sq"])
+        assert float(st["step"]) == 2.0
+    assert torch.equal(got["buffers"]["position_scale"], src["position_scale"])
+    assert ("lm_head.weight" in got["params"]) == (kind != "tied") and got["step"] == 2
 
 
 def test_output_is_get_state_dicts_form_and_inspects_as_combined_dcp(real_ckpt, tmp_path):

@@ -40,8 +40,9 @@ def instructions(plan) -> str:
              "then train on as usual (the optimizer's hyper-parameters are restored from the checkpoint)."]
     if plan.carried:
         lines += ["", f"Copied as they were into {sh(plan.out)}: " + ", ".join(f.name for f in plan.carried)
-                  + " (load scheduler.pt into the same LR scheduler built over `optimizer` with "
-                    "scheduler.load_state_dict(torch.load(...)))" * any(f.name == "scheduler.pt" for f in plan.carried)]
+                  + (" (scheduler.pt is the state of the run's torch LR scheduler: build the same scheduler over "
+                     "this optimizer and load it with its load_state_dict)"
+                     if any(f.name == "scheduler.pt" for f in plan.carried) else "")]
     if plan.not_carried:
         lines += ["", "Not carried over:"] + [f"  - {x}" for x in plan.not_carried]
     return "\n".join(lines)

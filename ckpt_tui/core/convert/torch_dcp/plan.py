@@ -242,7 +242,6 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     if choice.note:
         said.append(choice.note)
 
-    params = sum(t.numel for t in model if not t.tied_to)
     estimated = sum(t.source.nbytes for t in optim) + sum(t.nbytes for t in model if not t.tied_to)
     if out is None:
         out = default_out(tag_dir)
@@ -251,7 +250,6 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
         preflight_output(out, need=2 * estimated, source=tag_dir.parent)
     except OutputError as e:
         raise TorchDcpError(output_refusal(e, out, tag_dir)) from None
-    del params
     return TorchDcpPlan(src=src, tag_dir=tag_dir, out=out, stage=zt.stage, world_size=zt.world,
                         global_step=ms.get("global_steps") if isinstance(ms.get("global_steps"), int) else None,
                         framework=inv.framework, model=model, optim=optim, param_groups=groups, steps=steps,

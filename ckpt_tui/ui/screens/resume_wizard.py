@@ -50,7 +50,7 @@ class ResumeWizard(PlannedWizard):
         with Vertical(id="why", classes="pane"):
             yield Static(why, classes="explain")
         with Vertical(id="output", classes="pane"):
-            yield Static("The torch DCP folder (outside the DeepSpeed checkpoint):", classes="explain")
+            yield Static("The torch DCP folder (outside the run, beside it):", classes="explain")
             yield Input(value=self.report.inventory.user_form(out), id="out")
         yield from self.confirm_pane()
 

@@ -24,7 +24,7 @@ async def test_resume_wizard_converts_and_shows_the_load_code(real_ckpt, tmp_pat
             await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
         await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
         assert wiz.plan is not None, wiz.plan_error
-        out = tmp_path / "run" / "checkpoint-torch-dcp"
+        out = tmp_path / "run-checkpoint-torch-dcp"  # outside the run folder
         assert wiz.plan.out == out
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog)

@@ -97,10 +97,16 @@ class TorchDcpPlan(JsonFields):
 
 
 def default_out(tag_dir: Path) -> Path:
-    """Where the conversion goes unless told: ``<checkpoint folder>-torch-dcp`` beside the folder that
-    holds the tag (outside the checkpoint: it is a checkpoint of another framework)."""
+    """Where the conversion goes unless told: ``<run>-<checkpoint>-torch-dcp/`` beside the folder
+    that holds the checkpoint (``run/checkpoint-2/global_step2`` -> ``run-checkpoint-2-torch-dcp``):
+    outside the run, where a torch checkpoint among DeepSpeed ones would change how ckpt-tui (and
+    the user) reads the run folder."""
     ck = Path(tag_dir).parent
-    return ck.parent / f"{ck.name}-torch-dcp"
+    run = ck.parent
+    name = ck.name[:-len(".ckpt")] if ck.name.endswith(".ckpt") else ck.name
+    if run.parent == run:  # the checkpoint sits at the filesystem's root
+        return ck.parent / f"{name}-torch-dcp"
+    return run.parent / f"{run.name}-{name}-torch-dcp"
 
 
 def _optimizer_class(cfg: Optional[dict]) -> tuple[str, list[str]]:

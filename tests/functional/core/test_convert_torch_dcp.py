@@ -271,6 +271,9 @@ def test_cli_dry_run_writes_nothing_and_help_teaches(real_ckpt, tmp_path):
             cwd=tmp_path)
     doc = json.loads(r.stdout)
     assert doc["plan"]["zero_stage"] == 3 and doc["plan"]["optimizer_class"] == "AdamW"
+    r = cli("convert", run / "checkpoint", "--to", "torch-dcp", "--out", tmp_path / "o", "--tag", "global_step9",
+            "--dry-run", cwd=tmp_path)
+    assert r.returncode == 1 and "global_step9" in r.stderr and "Traceback" not in r.stderr, r.stderr
     h = cli("convert", "--help", cwd=tmp_path)
     assert h.returncode == 0 and "fully_shard" in h.stdout and "--to torch-dcp" in h.stdout
 

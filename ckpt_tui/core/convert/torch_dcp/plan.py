@@ -201,6 +201,9 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     cls, warnings = _optimizer_class(config.get("optimizer"))
     defaults = _torch_group_defaults(cls)
     groups, steps = [], {}
+    opt_cfg = config.get("optimizer") if isinstance(config.get("optimizer"), dict) else {}
+    ds_params = opt_cfg.get("params") if isinstance(opt_cfg.get("params"), dict) else {}
+    defaulted: list[str] = []
     for g in config["param_groups"]:
         step = g.get("step")
         if step is None:
@@ -208,12 +211,18 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
                                 "(saved before the first step?)")
         group = dict(defaults)
         for k in HYPER:
-            if k in g and k in group:
-                group[k] = tuple(g[k]) if k == "betas" else g[k]
+            v = g.get(k, ds_params.get(k))  # the saved param group's, else the DeepSpeed config's
+            if v is not None and k in group:
+                group[k] = tuple(v) if k == "betas" else v
+            elif k in ("lr", "betas", "eps", "weight_decay") and not defaulted.count(k):
+                defaulted.append(k)
         group["params"] = [fqn(n) for n in g["params"]]
         groups.append(group)
         for n in group["params"]:
             steps[n] = step
+    if defaulted:
+        warnings.append(f"neither the checkpoint nor its DeepSpeed config records {', '.join(defaulted)}: torch's "
+                        "defaults were written; pass the run's values to the optimizer and check them after loading")
     hyper = {k: groups[0][k] for k in ("lr", "betas", "eps", "weight_decay") if groups and k in groups[0]}
     if len(groups) > 1:
         warnings.append(f"the run had {len(groups)} param groups: build the optimizer with the same groups "

@@ -5,7 +5,7 @@
 (``--debug`` shows one).
 
 A module per command group (inspect.py: inspect/open/tensors; export.py: export/verify/diff/stats;
-universal.py; fix.py; demo.py; help.py), the options they share in options.py, what they print in
+universal.py; convert.py; fix.py; demo.py; help.py), the options they share in options.py, what they print in
 output.py. Importing this package imports neither torch, DeepSpeed, textual nor rich.
 """
 
@@ -18,6 +18,7 @@ import click
 
 from .. import __version__
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from .convert import convert_cmd
 from .demo import demo_cmd
 from .export import diff_cmd, export_cmd, stats_cmd, verify_cmd
 from .fix import fix_cmd
@@ -43,7 +44,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 @click.group(cls=_Group, context_settings=CONTEXT, invoke_without_command=True,
              subcommand_metavar="[PATH | COMMAND [ARGS]]",
              commands=[help_cmd, inspect_cmd, open_cmd, tensors_cmd, demo_cmd, export_cmd, verify_cmd, diff_cmd,
-                       stats_cmd, universal_cmd, fix_cmd])
+                       stats_cmd, universal_cmd, convert_cmd, fix_cmd])
 @click.version_option(__version__, "--version", "-V", prog_name="ckpt-tui")
 @click.option("--debug", is_flag=True, help="Show a traceback when something fails (for bug reports).")
 @click.pass_context

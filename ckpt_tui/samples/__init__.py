@@ -49,6 +49,7 @@ GROUPS: dict[str, Group] = {
     ),
     "ds_engine_3ranks": Group("ds_engine", 3, ("ds-zero2-3ranks", "ds-zero3-3ranks")),
     "ds_beyond": Group("ds_beyond", 2, ("ds-zero0-bf16", "ds-zero0-fp32", "ds-bf16-optimizer", "ds-pipeline")),
+    "ds_resume": Group("ds_resume", 2, ("ds-resume-zero2", "ds-resume-zero3")),
     "hf_trainer": Group(
         "hf_trainer", 2, ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2")
     ),
@@ -129,6 +130,8 @@ EXPECTED: dict[str, list[str]] = {
                                      "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]),
     "ds-pipeline": _ds_beyond([f"layer_0{i}-model_states.pt" for i in range(5)]
                               + ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"], oracle_ranks=2),
+    "ds-resume-zero2": [f"checkpoint/{f}" for f in _ds("global_step2", 2, False, bf16=False)] + ["reference.pt"],
+    "ds-resume-zero3": [f"checkpoint/{f}" for f in _ds("global_step2", 2, True, bf16=False)] + ["reference.pt"],
     "universal": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
                   "global_step2_universal/zero/lm_head.weight/fp32.pt",
                   "global_step2_universal/zero/lm_head.weight/exp_avg.pt",

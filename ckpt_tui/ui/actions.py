@@ -29,6 +29,9 @@ ACTIONS = (
            needs="a finished scan"),
     Action("universal", "u", "universal", "Universal", "Convert a DeepSpeed checkpoint to a universal checkpoint (wizard)",
            needs="a finished scan that found a DeepSpeed ZeRO checkpoint"),
+    Action("resume", "m", "resume_fsdp2", "FSDP2", "Resume a DeepSpeed run under torch FSDP2: convert it to a "
+           "torch DCP at any world size (wizard)", show=False,  # 80 columns hold e u x f s c ? q
+           needs="a finished scan that found a DeepSpeed ZeRO checkpoint"),
     Action("fix", "x", "fix", "Fix", "Repair the most severe fixable finding, the highlighted node's first (wizard)",
            needs="a finished scan with a fixable finding"),
     Action("findings", "f", "findings", "Findings", "All findings of the tree, most severe first",

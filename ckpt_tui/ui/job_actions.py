@@ -1,4 +1,5 @@
-"""The keys that start work on the checkpoint -- fix (x), export (e), universal (u), stats (s): each opens
+"""The keys that start work on the checkpoint -- fix (x), export (e), universal (u), resume under torch
+FSDP2 (m), stats (s): each opens
 its wizard, runs the core function as a job (a worker) and shows the result. Mixed into MainScreen
 (screens/main.py), which owns ``start_job`` and calls ``_done_<kind>(worker, info)`` when a job succeeds.
 ``check_action`` keeps these from running while they cannot (``why_not``)."""
@@ -156,6 +157,32 @@ class JobActions:
         r = worker.result
         self.app.push_screen(MessageDialog("Universal checkpoint ready ✔", getattr(r, "instructions", None) or str(r)))
         self.action_rescan()
+
+    # ------------------------------------------------------------------ resume under torch FSDP2
+    def action_resume_fsdp2(self) -> None:
+        tag = self.universal_tag()  # the same DeepSpeed tag `ckpt-tui convert` would take
+        if tag is None:
+            return
+        from .screens.resume_wizard import ResumeWizard
+
+        def go(res) -> None:
+            if res and res.get("plan") is not None:
+                self.run_resume(res["plan"])
+
+        self.app.push_screen(ResumeWizard(self.report, tag.path), go)
+
+    def run_resume(self, plan):
+        from ..core.convert.torch_dcp import convert_to_torch_dcp
+
+        info = JobInfo("resume", f"torch DCP {plan.out.name}", "the temp output was removed; the source is untouched")
+        return self.start_job(info, lambda on_progress, cancel: convert_to_torch_dcp(plan, on_progress=on_progress,
+                                                                                     cancel=cancel))
+
+    def _done_resume(self, worker, info) -> None:
+        from textual.content import Content
+
+        r = worker.result
+        self.app.push_screen(MessageDialog("Ready to resume under torch FSDP2 ✔", Content(r.instructions)))  # literal
 
     # ------------------------------------------------------------------ stats
     def action_stats(self) -> None:

@@ -81,9 +81,9 @@ class MainScreen(JobActions, Screen):
     # ------------------------------------------------------------------ what can run now
     def why_not(self, action: str) -> Optional[str]:
         """Why ``action`` cannot run now, or None when it can."""
-        if action in ("export", "universal", "fix", "findings", "stats") and self.report is None:
+        if action in ("export", "universal", "resume_fsdp2", "fix", "findings", "stats") and self.report is None:
             return "still scanning"
-        if action == "universal" and self.universal_tag() is None:
+        if action in ("universal", "resume_fsdp2") and self.universal_tag() is None:
             return self.universal_choice()[1]
         if action == "fix" and not self.fixable():
             return "nothing here has a fix"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["help", "open", "inspect", "tensors", "export", "verify", "diff", "stats", "universal", "fix", "demo"]
+COMMANDS = ["help", "open", "inspect", "tensors", "export", "verify", "diff", "stats", "universal", "convert", "fix", "demo"]
 
 
 def ckpt_tui(*args, columns: int = 80):

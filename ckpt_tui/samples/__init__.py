@@ -63,6 +63,7 @@ GROUPS: dict[str, Group] = {
     "single": Group("single", 1, ("accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt",
                                    "plain-pt-optim", "plain-pt-optim-groups", "lightning-file-optim")),
     "demo": Group("demo", 2, ("demo",)),
+    "verl": Group("verl_fsdp", 2, ("verl-fsdp2", "verl-fsdp1"), venv="verl"),
 }
 
 # variant -> group
@@ -111,6 +112,16 @@ def _ds_beyond(files: list[str], oracle_ranks: int = 1) -> list[str]:
 
 
 _LIT = "checkpoints/epoch=0-step=2.ckpt/"
+
+
+def _verl(merged: bool) -> list[str]:
+    a = "checkpoints/global_step_1/actor/"
+    files = [a + f"{kind}_world_size_2_rank_{r}.pt" for kind in ("model", "optim", "extra_state") for r in range(2)]
+    files += [a + "fsdp_config.json", a + "huggingface/config.json", a + "huggingface/tokenizer.json",
+              "oracle/model_full.pt"]
+    if merged:
+        files += ["oracle/optim_full.pt", "oracle/merged/model.safetensors", "oracle/merged/config.json"]
+    return files
 
 # variant -> paths (relative to the variant folder) that must exist after generation.
 EXPECTED: dict[str, list[str]] = {
@@ -175,6 +186,8 @@ EXPECTED: dict[str, list[str]] = {
     "plain-pt-optim": ["checkpoint.pt"],
     "plain-pt-optim-groups": ["checkpoint.pt"],
     "lightning-file-optim": ["last.ckpt"],
+    "verl-fsdp2": _verl(True),
+    "verl-fsdp1": _verl(False),
     "demo": (
         [f"fsdp-trainer-run/checkpoint-20/{f}" for f in _dcp("pytorch_model_fsdp_0/") + _dcp("optimizer_0/")]
         + [f"fsdp-trainer-run/checkpoint-20/{f}" for f in

@@ -24,7 +24,13 @@ from ..core.userdirs import cache_home
 TORCH = "torch==2.13.0"
 
 # name -> pins (pip requirement strings), installed after TORCH with it held as a constraint
-VENVS: dict[str, tuple[str, ...]] = {}
+VENVS: dict[str, tuple[str, ...]] = {
+    # verl 0.9.1 resolves with torch 2.13.0 held; it pulls ray and a newer transformers than the test pins, and its
+    # requirements are loose: the ones that decide what a checkpoint holds (or could move under it) are pinned
+    "verl": ("verl==0.9.1", "transformers==5.10.4", "tokenizers==0.22.2", "accelerate==1.15.0", "ray==2.60.0",
+             "tensordict==0.10.0", "omegaconf==2.3.1", "numpy==2.4.6", "safetensors==0.8.0", "peft==0.21.2",
+             "datasets==5.2.0"),
+}
 
 
 def venv_dir(name: str) -> Path:

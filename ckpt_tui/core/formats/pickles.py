@@ -14,7 +14,7 @@ import gc
 import io
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
 from ..types import numel
@@ -99,7 +99,36 @@ RECORD_GLOBALS = {
     "torch.distributed.checkpoint.metadata.MetadataIndex",
     "torch.distributed.checkpoint.metadata.StorageMeta",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
+    # a DTensor's spec (FSDP2 and FSDP1-with-a-mesh sharded state dicts): NEWOBJ + BUILD(dict), data only
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec", "torch.distributed._tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed._mesh_layout._FlatLayout",
+    "torch.distributed.tensor.placement_types.Shard", "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types._StridedShard", "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed._tensor.placement_types.Shard", "torch.distributed._tensor.placement_types.Replicate",
 }
+
+# NamedTuples pickled as NEWOBJ(cls, args): a tuple of the args, nothing run
+TUPLE_GLOBALS = {
+    "torch.distributed.tensor._dtensor_spec.TensorMeta",  # (shape, stride, dtype)
+    "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",  # (tensor_dim, mesh_dims)
+}
+
+
+class TupleRecord(tuple):
+    """Stand-in for a NamedTuple: ``NEWOBJ`` passes its fields, kept as a plain tuple."""
+
+    _qualname = "?"
+
+    def __new__(cls, *args):
+        return tuple.__new__(cls, args)
+
+    def __repr__(self):
+        return f"<{self._qualname}{tuple(self)!r}>"
+
+
+def _tuple_record_class(qualname: str) -> type:
+    return type(qualname.rsplit(".", 1)[-1], (TupleRecord,), {"_qualname": qualname})
 
 
 @dataclass
@@ -132,6 +161,55 @@ class TensorRef:
                 return False
             expect *= d
         return True
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ITEMSIZE.get(self.dtype, 1)
+
+
+@dataclass
+class DTensorRef:
+    """A pickled ``torch.distributed.tensor.DTensor``: this rank's local tensor and where it sits in the
+    global tensor (placements on the mesh), read from the pickled spec; no process group needed."""
+
+    local: Optional[TensorRef]
+    shape: tuple[int, ...]  # the global shape
+    dtype: str
+    placements: tuple[tuple[str, Optional[int]], ...]  # ("shard", dim) | ("replicate", None) | ("partial", None) ...
+    mesh_shape: tuple[int, ...] = ()
+    mesh_dim_names: Optional[tuple[str, ...]] = None
+    coordinate: Optional[tuple[int, ...]] = None  # this rank's coordinate on the mesh
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ITEMSIZE.get(self.dtype, 1)
+
+
+@dataclass
+class ShardRef:
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    rank: Optional[int]
+    tensor: Optional[TensorRef] = None  # the bytes, for a shard this file holds
+
+
+@dataclass
+class ShardedTensorRef:
+    """A pickled ``ShardedTensor`` (FSDP1 sharded/local state dicts): the shards this rank holds and the
+    metadata of every shard (offsets, sizes, owning rank) of the global tensor."""
+
+    local_shards: list[ShardRef]
+    shards: list[ShardRef]  # every shard of the global tensor, from ShardedTensorMetadata
+    shape: tuple[int, ...]
+    dtype: str
 
     @property
     def numel(self) -> int:
@@ -176,7 +254,85 @@ def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, *rest):
 
 
 def _rebuild_from_type_v2(func, new_type, args, state):
+    q = getattr(new_type, "_qualname", "")
+    if isinstance(new_type, type) and issubclass(new_type, Stub):
+        if q in _DTENSOR:
+            return _dtensor(func(*args), state)
+        if q == _SHARDED_TENSOR:
+            return _sharded_tensor(func(*args), state)
     return func(*args)
+
+
+_DTENSOR = {"torch.distributed.tensor.DTensor", "torch.distributed.tensor._api.DTensor",
+            "torch.distributed._tensor.api.DTensor"}
+_SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor.api.ShardedTensor"
+
+
+def _attrs(obj) -> dict:
+    """The attributes BUILD set on a stand-in (Record/Stub), or a plain dict's items."""
+    if isinstance(obj, dict):
+        return obj
+    return getattr(obj, "__dict__", {}) or {}
+
+
+def _ints(v) -> tuple[int, ...]:
+    return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else ()
+
+
+def _placement(p) -> tuple[str, Optional[int]]:
+    q = getattr(p, "_qualname", "")
+    kind = q.rsplit(".", 1)[-1].lstrip("_").lower()  # shard, replicate, stridedshard, partial
+    dim = _attrs(p).get("dim")
+    return kind, (int(dim) if isinstance(dim, int) else None)
+
+
+def _dtensor(shell, state) -> Any:
+    """DTensor.__reduce_ex__ pickles (wrapper-subclass args, state): state is ``(None, {"_local_tensor": ..,
+    "_spec": DTensorSpec})`` (or the dict alone); the spec holds the mesh, the placements and TensorMeta."""
+    if not isinstance(shell, TensorRef):
+        return shell
+    d: dict = {}
+    for part in (state if isinstance(state, tuple) else (state,)):
+        if isinstance(part, dict):
+            d.update(part)
+    local = d.get("_local_tensor")
+    spec = _attrs(d.get("_spec"))
+    mesh = _attrs(spec.get("mesh"))
+    layout = _attrs(mesh.get("_layout"))
+    mesh_shape: tuple[int, ...] = ()
+    for ax in layout.get("axes") or ():
+        mesh_shape += _ints(_attrs(ax).get("shape"))
+    if not mesh_shape and isinstance(mesh.get("mesh"), TensorRef):  # older torch: the rank tensor itself
+        mesh_shape = mesh["mesh"].shape
+    names = mesh.get("_mesh_dim_names")
+    meta = spec.get("tensor_meta")
+    shape = _ints(meta[0]) if isinstance(meta, tuple) and meta else shell.shape
+    coord = mesh.get("_coordinate_on_dim")
+    return DTensorRef(local if isinstance(local, TensorRef) else None, shape or shell.shape, shell.dtype,
+                      tuple(_placement(p) for p in (spec.get("placements") or ())), mesh_shape,
+                      tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None,
+                      _ints(coord) if isinstance(coord, (list, tuple)) else None)
+
+
+def _shard_meta(m, tensor=None) -> ShardRef:
+    a = _attrs(m)
+    rank = _attrs(a.get("placement")).get("_rank")
+    return ShardRef(_ints(a.get("shard_offsets")), _ints(a.get("shard_sizes")),
+                    int(rank) if isinstance(rank, int) else None, tensor)
+
+
+def _sharded_tensor(shell, state) -> Any:
+    """ShardedTensor.__getstate__ is ``(local_shards, metadata, pg_state, sharding_spec, init_rrefs)``."""
+    if not isinstance(shell, TensorRef) or not isinstance(state, tuple) or len(state) < 2:
+        return shell
+    local = []
+    for sh in state[0] if isinstance(state[0], list) else ():
+        a = _attrs(sh)
+        t = a.get("tensor")
+        local.append(_shard_meta(a.get("metadata"), t if isinstance(t, TensorRef) else None))
+    meta = _attrs(state[1])
+    shards = [_shard_meta(m) for m in meta.get("shards_metadata") or ()]
+    return ShardedTensorRef(local, shards, _ints(meta.get("size")) or shell.shape, shell.dtype)
 
 
 def _get_layout(name):
@@ -328,6 +484,8 @@ class RestrictedUnpickler(pickle.Unpickler):
             return ("storage-type", "uint8")
         if q in RECORD_GLOBALS:
             return _record_class(q)
+        if q in TUPLE_GLOBALS:
+            return _tuple_record_class(q)
         if q in STUB_GLOBALS:
             return _stub_class(q)
         self._result.unsafe.add(q)
@@ -384,6 +542,13 @@ def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
         return
     if isinstance(obj, TensorRef):
         yield prefix, obj
+    elif isinstance(obj, DTensorRef):  # the bytes this file holds: the rank's local tensor
+        if obj.local is not None:
+            yield prefix, obj.local
+    elif isinstance(obj, ShardedTensorRef):
+        held = [s.tensor for s in obj.local_shards if s.tensor is not None]
+        for i, t in enumerate(held):
+            yield (prefix if len(held) == 1 else f"{prefix}.{i}"), t
     elif isinstance(obj, dict):
         for k, v in obj.items():
             yield from iter_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)

@@ -12,7 +12,7 @@ from typing import Optional, cast
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
 from .dtypes import short_dtype
-from .facts import DcpFacts, DeepSpeedUniversalFacts, DeepSpeedZeroFacts, DirFacts, TensorFacts, TextFacts
+from .facts import DcpFacts, DeepSpeedUniversalFacts, DeepSpeedZeroFacts, DirFacts, TensorFacts, TextFacts, VerlFacts
 from .formats.dcp_folder import merges_with_accelerate
 from .formats.deepspeed import OPTIM_STATES_RE
 from .names import step_of
@@ -75,6 +75,8 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.extend(_dcp_findings(inv, n))
     elif n.format == "deepspeed-zero":
         out.extend(_ds_findings(inv, n))
+    elif n.format == "verl-fsdp":
+        out.extend(_verl_findings(inv, n))
     elif n.format == "deepspeed-universal":
         if f.get("incomplete_params"):
             out.append(Finding("shard-missing", "error", p, f"universal checkpoint `{inv.shown(p, slash=True)}` has "
@@ -169,6 +171,35 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"`{inv.shown(p, slash=True)}` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
                            "left over from a save with a different world size. They are ignored on load; remove "
                            "them to avoid confusion."))
+    return out
+
+
+def _verl_findings(inv: Inventory, n: Node) -> list[Finding]:
+    """A verl actor folder: every rank's model/optim/extra_state file of its world size, and one world size."""
+    f = cast(VerlFacts, n.facts)
+    p = n.path
+    out = []
+    where = f"`{inv.shown(p, slash=True)}`"
+    world = f.get("world_size")
+    if f.get("missing_files"):
+        miss = f["missing_files"]
+        out.append(Finding("shard-missing", "error", p,
+                           f"{where} lacks {len(miss)} rank file(s) of its world size {world}: {', '.join(miss[:6])}. "
+                           "Each rank saves its own shard: without every rank's model file the full weights cannot be "
+                           "rebuilt (verl's model merger fails too). Copy them from the nodes that wrote them, or use an "
+                           "earlier complete checkpoint." + _sibling_hint(inv, n)))
+    worlds = f.get("rank_file_worlds") or []
+    if len(worlds) > 1:
+        out.append(Finding("world-size-mismatch", "error", p,
+                           f"{where} mixes rank files of world sizes {', '.join(map(str, worlds))}: a save from a run "
+                           "with another number of ranks was left here. verl loads model_world_size_<its world "
+                           "size>_rank_*.pt; remove the stale files."))
+    cw = f.get("config_world_size")
+    if cw is not None and world is not None and cw != world:
+        out.append(Finding("world-size-mismatch", "error", p,
+                           f"{where}: fsdp_config.json says world_size {cw} but the rank files are named for world size "
+                           f"{world}. verl's model merger reads the world size from fsdp_config.json and would look for "
+                           f"model_world_size_{cw}_rank_*.pt; the config or the files are from another save."))
     return out
 
 

@@ -98,6 +98,21 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     split_dims: list[int]  # dimensions along which tensors are split into chunks
 
 
+class VerlFacts(NodeFacts, TensorFacts, total=False):
+    """``verl-fsdp``: a verl FSDP actor/critic folder (``model_world_size_W_rank_R.pt`` + ``optim_…`` +
+    ``extra_state_…`` + ``fsdp_config.json``); the tensor totals are the full model's, from rank 0's model file."""
+
+    world_size: Optional[int]  # from the rank files' names (the largest, where several are mixed)
+    ranks_present: list[int]  # ranks whose model file is here
+    rank_file_worlds: list[int]  # every world size the rank files' names carry (more than one: a stale save)
+    config_world_size: int  # world_size in fsdp_config.json
+    fsdp_version: int  # FSDP_version in fsdp_config.json (1 or 2)
+    missing_files: list[str]  # rank files of the world size that are not here
+    sharded_as: str  # "DTensor" or "ShardedTensor": what the model files hold
+    hf_config: bool  # huggingface/config.json is there
+    tokenizer: bool  # huggingface/ holds a tokenizer
+
+
 class DeepSpeedZeroFacts(NodeFacts, TensorFacts, total=False):
     """``deepspeed-zero``: a ZeRO tag folder (``global_stepN/``), from rank 0's model and optim states.
     The tensor totals describe the fp32 weights an export rebuilds."""
@@ -200,7 +215,7 @@ class TextFacts(NodeFacts, total=False):
 
 Facts = Union[NodeFacts, SpecialFacts, DirFacts, TorchZipFacts, DeepSpeedModelStatesFacts, DeepSpeedOptimStatesFacts,
               DcpFacts, DeepSpeedZeroFacts, DeepSpeedUniversalFacts, SafetensorsFacts, SafetensorsIndexFacts,
-              JsonFacts, TextFacts, BackupFacts]
+              JsonFacts, TextFacts, BackupFacts, VerlFacts]
 
 # node.format -> the declaration of its facts
 FACTS_BY_FORMAT: dict[str, type] = {
@@ -209,6 +224,7 @@ FACTS_BY_FORMAT: dict[str, type] = {
     "dcp-metadata": NodeFacts,
     "dcp-shard": NodeFacts,
     "deepspeed-zero": DeepSpeedZeroFacts,
+    "verl-fsdp": VerlFacts,
     "deepspeed-model-states": DeepSpeedModelStatesFacts,
     "deepspeed-optim-states": DeepSpeedOptimStatesFacts,
     "deepspeed-universal": DeepSpeedUniversalFacts,

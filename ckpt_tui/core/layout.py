@@ -6,7 +6,7 @@ import re
 from typing import Optional, cast
 
 from .dtypes import short_dtype
-from .facts import DeepSpeedZeroFacts, JsonFacts, TextFacts
+from .facts import DeepSpeedZeroFacts, JsonFacts, TextFacts, VerlFacts
 from .formats.registry import format_of
 from .names import step_of
 from .types import Inventory, Node, Parsed, model_component
@@ -16,7 +16,7 @@ LAYOUTS = (
     "hf-trainer-fsdp", "hf-trainer-deepspeed", "hf-trainer", "accelerate", "accelerate-fsdp", "accelerate-deepspeed",
     "fsdp-full", "fsdp-local", "deepspeed", "lightning-deepspeed", "lightning-fsdp", "lightning", "dcp",
     "torchtitan", "universal", "hf-model", "megatron-legacy", "megatron-dist", "run-folder", "torch-file",
-    "safetensors-file", "unknown",
+    "safetensors-file", "verl-fsdp", "unknown",
 )
 FRAMEWORK = {
     "hf-trainer-fsdp": "HF Trainer + FSDP (sharded)", "hf-trainer-deepspeed": "HF Trainer + DeepSpeed",
@@ -26,7 +26,7 @@ FRAMEWORK = {
     "lightning-fsdp": "Lightning + FSDP (sharded)", "lightning": "Lightning", "dcp": "torch.distributed.checkpoint",
     "torchtitan": "torchtitan", "universal": "DeepSpeed universal checkpoint", "hf-model": "Hugging Face model",
     "megatron-legacy": "Megatron (legacy)", "megatron-dist": "Megatron (torch_dist)", "run-folder": None,
-    "torch-file": "torch.save", "safetensors-file": "safetensors", "unknown": None,
+    "torch-file": "torch.save", "safetensors-file": "safetensors", "verl-fsdp": "verl (FSDP)", "unknown": None,
 }
 # files only Accelerate's save_state writes (its RNG states, its names for the optimizer, scheduler,
 # sampler and registered objects): the evidence for naming Accelerate, never a folder name alone
@@ -62,6 +62,11 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         return "dcp", comps  # a folder name alone (pytorch_model_fsdp_0) is no evidence of who wrote it
     if node.format == "deepspeed-zero":
         return "deepspeed", {"model": node.path, "optimizer": node.path}
+    if node.format == "verl-fsdp":
+        return "verl-fsdp", _verl_components(node)
+    verl = sorted((c for c in dirs if c.format == "verl-fsdp"), key=lambda c: (c.name != "actor", c.name))
+    if verl:  # global_step_N/ holding actor/ (and critic/): the actor is the model
+        return "verl-fsdp", _verl_components(verl[0])
     if node.format == "deepspeed-universal":
         return "universal", {"model": node.path, "optimizer": node.path}
     dcp_children = [c for c in dirs if c.format == "dcp"]
@@ -128,6 +133,10 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     if len(files) == 1:
         return ("lightning" if files[0].name.endswith(".ckpt") else "torch-file"), {files[0].role: files[0].path}
     return "unknown", {}
+
+
+def _verl_components(node: Node) -> dict[str, str]:
+    return {"model": node.path, "optimizer": node.path} if node.role == "model+optimizer" else {"model": node.path}
 
 
 def _optim_files(node: Node) -> dict[str, str]:
@@ -257,6 +266,11 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         td = tag.get("train_dtype")
         if td:
             head += f" ({short_dtype(td)})"
+    if n_model is not None and n_model.format == "verl-fsdp":
+        vf = cast(VerlFacts, n_model.facts)
+        kind = vf.get("sharded_as")
+        version = vf.get("fsdp_version") or (2 if kind == "DTensor" else 1 if kind == "ShardedTensor" else None)
+        head += f", FSDP{version or '?'} ({kind or 'unread'}) rank files"
     parts = [head]
     ws = _world(root, comps)
     if ws:
@@ -309,14 +323,14 @@ def _label_frameworks(root: Node, layout: str) -> None:
             if sub != "unknown":
                 c.role = "checkpoint"
             _label_frameworks_children(c, sub)
-        elif c.format in ("dcp", "deepspeed-zero", "deepspeed-universal"):
+        elif c.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "verl-fsdp"):
             c.framework = fw
 
 
 def _label_frameworks_children(node: Node, layout: str) -> None:
     fw = FRAMEWORK.get(layout)
     for c in node.children:
-        if c.format in ("dcp", "deepspeed-zero", "deepspeed-universal"):
+        if c.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "verl-fsdp"):
             c.framework = fw
 
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 # checkpoint-N (HF Trainer), global_stepN (DeepSpeed), step-N (torchtitan), iter_N (Megatron),
 # epoch=E-step=N.ckpt / *step=N*.ckpt (Lightning)
-CKPT_DIR_RE = re.compile(r"^(checkpoint-(\d+)|global_step(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$")
+CKPT_DIR_RE = re.compile(r"^(checkpoint-(\d+)|global_step_?(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$")
 FSDP_MODEL_DIR_RE = re.compile(r"^pytorch_model_fsdp_(\d+)$")  # HF Trainer / Accelerate sharded FSDP
 FSDP_OPTIM_DIR_RE = re.compile(r"^optimizer_(\d+)$")
 

@@ -16,7 +16,7 @@ SCHEMA_VERSION = 1
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 MODEL_ROLES = ("model", "model+optimizer")  # roles of nodes that hold model weights
 # formats an export reads (export candidates offered in the export wizard)
-EXPORTABLE = ("dcp", "deepspeed-zero", "deepspeed-universal", "safetensors", "safetensors-sharded-index", "torch-zip")
+EXPORTABLE = ("dcp", "verl-fsdp", "deepspeed-zero", "deepspeed-universal", "safetensors", "safetensors-sharded-index", "torch-zip")
 
 T = TypeVar("T")
 

@@ -211,6 +211,8 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
     config.json into sharded-FSDP checkpoints)."""
     p = node.abspath if node.is_dir else node.abspath.parent
     dirs = [p, p.parent, p.parent.parent]
+    if node.format == "verl-fsdp":  # verl keeps the config and tokenizer in huggingface/ beside its rank files
+        dirs.insert(0, p / "huggingface")
     if (p.parent.name.startswith("checkpoint-") or p.name.startswith("checkpoint-")):
         dirs.append(p.parent.parent.parent)
     seen, out = set(), []
@@ -328,13 +330,18 @@ def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_pref
         if report.inventory.deepspeed_tags() or tag:
             raise
         node, said = None, []
-    if node is None or node.format != "deepspeed-zero":
+    if node is None or node.format not in ("deepspeed-zero", "verl-fsdp"):
         return _plan_torch_optimizer(report, node, said, out, dtype=dtype, max_shard_size=max_shard_size,
                                      strip_prefix=strip_prefix, keep_prefix=keep_prefix, trust_pickles=trust_pickles)
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, report=report, verb=OPTIMIZER_VERB,
                                         why="the checkpoint has problems an export cannot work around")
     try:
-        source, config, model_names = deepspeed_optimizer_source(node.abspath)
+        if node.format == "verl-fsdp":
+            from .verl_source import verl_optimizer_source
+
+            source, config, model_names = verl_optimizer_source(node.abspath, trust_pickles=trust_pickles)
+        else:
+            source, config, model_names = deepspeed_optimizer_source(node.abspath)
     except ValueError as e:
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
     except FormatError as e:

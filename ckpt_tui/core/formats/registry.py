@@ -15,6 +15,7 @@ from .format import FileFormat, FolderFormat, Format
 from .plain_files import PlainFiles, TextFiles
 from .safetensors_file import HfModelFolder, SafetensorsFiles
 from .torch_save import TorchSave
+from .verl import VerlFolder, VerlRankFiles
 
 
 class BackupFiles(FileFormat):
@@ -41,6 +42,7 @@ FORMATS: tuple[Format, ...] = (
     DcpSafetensorsFolder(),
     SafetensorsFiles(), HfModelFolder(),
     PlainFiles(),
+    VerlRankFiles(), VerlFolder(),
     TorchSave(),
     TextFiles(),
 )

@@ -1,0 +1,110 @@
+"""verl's FSDP actor/critic folders (``global_step_N/actor/``), written by ``FSDPCheckpointManager.save_checkpoint``:
+``model_world_size_W_rank_R.pt``, ``optim_world_size_W_rank_R.pt``, ``extra_state_world_size_W_rank_R.pt`` (torch.save
+of each rank's sharded state dict, optimizer state dict, and scheduler + RNG), ``fsdp_config.json``
+(``{"FSDP_version", "world_size"}``) and ``huggingface/`` (config + tokenizer). The rank files hold DTensors (FSDP2,
+or FSDP1 given a mesh) or ShardedTensors (FSDP1): read through the restricted unpickler, no process group needed.
+Exported by byte range from every rank (``export.verl_source``); verl's own merger is
+``python -m verl.model_merger merge --backend fsdp``."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator, Optional, cast
+
+from ..facts import VerlFacts
+from ..types import Node, Parsed, TensorInfo
+from . import FormatError, torchfile
+from .format import FolderFormat, NotExportable, set_tensor_facts
+from .torch_save import TorchSave
+
+_FILE_ROLES = {"model": "model-shard", "optim": "optimizer-shard", "extra_state": "extra-state"}
+
+
+class VerlRankFiles(TorchSave):
+    """A verl rank file: a torch.save file (analysed as one) whose role says it is one rank's part."""
+
+    formats = ()
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        from ..export.verl_source import RANK_FILE_RE
+
+        m = RANK_FILE_RE.match(name)
+        return ("torch-zip", _FILE_ROLES[m.group(1)]) if m else None
+
+
+class VerlFolder(FolderFormat):
+    formats = ("verl-fsdp",)
+    reference = "verl.model_merger"
+
+    def detect(self, node: Node) -> bool:
+        return any(c.role == "model-shard" and c.name.startswith("model_world_size_") for c in node.children)
+
+    def analyze(self, node: Node, parsed: Parsed) -> None:
+        from ..export.verl_source import KINDS, RANK_FILE_RE, fsdp_kind
+
+        node.format = "verl-fsdp"
+        f = cast(VerlFacts, node.facts)
+        files: dict[str, dict[int, int]] = {}
+        for c in node.children:
+            m = RANK_FILE_RE.match(c.name)
+            if m:
+                files.setdefault(m.group(1), {})[int(m.group(3))] = int(m.group(2))
+        worlds = sorted({w for d in files.values() for w in d.values()})
+        model_ranks = sorted(files.get("model", {}))
+        f.update(VerlFacts(ranks_present=model_ranks, rank_file_worlds=worlds))
+        world = max(worlds) if worlds else None
+        f["world_size"] = world
+        cfg = node.child("fsdp_config.json")
+        if cfg is not None:
+            try:
+                doc = json.loads(cfg.abspath.read_text())
+                if isinstance(doc, dict):
+                    if isinstance(doc.get("FSDP_version"), int):
+                        f["fsdp_version"] = doc["FSDP_version"]
+                    if isinstance(doc.get("world_size"), int):
+                        f["config_world_size"] = doc["world_size"]
+            except (OSError, ValueError):
+                pass
+        if world:
+            missing = [f"{k}_world_size_{world}_rank_{r}.pt" for k in KINDS if k in files for r in range(world)
+                       if files[k].get(r) != world]
+            if missing:
+                f["missing_files"] = missing
+        node.role = "model+optimizer" if files.get("optim") else "model"
+        hf = node.child("huggingface")
+        if hf is not None and hf.is_dir:
+            f["hf_config"] = hf.child("config.json") is not None
+            f["tokenizer"] = any(hf.child(n) is not None for n in ("tokenizer.json", "tokenizer_config.json"))
+        r0 = node.child(f"model_world_size_{world}_rank_0.pt") if world else None
+        if r0 is None or r0.facts.get("error"):
+            return
+        obj = torchfile.read(r0.abspath).obj
+        kind = fsdp_kind(obj)
+        if kind:
+            f["sharded_as"] = kind
+        tensors = list(_global_tensors(obj))
+        set_tensor_facts(node, tensors)
+
+    def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        from ..export.verl_source import world_of
+
+        world = world_of(node.abspath)
+        yield from _global_tensors(torchfile.read(node.abspath / f"model_world_size_{world}_rank_0.pt").obj)
+
+    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+        from ..export.verl_source import verl_source
+
+        try:
+            return verl_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
+        except FormatError as e:
+            if e.kind == "missing":
+                raise NotExportable(str(e)) from None
+            raise
+
+
+def _global_tensors(obj) -> Iterator[TensorInfo]:
+    from .pickles import DTensorRef, ShardedTensorRef, TensorRef
+
+    for k, v in (obj.items() if isinstance(obj, dict) else ()):
+        if isinstance(v, (DTensorRef, ShardedTensorRef, TensorRef)):
+            yield TensorInfo(str(k), tuple(v.shape), v.dtype, v.nbytes)

@@ -154,6 +154,12 @@ CASES = [
     Layout("megatron-legacy", variant("megatron-legacy"), "megatron-legacy", "Megatron (legacy)",
            {"model+optimizer": "iter_0000010/mp_rank_00/model_optim_rng.pt"},
            ("Megatron (legacy), step 10: model and optimizer in `iter_0000010/mp_rank_00/model_optim_rng.pt`",)),
+    Layout("verl-fsdp", variant("verl-fsdp2", "checkpoints/global_step_1/actor"), "verl-fsdp", "verl (FSDP)",
+           {"model": ".", "optimizer": "."},
+           ("verl (FSDP), FSDP2 (DTensor) rank files, 2 ranks: model and optimizer in this folder",)),
+    Layout("verl-run", variant("verl-fsdp2", "checkpoints"), "run-folder", None, {},
+           ("run folder with 1 checkpoint; newest `global_step_1/`: verl (FSDP), FSDP2 (DTensor) rank files, 2 ranks, "
+            "step 1",), checkpoints=[("global_step_1", 1, "verl-fsdp", True)]),
     Layout("megatron-dist", variant("megatron-dist"), "megatron-dist", "Megatron (torch_dist)",
            {"model": "iter_0000010"}, ("Megatron (torch_dist), 2 ranks, step 10: model in `iter_0000010/`", "bf16")),
     Layout("run-folder", variant("hf-ds-zero2"), "run-folder", None, {},

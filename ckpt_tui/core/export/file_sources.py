@@ -13,7 +13,7 @@ from typing import Optional
 from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
 from ..formats import safetensors_header as stfmt
-from ..formats.pickles import TensorRef, iter_tensors
+from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef, iter_tensors
 from ..formats.torchfile import pick_state_dict
 from .sources import ByteRange, Source, SourceTensor
 
@@ -27,6 +27,9 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
     if not tf.is_zip:
         raise FormatError(f"{path.name} uses torch's legacy (pre-1.6) format; re-save it with torch.save first")
     sd, wrapper = pick_state_dict(tf.obj)
+    if isinstance(sd, dict) and any(isinstance(v, (DTensorRef, ShardedTensorRef)) for v in sd.values()):
+        raise FormatError(f"{path.name} holds one rank's shards (DTensor/ShardedTensor), not full tensors: export the "
+                          "folder that holds every rank's file")
     offsets = torchfile.storage_offsets(path)
     tensors: list[SourceTensor] = []
     first_by_view: dict[tuple, str] = {}

@@ -208,3 +208,9 @@ async def test_tui_shows_the_verl_layout_and_its_parts():
         assert "verl (FSDP)" in summary and "FSDP2 (DTensor) rank files" in summary and "2 ranks" in summary
         labels = " ".join(str(n.label) for n in app.query_one("#tree").root.children)
         assert "model_world_size_2_rank_0.pt" in labels and "optim_world_size_2_rank_1.pt" in labels
+
+
+def test_one_rank_file_alone_is_refused_not_exported_as_a_shard(tmp_path):
+    r = ckpt_tui("export", str(fixture_path("verl-fsdp2") / ACTOR / "model_world_size_2_rank_0.pt"), "--out", "out",
+                 cwd=tmp_path)
+    assert r.returncode != 0 and not (tmp_path / "out").exists()  # a rank's shards are not the model

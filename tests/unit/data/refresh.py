@@ -47,6 +47,7 @@ VARIANTS = {
     "fsdp2-dcp": "dcp (model + optimizer)",
     "dcp-ranklocal": "dcp with rank-local __{rank}.metadata",
     "torchtitan": "torchtitan",
+    "verl-fsdp2": "verl-fsdp (verl's FSDP2 DTensor rank files)",
     "universal-zero2": "universal",
     "hf-model-sharded": "hf-model (safetensors index), index-mismatch, mixed-dtypes, safetensors corruptions",
     "hf-model-bin": "hf-model (pytorch_model.bin)",

@@ -254,7 +254,7 @@ def _refuse_optimizer(report: Report) -> ExportError:
 # what --component optimizer reads (said in refusals and in the CLI's help)
 OPTIMIZER_SOURCES = ("DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders (HF Trainer/Accelerate FSDP "
                      "optimizer_0/, FSDP2 get_state_dict saves) and torch files with an optimizer state dict "
-                     "(Lightning .ckpt, torch.save, Accelerate optimizer.bin)")
+                     "(Lightning .ckpt, torch.save, Accelerate optimizer.bin), verl FSDP actor folders")
 
 
 def optimizer_component(report: Report) -> Optional[Node]:
@@ -283,7 +283,7 @@ def optimizer_exportable(report: Report) -> Optional[str]:
     node = optimizer_component(report)
     if node is None:
         return None
-    if node.format == "dcp" or (not node.is_dir and node.format == "torch-zip"):
+    if node.format in ("dcp", "verl-fsdp") or (not node.is_dir and node.format == "torch-zip"):
         return node.path
     return None
 

@@ -44,16 +44,12 @@ class VerlFolder(FolderFormat):
 
         node.format = "verl-fsdp"
         f = cast(VerlFacts, node.facts)
-        files: dict[str, dict[int, int]] = {}
+        files: dict[str, set[tuple[int, int]]] = {}  # kind -> {(world size, rank)}
         for c in node.children:
             m = RANK_FILE_RE.match(c.name)
             if m:
-                files.setdefault(m.group(1), {})[int(m.group(3))] = int(m.group(2))
-        worlds = sorted({w for d in files.values() for w in d.values()})
-        model_ranks = sorted(files.get("model", {}))
-        f.update(VerlFacts(ranks_present=model_ranks, rank_file_worlds=worlds))
-        world = max(worlds) if worlds else None
-        f["world_size"] = world
+                files.setdefault(m.group(1), set()).add((int(m.group(2)), int(m.group(3))))
+        worlds = sorted({w for d in files.values() for w, _ in d})
         cfg = node.child("fsdp_config.json")
         if cfg is not None:
             try:
@@ -65,9 +61,15 @@ class VerlFolder(FolderFormat):
                         f["config_world_size"] = doc["world_size"]
             except (OSError, ValueError):
                 pass
+        # the world size: fsdp_config.json's where rank files of it are here (stale files of another beside
+        # them), else the largest the names carry
+        world = f.get("config_world_size") if f.get("config_world_size") in worlds else max(worlds, default=None)
+        f["world_size"] = world
+        f.update(VerlFacts(ranks_present=sorted(r for w, r in files.get("model", ()) if w == world),
+                           rank_file_worlds=worlds))
         if world:
             missing = [f"{k}_world_size_{world}_rank_{r}.pt" for k in KINDS if k in files for r in range(world)
-                       if files[k].get(r) != world]
+                       if (world, r) not in files[k]]
             if missing:
                 f["missing_files"] = missing
         node.role = "model+optimizer" if files.get("optim") else "model"
@@ -100,6 +102,41 @@ class VerlFolder(FolderFormat):
             if e.kind == "missing":
                 raise NotExportable(str(e)) from None
             raise
+
+
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+        """verl's merger's own reading (``FSDPModelMerger``): ``torch.load`` every rank's model file (unrestricted:
+        only after the safety screen) and ``torch.cat`` the DTensors' local tensors along their Shard dim.
+        torch loads ShardedTensors only inside a process group of the saving size: FSDP1 files have none here."""
+        import torch
+
+        from ..export.verl_source import world_of
+
+        f = cast(VerlFacts, node.facts)
+        if f.get("sharded_as") == "ShardedTensor":
+            raise NotExportable("no reference loader for verl FSDP1 rank files: torch loads ShardedTensors only "
+                                "inside a process group of the saving size (and verl's merger cannot read them)")
+        import logging
+
+        from torch.distributed.tensor import DTensor
+
+        world = world_of(node.abspath)
+        mesh_log = logging.getLogger("torch.distributed.device_mesh")  # "unpickling of the DeviceMesh ... before
+        level = mesh_log.level  # the PGs were created": true and harmless here, not the user's concern
+        mesh_log.setLevel(logging.ERROR)
+        try:
+            sds = [torch.load(node.abspath / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", mmap=True,
+                              weights_only=False) for r in range(world)]
+        finally:
+            mesh_log.setLevel(level)
+        for name in sds[0]:
+            parts = [sd[name] for sd in sds]
+            if isinstance(parts[0], DTensor):
+                (pl,) = parts[0].placements
+                t = torch.cat([p._local_tensor for p in parts], dim=pl.dim) if pl.is_shard() else parts[0]._local_tensor
+            else:
+                t = parts[0]
+            yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), t
 
 
 def _global_tensors(obj) -> Iterator[TensorInfo]:

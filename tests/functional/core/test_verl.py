@@ -214,3 +214,30 @@ def test_one_rank_file_alone_is_refused_not_exported_as_a_shard(tmp_path):
     r = ckpt_tui("export", str(fixture_path("verl-fsdp2") / ACTOR / "model_world_size_2_rank_0.pt"), "--out", "out",
                  cwd=tmp_path)
     assert r.returncode != 0 and not (tmp_path / "out").exists()  # a rank's shards are not the model
+
+
+def test_verify_against_verl_merger_reading_and_fsdp1_says_why_not(tmp_path):
+    """`verify` reads FSDP2 rank files as verl's merger does (torch.load + torch.cat of the DTensors' local tensors);
+    FSDP1's ShardedTensors have no reference loader outside a process group, and it says so."""
+    for variant, ok in (("verl-fsdp2", True), ("verl-fsdp1", False)):
+        out = tmp_path / variant
+        export(fixture_path(variant) / ACTOR, out)
+        r = ckpt_tui("verify", str(out), "--against", str(fixture_path(variant) / ACTOR), cwd=tmp_path)
+        if ok:
+            assert r.returncode == 0 and "21 tensors compared with verl.model_merger: 0 mismatched" in r.stdout, r
+            assert "DeviceMesh" not in r.stderr
+        else:
+            assert r.returncode == 1 and "torch loads ShardedTensors only inside a process group" in r.stderr, r
+
+
+def test_rank_files_of_another_world_size_are_a_mismatch_and_block_export(real_ckpt_copy, tmp_path):
+    """A stale 1-rank save's model file left beside the 2-rank one (the real file under the name verl gives it)."""
+    copy = real_ckpt_copy("verl-fsdp2")
+    a = copy / ACTOR
+    (a / "model_world_size_1_rank_0.pt").write_bytes((a / "model_world_size_2_rank_0.pt").read_bytes())
+    rep = inspect(a)
+    (f,) = [f for f in rep.findings if f.code == "world-size-mismatch"]
+    assert f.severity == "error" and "world sizes 1, 2" in f.message
+    with pytest.raises(ExportError):
+        export(a, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -33,7 +33,6 @@ tensors there: each rank's flat pieces of the parameters it owns).
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -46,15 +45,17 @@ from ckpt_tui.samples._common import TINY_LLAMA, batch, finish, init_dist, log, 
 
 VARIANTS = ["verl-fsdp2", "verl-fsdp1"]
 CKPT = "checkpoints/global_step_1/actor"
+# odd: the embedding and lm_head rows split unevenly over the 2 ranks (128 + 127), as real vocabularies often do
+VOCAB = 255
 
 
 def tiny_tokenizer():
-    """A word-level tokenizer of TINY_LLAMA's 256 ids, built offline (no hub download)."""
+    """A word-level tokenizer of VOCAB ids, built offline (no hub download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     special = ["<unk>", "<s>", "</s>", "<pad>"]
-    vocab = {w: i for i, w in enumerate(special + [f"w{i}" for i in range(TINY_LLAMA["vocab_size"] - len(special))])}
+    vocab = {w: i for i, w in enumerate(special + [f"w{i}" for i in range(VOCAB - len(special))])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
@@ -66,7 +67,8 @@ def _model():
 
     seed_all()
     # architectures as a from_pretrained model's config has it (verl's merger picks the auto class from it)
-    return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, tie_word_embeddings=False, architectures=["LlamaForCausalLM"]))
+    return LlamaForCausalLM(LlamaConfig(**(TINY_LLAMA | {"vocab_size": VOCAB}), tie_word_embeddings=False,
+                                        architectures=["LlamaForCausalLM"]))
 
 
 def _build(version: int):
@@ -90,7 +92,7 @@ def _build(version: int):
                      auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / 10)
-    ids = batch(0, dist.get_rank())
+    ids = batch(0, dist.get_rank(), vocab=VOCAB)
     model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
     sched.step()
@@ -158,7 +160,6 @@ def _merge(out: Path) -> None:
                   "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"):
             env.pop(k, None)
         subprocess.run(cmd, check=True, env=env)
-        (out / "oracle" / "merge-command.json").write_text(json.dumps(cmd[1:3] + cmd[3:6]) + "\n")
     dist.barrier()
 
 

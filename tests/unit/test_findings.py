@@ -212,6 +212,8 @@ def fifo(root: Path) -> None:
     os.mkfifo(root / "events.pipe")
 
 
+VERL = "checkpoints/global_step_1/actor"  # verl's actor folder in the verl-fsdp2 fixture
+
 ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file")
 
 CASES = [
@@ -266,7 +268,12 @@ CASES = [
                                   "unknown and no finding says the file is missing"),)),
     Rule("shard-missing-universal-fp32", Corrupt("universal-zero2", rm("global_step2_universal/zero/lm_head.weight/fp32.pt")),
          "shard-missing", "error", "global_step2_universal", ("lm_head.weight",)),
+    Rule("shard-missing-verl-rank", Corrupt("verl-fsdp2", rm(f"{VERL}/model_world_size_2_rank_1.pt"), VERL),
+         "shard-missing", "error", ".", ("model_world_size_2_rank_1.pt", "world size 2")),
     # world-size-mismatch
+    Rule("world-size-mismatch-verl-config", Corrupt("verl-fsdp2", write(f"{VERL}/fsdp_config.json",
+                                                                        b'{"FSDP_version": 2, "world_size": 4}'), VERL),
+         "world-size-mismatch", "error", ".", ("fsdp_config.json says world_size 4", "world size 2")),
     Rule("world-size-mismatch-dcp-leftover-shard", Corrupt("fsdp1-dcp", lambda r: trees.sparse_file(r / "__2_0.distcp", 4096)),
          "world-size-mismatch", "warning", ".", ("__2_0.distcp",)),
     Rule("world-size-mismatch-deepspeed-extra-rank",

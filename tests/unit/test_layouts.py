@@ -157,6 +157,9 @@ CASES = [
     Layout("verl-fsdp", variant("verl-fsdp2", "checkpoints/global_step_1/actor"), "verl-fsdp", "verl (FSDP)",
            {"model": ".", "optimizer": "."},
            ("verl (FSDP), FSDP2 (DTensor) rank files, 2 ranks: model and optimizer in this folder",)),
+    Layout("verl-fsdp1", variant("verl-fsdp1", "checkpoints/global_step_1/actor"), "verl-fsdp", "verl (FSDP)",
+           {"model": ".", "optimizer": "."},
+           ("verl (FSDP), FSDP1 (ShardedTensor) rank files, 2 ranks: model and optimizer in this folder",)),
     Layout("verl-run", variant("verl-fsdp2", "checkpoints"), "run-folder", None, {},
            ("run folder with 1 checkpoint; newest `global_step_1/`: verl (FSDP), FSDP2 (DTensor) rank files, 2 ranks, "
             "step 1",), checkpoints=[("global_step_1", 1, "verl-fsdp", True)]),

@@ -247,6 +247,12 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
         res.reference = "torch DCP loader"
         for name, t in reference_tensors(plan.source.path):
             yield (name[len(strip):] if strip and name.startswith(strip) else name), t
+    elif kind == "verl-optimizer":
+        from .export.verl_source import optimizer_reference_tensors
+
+        res.reference = "torch.load of every rank's optim file, joined as verl's model merger joins shards"
+        shapes = {t.name: tuple(t.shape) for f in plan.files for t in f.tensors}
+        yield from optimizer_reference_tensors(plan.source.path, cfg, shapes)
     else:
         from .export.sources import to_torch
 

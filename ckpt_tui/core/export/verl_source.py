@@ -332,3 +332,40 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
     if frozen:
         notes.append(f"{len(frozen)} param(s) have no optimizer state (listed in {CONFIG_FILE})")
     return Source("verl-optimizer", folder, out, notes=notes), config, [t.name for t in model_src.tensors]
+
+
+def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple[int, ...]]):
+    """(exported name, tensor) of a verl actor folder's optimizer state read by torch (``verify``; only after the
+    safety screen): ``torch.load`` of every rank's optim file; DTensor states joined as verl's merger joins the
+    weights (``torch.cat`` of the local tensors along the Shard dim), FSDP1's flat pieces ``torch.cat`` in rank
+    order and reshaped to ``shapes`` (the exported tensor's). Parameters are named as ``cfg``'s param groups
+    (the export's optimizer_config.json) name them, index for index."""
+    import logging
+
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    folder = Path(folder)
+    world = world_of(folder)
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")  # unpickled before any process group: harmless
+    level = mesh_log.level
+    mesh_log.setLevel(logging.ERROR)
+    try:
+        sds = [torch.load(folder / f"optim_world_size_{world}_rank_{r}.pt", map_location="cpu", weights_only=False)
+               for r in range(world)]
+    finally:
+        mesh_log.setLevel(level)
+    for g_ref, g_cfg in zip(sds[0]["param_groups"], cfg["param_groups"]):
+        for idx, name in zip(g_ref["params"], g_cfg["params"]):
+            held = [sd["state"][idx] for sd in sds if idx in sd["state"]]
+            for key in STATES:
+                parts = [s[key] for s in held if key in s]
+                if not parts:
+                    continue
+                if isinstance(parts[0], DTensor):
+                    (pl,) = parts[0].placements
+                    t = torch.cat([p._local_tensor for p in parts], dim=pl.dim) if pl.is_shard() \
+                        else parts[0]._local_tensor
+                else:
+                    t = torch.cat([p.reshape(-1) for p in parts]).reshape(shapes[f"{name}.{key}"])
+                yield f"{name}.{key}", t

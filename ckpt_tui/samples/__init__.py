@@ -118,9 +118,9 @@ def _verl(merged: bool) -> list[str]:
     a = "checkpoints/global_step_1/actor/"
     files = [a + f"{kind}_world_size_2_rank_{r}.pt" for kind in ("model", "optim", "extra_state") for r in range(2)]
     files += [a + "fsdp_config.json", a + "huggingface/config.json", a + "huggingface/tokenizer.json",
-              "oracle/model_full.pt"]
+              "oracle/model_full.pt", "oracle/optim_full.pt"]
     if merged:
-        files += ["oracle/optim_full.pt", "oracle/merged/model.safetensors", "oracle/merged/config.json"]
+        files += ["oracle/merged/model.safetensors", "oracle/merged/config.json"]
     return files
 
 # variant -> paths (relative to the variant folder) that must exist after generation.

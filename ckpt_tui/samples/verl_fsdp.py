@@ -15,21 +15,27 @@ one AdamW step before the save.
   ShardedTensors older verl runs hold); verl saves under SHARDED_STATE_DICT, so the model files hold ShardedTensors and the optimizer files the
   flat 1-D pieces of each parameter that the rank owns.
 
-What is bypassed: verl's trainer and workers (ray, the CUDA-only ``fsdp_workers``) are not used; the model, mesh,
-optimizer and scheduler are built here the way its FSDP worker builds them, and only the checkpoint manager of verl
-runs, unpatched. No ``sync_module_states`` (every rank seeds the same weights instead). ``"hf_model"`` is left out of
-``save_contents`` (it segfaults under FSDP1 on CPU); the trainer's ``latest_checkpointed_iteration.txt`` is not
-written (the trainer, not the manager, writes it).
+What is bypassed: verl's trainer and its ray workers are not run; the model, mesh, optimizer (AdamW) and scheduler
+(LambdaLR) are built here in a few lines, and verl's own ``FSDPCheckpointManager`` — the code that writes every file
+above — runs unpatched (nothing of verl or torch is patched). No ``sync_module_states`` (every rank seeds the same
+weights instead). ``"hf_model"`` is left out of ``save_contents`` (its full-state gather segfaults under FSDP1 on
+CPU, as torch's own gather does below); the trainer's ``latest_checkpointed_iteration.txt`` is not written (the
+trainer, not the manager, writes it).
 
 The oracles, written beside the checkpoint under ``OUTDIR/<variant>/oracle/`` (never inside ``checkpoints/``):
-for ``verl-fsdp2`` ``model_full.pt`` and ``optim_full.pt`` — the full fp32 model and optimizer state gathered by torch
-itself from the live sharded model (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True``) right
-after the save — and ``merged/``, verl's own ``python -m verl.model_merger merge --backend fsdp`` run on the saved
-checkpoint (bf16 safetensors + config + tokenizer). verl's merger cannot read FSDP1's ShardedTensors (torch refuses
-to load them outside a process group of the saving size) and torch's full-state gather segfaults for FSDP1 on CPU, so
-for ``verl-fsdp1`` ``model_full.pt`` is the saved rank files loaded by torch inside the 2-rank group and placed at
-their ShardMetadata offsets; its optimizer oracle is assembled in the test with torch ops from the rank files (plain
-tensors there: each rank's flat pieces of the parameters it owns).
+``optim_full.pt`` — the full optimizer state torch itself gathers from the live sharded model right after the save
+(``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` with ``full_state_dict=True``: FQN-keyed);
+``model_full.pt`` — the full fp32 weights: for ``verl-fsdp2`` gathered the same way (``get_model_state_dict``); for
+``verl-fsdp1``, where that gather segfaults on CPU, the saved rank files loaded by torch inside the 2-rank group (the
+only place torch loads ShardedTensors) and placed at their ShardMetadata offsets; and for ``verl-fsdp2`` ``merged/``,
+verl's own ``python -m verl.model_merger merge --backend fsdp`` run on the saved checkpoint (bf16 safetensors +
+config + tokenizer). verl's merger cannot read FSDP1's ShardedTensors (torch refuses to load them outside a process
+group of the saving size), so ``verl-fsdp1`` has no ``merged/``.
+
+Not a patch, but a difference from a real run: the model is built from its config, not ``from_pretrained``, so the
+config is given ``architectures=["LlamaForCausalLM"]`` (what a downloaded config has; verl's merger picks the auto
+class from it) and has no ``name_or_path`` (verl then saves no ``generation_config.json``, as it does for such
+models). The vocabulary is odd (255) so that rows split unevenly over the ranks.
 """
 from __future__ import annotations
 
@@ -110,21 +116,25 @@ def _save(out: Path, version: int) -> None:
                                 checkpoint_config=OmegaConf.create({"save_contents": ["model", "optimizer", "extra"]}))
     mgr.save_checkpoint(str(out / CKPT), global_step=1)
     (out / "oracle").mkdir(parents=True, exist_ok=True)
+    # the full state torch gathers from the live sharded model (collectives: every rank calls). Without cpu_offload:
+    # with it, FSDP1's optimizer gather on CPU returns exp_avg and exp_avg_sq as one aliased buffer (both hold
+    # exp_avg_sq); the tensors already live on the CPU, so nothing is offloaded anyway
+    opts = StateDictOptions(full_state_dict=True)
+    full_optim = get_optimizer_state_dict(model, opt, options=opts)
     if version == 2:
-        # the full state torch gathers from the live sharded model (collective: every rank calls)
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full_model = get_model_state_dict(model, options=opts)
-        full_optim = get_optimizer_state_dict(model, opt, options=opts)
         if dist.get_rank() == 0:
             torch.save(full_model, out / "oracle" / "model_full.pt")
-            torch.save(full_optim, out / "oracle" / "optim_full.pt")
     else:
         _fsdp1_model_oracle(out)
+    if dist.get_rank() == 0:
+        torch.save(full_optim, out / "oracle" / "optim_full.pt")
     dist.barrier()
 
 
 def _fsdp1_model_oracle(out: Path) -> None:
-    """FSDP1 on CPU segfaults in torch's full-state gather (as verl's ``hf_model`` save does): instead every rank
+    """FSDP1 on CPU segfaults in torch's full model-state gather (rank 0, SIGSEGV, in the unshard before
+    ``state_dict``; verl's ``hf_model`` save goes the same way); the optimizer's gather works. So every rank
     ``torch.load``s its own ShardedTensor file inside this 2-rank group (the only place torch loads it), and rank 0
     places each local shard at the offsets torch's ShardMetadata gives."""
     dist.barrier()

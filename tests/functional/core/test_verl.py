@@ -165,9 +165,12 @@ def _optim_export(variant: str, tmp_path: Path) -> tuple[dict, dict]:
     return load_file(tmp_path / "out" / "optimizer.safetensors"), json.loads((tmp_path / "out" / "optimizer_config.json").read_text())
 
 
-def test_fsdp2_optimizer_export_matches_torch_full_optimizer_state(tmp_path):
-    got, cfg = _optim_export("verl-fsdp2", tmp_path)
-    ref = oracle("verl-fsdp2", "optim_full.pt")  # get_optimizer_state_dict(full_state_dict=True): FQN-keyed
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_optimizer_export_matches_torch_full_optimizer_state(variant, tmp_path):
+    got, cfg = _optim_export(variant, tmp_path)
+    ref = oracle(variant, "optim_full.pt")  # get_optimizer_state_dict(full_state_dict=True): FQN-keyed
+    # the oracle is gathered without cpu_offload: with it, FSDP1's gather on CPU aliases exp_avg to exp_avg_sq
+    assert not any(torch.equal(s["exp_avg"], s["exp_avg_sq"]) for s in ref["state"].values())
     want = {f"{n}.{k}": s[k] for n, s in ref["state"].items() for k in ("exp_avg", "exp_avg_sq")}
     assert sorted(got) == sorted(want)
     assert all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want)
@@ -175,6 +178,7 @@ def test_fsdp2_optimizer_export_matches_torch_full_optimizer_state(tmp_path):
     (rg,) = ref["param_groups"]
     assert g["params"] == rg["params"] and g["lr"] == rg["lr"] and g["weight_decay"] == rg["weight_decay"]
     assert cfg["step"] == 1 and g["step"] == 1 and cfg["source"] == "verl" and cfg["dp_world_size"] == 2
+    assert cfg["fsdp"] == ("DTensor" if variant == "verl-fsdp2" else "ShardedTensor")
 
 
 def test_fsdp1_optimizer_export_matches_the_flat_pieces_assembled_by_torch(tmp_path):

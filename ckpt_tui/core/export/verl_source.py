@@ -13,7 +13,6 @@ owns, whose concatenation in rank order is the flattened parameter.
 """
 from __future__ import annotations
 
-import math
 import re
 import struct
 from dataclasses import dataclass, field
@@ -234,26 +233,11 @@ def _scalar(rf: RankFile, v: Any, what: str):
     raise ValueError(f"{what}: unreadable step {type(v).__name__}")
 
 
-def _jsonable(v: Any) -> Any:
-    """A param group's value as JSON (hyper-parameters are numbers, tuples, bools, None)."""
-    if isinstance(v, Stub):
-        v = v.value
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return v if math.isfinite(v) else str(v)
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, TensorRef):
-        return f"<tensor {v.dtype} {list(v.shape)}>"
-    return repr(v)
-
-
 def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[Source, dict, list[str]]:
     """``p.exp_avg`` and ``p.exp_avg_sq`` of every parameter ``p`` (names as the model export has them), the
     content of ``optimizer_config.json``, and the model export's names. Raises ValueError/FormatError."""
+    from .deepspeed_optim import jsonable
+
     folder = Path(folder)
     world, models = _model_files(folder, trust_pickles)
     optims = _open(folder, "optim", world, trust_pickles)
@@ -312,7 +296,7 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
             continue
         idx = [i for i in (g.get("params") or []) if isinstance(i, int)]
         gs = {steps.get(i) for i in idx if i in steps}
-        pgroups.append({str(k): _jsonable(v) for k, v in g.items() if k != "params"}
+        pgroups.append({str(k): jsonable(v) for k, v in g.items() if k != "params"}
                        | {"step": gs.pop() if len(gs) == 1 else None, "params": [names[i] for i in idx]})
     distinct = {s for s in steps.values() if s is not None}
     frozen = [names[i] for i in range(len(names)) if i not in steps]

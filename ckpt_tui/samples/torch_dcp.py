@@ -4,16 +4,12 @@ python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samp
 """
 from __future__ import annotations
 
-import argparse
-import io
 import json
-import pickle
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.stateful import Stateful
 
 from ckpt_tui.samples._common import TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
 
@@ -25,8 +21,6 @@ VARIANTS = [
     "dcp-ranklocal",
     "dcp-safetensors",
     "dcp-fs-safetensors",
-    "torchtitan",
-    "megatron-dist",
     "dcp-mixed",
 ]
 
@@ -220,93 +214,6 @@ def v_dcp_fs_safetensors(out: Path) -> None:
     dcp.save({"model": get_model_state_dict(model)}, storage_writer=writer)
 
 
-class _TrainState(Stateful):
-    """torchtitan.components.checkpoint.TrainState-like."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def state_dict(self):
-        def buf(x):
-            b = io.BytesIO()
-            torch.save(x, b)
-            return b
-
-        return {
-            "step": torch.tensor(self.step, dtype=torch.int32),
-            "ntokens_seen": torch.tensor(self.step * 64, dtype=torch.int64),
-            "log_steps": buf([5, 10]),
-            "global_avg_losses": buf([5.5, 5.4]),
-            "global_max_losses": buf([5.6, 5.5]),
-        }
-
-    def load_state_dict(self, sd):  # pragma: no cover
-        self.step = int(sd["step"])
-
-
-class _Dataloader(Stateful):
-    def state_dict(self):
-        rank = dist.get_rank()
-        return {f"dp_rank_{rank}": pickle.dumps({"sample_idx": 20, "epoch": 0})}
-
-    def load_state_dict(self, sd):  # pragma: no cover
-        pass
-
-
-def v_torchtitan(out: Path) -> None:
-    """torchtitan CheckpointManager layout: model keys flattened to the top level."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    model, opt = fsdp2_model(steps=2)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    state = dict(get_model_state_dict(model))
-    state["optimizer"] = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
-    state["lr_scheduler"] = sched.state_dict()
-    state["dataloader"] = _Dataloader()
-    state["train_state"] = _TrainState(10)
-    dcp.save(state, checkpoint_id=out / "step-10")
-
-
-def v_megatron_dist(out: Path) -> None:
-    """Megatron-core torch_dist layout: iter_XXXXXXX/ DCP + common.pt + metadata.json.
-
-    Layer weights are stacked along a leading layer dim and tensor-parallel split along
-    dim 1 (column-parallel fc1) / dim 2 (row-parallel fc2), as DTensors on a 1-D mesh.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    seed_all()
-    world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
-    L, d, v = 2, 64, 256
-    full = {
-        "embedding.word_embeddings.weight": (torch.randn(v, d), Shard(0)),
-        "decoder.layers.mlp.linear_fc1.weight": (torch.randn(L, 2 * d, d), Shard(1)),
-        "decoder.layers.mlp.linear_fc1.layer_norm_weight": (torch.ones(L, d), Replicate()),
-        "decoder.layers.mlp.linear_fc2.weight": (torch.randn(L, d, 2 * d), Shard(2)),
-        "decoder.final_layernorm.weight": (torch.ones(d), Replicate()),
-        "output_layer.weight": (torch.randn(v, d), Shard(0)),
-    }
-    sd = {k: distribute_tensor(t.to(torch.bfloat16), mesh, [p]) for k, (t, p) in full.items()}
-    it_dir = out / "iter_0000010"
-    dcp.save(sd, checkpoint_id=it_dir)
-    if dist.get_rank() == 0:
-        args = argparse.Namespace(num_layers=L, hidden_size=d, ffn_hidden_size=2 * d, padded_vocab_size=v,
-                                  tensor_model_parallel_size=world, pipeline_model_parallel_size=1,
-                                  bf16=True, fp16=False, iteration=10, ckpt_format="torch_dist")
-        torch.save({"args": args, "checkpoint_version": 3.0, "iteration": 10, "num_floating_point_operations_so_far": 0},
-                   it_dir / "common.pt")
-        (it_dir / "metadata.json").write_text(json.dumps({
-            "sharded_backend": "torch_dist", "sharded_backend_version": 1,
-            "common_backend": "torch", "common_backend_version": 1}))
-        (out / "latest_checkpointed_iteration.txt").write_text("10")
-
-
 FUNCS = {
     "fsdp1-dcp": v_fsdp1_dcp,
     "fsdp2-dcp": v_fsdp2_dcp,
@@ -315,8 +222,6 @@ FUNCS = {
     "dcp-ranklocal": v_dcp_ranklocal,
     "dcp-safetensors": v_dcp_safetensors,
     "dcp-fs-safetensors": v_dcp_fs_safetensors,
-    "torchtitan": v_torchtitan,
-    "megatron-dist": v_megatron_dist,
     "dcp-mixed": v_dcp_mixed,
 }
 

@@ -33,6 +33,7 @@ class DcpInfo:
     unsafe: set[str] = field(default_factory=set)
     chunk_dims: set[int] = field(default_factory=set)  # dimensions along which chunks are split
     version: Optional[str] = None
+    chunk_offsets: dict[str, list[tuple]] = field(default_factory=dict)  # tensor -> its chunks' offsets
 
     @property
     def keys(self) -> list[str]:
@@ -103,9 +104,11 @@ def read(folder: Path) -> DcpInfo:
                 for d in size:
                     numel *= d
                 ti = TensorInfo(key, size, dtype, numel * ITEMSIZE.get(dtype, 1))
+                offsets = info.chunk_offsets.setdefault(key, [])
                 for ch in _get(md, "chunks") or []:
                     offs = tuple(_get(ch, "offsets") or ())
                     sizes = tuple(_get(ch, "sizes") or ())
+                    offsets.append(offs)
                     for d, (o, s) in enumerate(zip(offs, sizes)):
                         if len(size) > d and (o != 0 or s != size[d]):
                             info.chunk_dims.add(d)
@@ -134,6 +137,55 @@ def read(folder: Path) -> DcpInfo:
                 if end > files.get(rel, -1):
                     files[rel] = end
     return info
+
+
+# Megatron-Core torch_dist: a transformer block's layers are saved as one tensor per parameter with a leading layer
+# dimension (``decoder.layers.self_attention.linear_qkv.weight`` of shape (num_layers, ...)); a name whose part
+# after ``decoder.layers.`` starts with a digit is one layer's own tensor (older, unstacked checkpoints).
+MEGATRON_STACKED_RE = re.compile(r"^((?:.+\.)?decoder\.layers\.)(?!\d+\.)(.+)$")
+
+
+def is_megatron_dist(folder: Path) -> bool:
+    """A Megatron-Core ``dist_checkpointing`` folder: its ``metadata.json`` names the torch_dist backend."""
+    import json
+
+    try:
+        with open(Path(folder) / "metadata.json", "rb") as f:
+            meta = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("sharded_backend") == "torch_dist"
+
+
+def megatron_stacked(info: DcpInfo) -> dict[str, tuple[str, str, int]]:
+    """Stacked layer tensors of a Megatron-Core torch_dist checkpoint: key -> (prefix, rest, number of layers),
+    the per-layer names being ``prefix + str(i) + "." + rest`` (the names ``dist_checkpointing.load`` gives a
+    model built with the same layer spec as the saved keys: the Transformer Engine spec's; the local spec maps
+    ``input_layernorm.``/``pre_mlp_layernorm.`` onto ``self_attention.linear_qkv.layer_norm_``/
+    ``mlp.linear_fc1.layer_norm_``)."""
+    out = {}
+    for t in info.tensors:
+        m = MEGATRON_STACKED_RE.match(t.name)
+        if m and t.shape:
+            out[t.name] = (m.group(1), m.group(2), int(t.shape[0]))
+    return out
+
+
+def megatron_tensor_parallel(info: DcpInfo) -> Optional[int]:
+    """The tensor-parallel size, from how the tensors are split: the most chunks one layer of one tensor has
+    (megatron writes each shard once, replicas deduplicated)."""
+    stacked = megatron_stacked(info)
+    best = 0
+    for key, offsets in info.chunk_offsets.items():
+        if key in stacked:
+            per_layer: dict = {}
+            for o in set(offsets):
+                per_layer[o[:1]] = per_layer.get(o[:1], 0) + 1
+            n = max(per_layer.values(), default=0)
+        else:
+            n = len(set(offsets))
+        best = max(best, n)
+    return best or None
 
 
 def ranks_of(files) -> set[int]:

@@ -85,6 +85,13 @@ class DcpFolder(FolderFormat):
             f["param_count"] = 0
         if info.chunk_dims:
             f["split_dims"] = sorted(info.chunk_dims)
+        if node.child("metadata.json") is not None and dcpfmt.is_megatron_dist(node.abspath):
+            tp = dcpfmt.megatron_tensor_parallel(info)
+            if tp:
+                f["tensor_parallel"] = tp
+            layers = {n for _, _, n in dcpfmt.megatron_stacked(info).values()}
+            if len(layers) == 1:
+                f["stacked_layers"] = layers.pop()
         parsed.put(node, info)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:

@@ -106,6 +106,11 @@ RECORD_GLOBALS = {
     "torch.distributed.tensor.placement_types.Shard", "torch.distributed.tensor.placement_types.Replicate",
     "torch.distributed.tensor.placement_types._StridedShard", "torch.distributed.tensor.placement_types.Partial",
     "torch.distributed._tensor.placement_types.Shard", "torch.distributed._tensor.placement_types.Replicate",
+    # Megatron-Core's torch_dist writer keeps every rank's save plan in .metadata (``all_local_plans``):
+    # frozen dataclasses of plain data (SavePlan(items=[WriteItem(index, type, tensor_data)]))
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
 }
 
 # NamedTuples pickled as NEWOBJ(cls, args): a tuple of the args, nothing run

@@ -1,0 +1,138 @@
+"""Megatron-Core ``torch_dist`` checkpoints, written by megatron-core's own ``dist_checkpointing.save``.
+
+python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.megatron_dist OUTDIR [variants]
+
+Runs in the cached venv ``megatron-torchtitan`` (megatron-core 0.16.x, the last for Python 3.11; torch 2.13.0 held).
+A tiny ``GPTModel`` (2 layers, hidden 64, 4 heads, vocab 256, bf16 params, the local layer spec: no Transformer
+Engine) built with ``use_cpu_initialization=True`` on a tensor-parallel group of 2 (gloo), then
+``dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 10, "checkpoint_version": 3.0,
+"args": Namespace(...)}, "iter_0000010")`` — the dict Megatron-LM's ``save_checkpoint`` hands to it (Megatron-LM's
+``training`` package is not part of megatron-core, so this module builds the dict and writes the one-line
+``latest_checkpointed_iteration.txt`` tracker that Megatron-LM writes beside it).
+
+What was bypassed on CPU, and nothing else:
+- ``torch.cuda.synchronize`` and ``torch.cuda.current_device`` are stubbed (``lambda *a, **k: None``,
+  ``lambda: "cpu"``): megatron's checkpoint writer calls them around its (here synchronous) write.
+- the CUDA RNG tracker seeding (``model_parallel_cuda_manual_seed``) is not called: CPU initialisation draws from
+  torch's CPU generator, seeded per rank below.
+- no optimizer: megatron's optimizers (DistributedOptimizer, FP32Optimizer) need CUDA, so this is model only.
+
+The oracle: ``oracle/model.pt`` beside the checkpoint (not inside it), a ``torch.save`` of the full tensors that
+megatron-core's own ``dist_checkpointing.load(model.sharded_state_dict(), ckpt)`` returns on ONE rank (a fresh
+1-rank process, tensor-parallel 1): the model's per-layer names (``decoder.layers.0.self_attention…``) with the
+layer stacks and tensor-parallel shards put back together by megatron itself.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ckpt_tui.samples._common import finish, init_dist, log, parse_args
+
+VARIANTS = ["megatron-dist"]
+ITERATION = 10
+TP = 2
+
+
+def _cpu_stubs() -> None:
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+
+
+def _end_children() -> None:
+    """End the multiprocessing Manager that megatron's writer starts for its results queue (a module global
+    it never shuts down): ``finish()`` leaves with ``os._exit``, and an orphaned Manager would keep the
+    launch's output pipe open, so the launcher would wait for it forever."""
+    import multiprocessing
+
+    for p in multiprocessing.active_children():
+        p.terminate()
+        p.join(10)
+
+
+def _model(tp: int):
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    torch.manual_seed(1234 + dist.get_rank())
+    cfg = TransformerConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, use_cpu_initialization=True,
+        params_dtype=torch.bfloat16, bf16=True, tensor_model_parallel_size=tp, pipeline_dtype=torch.bfloat16,
+    )
+    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=256, max_sequence_length=64)
+
+
+def _args(tp: int) -> argparse.Namespace:
+    return argparse.Namespace(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                              padded_vocab_size=256, max_position_embeddings=64, tensor_model_parallel_size=tp,
+                              pipeline_model_parallel_size=1, bf16=True, fp16=False, ckpt_format="torch_dist",
+                              iteration=ITERATION)
+
+
+def v_megatron_dist(out: Path) -> None:
+    from megatron.core import dist_checkpointing
+
+    model = _model(TP)
+    it_dir = out / f"iter_{ITERATION:07d}"
+    if dist.get_rank() == 0:
+        it_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = {"model": model.sharded_state_dict(), "iteration": ITERATION, "checkpoint_version": 3.0,
+             "args": _args(TP)}
+    dist_checkpointing.save(state, str(it_dir))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (out / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
+        # the oracle: megatron-core's own loader on one rank, in a fresh process of its own
+        # (without torchrun's variables: TORCHELASTIC_USE_AGENT_STORE would make it join this launch's store)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_", "LOCAL_", "MASTER_"))
+               and k not in ("RANK", "WORLD_SIZE")}
+        subprocess.run([sys.executable, "-m", "ckpt_tui.samples.megatron_dist", "--oracle", str(it_dir),
+                        str(out / "oracle")], env=env, check=True)
+
+
+def oracle(ckpt: Path, dest: Path) -> None:
+    """One rank, tensor-parallel 1: megatron's dist_checkpointing.load gives the full tensors."""
+    from megatron.core import dist_checkpointing
+
+    init_dist()
+    _cpu_stubs()
+    model = _model(1)
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt))
+    full = {k: v.clone() for k, v in loaded["model"].items() if isinstance(v, torch.Tensor)}
+    dest.mkdir(parents=True, exist_ok=True)
+    torch.save(full, dest / "model.pt")
+    _end_children()
+    finish()
+
+
+FUNCS = {"megatron-dist": v_megatron_dist}
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--oracle"]:
+        oracle(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
+    outdir, variants = parse_args(VARIANTS)
+    init_dist()
+    _cpu_stubs()
+    for name in variants:
+        log(f"{name} ...")
+        FUNCS[name](outdir / name)
+        dist.barrier()
+    _end_children()
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -25,7 +25,7 @@ FRAMEWORK = {
     "fsdp-local": "FSDP (local state dict)", "deepspeed": "DeepSpeed", "lightning-deepspeed": "Lightning + DeepSpeed",
     "lightning-fsdp": "Lightning + FSDP (sharded)", "lightning": "Lightning", "dcp": "torch.distributed.checkpoint",
     "torchtitan": "torchtitan", "universal": "DeepSpeed universal checkpoint", "hf-model": "Hugging Face model",
-    "megatron-legacy": "Megatron (legacy)", "megatron-dist": "Megatron (torch_dist)", "run-folder": None,
+    "megatron-legacy": "Megatron (legacy)", "megatron-dist": "Megatron-Core (torch_dist)", "run-folder": None,
     "torch-file": "torch.save", "safetensors-file": "safetensors", "verl-fsdp": "verl (FSDP)", "unknown": None,
 }
 # files only Accelerate's save_state writes (its RNG states, its names for the optimizer, scheduler,
@@ -271,6 +271,8 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         kind = vf.get("sharded_as")
         version = vf.get("fsdp_version") or (2 if kind == "DTensor" else 1 if kind == "ShardedTensor" else None)
         head += f", FSDP{version or '?'} ({kind or 'unread'}) rank files"
+    if n_model is not None and n_model.facts.get("tensor_parallel"):
+        head += f", TP={n_model.facts['tensor_parallel']}"  # Megatron-Core torch_dist
     parts = [head]
     ws = _world(root, comps)
     if ws:

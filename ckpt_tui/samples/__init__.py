@@ -179,9 +179,9 @@ EXPECTED: dict[str, list[str]] = {
     "dcp-fs-safetensors": _dcp(),
     "torchtitan": _dcp("checkpoint/step-1/") + _dcp("checkpoint/step-2/"),
     # megatron's writer splits each rank's data over two files (__{rank}_0/1.distcp); oracle/ is its own load
-    "megatron-dist": ["iter_0000010/.metadata", "iter_0000010/__0_*.distcp", "iter_0000010/__1_*.distcp",
-                      "iter_0000010/metadata.json", "iter_0000010/common.pt", "latest_checkpointed_iteration.txt",
-                      "oracle/model.pt"],
+    "megatron-dist": [f"checkpoints/{f}" for f in (
+        "iter_0000010/.metadata", "iter_0000010/__0_*.distcp", "iter_0000010/__1_*.distcp",
+        "iter_0000010/metadata.json", "iter_0000010/common.pt", "latest_checkpointed_iteration.txt")] + ["oracle/model.pt", "oracle/keys.json"],
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],
     "hf-model-sharded": ["config.json", "model.safetensors.index.json", "model-00001-of-*.safetensors"],

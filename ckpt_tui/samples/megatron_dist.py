@@ -6,7 +6,7 @@ Runs in the cached venv ``megatron-torchtitan`` (megatron-core 0.16.x, the last 
 A tiny ``GPTModel`` (2 layers, hidden 64, 4 heads, vocab 256, bf16 params, the local layer spec: no Transformer
 Engine) built with ``use_cpu_initialization=True`` on a tensor-parallel group of 2 (gloo), then
 ``dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 10, "checkpoint_version": 3.0,
-"args": Namespace(...)}, "iter_0000010")`` — the dict Megatron-LM's ``save_checkpoint`` hands to it (Megatron-LM's
+"args": Namespace(...)}, "checkpoints/iter_0000010")`` — the dict Megatron-LM's ``save_checkpoint`` hands to it (Megatron-LM's
 ``training`` package is not part of megatron-core, so this module builds the dict and writes the one-line
 ``latest_checkpointed_iteration.txt`` tracker that Megatron-LM writes beside it).
 
@@ -17,14 +17,16 @@ What was bypassed on CPU, and nothing else:
   torch's CPU generator, seeded per rank below.
 - no optimizer: megatron's optimizers (DistributedOptimizer, FP32Optimizer) need CUDA, so this is model only.
 
-The oracle: ``oracle/model.pt`` beside the checkpoint (not inside it), a ``torch.save`` of the full tensors that
+The oracle: ``oracle/model.pt`` beside the run's ``checkpoints/`` folder (not inside it), a ``torch.save`` of the full tensors that
 megatron-core's own ``dist_checkpointing.load(model.sharded_state_dict(), ckpt)`` returns on ONE rank (a fresh
 1-rank process, tensor-parallel 1): the model's per-layer names (``decoder.layers.0.self_attention…``) with the
-layer stacks and tensor-parallel shards put back together by megatron itself.
+layer stacks and tensor-parallel shards put back together by megatron itself; ``oracle/keys.json`` says which
+checkpoint key (and which layer of a stacked one) each name was loaded from.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -82,7 +84,7 @@ def v_megatron_dist(out: Path) -> None:
     from megatron.core import dist_checkpointing
 
     model = _model(TP)
-    it_dir = out / f"iter_{ITERATION:07d}"
+    it_dir = out / "checkpoints" / f"iter_{ITERATION:07d}"
     if dist.get_rank() == 0:
         it_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
@@ -91,7 +93,7 @@ def v_megatron_dist(out: Path) -> None:
     dist_checkpointing.save(state, str(it_dir))
     dist.barrier()
     if dist.get_rank() == 0:
-        (out / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
+        (it_dir.parent / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
         # the oracle: megatron-core's own loader on one rank, in a fresh process of its own
         # (without torchrun's variables: TORCHELASTIC_USE_AGENT_STORE would make it join this launch's store)
         env = {k: v for k, v in os.environ.items()
@@ -108,10 +110,15 @@ def oracle(ckpt: Path, dest: Path) -> None:
     init_dist()
     _cpu_stubs()
     model = _model(1)
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt))
+    sharded = model.sharded_state_dict()
+    loaded = dist_checkpointing.load({"model": sharded}, str(ckpt))
     full = {k: v.clone() for k, v in loaded["model"].items() if isinstance(v, torch.Tensor)}
+    # which checkpoint key (and layer of a stacked one) each of the model's names was loaded from
+    keys = {k: [sh.key, int(sh.global_offset[0]) if sh.prepend_axis_num else None]
+            for k, sh in sharded.items() if k in full}
     dest.mkdir(parents=True, exist_ok=True)
     torch.save(full, dest / "model.pt")
+    (dest / "keys.json").write_text(json.dumps(keys, indent=1, sort_keys=True) + "\n")
     _end_children()
     finish()
 

@@ -52,21 +52,41 @@ def model_names(info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None) -> dic
     return out
 
 
+def output_tensors(folder: Path, info: dcpfmt.DcpInfo,
+                   strip_prefix: Optional[str] = None) -> list[tuple[str, str, Optional[int]]]:
+    """(DCP key, output name, layer) for every model tensor an export writes. ``layer`` is None for a tensor
+    written whole; for the stacked layer tensors of a Megatron-Core torch_dist checkpoint (``decoder.layers.X``
+    with a leading layer dimension) each layer is its own output tensor ``decoder.layers.{i}.X``."""
+    names = model_names(info, strip_prefix)
+    stacked = dcpfmt.megatron_stacked(info) if dcpfmt.is_megatron_dist(folder) else {}
+    out: list[tuple[str, str, Optional[int]]] = []
+    for key, name in names.items():
+        if key in stacked:
+            prefix, rest, n = stacked[key]
+            head = name[: len(name) - len(key) + len(prefix)] if name.endswith(key) else prefix
+            out += [(key, f"{head}{i}.{rest}", i) for i in range(n)]
+        else:
+            out.append((key, name, None))
+    return out
+
+
 def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_general: bool = False) -> Source:
     folder = Path(folder)
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
-    names = model_names(info, strip_prefix)
-    if not names:
+    outputs = output_tensors(folder, info, strip_prefix)
+    if not outputs:
         raise FormatError("this DCP folder holds no model tensors (only optimizer or other state)")
-    return Source("dcp", folder, dcp_tensors(folder, info, names, force_general=force_general))
+    return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general))
 
 
-def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names: dict[str, str], *,
-                force_general: bool = False) -> list[SourceTensor]:
-    """The DCP tensors ``names`` (flattened key -> output name) of ``folder`` as source tensors: byte
-    ranges where the chunks allow, else torch's DCP loader one tensor at a time."""
+def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: bool = False) -> list[SourceTensor]:
+    """The DCP tensors ``names`` of ``folder`` as source tensors: byte ranges where the chunks allow, else torch's
+    DCP loader one tensor at a time. ``names``: flattened key -> output name, or (key, output name, layer) triples
+    (:func:`output_tensors`: one layer of a Megatron-Core stacked tensor when ``layer`` is not None)."""
+    outputs = list(names) if isinstance(names, list) else [(k, v, None) for k, v in names.items()]
+    keys = {k for k, _, _ in outputs}
     glob_meta, rank_metas = dcpfmt.metadata_files(folder)
     metas = [glob_meta] if glob_meta else rank_metas
     chunks: dict[str, list] = {}
@@ -75,36 +95,74 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names: dict[str, str], *,
         meta, _, _ = dcpfmt.read_metadata_file(m)
         sdm = _d(meta).get("state_dict_metadata") or {}
         for key, md in sdm.items():
-            if key in names:
+            if key in keys:
                 chunks.setdefault(key, []).extend(_d(md).get("chunks") or [])
         for idx, st in (_d(meta).get("storage_data") or {}).items():
             di = _d(idx)
-            if di.get("fqn") in names:
+            if di.get("fqn") in keys:
                 storage[(di["fqn"], tuple(di.get("offset") or ()))] = _d(st)
     tensors = []
     by_name = {t.name: t for t in info.tensors}
-    for key, out_name in names.items():
+    stacks: dict = {}  # the one stacked tensor loaded whole by the general path, for its layers in turn
+    for key, out_name, layer in outputs:
         ti = by_name[key]
-        st = None if force_general else _fast_ranges(folder, ti, chunks.get(key, []), storage)
+        shape = ti.shape if layer is None else ti.shape[1:]
+        st = None if force_general else _fast_ranges(folder, ti, chunks.get(key, []), storage, layer)
         if st is not None:
-            tensors.append(SourceTensor(out_name, ti.shape, ti.dtype, ranges=tuple(st)))
+            tensors.append(SourceTensor(out_name, shape, ti.dtype, ranges=tuple(st)))
         else:
-            tensors.append(SourceTensor(out_name, ti.shape, ti.dtype, load=_general_loader(folder, key, ti),
+            load = _general_loader(folder, key, ti, bool(info.planner_data))
+            if layer is not None:
+                load = _layer_loader(load, key, layer, stacks)
+            tensors.append(SourceTensor(out_name, shape, ti.dtype, load=load,
                                         note="read with torch DCP (chunks are not contiguous byte ranges)"))
     return tensors
 
 
-def _fast_ranges(folder: Path, ti, chunk_list, storage) -> Optional[list[ByteRange]]:
+def _layer_loader(load_stack, key: str, layer: int, cache: dict):
+    def load():
+        if cache.get("key") != key:
+            cache.clear()
+            cache.update(key=key, tensor=load_stack())
+        return cache["tensor"][layer].contiguous()
+
+    return load
+
+
+def _fast_ranges(folder: Path, ti, chunk_list, storage, layer: Optional[int] = None) -> Optional[list[ByteRange]]:
+    """Byte ranges of the tensor (or of one ``layer`` along its leading dimension: a chunk of that layer alone
+    is a tensor of the layer's shape behind a leading 1), or None when it takes the general path."""
     if ti.dtype not in ITEMSIZE or not chunk_list:
         return None
     shape = ti.shape
     item = ITEMSIZE[ti.dtype]
     parts = []
+    keys = {}  # chunk offsets in the layer's own dims -> offsets of the stored chunk (its storage key)
     for ch in chunk_list:
         c = _d(ch)
         offs, sizes = tuple(c.get("offsets") or ()), tuple(c.get("sizes") or ())
         if len(offs) != len(shape):
             return None
+        if layer is not None:
+            if not offs or offs[0] + sizes[0] <= layer or offs[0] > layer:
+                continue  # another layer's chunk
+            if sizes[0] != 1:
+                return None  # several layers in one chunk: general path
+            keys[offs[1:]] = offs
+            offs, sizes = offs[1:], sizes[1:]
+        else:
+            keys[offs] = offs
+        if len(offs) != len(shape) - (layer is not None):
+            return None
+    if layer is not None:
+        shape = shape[1:]
+    for ch in chunk_list:
+        c = _d(ch)
+        offs, sizes = tuple(c.get("offsets") or ()), tuple(c.get("sizes") or ())
+        if layer is not None:
+            if offs[0] != layer:
+                continue
+            offs, sizes = offs[1:], sizes[1:]
         for d in range(1, len(shape)):
             if offs[d] != 0 or sizes[d] != shape[d]:
                 return None  # split along another dim: general path
@@ -125,7 +183,7 @@ def _fast_ranges(folder: Path, ti, chunk_list, storage) -> Optional[list[ByteRan
             return None
     ranges = []
     for offs, sizes in parts:
-        st = storage.get((ti.name, offs))
+        st = storage.get((ti.name, keys.get(offs, offs)))
         if st is None or st.get("transform_descriptors"):
             return None
         path = folder / str(st["relative_path"])
@@ -217,20 +275,31 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
     return ByteRange(str(path), start + t.offset * item, numel * item)
 
 
-def _general_loader(folder: Path, key: str, ti):
-    def load():
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+def _general_loader(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
+    return lambda: load_one(folder, key, ti, planner_data).contiguous()
 
-        sd: dict = {}
-        _load_state_dict(sd, storage_reader=FileSystemReader(str(folder)),
-                         planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
-        # the loaded dict is nested again: walk it by the key's structure
-        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-        flat, _ = flatten_state_dict(sd)
-        t = flat[key]
-        return t.contiguous()
+def load_one(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
+    """One whole tensor of a DCP folder, read by torch's own DCP loader.
 
-    return load
+    Megatron-Core's writer leaves ``planner_data`` out of ``.metadata`` (torch's key-filtering planner then
+    fails): there the tensor is loaded into a pre-allocated tensor of its full shape by the default planner."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    if planner_data is None:
+        planner_data = bool(dcpfmt.read(folder).planner_data)
+    reader = FileSystemReader(str(folder))
+    if not planner_data:
+        sd = {key: torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))}
+        _load_state_dict(sd, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+        return sd[key]
+    sd = {}
+    _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
+    # the loaded dict is nested again: walk it by the key's structure
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(sd)
+    return flat[key]

@@ -107,21 +107,16 @@ class DcpFolder(FolderFormat):
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-        from ..export.dcp_source import model_names
+        from ..export.dcp_source import load_one, output_tensors
 
         info = dcpfmt.read(node.abspath)
-        names = model_names(info, strip_prefix)
-        for key, name in names.items():
-            sd: dict = {}
-            _load_state_dict(sd, storage_reader=FileSystemReader(str(node.abspath)),
-                             planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
-            flat, _ = flatten_state_dict(sd)
-            yield name, flat[key]
+        by_name = {t.name: t for t in info.tensors}
+        loaded: dict = {}
+        for key, name, layer in output_tensors(node.abspath, info, strip_prefix):
+            if key not in loaded:
+                loaded.clear()
+                loaded[key] = load_one(node.abspath, key, by_name[key], bool(info.planner_data))
+            yield name, (loaded[key] if layer is None else loaded[key][layer])
 
 
 class DcpSafetensorsFolder(FolderFormat):

@@ -93,10 +93,12 @@ def test_dcp_key_layouts(real_ckpt):
     fsdp2 = _dcp_keys(real_ckpt("fsdp2-dcp") / ".metadata")
     assert "model.embed_tokens.weight" in fsdp2 and "optim.state.embed_tokens.weight.exp_avg" in fsdp2
     assert "model.embed_tokens.weight" in _dcp_keys(real_ckpt("fsdp1-dcp") / ".metadata")
-    titan = _dcp_keys(real_ckpt("torchtitan") / "step-10/.metadata")
-    assert "embed_tokens.weight" in titan and "train_state.step" in titan
+    titan = _dcp_keys(real_ckpt("torchtitan") / "checkpoint/step-1/.metadata")  # CheckpointManager.save(1)
+    assert "tok_embeddings.weight" in titan and "train_state.step" in titan
     assert any(k.startswith("optimizer.state.") for k in titan)
     assert any(k.startswith("lr_scheduler.") for k in titan) and any(k.startswith("dataloader.") for k in titan)
+    last = _dcp_keys(real_ckpt("torchtitan") / "checkpoint/step-2/.metadata")  # save(2, last_step=True)
+    assert "tok_embeddings.weight" in last and not any(k.startswith(("optimizer.", "train_state.")) for k in last)
     lit = real_ckpt("lightning-fsdp") / "checkpoints/epoch=0-step=2.ckpt"
     assert "model.model.embed_tokens.weight" in _dcp_keys(lit / ".metadata")
     assert not (real_ckpt("dcp-ranklocal") / ".metadata").exists()
@@ -106,9 +108,10 @@ def test_dcp_key_layouts(real_ckpt):
 def test_megatron_layouts(real_ckpt):
     import json
 
-    md = real_ckpt("megatron-dist")
+    md = real_ckpt("megatron-dist") / "checkpoints"
     assert json.loads((md / "iter_0000010/metadata.json").read_text())["sharded_backend"] == "torch_dist"
     assert (md / "latest_checkpointed_iteration.txt").read_text().strip() == "10"
+    assert "decoder.layers.self_attention.linear_qkv.weight" in _dcp_keys(md / "iter_0000010/.metadata")
     legacy = _load(real_ckpt("megatron-legacy") / "iter_0000010/mp_rank_00/model_optim_rng.pt")
     assert {"model", "optimizer", "iteration", "args"} <= set(legacy)
     assert type(legacy["args"]).__name__ == "Namespace"

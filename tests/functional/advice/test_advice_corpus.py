@@ -37,6 +37,8 @@ def _entry(root: Path) -> tuple[Path, str]:
     if len(ckpts) == 1:
         return root, ckpts[0].name
     lit = root / "checkpoints"
+    if (lit / "latest_checkpointed_iteration.txt").is_file():  # a Megatron --save folder (megatron-dist)
+        return root, "checkpoints"
     if lit.is_dir():
         names = sorted(c.name for c in lit.iterdir() if c.name.endswith(".ckpt"))
         if names:

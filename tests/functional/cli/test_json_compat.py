@@ -18,6 +18,12 @@ RELEASED = json.loads((Path(__file__).parent / "data" / "released_inspect_json.j
 # key path -> types the released version printed there that were wrong, and why
 CORRECTED: dict[str, set[str]] = {}
 
+# fixtures whose files changed since the release because the fixture itself was replaced (the hand-made torch DCP
+# imitations of torchtitan and Megatron-Core, now written by torchtitan's CheckpointManager and megatron-core's
+# dist_checkpointing): their node lists are not comparable, their key paths and types still are, on the folder that
+# is now what the fixture's root was (the run's checkpoint folder)
+REPLACED = {"torchtitan": "checkpoint", "megatron-dist": "checkpoints"}
+
 
 def shape(v, path: str = "", out: dict | None = None) -> dict[str, set[str]]:
     """Every key path of a JSON value (``[]`` for list items) with the JSON types found there."""
@@ -37,11 +43,13 @@ def shape(v, path: str = "", out: dict | None = None) -> dict[str, set[str]]:
 @pytest.mark.parametrize("variant", sorted(RELEASED))
 def test_inspect_json_is_additive(variant):
     old = RELEASED[variant]
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "inspect", str(fixture_path(variant)), "--json"],
+    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "inspect", str(fixture_path(variant) / REPLACED.get(variant, "")),
+                        "--json"],
                        capture_output=True, text=True, timeout=120)
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1
-    assert sorted(n["path"] for n in doc["nodes"]) == old["nodes"]  # every file still listed
+    if variant not in REPLACED:
+        assert sorted(n["path"] for n in doc["nodes"]) == old["nodes"]  # every file still listed
     new = shape(doc)
     gone = [k for k in old["shape"] if k not in new]
     assert not gone, f"keys the released version printed are gone: {gone}"

@@ -1,0 +1,156 @@
+"""Megatron-Core ``torch_dist`` and torchtitan checkpoints written by the frameworks themselves
+(samples/megatron_dist.py: ``dist_checkpointing.save`` of a TP=2 GPTModel; samples/torchtitan_ckpt.py:
+``CheckpointManager.save``), inspected without --trust-pickles and exported bit-exact against their oracles:
+megatron-core's own ``dist_checkpointing.load`` on one rank (``oracle/``, made in the framework's venv) and
+torch's ``dcp_to_torch_save`` for torchtitan (torch alone reads it: no framework needed)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import zipfile
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ckpt_tui.core.export.api import export
+from ckpt_tui.core.formats import dcp as dcpfmt
+from ckpt_tui.core.formats.pickles import Record, safe_loads
+from ckpt_tui.core.report import inspect
+
+
+def codes(rep) -> set[str]:
+    return {f.code for f in rep.findings}
+
+
+def node(rep, path: str):
+    return rep.inventory.root.find(path)
+
+
+# ---------------------------------------------------------------- Megatron-Core torch_dist
+
+def test_megatron_metadata_and_common_state_read_as_data(real_ckpt):
+    """.metadata holds every rank's save plan (SavePlan/WriteItem/TensorWriteData), common.pt the args: all inert data
+    to the restricted unpickler, nothing outside the allowlist."""
+    it = real_ckpt("megatron-dist") / "checkpoints/iter_0000010"
+    up = safe_loads((it / ".metadata").read_bytes())
+    assert up.unsafe == set()
+    plans = up.obj.__dict__["all_local_plans"]
+    assert len(plans) == 2 and all(isinstance(p, Record) for p in plans)  # one per rank
+    items = plans[0].__dict__["items"]
+    assert items and type(items[0]).__name__ == "WriteItem"
+    with zipfile.ZipFile(it / "common.pt") as zf:
+        pkl = next(n for n in zf.namelist() if n.endswith("data.pkl"))
+        common = safe_loads(zf.read(pkl), persistent=True)
+    assert common.unsafe == set() and common.obj["iteration"] == 10
+    assert common.obj["args"].__dict__["tensor_model_parallel_size"] == 2
+
+
+def test_megatron_inspect(real_ckpt):
+    rep = inspect(real_ckpt("megatron-dist") / "checkpoints")
+    inv = rep.inventory
+    assert inv.layout == "megatron-dist" and inv.framework == "Megatron-Core (torch_dist)"
+    assert inv.components == {"model": "iter_0000010"}
+    assert inv.summary.startswith("Megatron-Core (torch_dist), TP=2, 2 ranks, step 10: model in `iter_0000010/`")
+    assert "unsafe-pickle" not in codes(rep)
+    assert not [f for f in rep.findings if f.severity in ("error", "warning")], rep.findings
+    facts = node(rep, "iter_0000010").facts
+    assert facts["tensor_parallel"] == 2 and facts["stacked_layers"] == 2 and facts["world_size"] == 2
+    assert "unsafe_globals" not in facts
+
+
+def _megatron_oracle(root):
+    """megatron's own load (TP=1, one rank) with, for each of the model's names, the checkpoint key and layer."""
+    ref = torch.load(root / "oracle/model.pt", weights_only=True)
+    keys = json.loads((root / "oracle/keys.json").read_text())
+    return ref, keys
+
+
+@pytest.mark.parametrize("sub", ["checkpoints", "checkpoints/iter_0000010"])
+def test_megatron_export_equals_dist_checkpointing_load(real_ckpt, tmp_path, sub):
+    """Stacked layer tensors (decoder.layers.X with a leading layer dim) and TP shards come out whole, one tensor per
+    layer named decoder.layers.{i}.X — each bit-exact against what dist_checkpointing.load gave megatron's model."""
+    root = real_ckpt("megatron-dist")
+    res = export(root / sub, tmp_path / "out")
+    assert res.verified
+    ours = load_file(tmp_path / "out" / "model.safetensors")
+    ref, keys = _megatron_oracle(root)
+    assert len(ours) == len(ref) == 29
+    seen = set()
+    for name, (key, layer) in keys.items():
+        m = re.match(r"^(decoder\.layers\.)(.+)$", key)
+        ours_name = key if layer is None else f"{m.group(1)}{layer}.{m.group(2)}"
+        t = ours[ours_name]
+        assert t.dtype == ref[name].dtype and torch.equal(t, ref[name]), name
+        seen.add(ours_name)
+    assert seen == set(ours)
+    # the names are the checkpoint's: megatron's local layer spec loads input_layernorm from the TE-spec key
+    assert keys["decoder.layers.1.input_layernorm.weight"] == ["decoder.layers.self_attention.linear_qkv.layer_norm_weight", 1]
+    assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in ours
+
+
+def test_megatron_missing_rank_file(real_ckpt, tmp_path):
+    d = tmp_path / "checkpoints"
+    shutil.copytree(real_ckpt("megatron-dist") / "checkpoints", d)
+    os.remove(d / "iter_0000010/__1_1.distcp")  # one of rank 1's two files
+    rep = inspect(d)
+    miss = [f for f in rep.findings if f.code == "shard-missing"]
+    assert miss and "__1_1.distcp" in miss[0].message and miss[0].path == "iter_0000010"
+
+
+def test_megatron_files_of_another_world_size(real_ckpt, tmp_path):
+    d = tmp_path / "iter_0000010"
+    shutil.copytree(real_ckpt("megatron-dist") / "checkpoints/iter_0000010", d)
+    shutil.copy(d / "__1_0.distcp", d / "__2_0.distcp")  # a rank 2 of an earlier, larger save
+    rep = inspect(d)
+    assert "world-size-mismatch" in codes(rep)
+
+
+# ---------------------------------------------------------------- torchtitan CheckpointManager
+
+def test_torchtitan_run_full_and_model_only(real_ckpt):
+    run = real_ckpt("torchtitan") / "checkpoint"
+    rep = inspect(run)
+    inv = rep.inventory
+    assert inv.layout == "run-folder"
+    assert [(c["path"], c["step"], c["layout"]) for c in inv.checkpoints] == [
+        ("step-2", 2, "torchtitan"), ("step-1", 1, "torchtitan")]
+    assert "unsafe-pickle" not in codes(rep)
+    full = inspect(run / "step-1")
+    assert full.inventory.framework == "torchtitan"
+    assert full.inventory.components == {"model": ".", "optimizer": "."}
+    assert full.inventory.summary.startswith("torchtitan, 2 ranks, step 1: model and optimizer in this folder")
+    conts = set(full.inventory.root.facts["containers"])
+    # the model's keys flattened at the top level (one container each) beside the Stateful components
+    assert {"optimizer", "lr_scheduler", "dataloader", "train_state", "tok_embeddings.weight"} <= conts
+    last = inspect(run / "step-2")
+    assert last.inventory.components == {"model": "."}
+    assert last.inventory.root.facts["dtypes"] == ["bfloat16"]  # export_dtype of the last, model-only save
+
+
+@pytest.mark.parametrize("step,dtype", [("step-1", torch.float32), ("step-2", torch.bfloat16)])
+def test_torchtitan_export_equals_dcp_to_torch_save(real_ckpt, tmp_path, step, dtype):
+    """The Llama3 model's FQNs (torchtitan's model state dict: fused wqkv saved as wq/wk/wv), dtype as stored."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    src = real_ckpt("torchtitan") / "checkpoint" / step
+    res = export(src, tmp_path / "out")
+    assert res.verified
+    dcp_to_torch_save(src, tmp_path / "ref.pt")
+    ref = torch.load(tmp_path / "ref.pt", weights_only=False)
+    model = {k: v for k, v in ref.items() if isinstance(v, torch.Tensor)}  # the top-level keys: the model's
+    ours = load_file(tmp_path / "out" / "model.safetensors")
+    assert set(ours) == set(model) and "layers.0.attention.qkv_linear.wq.weight" in ours
+    for k, v in model.items():
+        assert ours[k].dtype == v.dtype == dtype and torch.equal(ours[k], v), k
+
+
+def test_torchtitan_missing_rank_file(real_ckpt, tmp_path):
+    d = tmp_path / "step-1"
+    shutil.copytree(real_ckpt("torchtitan") / "checkpoint/step-1", d)
+    os.remove(d / "__1_0.distcp")
+    rep = inspect(d)
+    assert "shard-missing" in codes(rep)
+    assert dcpfmt.read(d).unsafe == set()

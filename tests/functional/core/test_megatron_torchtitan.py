@@ -154,3 +154,23 @@ def test_torchtitan_missing_rank_file(real_ckpt, tmp_path):
     rep = inspect(d)
     assert "shard-missing" in codes(rep)
     assert dcpfmt.read(d).unsafe == set()
+
+
+# ---------------------------------------------------------------- the TUI shows them
+
+@pytest.mark.parametrize("variant,sub,expect,child", [
+    ("megatron-dist", "checkpoints", "Megatron-Core (torch_dist), TP=2, 2 ranks, step 10", "iter_0000010/"),
+    ("torchtitan", "checkpoint", "torchtitan, 2 ranks, step 2", "step-1/"),
+])
+async def test_tui_shows_framework_and_layout(real_ckpt, variant, sub, expect, child):
+    from ckpt_tui.ui.app import make_app
+    from tests.functional.ui.test_app import wait_for
+
+    app = make_app(real_ckpt(variant) / sub)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        summary = str(app.query_one("#summary").render())
+        assert expect in " ".join(summary.split()), summary
+        labels = {str(n.label) for n in app.query_one("#tree").root.children}
+        assert any(child in label for label in labels), labels
+        assert "unsafe-pickle" not in {f.code for f in app.report.findings}

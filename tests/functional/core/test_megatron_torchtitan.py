@@ -174,3 +174,23 @@ async def test_tui_shows_framework_and_layout(real_ckpt, variant, sub, expect, c
         labels = {str(n.label) for n in app.query_one("#tree").root.children}
         assert any(child in label for label in labels), labels
         assert "unsafe-pickle" not in {f.code for f in app.report.findings}
+
+
+def test_torchtitan_optimizer_export_equals_dcp_to_torch_save(real_ckpt, tmp_path):
+    """--component optimizer on the full save (main's DCP optimizer source): torchtitan flattens its optimizer state
+    to ``optimizer.state.<fqn>.<state>`` (the fused ``wqkv`` parameter's fqn: the model's wq/wk/wv split is a
+    state-dict hook of the model only), every exp_avg/exp_avg_sq bit-exact against torch's own dcp_to_torch_save."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    src = real_ckpt("torchtitan") / "checkpoint/step-1"
+    export(src, tmp_path / "out", component="optimizer")
+    ours = load_file(tmp_path / "out" / "optimizer.safetensors")
+    dcp_to_torch_save(src, tmp_path / "ref.pt")
+    ref = torch.load(tmp_path / "ref.pt", weights_only=False)["optimizer"]
+    states = {k.removeprefix("state."): v for k, v in ref.items()
+              if k.startswith("state.") and k.endswith((".exp_avg", ".exp_avg_sq"))}
+    assert states and set(states) == set(ours)
+    for k, v in states.items():
+        assert ours[k].dtype == v.dtype and torch.equal(ours[k], v), k
+    config = json.loads((tmp_path / "out" / "optimizer_config.json").read_text())
+    assert config["step"] == 1 and "layers.0.attention.qkv_linear.wqkv.weight" in config["param_groups"][0]["params"]

@@ -78,7 +78,14 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
     outputs = output_tensors(folder, info, strip_prefix)
     if not outputs:
         raise FormatError("this DCP folder holds no model tensors (only optimizer or other state)")
-    return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general))
+    notes = []
+    stacked = {k for k, _, layer in outputs if layer is not None}
+    if stacked:
+        notes.append(f"Megatron-Core torch_dist: {len(stacked)} tensors stacked over the layers (decoder.layers.X) "
+                     "written one per layer as decoder.layers.{i}.X, tensor-parallel shards whole; the names are the "
+                     "checkpoint's keys (megatron's local layer spec loads its input_layernorm/pre_mlp_layernorm from "
+                     "self_attention.linear_qkv.layer_norm_*/mlp.linear_fc1.layer_norm_*)")
+    return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general), notes=notes)
 
 
 def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: bool = False) -> list[SourceTensor]:

@@ -159,10 +159,9 @@ def is_megatron_dist(folder: Path) -> bool:
 
 def megatron_stacked(info: DcpInfo) -> dict[str, tuple[str, str, int]]:
     """Stacked layer tensors of a Megatron-Core torch_dist checkpoint: key -> (prefix, rest, number of layers),
-    the per-layer names being ``prefix + str(i) + "." + rest`` (the names ``dist_checkpointing.load`` gives a
-    model built with the same layer spec as the saved keys: the Transformer Engine spec's; the local spec maps
-    ``input_layernorm.``/``pre_mlp_layernorm.`` onto ``self_attention.linear_qkv.layer_norm_``/
-    ``mlp.linear_fc1.layer_norm_``)."""
+    the per-layer names being ``prefix + str(i) + "." + rest``: the checkpoint's own keys, one per layer
+    (``dist_checkpointing.load`` into megatron's local layer spec maps its ``input_layernorm.``/
+    ``pre_mlp_layernorm.`` onto ``self_attention.linear_qkv.layer_norm_``/``mlp.linear_fc1.layer_norm_``)."""
     out = {}
     for t in info.tensors:
         m = MEGATRON_STACKED_RE.match(t.name)

@@ -75,6 +75,7 @@ def test_megatron_export_equals_dist_checkpointing_load(real_ckpt, tmp_path, sub
     root = real_ckpt("megatron-dist")
     res = export(root / sub, tmp_path / "out")
     assert res.verified
+    assert any("12 tensors stacked over the layers" in n for n in res.notes), res.notes
     ours = load_file(tmp_path / "out" / "model.safetensors")
     ref, keys = _megatron_oracle(root)
     assert len(ours) == len(ref) == 29

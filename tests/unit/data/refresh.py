@@ -46,7 +46,7 @@ VARIANTS = {
     "fsdp1-dcp": "dcp (model only)",
     "fsdp2-dcp": "dcp (model + optimizer)",
     "dcp-ranklocal": "dcp with rank-local __{rank}.metadata",
-    "torchtitan": "torchtitan",
+    "torchtitan": "torchtitan (CheckpointManager: step-1 full, step-2 model-only bf16)",
     "verl-fsdp2": "verl-fsdp (verl's FSDP2 DTensor rank files), its missing-rank and world-size findings",
     "verl-fsdp1": "verl-fsdp (verl's FSDP1 ShardedTensor rank files)",
     "universal-zero2": "universal",
@@ -56,7 +56,7 @@ VARIANTS = {
     "fsdp-full": "fsdp-full",
     "fsdp-local": "fsdp-local",
     "megatron-legacy": "megatron-legacy, latest_checkpointed_iteration.txt",
-    "megatron-dist": "megatron-dist",
+    "megatron-dist": "megatron-dist (Megatron-Core dist_checkpointing, TP=2, stacked layers)",
     "plain-pt": "torch-file, lightning (.ckpt file), tied-weights in a torch file",
 }
 

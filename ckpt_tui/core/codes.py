@@ -49,6 +49,7 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
                 "ZeRO-1/2 states lack universal_checkpoint_info: ds_to_universal refuses them", "universal-info"),
     FindingCode("shard-missing", ("error",), "a rank file named in .metadata or implied by the world size is absent"),
     FindingCode("world-size-mismatch", ("error", "warning"), "rank files from another world size are mixed in"),
+    FindingCode("megatron-files-missing", ("error",), "Megatron-Core torch_dist without metadata.json or common.pt"),
     FindingCode("latest-dangling", ("error",), "`latest` names a tag that is not there", "latest"),
     FindingCode("latest-missing", ("warning",), "DeepSpeed tags without a `latest` file", "latest"),
     FindingCode("file-truncated", ("error",), "a file shorter than its header says"),

@@ -7,6 +7,7 @@ its severities, help line and fix id are registered in ``codes.CODES``.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Optional, cast
 
@@ -165,6 +166,16 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"`{inv.shown(p + '/.metadata')}` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
                            "Copy them from the nodes that wrote them (each rank writes its own); without them the "
                            "tensors they hold cannot be loaded."))
+    lost = _megatron_files_missing(inv, n)
+    if lost:
+        them = "it" if len(lost) == 1 else "them"
+        out.append(Finding("megatron-files-missing", "error", p,
+                           f"`{inv.shown(p, slash=True)}` is a Megatron-Core torch_dist checkpoint without "
+                           f"{' and '.join(lost)}: rank 0 writes {them} beside .metadata, and megatron's "
+                           "dist_checkpointing.load refuses the folder without "
+                           f"{them} (metadata.json says it is a distributed checkpoint; common.pt holds the "
+                           "iteration, the args and every non-tensor state). Copy "
+                           f"{them} from rank 0's node, or use an earlier complete checkpoint."))
     if f.get("unreferenced_files"):
         extra = f["unreferenced_files"]
         out.append(Finding("world-size-mismatch", "warning", p,
@@ -201,6 +212,20 @@ def _verl_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"{world}. verl's model merger reads the world size from fsdp_config.json and would look for "
                            f"model_world_size_{cw}_rank_*.pt; the config or the files are from another save."))
     return out
+
+
+def _megatron_files_missing(inv: Inventory, n: Node) -> list[str]:
+    """The files Megatron-Core's dist_checkpointing.save writes beside a DCP (rank 0 only) that are not there,
+    for a DCP folder that megatron wrote: it has one of them, or it is an ``iter_N/`` of a Megatron run."""
+    names = {c.name for c in n.children}
+    ours = {"metadata.json", "common.pt"} & names
+    mcore_json = "metadata.json" in ours and bool(cast(DcpFacts, n.facts).get("tensor_parallel"))
+    parent = inv.root.find(n.path.rsplit("/", 1)[0] if "/" in n.path else ".") if n.path != "." else None
+    in_run = (re.match(r"^iter_\d+$", n.name) is not None and parent is not None
+              and parent.child("latest_checkpointed_iteration.txt") is not None)
+    if not (mcore_json or "common.pt" in ours or in_run):
+        return []
+    return [f for f in ("metadata.json", "common.pt") if f not in names]
 
 
 def _ranks(rs) -> str:

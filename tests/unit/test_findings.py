@@ -255,6 +255,12 @@ CASES = [
     Rule("universal-info-missing-latest-universal-elsewhere",
          Converted(write("latest_universal", b"global_step1_universal")), "universal-info-missing", "warning", TAG,
          ("`latest_universal` does not name it",), "universal-info"),
+    # megatron-files-missing: rank 0's files of a Megatron-Core torch_dist save (megatron's load refuses without them)
+    Rule("megatron-files-missing-common", Corrupt("megatron-dist", rm("checkpoints/iter_0000010/common.pt")),
+         "megatron-files-missing", "error", "checkpoints/iter_0000010", ("without common.pt", "rank 0 writes it")),
+    Rule("megatron-files-missing-metadata", Corrupt("megatron-dist", rm("checkpoints/iter_0000010/metadata.json"),
+                                                    "checkpoints"),
+         "megatron-files-missing", "error", "iter_0000010", ("without metadata.json",)),
     # shard-missing
     Rule("shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".",
          ("__1_0.distcp",)),

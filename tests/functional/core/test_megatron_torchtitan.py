@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from ckpt_tui.core.export.api import export
+from ckpt_tui.core.export.write import ExportError
 from ckpt_tui.core.formats import dcp as dcpfmt
 from ckpt_tui.core.formats.pickles import Record, safe_loads
 from ckpt_tui.core.report import inspect
@@ -195,3 +196,17 @@ def test_torchtitan_optimizer_export_equals_dcp_to_torch_save(real_ckpt, tmp_pat
         assert ours[k].dtype == v.dtype and torch.equal(ours[k], v), k
     config = json.loads((tmp_path / "out" / "optimizer_config.json").read_text())
     assert config["step"] == 1 and "layers.0.attention.qkv_linear.wqkv.weight" in config["param_groups"][0]["params"]
+
+
+def test_megatron_rank0_files_missing(real_ckpt, tmp_path):
+    """Without common.pt megatron's dist_checkpointing.load fails (FileNotFoundError), without metadata.json it says
+    "is not a distributed checkpoint" (both seen in megatron-core 0.16's venv)."""
+    d = tmp_path / "checkpoints"
+    shutil.copytree(real_ckpt("megatron-dist") / "checkpoints", d)
+    os.remove(d / "iter_0000010/common.pt")
+    rep = inspect(d)
+    f = [f for f in rep.findings if f.code == "megatron-files-missing"]
+    assert f and f[0].severity == "error" and f[0].path == "iter_0000010" and "without common.pt" in f[0].message
+    with pytest.raises(ExportError, match="megatron-files-missing"):  # an error finding: no export of it
+        export(d, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

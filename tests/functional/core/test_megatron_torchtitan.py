@@ -91,6 +91,11 @@ def test_megatron_export_equals_dist_checkpointing_load(real_ckpt, tmp_path, sub
     # the names are the checkpoint's: megatron's local layer spec loads input_layernorm from the TE-spec key
     assert keys["decoder.layers.1.input_layernorm.weight"] == ["decoder.layers.self_attention.linear_qkv.layer_norm_weight", 1]
     assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in ours
+    # `ckpt-tui verify OUT --against SRC`: torch's own DCP loader, the stacks sliced the same way
+    from ckpt_tui.core.verify import verify
+
+    v = verify(tmp_path / "out", root / sub)
+    assert v.ok and v.compared == 29 and not v.mismatches and not v.missing_in_output and not v.not_in_reference
 
 
 def test_megatron_missing_rank_file(real_ckpt, tmp_path):

@@ -6,9 +6,10 @@ Runs in the cached venv ``megatron-torchtitan`` (megatron-core 0.16.x, the last 
 A tiny ``GPTModel`` (2 layers, hidden 64, 4 heads, vocab 256, bf16 params, the local layer spec: no Transformer
 Engine) built with ``use_cpu_initialization=True`` on a tensor-parallel group of 2 (gloo), then
 ``dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 10, "checkpoint_version": 3.0,
-"args": Namespace(...)}, "checkpoints/iter_0000010")`` — the dict Megatron-LM's ``save_checkpoint`` hands to it (Megatron-LM's
-``training`` package is not part of megatron-core, so this module builds the dict and writes the one-line
-``latest_checkpointed_iteration.txt`` tracker that Megatron-LM writes beside it).
+"args": Namespace(...)}, "checkpoints/iter_0000010")`` — the shape of the dict Megatron-LM's ``save_checkpoint``
+hands to it (Megatron-LM's ``training`` package is not part of megatron-core: this module builds the dict, with
+only these common entries and no rng state, and writes the one-line ``latest_checkpointed_iteration.txt`` tracker
+that Megatron-LM writes beside it). No training step: the weights are the initialisation's.
 
 What was bypassed on CPU, and nothing else:
 - ``torch.cuda.synchronize`` and ``torch.cuda.current_device`` are stubbed (``lambda *a, **k: None``,
@@ -16,6 +17,8 @@ What was bypassed on CPU, and nothing else:
 - the CUDA RNG tracker seeding (``model_parallel_cuda_manual_seed``) is not called: CPU initialisation draws from
   torch's CPU generator, seeded per rank below.
 - no optimizer: megatron's optimizers (DistributedOptimizer, FP32Optimizer) need CUDA, so this is model only.
+- after the save, the multiprocessing Manager megatron's writer starts (and never stops) is terminated, so that the
+  launch ends (see ``_end_children``); the files are complete before that.
 
 The oracle: ``oracle/model.pt`` beside the run's ``checkpoints/`` folder (not inside it), a ``torch.save`` of the full tensors that
 megatron-core's own ``dist_checkpointing.load(model.sharded_state_dict(), ckpt)`` returns on ONE rank (a fresh

@@ -213,6 +213,13 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     distinct = set(step_values.values())
     with_state = set(state)
     no_state = [n for n in (model_names or []) if n not in with_state]
+    # state under a name the model does not have: a fused parameter (torchtitan's `….qkv_linear.wqkv.weight`)
+    # whose model state dict splits it (`….qkv_linear.wq.weight`, wk, wv). The model's tensors under the same
+    # parent module are covered by it, not frozen.
+    fused = sorted(with_state - set(model_names or [])) if model_names else []
+    fused_parents = {_parent_module(n) for n in fused}
+    covered = [n for n in no_state if _parent_module(n) in fused_parents]
+    no_state = [n for n in no_state if n not in set(covered)]
     config = {
         "source": "torch-dcp",
         "optimizer": None,  # a DCP does not record the optimizer's class
@@ -224,10 +231,19 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     }
     notes = [f"FQN-keyed optimizer state of {len(state)} parameter(s) (<name>.{', <name>.'.join(kinds)}); "
              "FSDP trains the fp32 parameters themselves: no separate master (the weights are --component model)"]
+    if covered:
+        notes.append(f"{len(fused)} parameter(s) of the optimizer are not tensors of the model's state dict (e.g. "
+                     f"{fused[0]}): fused parameters the model saves split; they hold the state of {len(covered)} "
+                     "model tensor(s) under the same module, which are not frozen")
     if no_state:
         notes.append(f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
                      f"stepped parameters; listed as frozen_params in {CONFIG_FILE})")
     return Source(KIND, folder, tensors, notes=notes), config
+
+
+def _parent_module(fqn: str) -> str:
+    """`a.b.wqkv.weight` -> `a.b`: the module holding the parameter's module."""
+    return fqn.rsplit(".", 2)[0] if fqn.count(".") >= 2 else ""
 
 
 def state_tensor_keys(info: dcpfmt.DcpInfo) -> dict[str, str]:

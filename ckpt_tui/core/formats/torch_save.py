@@ -23,6 +23,7 @@ _NAMED = (
     (lambda name, low: low.startswith("optimizer"), "optimizer"),
     (lambda name, low: name == "model_optim_rng.pt", "model+optimizer"),
     (lambda name, low: name == "meta.pt", "metadata"),
+    (lambda name, low: name == "common.pt", "metadata"),  # Megatron-Core torch_dist: the state every rank shares
 )
 
 

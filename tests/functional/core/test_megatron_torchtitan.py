@@ -60,6 +60,7 @@ def test_megatron_inspect(real_ckpt):
     facts = node(rep, "iter_0000010").facts
     assert facts["tensor_parallel"] == 2 and facts["stacked_layers"] == 2 and facts["world_size"] == 2
     assert "unsafe_globals" not in facts
+    assert node(rep, "iter_0000010/common.pt").role == "metadata"  # the shared state (args, iteration), no weights
 
 
 def _megatron_oracle(root):

@@ -113,9 +113,8 @@ def test_dcp_matches_dcp_to_torch_save(real_ckpt, tmp_path, fixture, src, dcp):
         assert len(fused) == 2
         params = (params - fused) | {p.replace(".wqkv.", f".{w}.") for p in fused for w in ("wq", "wk", "wv")}
         assert params == names  # every model parameter has optimizer state (its own or its fused parameter's)
-        if cfg["frozen_params"]:
-            pytest.xfail("optimizer_config.json's frozen_params lists wq/wk/wv: the DCP optimizer source takes model "
-                         "names without state of their own for frozen, and torchtitan keeps theirs under wqkv")
+        assert cfg["frozen_params"] == []  # wq/wk/wv have their state under wqkv: not frozen
+        assert any("fused parameters" in n for n in plan_export(src, tmp_path / "p", component="optimizer")[0].notes)
     assert params <= names and sorted(names - params) == sorted(cfg["frozen_params"])
 
 

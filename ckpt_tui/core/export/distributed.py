@@ -63,7 +63,8 @@ from .write import (
 DEAD_AFTER = 20.0  # seconds without a peer's heartbeat changing: it is dead (the tests prove < 60 s)
 JOIN_TIMEOUT = 300.0  # seconds a peer may take to show its first heartbeat (launcher start, planning)
 INTERVAL = 0.5
-# test hooks (fault injection, tests only): the rank CKPT_TUI_TEST_STALL_RANK stops once it has written
+# test hook (fault injection, tests only: a real kill mid-write needs a window): the rank
+# CKPT_TUI_TEST_STALL_RANK (default: any rank that has the variable) stops once it has written
 # CKPT_TUI_TEST_STALL_AFTER_BYTES bytes, after writing its pid to CKPT_TUI_TEST_STALL_PIDFILE
 STALL_ENV = "CKPT_TUI_TEST_STALL_AFTER_BYTES"
 
@@ -113,25 +114,31 @@ def launch_env(environ=None) -> Optional[LaunchEnv]:
 
 
 class StoreGroup:
-    """:class:`Group` over torch's TCPStore (thread-safe: one lock around the client)."""
+    """:class:`Group` over torch's TCPStore (thread-safe: one lock around the client). A store that
+    fails (its host is gone: connection refused or reset, or its timeout) raises ExportError."""
 
     def __init__(self, store, rank: int, world: int):
         self.store, self.rank, self.world = store, rank, world
         self.lock = threading.Lock()
 
-    def publish(self, key: str, value: str) -> None:
+    def _call(self, fn, *args):
         with self.lock:
-            self.store.set(key, value)
+            try:
+                return fn(*args)
+            except Exception as e:  # DistNetworkError, DistStoreError (RuntimeErrors)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ExportError(f"lost contact with the job's store ({first})") from None
+
+    def publish(self, key: str, value: str) -> None:
+        self._call(self.store.set, key, value)
 
     def poll(self, key: str) -> Optional[str]:
-        with self.lock:
-            if not self.store.check([key]):
-                return None
-            return self.store.get(key).decode()
+        if not self._call(self.store.check, [key]):
+            return None
+        return self._call(self.store.get, key).decode()
 
     def claim(self, key: str, value: str) -> str:
-        with self.lock:
-            return self.store.compare_set(key, "", value).decode()
+        return self._call(self.store.compare_set, key, "", value).decode()
 
 
 def connect_from_env(env: LaunchEnv, timeout: float = 30.0) -> StoreGroup:
@@ -226,8 +233,8 @@ class Watch:
                 aborted = g.poll("abort")
                 if aborted is not None and not self.stop.is_set():
                     self.fail(aborted)
-            except Exception as e:  # the store's host is gone (connection refused/reset) or timed out
-                self.fail(f"lost contact with the job's store ({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+            except ExportError as e:  # the store's host is gone (connection refused/reset) or timed out
+                self.fail(str(e))
             if self.user_cancel is not None and self.user_cancel.is_set():
                 self.fail("cancelled")
             if self.on_progress is not None:
@@ -249,7 +256,7 @@ class Watch:
 def _stall_hook(rank: int, stop: threading.Event):
     """Tests only: a callback that stops this rank mid-write (see STALL_ENV), or None."""
     after = os.environ.get(STALL_ENV)
-    if after is None or int(os.environ.get("CKPT_TUI_TEST_STALL_RANK", "-1")) != rank:
+    if after is None or int(os.environ.get("CKPT_TUI_TEST_STALL_RANK", str(rank))) != rank:
         return None
     limit = int(after)
 

@@ -141,7 +141,7 @@ class StoreGroup:
         return self._call(self.store.compare_set, key, "", value).decode()
 
 
-def connect_from_env(env: LaunchEnv, timeout: float = 30.0) -> StoreGroup:
+def connect_from_env(env: LaunchEnv, timeout: float = 20.0) -> StoreGroup:
     """Join the launcher's store (torchrun's agent store, or rank 0 hosts it on MASTER_PORT)."""
     from datetime import timedelta
 
@@ -190,6 +190,7 @@ class Watch:
         self.reason = ""
         self.done = 0  # this rank's bytes written + verified
         self.peer_done: dict[int, int] = {}
+        self.dead: set[int] = set()  # peers that stopped answering or never joined
         self._end = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ckpt-tui-watch", daemon=True)
 
@@ -228,6 +229,7 @@ class Watch:
                     v0, t = seen[r]
                     limit = self.join_timeout if v0 is None else self.dead_after
                     if now - (start if v0 is None else t) > limit:
+                        self.dead.add(r)
                         self.fail(f"rank {r} {'never joined' if v0 is None else 'stopped answering'} "
                                   f"for {limit:.0f} s")
                 aborted = g.poll("abort")
@@ -271,15 +273,18 @@ def _stall_hook(rank: int, stop: threading.Event):
     return hook
 
 
-def _wait_acks(group: Group, watch: Watch, timeout: float = 30.0) -> None:
-    pending = set(range(1, group.world))
+def _wait_acks(group: Group, stop: Optional[threading.Event], timeout: float = 30.0,
+               dead: frozenset[int] = frozenset()) -> None:
+    """Rank 0, at the end: wait (bounded) until every other live rank said it saw the outcome, so that a
+    store rank 0 hosts (no torchrun agent) outlives their last look at it."""
+    pending = set(range(1, group.world)) - dead
     deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline and not watch.stop.is_set():
+    while pending and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
         try:
             pending = {r for r in pending if group.poll(f"ack/{r}") is None}
         except Exception:
             return
-        watch.stop.wait(0.1)
+        time.sleep(0.1)
 
 
 def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwrite: bool = False,
@@ -350,6 +355,8 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
             if rank == 0:
                 for r in range(1, world):
                     wrote[r] = json.loads(watch.wait_for(f"done/{r}"))
+                if on_progress is not None:
+                    on_progress(Progress(total, total, "bytes", f"writing + verifying ({world} ranks)"))
                 write_side_files(plan, tmp, watch.stop)
                 if group.claim("decision", "commit") != "commit":
                     raise ExportError(watch.reason or "another rank failed")
@@ -380,6 +387,13 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
                 pass  # the store is gone: nobody can commit any more
             if decision != "commit" and tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+            if rank == 0:
+                _wait_acks(group, None, timeout=10.0, dead=frozenset(watch.dead))
+            else:
+                try:
+                    group.publish(f"ack/{rank}", "failed")
+                except Exception:
+                    pass
             if err is e:
                 raise
             raise err from None
@@ -387,7 +401,7 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
             if lock is not None:
                 lock.release()
         if rank == 0:  # OUT is in place; keep a store rank 0 hosts up until every rank saw "final"
-            _wait_acks(group, watch)
+            _wait_acks(group, watch.stop)
     result = ExportResult(plan.out, [f.name for f in plan.files], plan.tensor_bytes,
                           sum(len(f.tensors) for f in plan.files), plan.params, time.monotonic() - t0,
                           verified=True if verify else None)

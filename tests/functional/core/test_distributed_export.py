@@ -38,19 +38,20 @@ def free_port() -> int:
 
 
 def env(**extra) -> dict:
-    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         e.pop(k, None)
-    return e
+    return e | extra
 
 
 def hashes(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-def single(src: Path, out: Path) -> dict[str, str]:
+def single(src: Path, out: Path, component: str = "model") -> dict[str, str]:
     r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(src), "--out", str(out),
-                        "--max-shard-size", SHARD], env=env(), capture_output=True, text=True, timeout=120)
+                        "--max-shard-size", SHARD, "--component", component], env=env(), capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return hashes(out)
 
@@ -59,8 +60,9 @@ def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-def export_args(src: Path, out: Path) -> list[str]:
-    return ["-m", "ckpt_tui", "export", str(src), "--out", str(out), "--max-shard-size", SHARD, "--json"]
+def export_args(src: Path, out: Path, component: str = "model") -> list[str]:
+    return ["-m", "ckpt_tui", "export", str(src), "--out", str(out), "--max-shard-size", SHARD, "--json",
+            "--component", component]
 
 
 def node(rank: int, port: int, src: Path, out: Path) -> list[str]:
@@ -73,11 +75,11 @@ def leftovers(out: Path) -> list[str]:
     return [p.name for p in out.parent.glob(f".{out.name}.tmp-*")]
 
 
-def check_result(stdout: str, src: Path, out: Path, want: dict[str, str]) -> None:
+def check_result(stdout: str, src: Path, out: Path, want: dict[str, str], component: str = "model") -> None:
     assert hashes(out) == want
     res = json.loads(stdout)["result"]
     note = next(n for n in res["notes"] if n.startswith("written by 2 ranks"))
-    plan, _ = plan_export(str(src), str(out), max_shard_size=SHARD)
+    plan, _ = plan_export(str(src), str(out), max_shard_size=SHARD, component=component)
     shares = assign(plan, 2)
     assert all(shares), shares  # each rank has at least one file …
     for r, idx in enumerate(shares):  # … and says it wrote exactly those
@@ -90,14 +92,17 @@ def src() -> Path:
     return fixture_path("fsdp2-dcp")
 
 
-def test_one_launcher_two_processes_match_single_export(src, tmp_path):
-    want = single(src, tmp_path / "single")
-    assert len(want) == 4  # 3 shards + index
+@pytest.mark.parametrize("name,component", [("fsdp2-dcp", "model"), ("ds-zero2-bf16", "optimizer")])
+def test_one_launcher_two_processes_match_single_export(tmp_path, name, component):
+    src = fixture_path(name)
+    want = single(src, tmp_path / "single", component)
+    assert len(want) >= 4  # shards + index (+ optimizer_config.json)
     out = tmp_path / "dist"
     r = subprocess.run(torchrun("--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                                *export_args(src, out)), env=env(), capture_output=True, text=True, timeout=180)
+                                *export_args(src, out, component)), env=env(), capture_output=True, text=True,
+                       timeout=180)
     assert r.returncode == 0, r.stderr
-    check_result(r.stdout, src, out, want)
+    check_result(r.stdout, src, out, want, component)
 
 
 def test_two_launchers_as_two_nodes_match_single_export(src, tmp_path):
@@ -167,3 +172,34 @@ def test_kill_9_of_one_rank_mid_write_ends_the_other_without_output(src, tmp_pat
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def test_plain_environment_without_torchrun_rank_0_hosts_the_store(src, tmp_path):
+    """What srun (or any launcher) gives when the user sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    per process: no torchrun agent, so rank 0 hosts the store on MASTER_PORT."""
+    want = single(src, tmp_path / "single")
+    out, port = tmp_path / "dist", free_port()
+    procs = [subprocess.Popen([sys.executable, *export_args(src, out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                                 MASTER_PORT=str(port)))
+             for r in (1, 0)]  # rank 1 first: it waits for rank 0's store
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    assert outs[0] == ("", "")  # a rank other than 0 prints nothing
+    check_result(outs[1][0], src, out, want)
+
+
+def test_rank_0_refusing_the_output_stops_every_rank(src, tmp_path):
+    """A failure that is not a crash (OUT not empty, found by rank 0's preflight) ends every rank at once,
+    each saying why, and touches nothing."""
+    out, port = tmp_path / "dist", free_port()
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    procs = [subprocess.Popen([sys.executable, *export_args(src, out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                                 MASTER_PORT=str(port)))
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], outs
+    assert "is not empty" in outs[0][1] and "rank 1: rank 0 could not start" in outs[1][1], outs
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and not leftovers(out)

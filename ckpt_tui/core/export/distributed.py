@@ -75,6 +75,7 @@ class Group(Protocol):
 
     rank: int
     world: int
+    hosts_store: bool  # this process serves the store: it must outlive the others' last look
 
     def publish(self, key: str, value: str) -> None: ...
 
@@ -117,8 +118,8 @@ class StoreGroup:
     """:class:`Group` over torch's TCPStore (thread-safe: one lock around the client). A store that
     fails (its host is gone: connection refused or reset, or its timeout) raises ExportError."""
 
-    def __init__(self, store, rank: int, world: int):
-        self.store, self.rank, self.world = store, rank, world
+    def __init__(self, store, rank: int, world: int, hosts_store: bool = False):
+        self.store, self.rank, self.world, self.hosts_store = store, rank, world, hosts_store
         self.lock = threading.Lock()
 
     def _call(self, fn, *args):
@@ -147,12 +148,13 @@ def connect_from_env(env: LaunchEnv, timeout: float = 20.0) -> StoreGroup:
 
     import torch.distributed as dist
 
+    hosts = env.rank == 0 and not env.agent_store
     try:
-        store = dist.TCPStore(env.addr, env.port, env.world, is_master=env.rank == 0 and not env.agent_store,
-                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        store = dist.TCPStore(env.addr, env.port, env.world, is_master=hosts, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False)
     except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
         raise ExportError(f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: {e}") from None
-    return StoreGroup(dist.PrefixStore(f"ckpt_tui/export/{env.run_id}/", store), env.rank, env.world)
+    return StoreGroup(dist.PrefixStore(f"ckpt_tui/export/{env.run_id}/", store), env.rank, env.world, hosts)
 
 
 def assign(plan: ExportPlan, world: int) -> list[list[int]]:
@@ -238,7 +240,7 @@ class Watch:
             except ExportError as e:  # the store's host is gone (connection refused/reset) or timed out
                 self.fail(str(e))
             if self.user_cancel is not None and self.user_cancel.is_set():
-                self.fail("cancelled")
+                self.fail(f"rank {g.rank}: cancelled")
             if self.on_progress is not None:
                 self.on_progress(Progress(self.done + sum(self.peer_done.values()), self.total, "bytes",
                                           f"writing + verifying ({g.world} ranks)"))
@@ -380,14 +382,13 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
             watch.fail(f"rank {rank}: {err}" if own else watch.reason)
             decision = "abort"
             try:
-                if own:
-                    group.publish("abort", f"rank {rank}: {err}")
+                group.claim("abort", watch.reason)  # the first reason stays: what every rank reports
                 decision = group.claim("decision", "abort")
             except Exception:
                 pass  # the store is gone: nobody can commit any more
             if decision != "commit" and tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            if rank == 0:
+            if rank == 0 and group.hosts_store:
                 _wait_acks(group, None, timeout=10.0, dead=frozenset(watch.dead))
             else:
                 try:
@@ -400,7 +401,7 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
         finally:
             if lock is not None:
                 lock.release()
-        if rank == 0:  # OUT is in place; keep a store rank 0 hosts up until every rank saw "final"
+        if rank == 0 and group.hosts_store:  # OUT is in place; keep the store up until every rank saw "final"
             _wait_acks(group, watch.stop)
     result = ExportResult(plan.out, [f.name for f in plan.files], plan.tensor_bytes,
                           sum(len(f.tensors) for f in plan.files), plan.params, time.monotonic() - t0,

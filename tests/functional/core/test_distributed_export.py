@@ -203,3 +203,70 @@ def test_rank_0_refusing_the_output_stops_every_rank(src, tmp_path):
     assert [p.returncode for p in procs] == [1, 1], outs
     assert "is not empty" in outs[0][1] and "rank 1: rank 0 could not start" in outs[1][1], outs
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and not leftovers(out)
+
+
+def test_launcher_stopping_the_other_local_rank_cleans_up(src, tmp_path):
+    """One launcher, two processes: when one dies, torchrun stops the other with SIGTERM; that rank removes
+    the temp folder before it exits (SIGTERM is turned into an interruption, not a silent death)."""
+    out, pid_file = tmp_path / "dist", tmp_path / "stalled.pid"
+    p = subprocess.Popen(torchrun("--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
+                                  *export_args(src, out)),
+                         env=env(CKPT_TUI_TEST_STALL_AFTER_BYTES="1", CKPT_TUI_TEST_STALL_RANK="1",
+                                 CKPT_TUI_TEST_STALL_PIDFILE=str(pid_file)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+            time.sleep(0.1)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode != 0
+        assert not out.exists() and not leftovers(out), err
+        assert any(line.startswith("ckpt-tui: ") for line in err.splitlines()), err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_rank_0_progress_counts_every_rank(src, tmp_path, monkeypatch):
+    """Rank 0's progress is the whole job's bytes: with rank 0 stalled after its first bytes, its reports
+    still grow by everything rank 1 writes and verifies. Two ranks in one process, on a real TCPStore."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ckpt_tui.core.export.distributed import STALL_ENV, StoreGroup, execute_distributed
+    from ckpt_tui.core.export.write import ExportError
+
+    port, out = free_port(), tmp_path / "dist"
+    stores = [dist.TCPStore("127.0.0.1", port, 2, is_master=r == 0, wait_for_workers=False,
+                            timeout=timedelta(seconds=20)) for r in (0, 1)]
+    monkeypatch.setenv(STALL_ENV, "1")
+    monkeypatch.setenv("CKPT_TUI_TEST_STALL_RANK", "0")
+    plans = [plan_export(str(src), str(out), max_shard_size=SHARD)[0] for _ in (0, 1)]
+    share1 = sum(plans[1].files[i].nbytes for i in assign(plans[1], 2)[1])
+    seen, errors, cancel = [], [], threading.Event()
+
+    def run(r):
+        try:
+            execute_distributed(plans[r], StoreGroup(stores[r], r, 2, hosts_store=r == 0), on_progress=seen.append if r == 0 else None,
+                                cancel=cancel if r == 0 else None)
+        except ExportError as e:
+            errors.append((r, str(e)))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not any(p.done >= 2 * share1 for p in seen):
+        assert time.monotonic() < deadline, seen[-3:]
+        time.sleep(0.1)
+    assert seen[-1].total == 2 * plans[0].tensor_bytes
+    cancel.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(r for r, _ in errors) == [0, 1], errors
+    assert not out.exists() and not leftovers(out)

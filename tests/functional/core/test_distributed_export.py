@@ -270,3 +270,16 @@ def test_rank_0_progress_counts_every_rank(src, tmp_path, monkeypatch):
         t.join(timeout=60)
     assert sorted(r for r, _ in errors) == [0, 1], errors
     assert not out.exists() and not leftovers(out)
+
+
+def test_dry_run_under_a_launcher_prints_the_plan_once(src, tmp_path):
+    out = tmp_path / "dist"
+    procs = [subprocess.Popen([sys.executable, "-m", "ckpt_tui", "export", str(src), "--out", str(out),
+                               "--max-shard-size", SHARD, "--dry-run"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"))
+             for r in (0, 1)]  # port 1: nobody listens; a dry run never joins the store
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "model-00003-of-00003.safetensors" in outs[0][0] and outs[1] == ("", "")
+    assert not out.exists()

@@ -142,15 +142,21 @@ def _report(res, said, out, as_json) -> None:
 def _export_rank(launch, src, out, jobs, overwrite, no_verify, as_json, options) -> None:
     """One rank of an export split over a launcher's processes (core/export/distributed.py). Every rank
     plans the same export; rank 0 prints what a single process prints, the other ranks only errors."""
+    import os
     import signal
 
     from ..core.export.api import plan_export
-    from ..core.export.distributed import connect_from_env, execute_distributed
+    from ..core.export.distributed import DEAD_AFTER, connect_from_env, execute_distributed
     from ..core.export.write import ExportError
     from ..core.scan import ScanError
 
     def on_term(signum, frame):  # the launcher stops the other ranks with SIGTERM: clean up, then exit
         raise KeyboardInterrupt
+
+    try:  # seconds without a peer's heartbeat before it counts as dead
+        dead_after = float(os.environ.get("CKPT_TUI_DIST_TIMEOUT", DEAD_AFTER))
+    except ValueError:
+        fail("CKPT_TUI_DIST_TIMEOUT must be a number of seconds", EXIT_USAGE)
 
     signal.signal(signal.SIGTERM, on_term)
     rank = launch.rank
@@ -169,7 +175,8 @@ def _export_rank(launch, src, out, jobs, overwrite, no_verify, as_json, options)
 
     def run(**kw):
         try:
-            return execute_distributed(plan, group, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw)
+            return execute_distributed(plan, group, jobs=jobs, overwrite=overwrite, verify=not no_verify,
+                                       dead_after=dead_after, **kw)
         except ExportError as e:
             raise ExportError(f"rank {rank}: {e}") from None
 

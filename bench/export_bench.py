@@ -76,6 +76,21 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
         t["dcp_to_torch"] = ([PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(m),
                               "{out}.pt"], "file")
         t["cp -r (floor)"] = (["cp", "-r", str(m), "{out}"], "dir")
+        # split over processes (issue 14.1): 1GB shards so two ranks have files to share; each rank under its own
+        # /usr/bin/time -v (torchrun --no-python) for its peak RSS
+        run2 = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--no-python",
+                "/usr/bin/time", "-v", PY, "-m", "ckpt_tui", "export", str(ckpt), "--out", "{out}",
+                "--max-shard-size", "1GB"]
+        t["ours 1GB shards"] = (ours + ["--max-shard-size", "1GB", "--no-verify"], "dir")
+        t["ours+verify 1GB shards"] = (ours + ["--max-shard-size", "1GB"], "dir")
+        t["ours+verify 1GB --jobs 2"] = (ours + ["--max-shard-size", "1GB", "--jobs", "2"], "dir")
+        t["ours 1GB torchrun 2 ranks"] = (run2 + ["--no-verify"], "dir")
+        t["ours+verify 1GB torchrun 2 ranks"] = (run2, "dir")
+        t["torchrun start-up 2 ranks"] = ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                           "2", "--no-python", "true"], "none")
+        t["ranks' import torch.distributed"] = ([PY, "-m", "torch.distributed.run", "--standalone",
+                                                 "--nproc_per_node", "2", "--no-python", PY, "-c",
+                                                 "import torch.distributed"], "none")
     else:
         t["zero_to_fp32"] = ([PY, str(ckpt / "zero_to_fp32.py"), str(ckpt), "{out}", "--safe_serialization"], "dir")
         # the optimizer state (fp32 masters, exp_avg, exp_avg_sq per parameter: 3x the fp32 model)
@@ -99,7 +114,7 @@ def _clean(out: Path) -> None:
     os.sync()
 
 
-def run_once(argv: list[str], out: Path, env: dict) -> dict:
+def run_once(argv: list[str], out: Path, env: dict, kind: str = "dir") -> dict:
     _clean(out)
     cmd = ["/usr/bin/time", "-v"] + [a.replace("{out}", str(out)) for a in argv]
     t0 = time.perf_counter()
@@ -107,12 +122,13 @@ def run_once(argv: list[str], out: Path, env: dict) -> dict:
     t1 = time.perf_counter()
     os.sync()
     t2 = time.perf_counter()
-    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    rss = [int(x) / 1024 for x in re.findall(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)]
     produced = max(_du(out), _du(Path(str(out) + ".pt")))
-    if p.returncode != 0 or not m or produced == 0:
+    if p.returncode != 0 or not rss or (produced == 0 and kind != "none"):
         tail = "\n".join((p.stdout + p.stderr).splitlines()[-25:])
         raise RuntimeError(f"failed (rc={p.returncode}, output {produced} B): {' '.join(cmd)}\n{tail}")
-    return {"wall": t1 - t0, "flush": t2 - t0, "rss_mb": int(m.group(1)) / 1024, "out_bytes": produced}
+    # nested /usr/bin/time (one per rank under torchrun --no-python): the ranks' first, the launcher's last
+    return {"wall": t1 - t0, "flush": t2 - t0, "rss_mb": rss[-1], "rank_rss_mb": rss[:-1], "out_bytes": produced}
 
 
 def machine() -> dict:
@@ -155,14 +171,14 @@ def main() -> None:
             raise SystemExit(f"{ckpt} missing: run python bench/make_big.py {name}")
         kind = CKPTS[name]
         size = _du(ckpt / "pytorch_model_fsdp_0") if kind == "dcp" else _du(ckpt)
-        for tool, (argv, _) in tools(kind, ckpt).items():
+        for tool, (argv, out_kind) in tools(kind, ckpt).items():
             if want_tools and tool not in want_tools:
                 continue
             out = WORK / re.sub(r"[^a-z0-9]+", "_", tool.lower()).strip("_")
             print(f"[bench] {name} {tool} ...", file=sys.stderr, flush=True)
             if not args.no_warmup:
-                run_once(argv, out, env)
-            runs = [run_once(argv, out, env) for _ in range(args.runs)]
+                run_once(argv, out, env, out_kind)
+            runs = [run_once(argv, out, env, out_kind) for _ in range(args.runs)]
             _clean(out)
             results.append({"ckpt": name, "kind": kind, "size": size, "tool": tool, "runs": runs})
             med = statistics.median(r["wall"] for r in runs)
@@ -197,6 +213,8 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
         fr = f"{f / _med(o, 'flush'):.2f}×" if o else "–"
         L.append(f"| {r['ckpt']} | {r['size'] / 1e9:.2f} GB | {r['tool']} | {w:.2f} | {f:.2f} | {rss:.0f} | "
                  f"{wr} | {fr} | {r['runs'][0]['out_bytes'] / 1e9:.2f} GB | {r['runs'][0]['out_bytes'] / 1e6 / w:.0f} |")
+    L.append("")
+    L.append("Under torchrun the peak RSS column is the launcher's; each rank's is in the split section below.")
 
     # verification cost
     L += ["", "Verification cost (ours+verify − ours, median wall):", ""]
@@ -205,6 +223,29 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
         if v:
             L.append(f"- {name}: {_med(v, 'wall') - _med(o, 'wall'):+.2f} s "
                      f"({_med(v, 'wall'):.2f} vs {_med(o, 'wall'):.2f})")
+
+    # split over processes (issue 14.1)
+    by = {(r["ckpt"], r["tool"]): r for r in results}
+    for name in sorted({r["ckpt"] for r in results}):
+        one, two = by.get((name, "ours+verify 1GB shards")), by.get((name, "ours+verify 1GB torchrun 2 ranks"))
+        start = by.get((name, "torchrun start-up 2 ranks"))
+        if not (one and two):
+            continue
+        L += ["", f"Split over ranks, {name}, 1GB shards, with verification (median wall):", ""]
+        s0 = _med(start, "wall") if start else 0.0
+        net = _med(two, "wall") - s0
+        L.append(f"- 1 process {_med(one, 'wall'):.2f} s; torchrun 2 ranks {_med(two, 'wall'):.2f} s, minus the "
+                 f"launcher's start-up {s0:.2f} s = {net:.2f} s: {net / _med(one, 'wall'):.2f}× (target ≤ 0.7) "
+                 f"{'PASS' if net / _med(one, 'wall') <= 0.7 else 'MISS'}")
+        ranks = [x for r in two["runs"] for x in r["rank_rss_mb"]]
+        if ranks:
+            L.append(f"- peak RSS per rank {min(ranks):.0f}–{max(ranks):.0f} MB "
+                     f"(launcher {max(x['rss_mb'] for x in two['runs']):.0f} MB)")
+        for tool in ("ours+verify 1GB --jobs 2", "ours 1GB shards", "ours 1GB torchrun 2 ranks",
+                     "ranks' import torch.distributed", "cp -r (floor)"):
+            if (name, tool) in by:
+                L.append(f"- {tool}: {_med(by[(name, tool)], 'wall'):.2f} s "
+                         f"(+flush {_med(by[(name, tool)], 'flush'):.2f} s)")
 
     # targets
     L += ["", "Targets (issue):", ""]

@@ -74,9 +74,7 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     from ..core.export.api import plan_export
     from ..core.export.plan import parse_size
     from ..core.export.write import ExportError, execute
-    from ..core.present import naturalsize, param_count
     from ..core.scan import ScanError
-    from ..core.types import shell_path
 
     try:
         parse_size(max_shard_size)
@@ -84,6 +82,18 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
         fail(str(e), EXIT_USAGE)
     if keep_prefix and strip_prefix:
         fail("--keep-prefix and --strip-prefix contradict each other; give one", EXIT_USAGE)
+    from ..core.export.distributed import launch_env
+
+    try:
+        launch = launch_env()  # under torchrun/srun: this process is one rank of a split export
+    except ExportError as e:
+        fail(str(e), EXIT_USAGE)
+    if launch is not None and not dry_run:
+        _export_rank(launch, src, out, jobs, overwrite, no_verify, as_json,
+                     dict(dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
+                          strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
+                          trust_pickles=trust_pickles, from_module_states=from_module_states, component=component))
+    quiet = launch is not None and launch.rank != 0  # a dry run under a launcher: rank 0 prints it
     try:
         plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
                                  strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
@@ -93,6 +103,8 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
         fail(str(e), EXIT_USAGE)
     except (ExportError, FileNotFoundError, ValueError) as e:
         fail(str(e), EXIT_FINDINGS)
+    if quiet:
+        sys.exit(EXIT_OK)
     for line in said:
         click.echo(f"ckpt-tui: {line}", err=True)
     if dry_run:
@@ -103,6 +115,13 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
         sys.exit(EXIT_OK)
     res = run_core(lambda **kw: execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw),
                    as_json=as_json, cleanup="the partial output was removed, the source is untouched")
+    _report(res, said, out, as_json)
+
+
+def _report(res, said, out, as_json) -> None:
+    from ..core.present import naturalsize, param_count
+    from ..core.types import shell_path
+
     res.notes = said + res.notes
     if as_json:
         emit_json({"result": res.to_json()})
@@ -117,6 +136,54 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     click.echo("Load it with:")
     for line in res.load_code.splitlines():
         click.echo(f"  {line}" if line else "")
+    sys.exit(EXIT_OK)
+
+
+def _export_rank(launch, src, out, jobs, overwrite, no_verify, as_json, options) -> None:
+    """One rank of an export split over a launcher's processes (core/export/distributed.py). Every rank
+    plans the same export; rank 0 prints what a single process prints, the other ranks only errors."""
+    import os
+    import signal
+
+    from ..core.export.api import plan_export
+    from ..core.export.distributed import DEAD_AFTER, connect_from_env, execute_distributed
+    from ..core.export.write import ExportError
+    from ..core.scan import ScanError
+
+    def on_term(signum, frame):  # the launcher stops the other ranks with SIGTERM: clean up, then exit
+        raise KeyboardInterrupt
+
+    try:  # seconds without a peer's heartbeat before it counts as dead
+        dead_after = float(os.environ.get("CKPT_TUI_DIST_TIMEOUT", DEAD_AFTER))
+    except ValueError:
+        fail("CKPT_TUI_DIST_TIMEOUT must be a number of seconds", EXIT_USAGE)
+
+    signal.signal(signal.SIGTERM, on_term)
+    rank = launch.rank
+    try:
+        group = connect_from_env(launch)
+    except ExportError as e:
+        fail(str(e), EXIT_FINDINGS)
+    try:
+        plan, said = plan_export(src, out, **options)
+    except (ScanError, ExportError, FileNotFoundError, ValueError) as e:
+        try:
+            group.publish("abort", f"rank {rank}: {e}")
+        except Exception:
+            pass
+        fail(f"rank {rank}: {e}", EXIT_USAGE if isinstance(e, ScanError) else EXIT_FINDINGS)
+
+    def run(**kw):
+        try:
+            return execute_distributed(plan, group, jobs=jobs, overwrite=overwrite, verify=not no_verify,
+                                       dead_after=dead_after, **kw)
+        except ExportError as e:
+            raise ExportError(f"rank {rank}: {e}") from None
+
+    res = run_core(run, as_json=as_json or rank != 0,
+                   cleanup="the partial output was removed, the source is untouched")
+    if rank == 0:
+        _report(res, said, out, as_json)
     sys.exit(EXIT_OK)
 
 

@@ -49,7 +49,9 @@ class ExportResult(JsonFields):
         return as_json(self) | {"seconds": round(self.seconds, 3)}
 
 
-class _Counter:
+class ByteCounter:
+    """Bytes done of one step, reported to ``on_progress`` at most every 50 ms (thread-safe)."""
+
     def __init__(self, total: int, on_progress: Optional[OnProgress], label: str):
         self.done, self.total, self.cb, self.label = 0, total, on_progress, label
         self.lock = threading.Lock()
@@ -135,7 +137,8 @@ def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds:
     counter.add(t.nbytes)
 
 
-def _write_file(f: OutFile, path: Path, counter, cancel) -> None:
+def write_file(f: OutFile, path: Path, counter, cancel) -> None:
+    """Write one output file (header, then every tensor's bytes) at ``path`` (must not exist), fsynced."""
     hdr = header_bytes(f)
     fds: dict[str, int] = {}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -184,6 +187,88 @@ def source_files(plan: ExportPlan) -> list[Path]:
     return sorted(files)
 
 
+class OutputLock:
+    """The lock beside OUT (``.OUT.ckpt-tui.lock``) that one exporter into OUT holds, and the temp
+    folders (``.OUT.tmp-PID``) only the holder may create or sweep."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out.parent / f".{out.name}.ckpt-tui.lock"
+        self.fh = None
+
+    def acquire(self) -> None:
+        self.fh = open(self.path, "w")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another "
+                              "--out") from None
+
+    def new_temp(self) -> Path:
+        """Sweep the temp folders of killed runs (we hold the lock) and create ours."""
+        out = self.out
+        for old in out.parent.glob(f".{out.name}.tmp-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        tmp.mkdir()
+        return tmp
+
+    def release(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
+    """The index, the extra files (config) and the copied files of ``plan``, fsynced, into ``tmp``."""
+    if plan.index:
+        write_synced(tmp / plan.index_name, index_text(plan))
+    for name, text in plan.extra_files:
+        write_synced(tmp / name, text)
+    for src, name in plan.copies:
+        check_cancel(cancel)
+        shutil.copyfile(src, tmp / name)
+        fsync_file(tmp / name)
+
+
+def check_unchanged(before, watched: list[Path]) -> None:
+    moved = changed(before, snapshot(watched))
+    if moved:  # a live job is writing the checkpoint: what we copied may be half old, half new
+        raise ExportError(f"the source changed during the export ({', '.join(Path(c).name for c in moved[:3])}"
+                          f"{' …' if len(moved) > 3 else ''}): nothing was written; export again once the "
+                          "checkpoint is complete")
+
+
+def install(tmp: Path, out: Path, overwrite: bool) -> None:
+    """fsync ``tmp`` and rename it to ``out`` (the one atomic step; an old ``out`` goes only with --overwrite)."""
+    fsync_dir(tmp)
+    if out.exists():
+        if not overwrite and any(out.iterdir()):
+            raise ExportError(f"{out} appeared and is not empty; nothing was replaced")
+        trash = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, trash)
+        os.replace(tmp, out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    fsync_dir(out.parent)
+
+
+def raise_no_space(e: OSError, plan: ExportPlan) -> None:
+    """Turn a full disk into the ExportError that says so (returns for any other OSError)."""
+    if e.errno == errno.ENOSPC:
+        from ..units import naturalsize
+
+        out = plan.out
+        raise ExportError(f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
+                          f"{naturalsize(free_bytes(out.parent) + plan.total_bytes)} before "
+                          "starting; the partial output was removed") from None
+
+
 def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify: bool = True,
             on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
     t0 = time.monotonic()
@@ -191,76 +276,39 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
     watched = source_files(plan)
     before = snapshot(watched)
     out = plan.out
-    lock_path = out.parent / f".{out.name}.ckpt-tui.lock"
-    lock = open(lock_path, "w")
+    lock = OutputLock(out)
     try:
+        lock.acquire()
+        tmp = lock.new_temp()
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ExportError(f"another ckpt-tui is exporting into {out}; wait for it or choose another --out") from None
-        for old in out.parent.glob(f".{out.name}.tmp-*"):  # leftovers of a killed run: we hold the lock
-            shutil.rmtree(old, ignore_errors=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            counter = _Counter(plan.tensor_bytes, on_progress, "writing")
+            counter = ByteCounter(plan.tensor_bytes, on_progress, "writing")
             if jobs > 1 and len(plan.files) > 1:
                 with ThreadPoolExecutor(max_workers=jobs) as pool:
-                    futs = [pool.submit(_write_file, f, tmp / f.name, counter, cancel) for f in plan.files]
+                    futs = [pool.submit(write_file, f, tmp / f.name, counter, cancel) for f in plan.files]
                     for fu in futs:
                         fu.result()
             else:
                 for f in plan.files:
-                    _write_file(f, tmp / f.name, counter, cancel)
+                    write_file(f, tmp / f.name, counter, cancel)
             counter.add(0, force=True)
-            if plan.index:
-                write_synced(tmp / plan.index_name, index_text(plan))
-            for name, text in plan.extra_files:
-                write_synced(tmp / name, text)
-            for src, name in plan.copies:
-                check_cancel(cancel)
-                shutil.copyfile(src, tmp / name)
-                fsync_file(tmp / name)
+            write_side_files(plan, tmp, cancel)
             result = ExportResult(out, [f.name for f in plan.files], plan.tensor_bytes,
                                   sum(len(f.tensors) for f in plan.files), plan.params, 0.0)
-            moved = changed(before, snapshot(watched))
-            if moved:  # a live job is writing the checkpoint: what we copied may be half old, half new
-                raise ExportError(f"the source changed during the export ({', '.join(Path(c).name for c in moved[:3])}"
-                                  f"{' …' if len(moved) > 3 else ''}): nothing was written; export again once the "
-                                  "checkpoint is complete")
+            check_unchanged(before, watched)
             if verify:
                 result.mismatches = verify_files(plan, tmp, on_progress, cancel)
                 result.verified = not result.mismatches
                 if result.mismatches:
                     raise ExportError("verification failed: " + ", ".join(result.mismatches[:5]))
-            fsync_dir(tmp)
-            if out.exists():
-                if not overwrite and any(out.iterdir()):
-                    raise ExportError(f"{out} appeared and is not empty; nothing was replaced")
-                trash = out.parent / f".{out.name}.old-{os.getpid()}"
-                os.replace(out, trash)
-                os.replace(tmp, out)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(tmp, out)
-            fsync_dir(out.parent)
+            install(tmp, out, overwrite)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     except OSError as e:
-        if e.errno == errno.ENOSPC:
-            from ..units import naturalsize
-
-            raise ExportError(f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
-                              f"{naturalsize(free_bytes(out.parent) + plan.total_bytes)} before "
-                              "starting; the partial output was removed") from None
+        raise_no_space(e, plan)
         raise
     finally:
-        lock.close()
-        try:
-            os.unlink(lock_path)
-        except OSError:
-            pass
+        lock.release()
     result.seconds = time.monotonic() - t0
     result.notes = list(plan.to_plan().notes)
     result.stripped_prefix = plan.prefix.strip if plan.prefix is not None else None
@@ -307,15 +355,17 @@ def _source_chunks(t: OutTensor, cancel=None):
         yield bytes(data[i:i + BUF])
 
 
-def verify_files(plan: ExportPlan, folder: Path, on_progress=None, cancel=None) -> list[str]:
+def verify_files(plan: ExportPlan, folder: Path, on_progress=None, cancel=None,
+                 files: Optional[list[OutFile]] = None) -> list[str]:
     """Re-read every written tensor from disk and compare it bit-exact with the source (cast as
     planned), streamed in BUF-sized pieces: memory stays flat whatever the model size, and
-    tensors whose dtype is kept are compared without torch."""
+    tensors whose dtype is kept are compared without torch. ``files``: only these (default: all)."""
     from ..formats import safetensors_header as stfmt
 
     bad: list[str] = []
-    counter = _Counter(plan.tensor_bytes, on_progress, "verifying")
-    for f in plan.files:
+    files = plan.files if files is None else files
+    counter = ByteCounter(sum(f.nbytes for f in files), on_progress, "verifying")
+    for f in files:
         h = stfmt.read_header(folder / f.name)
         if (h.metadata or {}).get("format") != "pt":
             bad.append(f"{f.name}: header metadata lacks format=pt")

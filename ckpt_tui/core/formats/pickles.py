@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import gc
 import io
+import operator
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -560,3 +562,159 @@ def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+
+
+class SummaryMismatch(Exception):
+    """The stream is not shaped the way :class:`DcpSummaryUnpickler` folds it: read it the general way."""
+
+
+_CHUNK = "torch.distributed.checkpoint.metadata.ChunkStorageMetadata"
+_INDEX = "torch.distributed.checkpoint.metadata.MetadataIndex"
+_STORAGE_INFO = "torch.distributed.checkpoint.filesystem._StorageInfo"
+_TENSOR_MD = "torch.distributed.checkpoint.metadata.TensorStorageMetadata"
+
+
+def _singleton_class(qualname: str, setstate) -> type:
+    """A class whose every NEWOBJ gives one shared instance and whose BUILD calls ``setstate`` — both C
+    callables (a bound ``dict.get`` and a bound ``list.append``), so the C unpickler builds a record without
+    calling back into Python and without keeping an object per record."""
+    cls = type(qualname.rsplit(".", 1)[-1], (), {"__slots__": (), "_qualname": qualname, "__setstate__": setstate})
+    inst = object.__new__(cls)
+    cls.__new__ = staticmethod({cls: inst}.get)
+    return cls
+
+
+@dataclass
+class ChunkSummary:
+    """A tensor's chunk records folded as they arrive: how many, the distinct offsets, the dimensions split."""
+
+    count: int
+    offsets: set  # distinct chunk offsets (tuples)
+    split_dims: set  # dims along which a chunk's offset is not 0 or its size not the tensor's
+
+
+_OFFSETS = operator.itemgetter("offsets")
+_SIZES = operator.itemgetter("sizes")
+
+
+def fold_chunks(size: tuple, states: list) -> ChunkSummary:
+    """Fold the BUILD states (``{"offsets": .., "sizes": ..}``) of one tensor's chunk records."""
+    try:
+        offs = list(map(_OFFSETS, states))
+        sizes = list(map(_SIZES, states))
+    except (TypeError, KeyError):
+        raise SummaryMismatch("chunk record without offsets/sizes") from None
+    uniq = set(offs)
+    usz = set(sizes)
+    dims: set = set()
+    nd = len(size)
+    if set(map(len, uniq)) <= {nd} and set(map(len, usz)) <= {nd} and set(map(type, uniq)) | set(map(type, usz)) <= {tuple}:
+        if uniq:
+            for d, col in enumerate(zip(*uniq)):
+                if any(col):
+                    dims.add(d)
+        if usz:
+            for d, col in enumerate(zip(*usz)):
+                if d not in dims and col.count(size[d]) != len(col):
+                    dims.add(d)
+    else:  # ragged records: the general rule, one chunk at a time
+        for o, s in zip(offs, sizes):
+            for d, (a, b) in enumerate(zip(o, s)):
+                if nd > d and (a != 0 or b != size[d]):
+                    dims.add(d)
+    return ChunkSummary(len(states), uniq, dims)
+
+
+class DcpSummaryUnpickler(RestrictedUnpickler):
+    """The restricted unpickler for a DCP ``.metadata``, folding its per-chunk records as they arrive.
+
+    A 1,024-rank checkpoint of a large model holds ~10^6 chunk records and as many ``storage_data``
+    entries; building each as a Python object is where the time goes. Here the chunk, index and storage
+    records are shared stand-ins whose BUILD only appends the state to a list (all in C); each
+    ``TensorStorageMetadata``'s BUILD (Python, once per tensor) folds its chunks into a
+    :class:`ChunkSummary`, and ``storage_data`` collapses to one entry (its values' states are in
+    ``storage_states``). Same allowlist and findings as :class:`RestrictedUnpickler`; any record out of the
+    expected shape raises :class:`SummaryMismatch` so the caller reads the file the general way."""
+
+    def __init__(self, f, result: Unpickled):
+        super().__init__(f, result, False)
+        self.chunk_states: list = []
+        self.storage_states: list = []
+        self._classes: dict = {}
+        self._fold: list = [self._tensor_md]
+
+    def find_class(self, module: str, name: str):
+        q = f"{module}.{name}"
+        cls = self._classes.get(q)
+        if cls is not None:
+            return cls
+        if q == _CHUNK:
+            cls = _singleton_class(q, self.chunk_states.append)
+        elif q == _STORAGE_INFO:
+            cls = _singleton_class(q, self.storage_states.append)
+        elif q == _INDEX:
+            cls = _singleton_class(q, len)  # the keys of storage_data: not needed for facts
+        elif q == _TENSOR_MD:
+            fold = self._fold  # emptied after the load: the class outlives the unpickler, not the other way
+
+            def setstate(inst, state):
+                if not fold:
+                    raise SummaryMismatch("TensorStorageMetadata built after the load")
+                fold[0](inst, state)
+
+            cls = type("TensorStorageMetadata", (Record,), {"_qualname": q, "__setstate__": setstate})
+        else:
+            return super().find_class(module, name)
+        self._classes[q] = cls
+        return cls
+
+    def _tensor_md(self, inst, state):
+        if not isinstance(state, dict):
+            raise SummaryMismatch("TensorStorageMetadata state is not a dict")
+        chunks = state.get("chunks")
+        chunk_cls = self._classes.get(_CHUNK)
+        pending = self.chunk_states
+        n = len(chunks) if isinstance(chunks, list) else -1
+        if n < 0 or len(pending) != n or (n and (chunk_cls is None or chunks.count(chunk_cls()) != n)):
+            raise SummaryMismatch("chunk records outside a tensor's chunk list")
+        size = state.get("size")
+        size = tuple(size) if isinstance(size, (tuple, list)) else ()
+        inst.__dict__.update(state)
+        inst.__dict__["chunks"] = fold_chunks(size, pending)
+        pending.clear()
+
+
+@contextmanager
+def gc_paused():
+    """The cyclic GC off while millions of acyclic objects are built and folded (its collections, every 700
+    allocations, would otherwise walk them all again and again)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def load_dcp_summary(f) -> tuple[Unpickled, list]:
+    """Unpickle a DCP ``.metadata`` from the binary file object ``f`` with :class:`DcpSummaryUnpickler`:
+    (the result, the ``_StorageInfo`` states). Raises SummaryMismatch (read it with :func:`safe_loads`
+    instead) or FormatError."""
+    result = Unpickled(None)
+    up = DcpSummaryUnpickler(f, result)
+    with gc_paused():
+        try:
+            result.obj = up.load()
+        except (FormatError, SummaryMismatch):
+            raise
+        except Exception:  # anything else: let the general reader say what it is
+            raise SummaryMismatch("not readable by the summary reader") from None
+        finally:
+            # the stand-in classes refer back to the unpickler (a cycle): break it so that its memo, which
+            # holds every object the stream built, is freed now by reference counting, not by a full GC pass
+            up._classes.clear()
+            up._fold.clear()
+    if up.chunk_states:  # chunk records left outside any tensor (a save plan): fine, not the tensors'
+        up.chunk_states.clear()
+    return result, up.storage_states

@@ -1,0 +1,180 @@
+"""The DCP ``.metadata`` reader that folds chunk records as they arrive (``dcp.read``) gives the facts torch's own
+``FileSystemReader.read_metadata()`` gives, and the facts the general reader (every record kept) gives — on the
+real fixtures and on a many-chunk metadata written with torch's classes (64 ranks, uneven, empty and 2-D chunks)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from ckpt_tui.core.formats import dcp as dcpfmt
+from ckpt_tui.core.formats import pickles
+from tests.fixtures import fixture_path
+
+FIXTURES = ("fsdp2-dcp", "hf-fsdp2", "megatron-dist", "torchtitan", "dcp-mixed")
+
+
+def _dcp_folders():
+    out = []
+    for name in FIXTURES:
+        root = fixture_path(name)
+        for m in sorted(root.rglob(".metadata")):
+            out.append(pytest.param(m.parent, id=f"{name}/{m.parent.relative_to(root)}"))
+    return out
+
+
+def torch_facts(folder: Path) -> dict:
+    """The facts, from torch's own reader and classes."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(str(folder)).read_metadata()
+    tensors, offsets, dims, count, bytes_entries = {}, {}, set(), 0, []
+    for key, m in md.state_dict_metadata.items():
+        if isinstance(m, TensorStorageMetadata):
+            size = tuple(m.size)
+            tensors[key] = (size, str(m.properties.dtype).removeprefix("torch."))
+            offsets[key] = {tuple(c.offsets) for c in m.chunks}
+            count += len(m.chunks)
+            for c in m.chunks:
+                for d, (o, s) in enumerate(zip(c.offsets, c.sizes)):
+                    if o != 0 or s != size[d]:
+                        dims.add(d)
+        else:
+            bytes_entries.append(key)
+    files: dict = {}
+    for st in md.storage_data.values():
+        files[st.relative_path] = max(files.get(st.relative_path, -1), st.offset + st.length)
+    return {"tensors": tensors, "offsets": offsets, "split_dims": dims, "chunks": count,
+            "bytes_entries": bytes_entries, "files": files}
+
+
+def our_facts(info: dcpfmt.DcpInfo) -> dict:
+    return {"tensors": {t.name: (t.shape, t.dtype) for t in info.tensors},
+            "offsets": {k: set(v) for k, v in info.chunk_offsets.items()}, "split_dims": info.chunk_dims,
+            "chunks": info.chunk_count, "bytes_entries": info.bytes_entries, "files": info.files}
+
+
+def general_read(folder: Path, monkeypatch) -> dcpfmt.DcpInfo:
+    """``dcp.read`` through the general reader (every record a stand-in), as before the folding reader."""
+    def refuse(f):
+        raise pickles.SummaryMismatch("forced")
+
+    with monkeypatch.context() as m:
+        m.setattr(dcpfmt, "load_dcp_summary", refuse)
+        return dcpfmt.read(folder)
+
+
+def assert_same(folder: Path, monkeypatch) -> None:
+    info = dcpfmt.read(folder)
+    assert our_facts(info) == torch_facts(folder)
+    old = general_read(folder, monkeypatch)
+    assert our_facts(info) == our_facts(old)
+    assert (info.planner_data, info.version, info.unsafe, info.keys, info.metadata_bytes) == \
+        (old.planner_data, old.version, old.unsafe, old.keys, old.metadata_bytes)
+    assert dcpfmt.megatron_tensor_parallel(info) == dcpfmt.megatron_tensor_parallel(old)
+    assert dcpfmt.megatron_stacked(info) == dcpfmt.megatron_stacked(old)
+
+
+@pytest.mark.parametrize("folder", _dcp_folders())
+def test_fixture_facts_equal_torch(folder, monkeypatch):
+    assert_same(folder, monkeypatch)
+
+
+def test_folding_reader_used_on_fsdp2():
+    _, unsafe, _, storage = dcpfmt.read_metadata_summary(fixture_path("fsdp2-dcp") / ".metadata")
+    assert storage is not None and not unsafe  # not the fallback
+
+
+def write_many_chunks(folder: Path, ranks: int = 64) -> None:
+    """A DCP .metadata of ``ranks`` ranks written with torch's classes as FileSystemWriter.finish does: tensors
+    split on dim 0 (even, uneven with empty chunks past the end), one split on dim 1 (tensor-parallel), a 1-D and
+    a 0-d tensor, a bytes entry; each rank's records its own objects (a pickle round trip, as gathered)."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    shapes = {"emb.weight": (1000, 8), "layers.0.w": (128, 16), "layers.0.tp": (16, 256), "norm.weight": (256,),
+              "step": ()}
+    sdm: dict = {k: TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(s), [])
+                 for k, s in shapes.items()}
+    sdm["extra"] = BytesStorageMetadata()
+    storage: dict = {}
+    sizes = [0] * ranks
+    for r in range(ranks):
+        name = f"__{r}_0.distcp"
+        recs = []
+        for k, s in shapes.items():
+            if k == "step":
+                if r:
+                    continue
+                offs, sz = (), ()
+            else:
+                d = 1 if k == "layers.0.tp" else 0
+                per = -(-s[d] // ranks)
+                start = min(r * per, s[d])
+                offs = tuple(start if i == d else 0 for i in range(len(s)))
+                sz = tuple(min(per, s[d] - start) if i == d else s[i] for i in range(len(s)))
+            n = 4
+            for x in sz:
+                n *= x
+            recs.append((k, torch.Size(offs), torch.Size(sz), name, sizes[r], n))
+            sizes[r] += n
+        if r == 0:
+            recs.append(("extra", None, None, name, sizes[r], 7))
+            sizes[r] += 7
+        recs = pickle.loads(pickle.dumps(recs))
+        for k, offs, sz, fname, off, n in recs:
+            if offs is not None:
+                sdm[k].chunks.append(ChunkStorageMetadata(offsets=offs, sizes=sz))
+        res = pickle.loads(pickle.dumps([
+            (MetadataIndex(k, offs, len(sdm[k].chunks) - 1 if offs is not None else None),
+             _StorageInfo(fname, off, n)) for k, offs, sz, fname, off, n in recs]))
+        storage.update(res)
+    md = Metadata(state_dict_metadata=sdm, planner_data={k: (k,) for k in sdm})
+    md.version = "1.0.0"
+    md.storage_data = storage
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    for r, n in enumerate(sizes):
+        with open(folder / f"__{r}_0.distcp", "wb") as f:
+            os.truncate(f.fileno(), n)
+
+
+def test_many_chunks_facts_equal_torch(tmp_path, monkeypatch):
+    folder = tmp_path / "dcp64"
+    write_many_chunks(folder)
+    _, _, _, storage = dcpfmt.read_metadata_summary(folder / ".metadata")
+    assert storage is not None  # the folding reader, not the fallback
+    assert_same(folder, monkeypatch)
+    info = dcpfmt.read(folder)
+    assert info.chunk_count == 4 * 64 + 1 and info.chunk_dims == {0, 1}
+    assert info.bytes_entries == ["extra"]
+
+
+def test_unknown_global_still_a_finding(tmp_path):
+    """A .metadata naming code outside the allowlist: the folding reader hands it to the general one, which
+    records the global and runs nothing."""
+    import pickletools
+
+    folder = tmp_path / "evil"
+    write_many_chunks(folder, ranks=2)
+    data = (folder / ".metadata").read_bytes()
+    bad = data.replace(b"\x8c\x08Metadata", b"\x8c\x08Mallware", 1)
+    assert bad != data
+    pickletools.dis(bad, out=open(os.devnull, "w"))  # still a well-formed stream
+    (folder / ".metadata").write_bytes(bad)
+    _, unsafe, _, storage = dcpfmt.read_metadata_summary(folder / ".metadata")
+    assert storage is None and unsafe == {"torch.distributed.checkpoint.metadata.Mallware"}
+    assert dcpfmt.read(folder).unsafe == unsafe

@@ -1,6 +1,6 @@
 """Start-up and headers-only cost of ``ckpt-tui``, as a Markdown table.
 
-    python bench/inspect_bench.py [--runs 5] [--layout DIR] [--rebuild]
+    python bench/inspect_bench.py [--runs 5] [--layout DIR] [--rebuild] [--with-405b | --only-405b]
 
 (1) import start-up: ``import ckpt_tui.cli``, ``ckpt-tui --help`` (and whether they pull in
 torch / deepspeed / textual / rich), ``import torch`` for reference.
@@ -8,6 +8,9 @@ torch / deepspeed / textual / rich), ``import torch`` for reference.
 ``bench/synthetic.py``: wall time (median), the same less ``ckpt-tui --version`` start-up, and
 the bytes the process read (``rchar`` from ``/proc/self/io``) against what a headers-only
 reader needs (``.metadata`` + the small non-shard files).
+(3) with ``--with-405b`` / ``--only-405b``: ``inspect --json`` on the llama-405B-shaped DCP of
+``bench/make_405b.py`` (1.16 M chunk records), wall and peak RSS, beside a plain ``pickle.load`` of its
+``.metadata`` with torch's classes.
 
 Writes the table to stdout and ``bench/out/inspect.md``.
 """
@@ -93,6 +96,58 @@ print(json.dumps({"process": r2 - r_start, "first": r1 - r0, "second": r2 - r1, 
 """ % (HEAVY,)
 
 
+def _wall_rss(cmd: list[str], runs: int) -> tuple[float, float, list[float]]:
+    """(median wall s, median peak RSS MB, the walls) of ``cmd`` — RSS from the child's own rusage (wait4)."""
+    walls, rss = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, ru = os.wait4(p.pid, 0)
+        walls.append(time.perf_counter() - t0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode not in (0, 1):
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}")
+        rss.append(ru.ru_maxrss / 1024)
+    return statistics.median(walls), statistics.median(rss), walls
+
+
+_PLAIN_PICKLE = ("import pickle, sys, torch.distributed.checkpoint.filesystem\n"
+                 "with open(sys.argv[1], 'rb') as f:\n    md = pickle.load(f)\n")
+
+
+def bench_405b(runs: int) -> list[str]:
+    """``inspect --json`` on the llama-405B-shaped DCP of ``bench/make_405b.py`` beside a plain ``pickle.load`` of
+    its ``.metadata`` with torch's classes (what ``FileSystemReader.read_metadata`` does)."""
+    sys.path.insert(0, str(HERE))
+    import make_405b  # noqa: E402
+
+    t0 = time.perf_counter()
+    d = make_405b.make(OUT / "scale405b")
+    built = time.perf_counter() - t0
+    info = make_405b.describe(d)
+    ours = _wall_rss(_cli() + ["inspect", str(d), "--json"], runs)
+    plain = _wall_rss([PY, "-c", _PLAIN_PICKLE, str(d / ".metadata")], runs)
+    torch_only = _wall_rss([PY, "-c", "import torch.distributed.checkpoint.filesystem"], runs)
+    return [
+        "## llama-405B-shaped DCP: `ckpt-tui inspect --json` beside a plain `pickle.load`",
+        "",
+        f"Layout: `{d}` (`bench/make_405b.py`{'' if built > 5 else ', cached'}): 1,024 ranks × 1,137 tensors, "
+        f"`.metadata` {info['metadata_bytes']:,} bytes, {info['shard_files']} sparse shards declaring "
+        f"{_fmt_b(info['declared_bytes'])}. Median of {runs}; peak RSS of the process (wait4).",
+        "",
+        "| what | wall | peak RSS | vs plain pickle.load |",
+        "|---|---:|---:|---:|",
+        f"| `ckpt-tui inspect --json` | {ours[0]:.2f} s | {ours[1]:,.0f} MB | "
+        f"{plain[0] / ours[0]:.1f}× faster, {plain[1] / ours[1]:.1f}× less memory |",
+        f"| plain `pickle.load` of `.metadata` with torch's classes (incl. `import torch`) | {plain[0]:.2f} s | "
+        f"{plain[1]:,.0f} MB | 1× |",
+        f"| `import torch.distributed.checkpoint.filesystem` alone | {torch_only[0]:.2f} s | {torch_only[1]:,.0f} MB | |",
+        "",
+        f"runs (s): ours {[round(x, 2) for x in ours[2]]}, plain {[round(x, 2) for x in plain[2]]}",
+        "",
+    ]
+
+
 def _modules(argv) -> dict:
     p = subprocess.run([PY, "-c", _MODULES_PROBE, json.dumps(argv)], capture_output=True, text=True)
     try:
@@ -142,7 +197,16 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--layout", default=str(OUT / "scale"), help="where the synthetic layout is (built if absent)")
     ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--only-405b", action="store_true", help="only the llama-405B-shaped DCP section")
+    ap.add_argument("--with-405b", action="store_true", help="add the llama-405B-shaped DCP section "
+                    "(builds bench/out/scale405b once: ~1.5 min, ~3 GB of memory, 193 MB on disk)")
     a = ap.parse_args(argv)
+    if a.only_405b:
+        text = "\n".join(bench_405b(a.runs))
+        print(text)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "inspect-405b.md").write_text(text)
+        return 0
     sys.path.insert(0, str(HERE))
     import synthetic  # noqa: E402
 
@@ -218,6 +282,8 @@ def main(argv=None) -> int:
         f"findings {[(f['code'], f['severity']) for f in doc.get('findings', [])]} |",
         "",
     ]
+    if a.with_405b:
+        lines += bench_405b(n)
     text = "\n".join(lines)
     print(text)
     OUT.mkdir(parents=True, exist_ok=True)

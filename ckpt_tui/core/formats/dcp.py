@@ -211,12 +211,12 @@ def _read_one(info: DcpInfo, src: Path) -> None:
     if storage is None:
         sd = _get(meta, "storage_data") or {}
         storage = [getattr(st, "__dict__", None) for st in sd.values()] if isinstance(sd, dict) else []
-    _storage_ends(storage, info.files)
+    storage_ends(storage, info.files)
 
 
-def _storage_ends(states: list, files: dict[str, int]) -> None:
+def storage_ends(states: list, files: dict[str, int]) -> None:
     """files[relative path] = the largest offset + length any storage entry places in it."""
-    if _storage_ends_fast(states, files):
+    if storage_ends_fast(states, files):
         return
     for d in states:
         if not isinstance(d, dict) or d.get("relative_path") is None:
@@ -230,8 +230,8 @@ def _storage_ends(states: list, files: dict[str, int]) -> None:
             files[rel] = end
 
 
-def _storage_ends_fast(states: list, files: dict[str, int]) -> bool:
-    """:func:`_storage_ends` in C-level passes for the common case (every state a dict with a path and int
+def storage_ends_fast(states: list, files: dict[str, int]) -> bool:
+    """:func:`storage_ends` in C-level passes for the common case (every state a dict with a path and int
     offset and length, each file's last entry its furthest); False where that does not hold."""
     n = len(states)
     if not n or set(map(type, states)) != {dict}:

@@ -25,6 +25,7 @@ from .pickles import (
     SummaryMismatch,
     gc_paused,
     load_dcp_summary,
+    release_in_slices,
     safe_loads,
 )
 
@@ -44,7 +45,10 @@ class DcpInfo:
     unsafe: set[str] = field(default_factory=set)
     chunk_dims: set[int] = field(default_factory=set)  # dimensions along which chunks are split
     version: Optional[str] = None
-    chunk_offsets: dict[str, list[tuple]] = field(default_factory=dict)  # tensor -> its chunks' distinct offsets
+    # tensor -> its chunks' offsets (the general reader, or rank-local metadata files to merge)
+    chunk_offsets: dict[str, list[tuple]] = field(default_factory=dict)
+    # tensor -> (distinct chunk offsets, the most of them sharing one offset[:1]), where read folded (one .metadata)
+    chunk_layout: dict[str, tuple[int, int]] = field(default_factory=dict)
     chunk_count: int = 0  # chunk records in all
 
     @property
@@ -159,11 +163,11 @@ def read(folder: Path) -> DcpInfo:
     info = DcpInfo(folder, [], [], {})
     with gc_paused():
         for src in sources:
-            _read_one(info, src)
+            _read_one(info, src, merge=len(sources) > 1)
     return info
 
 
-def _read_one(info: DcpInfo, src: Path) -> None:
+def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
     seen = {t.name for t in info.tensors}
     meta, unsafe, nbytes, storage = read_metadata_summary(src)
     info.unsafe |= unsafe
@@ -183,13 +187,19 @@ def _read_one(info: DcpInfo, src: Path) -> None:
             for d in size:
                 numel *= d
             ti = TensorInfo(key, size, dtype, numel * ITEMSIZE.get(dtype, 1))
-            offsets = info.chunk_offsets.setdefault(key, [])
             chunks = _get(md, "chunks") or []
-            if isinstance(chunks, ChunkSummary):
-                offsets.extend(chunks.offsets)
+            if isinstance(chunks, ChunkSummary) and not merge:
+                info.chunk_layout[key] = (len(chunks.offsets), chunks.per_first)
                 info.chunk_dims |= chunks.split_dims
                 info.chunk_count += chunks.count
+            elif isinstance(chunks, ChunkSummary):
+                info.chunk_offsets.setdefault(key, []).extend(chunks.offsets)
+                info.chunk_dims |= chunks.split_dims
+                info.chunk_count += chunks.count
+            if isinstance(chunks, ChunkSummary):
+                chunks.offsets = set()  # freed tensor by tensor, not all at once at the end (GIL)
             else:
+                offsets = info.chunk_offsets.setdefault(key, [])
                 for ch in chunks:
                     offs = tuple(_get(ch, "offsets") or ())
                     sizes = tuple(_get(ch, "sizes") or ())
@@ -212,6 +222,7 @@ def _read_one(info: DcpInfo, src: Path) -> None:
         sd = _get(meta, "storage_data") or {}
         storage = [getattr(st, "__dict__", None) for st in sd.values()] if isinstance(sd, dict) else []
     storage_ends(storage, info.files)
+    release_in_slices([storage])
 
 
 def storage_ends(states: list, files: dict[str, int]) -> None:
@@ -230,20 +241,26 @@ def storage_ends(states: list, files: dict[str, int]) -> None:
             files[rel] = end
 
 
-def storage_ends_fast(states: list, files: dict[str, int]) -> bool:
+def storage_ends_fast(states: list, files: dict[str, int], step: int = 65_536) -> bool:
     """:func:`storage_ends` in C-level passes for the common case (every state a dict with a path and int
-    offset and length, each file's last entry its furthest); False where that does not hold."""
-    n = len(states)
-    if not n or set(map(type, states)) != {dict}:
-        return not n
-    rels = list(map(dict.get, states, repeat("relative_path", n)))
-    ends = list(map(operator.add, map(dict.get, states, repeat("offset", n), repeat(0, n)),
-                    map(dict.get, states, repeat("length", n), repeat(0, n))))
-    if set(map(type, rels)) != {str} or set(map(type, ends)) != {int}:
-        return False
-    last = dict(zip(rels, ends))
-    if any(map(operator.gt, ends, map(last.__getitem__, rels))):
-        return False
+    offset and length, each file's last entry its furthest); False (``files`` untouched) where that does not
+    hold. ``step`` states at a time, so that no single C call holds the GIL for long."""
+    last: dict[str, int] = {}
+    for i in range(0, len(states), step):
+        part = states[i:i + step]
+        n = len(part)
+        if set(map(type, part)) != {dict}:
+            return False
+        rels = list(map(dict.get, part, repeat("relative_path", n)))
+        ends = list(map(operator.add, map(dict.get, part, repeat("offset", n), repeat(0, n)),
+                        map(dict.get, part, repeat("length", n), repeat(0, n))))
+        if set(map(type, rels)) != {str} or set(map(type, ends)) != {int}:
+            return False
+        ends_before = list(map(last.get, rels, repeat(-1, n)))
+        last.update(zip(rels, ends))
+        # each file's entries must come in increasing order of end, across the slices too
+        if any(map(operator.gt, ends, map(last.__getitem__, rels))) or any(map(operator.gt, ends_before, ends)):
+            return False
     for rel, end in last.items():
         if end > files.get(rel, -1):
             files[rel] = end
@@ -281,20 +298,25 @@ def megatron_stacked(info: DcpInfo) -> dict[str, tuple[str, str, int]]:
     return out
 
 
+def chunk_layout(info: DcpInfo) -> dict[str, tuple[int, int]]:
+    """tensor -> (distinct chunk offsets, the most of them sharing one ``offset[:1]``), folded or from the offsets."""
+    out = dict(info.chunk_layout)
+    for key, offsets in info.chunk_offsets.items():
+        uniq = set(offsets)
+        per_first: dict = {}
+        for o in uniq:
+            per_first[o[:1]] = per_first.get(o[:1], 0) + 1
+        out[key] = (len(uniq), max(per_first.values(), default=0))
+    return out
+
+
 def megatron_tensor_parallel(info: DcpInfo) -> Optional[int]:
     """The tensor-parallel size, from how the tensors are split: the most chunks one layer of one tensor has
     (megatron writes each shard once, replicas deduplicated)."""
     stacked = megatron_stacked(info)
     best = 0
-    for key, offsets in info.chunk_offsets.items():
-        if key in stacked:
-            per_layer: dict = {}
-            for o in set(offsets):
-                per_layer[o[:1]] = per_layer.get(o[:1], 0) + 1
-            n = max(per_layer.values(), default=0)
-        else:
-            n = len(set(offsets))
-        best = max(best, n)
+    for key, (distinct, per_layer) in chunk_layout(info).items():
+        best = max(best, per_layer if key in stacked else distinct)
     return best or None
 
 

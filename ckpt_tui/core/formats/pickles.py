@@ -14,6 +14,7 @@ import gc
 import io
 import operator
 import pickle
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -591,10 +592,12 @@ class ChunkSummary:
     count: int
     offsets: set  # distinct chunk offsets (tuples)
     split_dims: set  # dims along which a chunk's offset is not 0 or its size not the tensor's
+    per_first: int = 0  # the most distinct offsets sharing one first coordinate (``offset[:1]``)
 
 
 _OFFSETS = operator.itemgetter("offsets")
 _SIZES = operator.itemgetter("sizes")
+_FIRST = operator.itemgetter(slice(0, 1))
 
 
 def fold_chunks(size: tuple, states: list) -> ChunkSummary:
@@ -622,7 +625,8 @@ def fold_chunks(size: tuple, states: list) -> ChunkSummary:
             for d, (a, b) in enumerate(zip(o, s)):
                 if nd > d and (a != 0 or b != size[d]):
                     dims.add(d)
-    return ChunkSummary(len(states), uniq, dims)
+    per_first = max(Counter(map(_FIRST, uniq)).values(), default=0)
+    return ChunkSummary(len(states), uniq, dims, per_first)
 
 
 class DcpSummaryUnpickler(RestrictedUnpickler):
@@ -640,6 +644,8 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         super().__init__(f, result, False)
         self.chunk_states: list = []
         self.storage_states: list = []
+        self.index_states: list = []
+        self.folded: list = []  # each tensor's chunk states, kept past the memo: see release_in_slices
         self._classes: dict = {}
         self._fold: list = [self._tensor_md]
 
@@ -653,7 +659,7 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         elif q == _STORAGE_INFO:
             cls = _singleton_class(q, self.storage_states.append)
         elif q == _INDEX:
-            cls = _singleton_class(q, len)  # the keys of storage_data: not needed for facts
+            cls = _singleton_class(q, self.index_states.append)  # the keys of storage_data: not needed for facts
         elif q == _TENSOR_MD:
             fold = self._fold  # emptied after the load: the class outlives the unpickler, not the other way
 
@@ -681,6 +687,7 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         size = tuple(size) if isinstance(size, (tuple, list)) else ()
         inst.__dict__.update(state)
         inst.__dict__["chunks"] = fold_chunks(size, pending)
+        self.folded.extend(pending)
         pending.clear()
 
 
@@ -695,6 +702,14 @@ def gc_paused():
     finally:
         if was:
             gc.enable()
+
+
+def release_in_slices(lists: list, step: int = 50_000) -> None:
+    """Empty each list ``step`` items from its end at a time, with Python between the slices (a thread switch
+    point), instead of freeing millions of objects in one C call."""
+    for lst in lists:
+        while lst:
+            del lst[-step:]
 
 
 def load_dcp_summary(f) -> tuple[Unpickled, list]:
@@ -715,6 +730,11 @@ def load_dcp_summary(f) -> tuple[Unpickled, list]:
             # holds every object the stream built, is freed now by reference counting, not by a full GC pass
             up._classes.clear()
             up._fold.clear()
-    if up.chunk_states:  # chunk records left outside any tensor (a save plan): fine, not the tensors'
-        up.chunk_states.clear()
-    return result, up.storage_states
+    storage = up.storage_states
+    # The unpickler's memo holds every object the stream built; freeing them is one long C call (~0.5 s for a
+    # 1,024-rank metadata) that holds the GIL. Keep the records' states past it, drop the unpickler (what is
+    # left in the memo goes: the small tuples), then free the states in slices, so a UI thread gets its turns.
+    keep = [up.chunk_states, up.index_states, up.folded]
+    del up
+    release_in_slices(keep)
+    return result, storage

@@ -37,7 +37,11 @@ def torch_facts(folder: Path) -> dict:
         if isinstance(m, TensorStorageMetadata):
             size = tuple(m.size)
             tensors[key] = (size, str(m.properties.dtype).removeprefix("torch."))
-            offsets[key] = {tuple(c.offsets) for c in m.chunks}
+            uniq = {tuple(c.offsets) for c in m.chunks}
+            per_first: dict = {}
+            for o in uniq:
+                per_first[o[:1]] = per_first.get(o[:1], 0) + 1
+            offsets[key] = (len(uniq), max(per_first.values(), default=0))
             count += len(m.chunks)
             for c in m.chunks:
                 for d, (o, s) in enumerate(zip(c.offsets, c.sizes)):
@@ -54,7 +58,7 @@ def torch_facts(folder: Path) -> dict:
 
 def our_facts(info: dcpfmt.DcpInfo) -> dict:
     return {"tensors": {t.name: (t.shape, t.dtype) for t in info.tensors},
-            "offsets": {k: set(v) for k, v in info.chunk_offsets.items()}, "split_dims": info.chunk_dims,
+            "offsets": dcpfmt.chunk_layout(info), "split_dims": info.chunk_dims,
             "chunks": info.chunk_count, "bytes_entries": info.bytes_entries, "files": info.files}
 
 

@@ -19,6 +19,16 @@ def by_severity(findings, here=None) -> list:
                                            f.path, f.code))
 
 
+def _run_plan(run):
+    """A planned wizard's dismiss callback: ``run(plan)`` once it returns one (not when it was cancelled)."""
+
+    def go(res) -> None:
+        if res and res.get("plan") is not None:
+            run(res["plan"])
+
+    return go
+
+
 class JobActions:
     # ------------------------------------------------------------------ fix
     def fixable(self) -> list:
@@ -68,12 +78,8 @@ class JobActions:
     def action_export(self) -> None:
         from .screens.wizards import ExportWizard
 
-        def go(res) -> None:
-            if res and res.get("plan") is not None:
-                self.run_export(res["plan"])
-
         sel = self.selected.path if self.selected else None
-        self.app.push_screen(ExportWizard(self.report, sel), go)
+        self.app.push_screen(ExportWizard(self.report, sel), _run_plan(self.run_export))
 
     def run_export(self, plan):
         from ..core.export.write import execute
@@ -134,17 +140,17 @@ class JobActions:
     def universal_tag(self) -> Optional[object]:
         return self.universal_choice()[0]
 
-    def action_universal(self) -> None:
+    def open_tag_wizard(self, wizard, run) -> None:
+        """Open ``wizard`` (a TagConversionWizard class) on the tag `u` and `m` convert; ``run`` its plan."""
         tag = self.universal_tag()
         if tag is None:
             return
+        self.app.push_screen(wizard(self.report, tag.path), _run_plan(run))
+
+    def action_universal(self) -> None:
         from .screens.wizards import UniversalWizard
 
-        def go(res) -> None:
-            if res and res.get("plan") is not None:
-                self.run_universal(res["plan"])
-
-        self.app.push_screen(UniversalWizard(self.report, tag.path), go)
+        self.open_tag_wizard(UniversalWizard, self.run_universal)
 
     def run_universal(self, plan):
         from ..core.convert.universal import convert_to_universal
@@ -160,16 +166,9 @@ class JobActions:
 
     # ------------------------------------------------------------------ resume under torch FSDP2
     def action_resume_fsdp2(self) -> None:
-        tag = self.universal_tag()  # the same DeepSpeed tag `ckpt-tui convert` would take
-        if tag is None:
-            return
         from .screens.resume_wizard import ResumeWizard
 
-        def go(res) -> None:
-            if res and res.get("plan") is not None:
-                self.run_resume(res["plan"])
-
-        self.app.push_screen(ResumeWizard(self.report, tag.path), go)
+        self.open_tag_wizard(ResumeWizard, self.run_resume)  # the same DeepSpeed tag `ckpt-tui convert` would take
 
     def run_resume(self, plan):
         from ..core.convert.torch_dcp import convert_to_torch_dcp

@@ -380,11 +380,14 @@ class ExportWizard(PlannedWizard):
             + said_m + [pm.to_plan().describe(), "", "The optimizer state:"] + said_o + [po.to_plan().describe()])
 
 
-class UniversalWizard(PlannedWizard):
+class TagConversionWizard(PlannedWizard):
+    """Convert a DeepSpeed ZeRO tag (``tag_path``) into a new folder: why, where to write it (``#out``,
+    ``default_out`` of the tag's folder), then the plan ``make_plan`` makes of the tag as the user
+    would type it and that folder."""
+
     STEPS = ("why", "output", "confirm")
-    TITLE = "Convert to a DeepSpeed universal checkpoint"
-    READY = "Press enter to convert (DeepSpeed's converter runs in the background). The plan:"
     FAILED = "Cannot convert"
+    OUT_HELP = ""  # said above the output folder's input
 
     def __init__(self, report, tag_path: str):
         super().__init__()
@@ -397,9 +400,44 @@ class UniversalWizard(PlannedWizard):
     def run_label(self):
         return "Convert"
 
+    def why(self, f: DeepSpeedZeroFacts) -> str:
+        """The first step's text, from the tag's facts."""
+        raise NotImplementedError
+
+    def default_out(self, tag_dir: Path) -> Path:
+        raise NotImplementedError
+
+    def make_plan(self, src: str, out: Path):
+        """The core's plan (runs in the worker)."""
+        raise NotImplementedError
+
     def panes(self) -> ComposeResult:
         node = self.report.inventory.node(self.tag_path)
         f = cast(DeepSpeedZeroFacts, node.facts) if node else DeepSpeedZeroFacts()
+        why = self.why(f)
+        out = self.default_out(_abs(self.report, self.tag_path))
+        with Vertical(id="why", classes="pane"):
+            yield Static(why, classes="explain")
+        with Vertical(id="output", classes="pane"):
+            yield Static(self.OUT_HELP, classes="explain")
+            yield Input(value=self.report.inventory.user_form(out), id="out")
+        yield from self.confirm_pane()
+
+    def plan_inputs(self):
+        return self.query_one("#out", Input).value
+
+    def build_plan(self, out):
+        plan = self.make_plan(_typed(self.report, self.tag_path), Path(out).expanduser())
+        return plan, plan.to_plan().describe()
+
+
+class UniversalWizard(TagConversionWizard):
+    TITLE = "Convert to a DeepSpeed universal checkpoint"
+    READY = "Press enter to convert (DeepSpeed's converter runs in the background). The plan:"
+    OUT_HELP = ("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
+                "`latest_universal`):")
+
+    def why(self, f: DeepSpeedZeroFacts) -> str:
         why = (f"`{self.report.inventory.shown(self.tag_path, slash=True)}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
                f"{f.get('world_size', '?')} ranks. To resume with a different number of ranks, DeepSpeed needs a "
                "universal checkpoint (per-parameter fp32 weights and optimizer state).\n\n")
@@ -413,25 +451,17 @@ class UniversalWizard(PlannedWizard):
             why += ("\n\nThis run has frozen parameters: a universal checkpoint restores only optimizer-tracked "
                     "parameters, so ckpt-tui will also write their weights to frozen_params.safetensors and show "
                     "how to load them.")
+        return why
+
+    def default_out(self, tag_dir: Path) -> Path:
         from ...core.convert.universal.plan import default_out
 
-        out = default_out(_abs(self.report, self.tag_path))
-        with Vertical(id="why", classes="pane"):
-            yield Static(why, classes="explain")
-        with Vertical(id="output", classes="pane"):
-            yield Static("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
-                         "`latest_universal`):", classes="explain")
-            yield Input(value=self.report.inventory.user_form(out), id="out")
-        yield from self.confirm_pane()
+        return default_out(tag_dir)
 
-    def plan_inputs(self):
-        return self.query_one("#out", Input).value
-
-    def build_plan(self, out):
+    def make_plan(self, src: str, out: Path):
         from ...core.convert.universal import universal_plan
 
-        plan = universal_plan(_typed(self.report, self.tag_path), Path(out).expanduser())
-        return plan, plan.to_plan().describe()
+        return universal_plan(src, out)
 
 
 class RepairWizard(Wizard):

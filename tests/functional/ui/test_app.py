@@ -50,6 +50,21 @@ def screen_text(app) -> str:
     return "\n".join(str(s.render()) for s in app.screen.query("Static"))
 
 
+async def plan_in_tag_wizard(pilot, app, key: str, wizard, why: str):
+    """After the scan, ``key`` opens ``wizard`` (a tag conversion: why, output, confirm); once its
+    first step says ``why``, walk to the plan with the default output. The wizard, its plan made."""
+    await wait_for(pilot, lambda: app.report is not None)
+    await press_and_wait(pilot, key, lambda: isinstance(app.screen, wizard))
+    wiz = app.screen
+    await wait_for(pilot, lambda: why in screen_text(app))
+    await wait_for(pilot, lambda: step_ready(wiz, 0))
+    for step in (1, 2):  # why, output
+        await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
+    await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
+    assert wiz.plan is not None, wiz.plan_error
+    return wiz
+
+
 @pytest.fixture
 def fsdp_ckpt(real_ckpt, tmp_path):
     d = tmp_path / "checkpoint-2000"
@@ -203,15 +218,7 @@ async def test_universal_wizard_converts_and_shows_how_to_load(ds_ckpt):
 
     app = make_app(ds_ckpt)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: app.report is not None)
-        await press_and_wait(pilot, "u", lambda: isinstance(app.screen, UniversalWizard))
-        wiz = app.screen
-        await wait_for(pilot, lambda: "universal_checkpoint_info" in screen_text(app))
-        await wait_for(pilot, lambda: step_ready(wiz, 0))
-        for step in (1, 2):  # why, output
-            await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
-        await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
-        assert wiz.plan is not None, wiz.plan_error
+        await plan_in_tag_wizard(pilot, app, "u", UniversalWizard, "universal_checkpoint_info")
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog)
                        and "Universal checkpoint ready" in screen_text(app), timeout=240)

@@ -7,7 +7,7 @@ from ckpt_tui.core.convert.torch_dcp import load_code
 from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.screens.dialogs import MessageDialog
 from ckpt_tui.ui.screens.resume_wizard import ResumeWizard
-from tests.functional.ui.test_app import press_and_wait, screen_text, step_ready, wait_for
+from tests.functional.ui.test_app import plan_in_tag_wizard, screen_text, wait_for
 
 
 async def test_resume_wizard_converts_and_shows_the_load_code(real_ckpt, tmp_path):
@@ -15,15 +15,7 @@ async def test_resume_wizard_converts_and_shows_the_load_code(real_ckpt, tmp_pat
     shutil.copytree(real_ckpt("ds-resume-zero2") / "checkpoint", ck)
     app = make_app(ck)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: app.report is not None)
-        await press_and_wait(pilot, "m", lambda: isinstance(app.screen, ResumeWizard))
-        wiz = app.screen
-        await wait_for(pilot, lambda: "fully_shard" in screen_text(app))
-        await wait_for(pilot, lambda: step_ready(wiz, 0))
-        for step in (1, 2):  # why, output
-            await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
-        await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error, timeout=60)
-        assert wiz.plan is not None, wiz.plan_error
+        wiz = await plan_in_tag_wizard(pilot, app, "m", ResumeWizard, "fully_shard")
         out = tmp_path / "run-checkpoint-torch-dcp"  # outside the run folder
         assert wiz.plan.out == out
         await pilot.press("enter")

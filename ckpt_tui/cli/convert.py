@@ -10,9 +10,9 @@ import sys
 
 import click
 
-from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from ..core.errors import EXIT_OK
 from .options import json_option, path_argument, path_option
-from .output import emit_json, fail, run_core
+from .output import conversion_plan, emit_json, run_core
 
 
 @click.command("convert", short_help="Carry a DeepSpeed ZeRO run over to torch FSDP2/DDP (torch DCP).")
@@ -53,26 +53,10 @@ def convert_cmd(src, to, out, tag, strip_prefix, keep_prefix, dry_run, as_json):
       ckpt-tui convert checkpoint-2000 --to torch-dcp --out resume-fsdp2 --dry-run
     """
     from ..core.convert.torch_dcp import TorchDcpError, convert_to_torch_dcp, torch_dcp_plan
-    from ..core.scan import ScanError
 
-    try:
-        plan = torch_dcp_plan(src, out, tag=tag, strip_prefix=strip_prefix, keep_prefix=keep_prefix)
-    except ScanError as e:
-        fail(str(e), EXIT_USAGE)
-    except TorchDcpError as e:
-        fail(str(e), EXIT_FINDINGS)
-    except (OSError, ValueError) as e:
-        fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
-    for line in plan.said:
-        click.echo(f"ckpt-tui: {line}", err=True)
-    for w in plan.warnings:
-        click.echo(f"ckpt-tui: warning: {w}", err=True)
-    if dry_run:
-        if as_json:
-            emit_json({"plan": plan.to_json()})
-        else:
-            click.echo(plan.to_plan().describe())
-        sys.exit(EXIT_OK)
+    plan = conversion_plan(lambda: torch_dcp_plan(src, out, tag=tag, strip_prefix=strip_prefix,
+                                                  keep_prefix=keep_prefix),
+                           TorchDcpError, dry_run=dry_run, as_json=as_json)
     res = run_core(lambda **kw: convert_to_torch_dcp(plan, **kw), as_json=as_json,
                    cleanup="the partial output was removed, the source is untouched")
     if as_json:

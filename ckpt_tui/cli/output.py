@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_USAGE
+from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ..core.layout import deepspeed_layout
 from ..core.types import SCHEMA_VERSION
 
@@ -83,6 +83,33 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
             fail(str(e), EXIT_FINDINGS)
         except OSError as e:
             fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}{after}", EXIT_FINDINGS)
+
+
+def conversion_plan(make, refusal: type, *, dry_run: bool, as_json: bool):
+    """``make()``: a conversion's plan (``universal``, ``convert``), its errors mapped to the exit codes
+    (an unreadable path 2; ``refusal``, the converter's own error, or a failed read 1); then which
+    checkpoint it took and its warnings on stderr. With ``dry_run``, print the plan (or its JSON) and exit 0."""
+    from ..core.scan import ScanError
+
+    try:
+        plan = make()
+    except ScanError as e:
+        fail(str(e), EXIT_USAGE)
+    except refusal as e:
+        fail(str(e), EXIT_FINDINGS)
+    except (OSError, ValueError) as e:
+        fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
+    for line in plan.said:
+        click.echo(f"ckpt-tui: {line}", err=True)
+    for w in plan.warnings:
+        click.echo(f"ckpt-tui: warning: {w}", err=True)
+    if dry_run:
+        if as_json:
+            emit_json({"plan": plan.to_json()})
+        else:
+            click.echo(plan.to_plan().describe())
+        sys.exit(EXIT_OK)
+    return plan
 
 
 def inspect_or_fail(path: str, trust: bool):

@@ -10,9 +10,9 @@ import sys
 
 import click
 
-from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from ..core.errors import EXIT_OK
 from .options import json_option, path_argument, path_option, trust_pickles_option
-from .output import emit_json, fail, run_core
+from .output import conversion_plan, emit_json, run_core
 
 
 @click.command("universal", short_help="Convert DeepSpeed ZeRO to a universal checkpoint.")
@@ -50,28 +50,10 @@ def universal_cmd(src, out, tag, dry_run, export_frozen, target_stage, trust_pic
       ckpt-tui universal checkpoint-2000 --dry-run
     """
     from ..core.convert.universal import UniversalError, convert_to_universal, universal_plan
-    from ..core.scan import ScanError
 
-    try:
-        plan = universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,
-                              export_frozen=export_frozen, tag=tag)
-    except ScanError as e:
-        fail(str(e), EXIT_USAGE)
-    except UniversalError as e:
-        fail(str(e), EXIT_FINDINGS)
-    except (OSError, ValueError) as e:
-        fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
-    for line in plan.said:
-        click.echo(f"ckpt-tui: {line}", err=True)
-    for w in plan.warnings:
-        click.echo(f"ckpt-tui: warning: {w}", err=True)
-    if dry_run:
-        if as_json:
-            emit_json({"plan": plan.to_json()})
-        else:
-            click.echo(plan.to_plan().describe())
-        sys.exit(EXIT_OK)
-
+    plan = conversion_plan(lambda: universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,
+                                                  export_frozen=export_frozen, tag=tag),
+                           UniversalError, dry_run=dry_run, as_json=as_json)
     res = run_core(lambda **kw: convert_to_universal(plan, **kw), as_json=as_json, unit="files",
                    label="converting", cleanup="the converter was stopped and the partial output removed, "
                                                "the source is untouched")

@@ -16,6 +16,8 @@ from ...export.write import ExportError
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import JsonFields, as_json
 from ...types import Plan, PlanStep, in_user_form
+from .. import common
+from ..common import resolve_tag
 
 TMP_PREFIX = ".ckpt-tui-torch-dcp-"
 NOTE_FILE = "conversion.json"  # what was carried over and what was not, beside the DCP files
@@ -145,20 +147,12 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     """Resolve SRC to a DeepSpeed ZeRO tag and say what converting it to torch DCP in ``out`` will
     write. Raises ``ScanError`` for an unreadable path, :class:`TorchDcpError` where it cannot convert."""
     from ...export import prefix as prefixes
-    from ...export.api import resolve
     from ...export.deepspeed_optim import deepspeed_optimizer_source
     from ...export.deepspeed_source import deepspeed_source, open_zero_tag
-    from ...report import inspect
 
     src = Path(src)
-    rep = inspect(src, trust_pickles=trust_pickles)
+    rep, node, said = resolve_tag(src, tag, trust_pickles, TorchDcpError)
     inv = rep.inventory
-    node, said = None, []
-    if inv.layout == "run-folder" or inv.model_node() is not None:
-        try:
-            node, said = resolve(rep, tag, verb="converting")
-        except ExportError as e:
-            raise TorchDcpError(str(e)) from None
     if node is None or node.format != "deepspeed-zero":
         raise TorchDcpError(f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); --to torch-dcp converts a "
                             "DeepSpeed tag folder (global_stepN/ with *_optim_states.pt files), or the checkpoint "
@@ -274,12 +268,4 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
 
 
 def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
-    if e.kind == "inside-source":
-        return f"the output {out} is inside the checkpoint {tag_dir.parent}; the source is never modified: choose --out elsewhere"
-    if e.kind in ("not-a-folder", "not-empty"):
-        return f"{out} already exists and is not empty; remove it or choose --out"
-    if e.kind == "missing":
-        return f"{out.parent} does not exist; create it first or choose --out"
-    if e.kind == "no-space":
-        return f"{out.parent} has {e.free:,} bytes free; the conversion needs about {e.need:,}"
-    return f"cannot write to {out.parent} (permission denied or read-only); choose --out on a writable filesystem"
+    return common.output_refusal(e, out, f"the checkpoint {tag_dir.parent}")

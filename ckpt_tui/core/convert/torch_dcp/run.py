@@ -10,9 +10,7 @@ the folder is moved into place with ``os.replace``. Cancel or failure removes th
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -21,9 +19,10 @@ from pathlib import Path
 from typing import Optional
 
 from ...export.sources import SourceTensor
-from ...fsutil import OutputError, changed, check_output_folder, fsync_dir, fsync_file, snapshot
+from ...fsutil import OutputError, check_output_folder, fsync_dir, fsync_file, snapshot
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
+from ..common import check_unchanged, move_into_place, temp_beside
 from .instructions import instructions
 from .plan import NOTE_FILE, TMP_PREFIX, TorchDcpError, TorchDcpPlan, output_refusal
 
@@ -245,10 +244,7 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
     sources = sorted({r.path for t in plan.model for r in (t.ranges or ())}
                      | {r.path for o in plan.optim for r in (o.source.ranges or ())})
     before = snapshot(sources)
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out.parent))
-    except OSError as e:
-        raise TorchDcpError(f"cannot create a temp folder in {out.parent}: {e.strerror or e}") from None
+    tmp = temp_beside(out, TMP_PREFIX, TorchDcpError)
     inner = tmp / out.name
     try:
         n, nbytes = _save(plan, inner, on_progress, cancel)
@@ -258,19 +254,12 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
         (inner / NOTE_FILE).write_text(json.dumps(note(plan), indent=2) + "\n")
         fsync_file(inner / NOTE_FILE)
         fsync_dir(inner, best_effort=True)
-        if changed(before, snapshot(sources)):
-            raise TorchDcpError(f"files in {plan.tag_dir} changed during the conversion (a job still writing?); "
-                                "the result was discarded. Convert once the checkpoint is complete")
+        check_unchanged(before, snapshot(sources), plan.tag_dir, TorchDcpError)
         _verify(plan, inner, on_progress, cancel)
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled")
         files = sum(1 for _ in inner.iterdir())
-        if out.exists():
-            if any(out.iterdir()):
-                raise TorchDcpError(f"{out} appeared while converting and is not empty; the result was discarded")
-            out.rmdir()
-        os.replace(inner, out)
-        fsync_dir(out.parent, best_effort=True)
+        move_into_place(inner, out, TorchDcpError)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return TorchDcpResult(out=out, seconds=time.monotonic() - t0, tensors=n, nbytes=nbytes, files=files,

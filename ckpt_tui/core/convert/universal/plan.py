@@ -15,6 +15,8 @@ from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import JsonFields, as_json
 from ...types import Plan, PlanStep, in_user_form
+from .. import common
+from ..common import resolve_tag
 from .instructions import FROZEN_FILE
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
@@ -29,18 +31,8 @@ class UniversalError(ExportError):
 
 def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
     """What the output preflight found, said for the conversion."""
-    parent = out.parent
-    if e.kind == "inside-source":
-        return (f"the output {out} is inside the source {tag_dir}; the source is never modified: "
-                "choose --out elsewhere")
-    if e.kind in ("not-a-folder", "not-empty"):
-        return f"{out} already exists and is not empty; remove it or choose --out"
-    if e.kind == "missing":
-        return f"{parent} does not exist; create it first or choose --out"
-    if e.kind == "no-space":
-        return (f"{parent} has {e.free:,} bytes free; the conversion needs about {e.need:,} "
-                "(the converter writes its slices and the result side by side)")
-    return f"cannot write to {parent} (permission denied or read-only); choose --out on a writable filesystem"
+    return common.output_refusal(e, out, f"the source {tag_dir}",
+                                 " (the converter writes its slices and the result side by side)")
 
 
 @dataclass
@@ -132,21 +124,13 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
 
     Raises ``ScanError`` for an unreadable path, :class:`UniversalError` where it cannot convert.
     """
-    from ...export.api import resolve
     from ...export.deepspeed_source import MOE_RE, deepspeed_source
     from ...formats import torchfile
     from ...formats.deepspeed import LAYER_RE
-    from ...report import inspect
 
     src = Path(src)
-    rep = inspect(src, trust_pickles=trust_pickles)
+    rep, node, said = resolve_tag(src, tag, trust_pickles, UniversalError)
     inv = rep.inventory
-    node, said = None, []
-    if inv.layout == "run-folder" or inv.model_node() is not None:
-        try:
-            node, said = resolve(rep, tag, verb="converting")
-        except ExportError as e:
-            raise UniversalError(str(e)) from None
     if node is None or node.format != "deepspeed-zero":
         if node is not None and node.format == "deepspeed-universal" or inv.layout == "universal":
             raise UniversalError(f"{src} is already a DeepSpeed universal checkpoint: load it with "

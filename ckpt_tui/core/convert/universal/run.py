@@ -15,15 +15,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ...fsutil import OutputError, atomic_write, changed, check_output_folder, fsync_dir, snapshot
+from ...fsutil import OutputError, atomic_write, check_output_folder, snapshot
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
+from ..common import check_unchanged, move_into_place, temp_beside
 from .frozen import export_frozen
 from .instructions import instructions
 from .plan import TMP_PREFIX, UniversalError, UniversalPlan, output_refusal
@@ -131,10 +131,7 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
     if export_frozen_params is None:
         export_frozen_params = plan.export_frozen
     before = _tag_snapshot(plan.tag_dir)
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out.parent))
-    except OSError as e:
-        raise UniversalError(f"cannot create a temp folder in {out.parent}: {e.strerror or e}") from None
+    tmp = temp_beside(out, TMP_PREFIX, UniversalError)
     inner = tmp / "inner" / out.name
     own_log = log_path is None
     log_file = Path(log_path) if log_path else tmp / "convert.log"
@@ -174,9 +171,7 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
             raise UniversalError(f"DeepSpeed's converter failed (exit {rc}): {tail}"
                                  + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})"))
         report(on_progress, total, total, "files", "converting")
-        if changed(before, _tag_snapshot(plan.tag_dir)):
-            raise UniversalError(f"files in {plan.tag_dir} changed during the conversion (a job still writing?); "
-                                 "the result was discarded. Convert once the checkpoint is complete")
+        check_unchanged(before, _tag_snapshot(plan.tag_dir), plan.tag_dir, UniversalError)
         report(on_progress, 0, None, "files", "verifying")
         ver = verify_universal(inner, plan.tag_dir, cancel=cancel)
         if not ver.ok:
@@ -184,12 +179,7 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
         files = sum(len(fs) for _, _, fs in os.walk(inner))
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled")
-        if out.exists():
-            if any(out.iterdir()):
-                raise UniversalError(f"{out} appeared while converting and is not empty; the result was discarded")
-            out.rmdir()
-        os.replace(inner, out)
-        fsync_dir(out.parent, best_effort=True)
+        move_into_place(inner, out, UniversalError)
         latest = write_latest(out)
     except BaseException:
         if proc is not None and proc.poll() is None:

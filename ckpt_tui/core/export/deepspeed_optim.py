@@ -19,7 +19,7 @@ import os
 import struct
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..formats.deepspeed import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
 from ..formats.pickles import Stub, TensorRef
@@ -71,8 +71,9 @@ def _state_groups(tag: ZeroTag, rank: int, key: str) -> list:
     return out
 
 
-def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
-    """A Python number from a step value: a number, or a 0-d tensor whose few bytes are read here."""
+def step_value(v: Any, what: str, tensor_bytes: Callable[[TensorRef], bytes]):
+    """A Python number from a saved step value: a number, or a 0-d tensor whose few bytes
+    ``tensor_bytes(ref)`` reads (from wherever its file keeps them). Raises ValueError."""
     if isinstance(v, Stub):
         v = v.value
     if isinstance(v, bool) or v is None:
@@ -82,9 +83,14 @@ def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
     if isinstance(v, TensorRef):
         if v.numel != 1 or v.dtype not in _SCALAR:
             raise ValueError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
-        (x,) = struct.unpack(_SCALAR[v.dtype], tag.tensor_bytes(rank, v, what))
+        (x,) = struct.unpack(_SCALAR[v.dtype], tensor_bytes(v))
         return int(x) if isinstance(x, float) and x.is_integer() else x
     raise ValueError(f"{what}: unreadable step {type(v).__name__}")
+
+
+def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
+    """A Python number from a step value of ``rank``'s optimizer states file."""
+    return step_value(v, what, lambda ref: tag.tensor_bytes(rank, ref, what))
 
 
 def jsonable(v: Any) -> Any:

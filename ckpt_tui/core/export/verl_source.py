@@ -14,14 +14,13 @@ owns, whose concatenation in rank order is the flattened parameter.
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
-from ..formats.pickles import DTensorRef, ShardedTensorRef, Stub, TensorRef
+from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef
 from ..types import numel
 from .sources import ByteRange, Source, SourceTensor
 
@@ -213,24 +212,11 @@ def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickl
 
 # ---------------------------------------------------------------- optimizer
 
-_SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
-
-
 def _scalar(rf: RankFile, v: Any, what: str):
-    if isinstance(v, Stub):
-        v = v.value
-    if isinstance(v, bool) or v is None:
-        raise ValueError(f"{what}: not a number ({v!r})")
-    if isinstance(v, (int, float)):
-        return v
-    if isinstance(v, TensorRef):
-        if v.numel != 1 or v.dtype not in _SCALAR:
-            raise ValueError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
-        from .sources import read_ranges
+    from .deepspeed_optim import step_value
+    from .sources import read_ranges
 
-        (x,) = struct.unpack(_SCALAR[v.dtype], read_ranges(rf.ranges(v, what)))
-        return int(x) if isinstance(x, float) and x.is_integer() else x
-    raise ValueError(f"{what}: unreadable step {type(v).__name__}")
+    return step_value(v, what, lambda ref: read_ranges(rf.ranges(ref, what)))
 
 
 def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[Source, dict, list[str]]:

@@ -125,3 +125,24 @@ def freeze(proc, timeout: float = 60.0) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"the process did not stop within {timeout:.0f} s")
         time.sleep(0.005)
+
+
+def ckpt_tui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The installed `ckpt-tui` command on this checkout (PYTHONPATH), run in ``cwd``."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run(["ckpt-tui", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def load_optimizer_export(out: Path) -> dict:
+    """The tensors of an optimizer export in ``out``: its one file, or every shard its index names."""
+    from safetensors.torch import load_file
+
+    index = out / "optimizer.safetensors.index.json"
+    if not index.exists():
+        return load_file(out / "optimizer.safetensors")
+    sd = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        sd.update(load_file(out / shard))
+    return sd

@@ -16,14 +16,7 @@ from safetensors.torch import load_file
 
 from ckpt_tui.core.export.api import export, plan_export
 from ckpt_tui.core.export.write import ExportError
-
-ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(sys.executable).parent
-
-
-def ckpt_tui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(["ckpt-tui", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+from tests.util import ckpt_tui, load_optimizer_export
 
 
 def universal_of(copy: Path, tmp_path: Path) -> Path:
@@ -40,16 +33,6 @@ def state_tensor(path: Path) -> torch.Tensor:
     return obj["param"] if isinstance(obj, dict) else obj
 
 
-def load_export(out: Path) -> dict:
-    index = out / "optimizer.safetensors.index.json"
-    if not index.exists():
-        return load_file(out / "optimizer.safetensors")
-    sd = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        sd.update(load_file(out / shard))
-    return sd
-
-
 CASES = [("ds-zero1-bf16", 1, []), ("ds-zero2-bf16", 2, []), ("ds-zero3-bf16", 3, []),
          ("ds-zero1-frozen", 1, ["embed_tokens.weight"]), ("ds-zero3-frozen", 3, ["embed_tokens.weight"]),
          ("ds-zero2-3ranks", 2, []), ("ds-zero3-3ranks", 3, [])]  # 3 ranks: uneven partitions, padding
@@ -63,7 +46,7 @@ def test_matches_ds_to_universal_bit_exact(real_ckpt_copy, tmp_path, variant, st
     assert res.verified and res.files == ["optimizer.safetensors"]
     out = tmp_path / "out"
     assert sorted(os.listdir(out)) == ["optimizer.safetensors", "optimizer_config.json"]
-    sd = load_export(out)
+    sd = load_optimizer_export(out)
     cfg = json.loads((out / "optimizer_config.json").read_text())
     assert cfg["zero_stage"] == stage and cfg["frozen_params"] == frozen
 
@@ -111,7 +94,7 @@ def test_sharded_output(real_ckpt, tmp_path):
     for f in res.files:  # each shard within the limit, unless one tensor alone exceeds it
         shard = load_file(tmp_path / "many" / f)
         assert f.startswith("optimizer-") and (len(shard) == 1 or sum(t.nbytes for t in shard.values()) <= 100_000)
-    one, many = load_file(tmp_path / "one" / "optimizer.safetensors"), load_export(tmp_path / "many")
+    one, many = load_file(tmp_path / "one" / "optimizer.safetensors"), load_optimizer_export(tmp_path / "many")
     assert sorted(one) == sorted(many) == sorted(index["weight_map"])
     assert all(torch.equal(one[k], many[k]) for k in one)
     assert (tmp_path / "many" / "optimizer_config.json").read_text() == \
@@ -179,7 +162,7 @@ def test_the_printed_load_code_runs_as_printed(real_ckpt, tmp_path, shard):
     p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["keys"] == sorted(load_export(tmp_path / "out")) and any(k.endswith(".exp_avg_sq") for k in got["keys"])
+    assert got["keys"] == sorted(load_optimizer_export(tmp_path / "out")) and any(k.endswith(".exp_avg_sq") for k in got["keys"])
     assert got["step"] == 2 and got["groups"] >= 1
 
 

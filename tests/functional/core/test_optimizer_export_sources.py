@@ -18,24 +18,9 @@ from safetensors.torch import load_file
 from ckpt_tui.core.export.api import export, export_needs, optimizer_exportable, plan_export
 from ckpt_tui.core.report import inspect
 from ckpt_tui.core.verify import verify
+from tests.util import ckpt_tui, load_optimizer_export
 
 ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(sys.executable).parent
-
-
-def ckpt_tui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(["ckpt-tui", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-
-
-def load_export(out: Path) -> dict:
-    index = out / "optimizer.safetensors.index.json"
-    if not index.exists():
-        return load_file(out / "optimizer.safetensors")
-    sd = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        sd.update(load_file(out / shard))
-    return sd
 
 
 def check_against(sd: dict, cfg: dict, ref_opt: dict, names_of) -> None:
@@ -92,7 +77,7 @@ def test_dcp_matches_dcp_to_torch_save(real_ckpt, tmp_path, fixture, src, dcp):
     res = export(src, tmp_path / "out", component="optimizer")
     assert res.verified and res.files == ["optimizer.safetensors"]
     assert sorted(os.listdir(tmp_path / "out")) == ["optimizer.safetensors", "optimizer_config.json"]
-    sd = load_export(tmp_path / "out")
+    sd = load_optimizer_export(tmp_path / "out")
     cfg = json.loads((tmp_path / "out" / "optimizer_config.json").read_text())
     assert cfg["source"] == "torch-dcp" and cfg["states"] == ["exp_avg", "exp_avg_sq"]
     assert not any(k.endswith(".master") for k in sd)  # FSDP trains the fp32 parameters themselves
@@ -132,7 +117,7 @@ def test_torch_file_matches_torch_load(real_ckpt, tmp_path, fixture, file, pick,
     src = real_ckpt(fixture)
     res = export(src, tmp_path / "out", component="optimizer")
     assert res.verified
-    sd = load_export(tmp_path / "out")
+    sd = load_optimizer_export(tmp_path / "out")
     cfg = json.loads((tmp_path / "out" / "optimizer_config.json").read_text())
     assert cfg["source"] == "torch-file"
     ref = pick(torch.load(src / file, weights_only=True))
@@ -158,7 +143,7 @@ def test_sharded_output_and_needs(real_ckpt, tmp_path):
     res = export(src, tmp_path / "many", component="optimizer", max_shard_size="40KB")
     assert res.verified and len(res.files) > 3 and all(f.startswith("optimizer-") for f in res.files)
     export(src, tmp_path / "one", component="optimizer")
-    one, many = load_export(tmp_path / "one"), load_export(tmp_path / "many")
+    one, many = load_optimizer_export(tmp_path / "one"), load_optimizer_export(tmp_path / "many")
     assert sorted(one) == sorted(many) and all(torch.equal(one[k], many[k]) for k in one)
     written = sum(p.stat().st_size for p in (tmp_path / "many").iterdir())
     report = inspect(src)
@@ -184,10 +169,10 @@ def test_verify_an_optimizer_export(real_ckpt, real_ckpt_copy, tmp_path):
         src = real_ckpt(name)
         export(src, tmp_path / name, component="optimizer")
         v = verify(tmp_path / name, src)
-        assert v.ok and v.compared == len(load_export(tmp_path / name)) and not v.not_in_reference, (name, v)
+        assert v.ok and v.compared == len(load_optimizer_export(tmp_path / name)) and not v.not_in_reference, (name, v)
     # a changed tensor and a config that lost a parameter are both caught
     out = tmp_path / "hf-fsdp1"
-    sd = load_export(out)
+    sd = load_optimizer_export(out)
     k = sorted(sd)[3]
     sd[k] = sd[k] + 1
     from safetensors.torch import save_file
@@ -222,7 +207,7 @@ def test_cli_and_the_printed_load_code_run_as_printed(real_ckpt, tmp_path):
     p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    assert got["keys"] == sorted(load_export(tmp_path / "optim")) and got["step"] == 2 and got["groups"] == 2
+    assert got["keys"] == sorted(load_optimizer_export(tmp_path / "optim")) and got["step"] == 2 and got["groups"] == 2
     r = ckpt_tui("verify", "optim", "--against", "checkpoint-2", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("✓"), r.stdout + r.stderr
 

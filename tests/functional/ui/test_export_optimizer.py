@@ -67,10 +67,8 @@ async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path,
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"n": 42, "step": 2}
 
 
-async def test_optimizer_only_and_not_offered_without_one(real_ckpt, tmp_path):
-    src = tmp_path / "lit"
-    shutil.copytree(real_ckpt("lightning-file-optim"), src)
-    app = make_app(src)
+async def test_optimizer_only_and_not_offered_without_one(real_ckpt, real_ckpt_copy, tmp_path):
+    app = make_app(real_ckpt_copy("lightning-file-optim"))
     async with app.run_test(size=(120, 40)) as pilot:
         wiz = await open_export_wizard(pilot, app)
         await choose(pilot, wiz, OPTIMIZER, str(tmp_path / "optim"))

@@ -1,17 +1,33 @@
-"""What the conversions (``universal/``, ``torch_dcp/``) do the same way: resolve SRC to the DeepSpeed
-tag to convert, say why the output folder is refused, and around the write: a private temp folder
-beside the output, the source unchanged while it ran, the verified result moved into place. Each
-raises its own error class (``error``)."""
+"""What the conversions (``universal/``, ``torch_dcp/``) do the same way: what their plans hold first
+(:class:`TagPlan`), resolving SRC to the DeepSpeed tag to convert, why an output folder is refused,
+and around the write: a private temp folder beside the output, the source unchanged while it ran,
+the verified result moved into place. Each raises its own error class (``error``)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..export.write import ExportError
 from ..fsutil import OutputError, changed, fsync_dir
+from ..jsondoc import JsonFields
+
+
+@dataclass
+class TagPlan(JsonFields):
+    """What a conversion's plan says first: SRC as given, the DeepSpeed tag folder it converts, the
+    output folder, and the tag's ZeRO stage, ranks, step and the framework that saved it."""
+
+    src: Path
+    tag_dir: Path
+    out: Path
+    stage: int
+    world_size: int
+    global_step: Optional[int]
+    framework: Optional[str]
 
 
 def resolve_tag(src: Path, tag: Optional[str], trust_pickles: bool, error: type):

@@ -14,10 +14,10 @@ from typing import Any, Optional
 from ...export.sources import SourceTensor
 from ...export.write import ExportError
 from ...fsutil import OutputError, preflight_output
-from ...jsondoc import JsonFields, as_json
+from ...jsondoc import as_json
 from ...types import Plan, PlanStep, in_user_form
 from .. import common
-from ..common import resolve_tag
+from ..common import TagPlan, resolve_tag
 
 TMP_PREFIX = ".ckpt-tui-torch-dcp-"
 NOTE_FILE = "conversion.json"  # what was carried over and what was not, beside the DCP files
@@ -40,17 +40,10 @@ class OptimTensor:
 
 
 @dataclass
-class TorchDcpPlan(JsonFields):
+class TorchDcpPlan(TagPlan):
     json_keys = ("src", "tag_dir", "out", "zero_stage=stage", "world_size", "global_step", "framework",
                  "optimizer_class", "hyper", "train_dtype", "strip_prefix", "carried", "not_carried", "warnings")
 
-    src: Path
-    tag_dir: Path
-    out: Path
-    stage: int
-    world_size: int
-    global_step: Optional[int]
-    framework: Optional[str]
     model: list[SourceTensor]  # names already final (prefix stripped); tied aliases have tied_to
     optim: list[OptimTensor]
     param_groups: list[dict]  # torch's param_group form: hyper-parameters + "params": [fqn]

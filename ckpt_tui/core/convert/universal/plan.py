@@ -13,10 +13,10 @@ from typing import Optional, cast
 from ...export.write import ExportError
 from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
-from ...jsondoc import JsonFields, as_json
+from ...jsondoc import as_json
 from ...types import Plan, PlanStep, in_user_form
 from .. import common
-from ..common import resolve_tag
+from ..common import TagPlan, resolve_tag
 from .instructions import FROZEN_FILE
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
@@ -36,17 +36,10 @@ def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
 
 
 @dataclass
-class UniversalPlan(JsonFields):
+class UniversalPlan(TagPlan):
     json_keys = ("src", "tag_dir", "out", "zero_stage=stage", "world_size", "global_step", "framework",
                  "inject_missing_state", "trainable", "frozen", "buffers", "expected_files", "warnings")
 
-    src: Path
-    tag_dir: Path
-    out: Path
-    stage: int
-    world_size: int
-    global_step: Optional[int]
-    framework: Optional[str]
     layout: str
     inject_missing_state: bool
     trainable: list[str]

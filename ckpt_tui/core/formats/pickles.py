@@ -150,8 +150,23 @@ class StorageRef:
         return self.numel * ITEMSIZE.get(self.dtype, 1)
 
 
+class ShapedRef:
+    """What every tensor reference derives from its ``shape`` and ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * ITEMSIZE.get(self.dtype, 1)
+
+
 @dataclass
-class TensorRef:
+class TensorRef(ShapedRef):
     storage: StorageRef | None
     offset: int  # in elements of the storage
     shape: tuple[int, ...]
@@ -170,17 +185,9 @@ class TensorRef:
             expect *= d
         return True
 
-    @property
-    def numel(self) -> int:
-        return numel(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * ITEMSIZE.get(self.dtype, 1)
-
 
 @dataclass
-class DTensorRef:
+class DTensorRef(ShapedRef):
     """A pickled ``torch.distributed.tensor.DTensor``: this rank's local tensor and where it sits in the
     global tensor (placements on the mesh), read from the pickled spec; no process group needed."""
 
@@ -192,14 +199,6 @@ class DTensorRef:
     mesh_dim_names: Optional[tuple[str, ...]] = None
     coordinate: Optional[tuple[int, ...]] = None  # this rank's coordinate on the mesh
 
-    @property
-    def numel(self) -> int:
-        return numel(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * ITEMSIZE.get(self.dtype, 1)
-
 
 @dataclass
 class ShardRef:
@@ -210,7 +209,7 @@ class ShardRef:
 
 
 @dataclass
-class ShardedTensorRef:
+class ShardedTensorRef(ShapedRef):
     """A pickled ``ShardedTensor`` (FSDP1 sharded/local state dicts): the shards this rank holds and the
     metadata of every shard (offsets, sizes, owning rank) of the global tensor."""
 
@@ -218,14 +217,6 @@ class ShardedTensorRef:
     shards: list[ShardRef]  # every shard of the global tensor, from ShardedTensorMetadata
     shape: tuple[int, ...]
     dtype: str
-
-    @property
-    def numel(self) -> int:
-        return numel(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * ITEMSIZE.get(self.dtype, 1)
 
 
 @dataclass

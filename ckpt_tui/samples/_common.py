@@ -139,6 +139,33 @@ def parse_args(all_variants: list[str]) -> tuple[Path, list[str]]:
     return out, variants
 
 
+def init_deepspeed() -> None:
+    """A generator rank that trains under DeepSpeed: gloo, then DeepSpeed's own view of the group."""
+    init_dist(deepspeed=True)
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
+def run_variants(names, make, *, setup=init_dist, teardown=None) -> None:
+    """A generator's main: parse ``OUTDIR [variants...]`` (``names``: every variant, in order), ``setup()`` the
+    rank (default: a gloo group; None for a single process), ``make(name, outdir / name)`` each variant asked
+    for, ranks in step between variants, then ``teardown()`` and :func:`finish`."""
+    outdir, variants = parse_args(list(names))
+    if setup is None:
+        torch.set_num_threads(1)
+    else:
+        setup()
+    for name in variants:
+        log(f"{name} ...")
+        make(name, outdir / name)
+        if dist.is_initialized():
+            dist.barrier()
+    if teardown is not None:
+        teardown()
+    finish()
+
+
 def log(msg: str) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"{STEP_PREFIX}{msg}", flush=True)

@@ -18,7 +18,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ckpt_tui.samples._common import SEED, Block, TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    SEED,
+    Block,
+    TinyLM,
+    batch,
+    init_deepspeed,
+    lm_loss,
+    run_variants,
+    seed_all,
+)
 
 VARIANTS = ("ds-zero0-bf16", "ds-zero0-fp32", "ds-bf16-optimizer", "ds-pipeline")
 
@@ -129,15 +138,9 @@ def make(out: Path, variant: str, rank: int) -> None:
 
 
 def main() -> None:
-    outdir, variants = parse_args(list(VARIANTS))
-    rank, _ = init_dist(deepspeed=True)
-    import deepspeed
+    import torch.distributed as dist
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    for name in variants:
-        log(f"{name} ...")
-        make(outdir / name, name, rank)
-    finish()
+    run_variants(VARIANTS, lambda name, out: make(out, name, dist.get_rank()), setup=init_deepspeed)
 
 
 if __name__ == "__main__":

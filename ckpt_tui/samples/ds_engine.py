@@ -7,7 +7,14 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from ckpt_tui.samples._common import TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    TinyLM,
+    batch,
+    init_deepspeed,
+    lm_loss,
+    run_variants,
+    seed_all,
+)
 
 # name -> (zero stage, bf16, tied embeddings, frozen embedding)
 VARIANTS: dict[str, tuple[int, bool, bool, bool]] = {
@@ -63,15 +70,7 @@ def train_and_save(save_dir: Path, stage: int, bf16: bool, tied: bool, frozen: b
 
 
 def main() -> None:
-    outdir, variants = parse_args(list(VARIANTS))
-    init_dist(deepspeed=True)
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    for name in variants:
-        log(f"{name} ...")
-        train_and_save(outdir / name, *VARIANTS[name])
-    finish()
+    run_variants(VARIANTS, lambda name, out: train_and_save(out, *VARIANTS[name]), setup=init_deepspeed)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import torch
 
-from ckpt_tui.samples._common import SEED, TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    SEED,
+    TinyLM,
+    batch,
+    init_deepspeed,
+    lm_loss,
+    run_variants,
+    seed_all,
+)
 
 VARIANTS: dict[str, int] = {"ds-resume-zero2": 2, "ds-resume-zero3": 3}  # name -> ZeRO stage
 STEPS = 2
@@ -75,15 +83,7 @@ def run(out: Path, stage: int) -> None:
 
 
 def main() -> None:
-    outdir, variants = parse_args(list(VARIANTS))
-    init_dist(deepspeed=True)
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    for name in variants:
-        log(f"{name} ...")
-        run(outdir / name, VARIANTS[name])
-    finish()
+    run_variants(VARIANTS, lambda name, out: run(out, VARIANTS[name]), setup=init_deepspeed)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import torch
 
-from ckpt_tui.samples._common import TINY_LLAMA, batch, finish, init_dist, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    TINY_LLAMA,
+    batch,
+    init_deepspeed,
+    run_variants,
+    seed_all,
+)
 
 # name -> (kind, zero stage or fsdp version, tied, frozen embedding)
 VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
@@ -132,21 +138,16 @@ def run_variant(out: Path, kind: str, n: int, tied: bool, frozen: bool) -> None:
 
 
 def main() -> None:
-    outdir, variants = parse_args(list(VARIANTS))
-    init_dist(deepspeed=True)
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
     import os
 
-    for name in variants:
-        log(f"{name} ...")
+    def make(name: str, out: Path) -> None:
         env = dict(os.environ)
-        run_variant(outdir / name, *VARIANTS[name])
+        run_variant(out, *VARIANTS[name])
         # TrainingArguments exports ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP ...; undo for the next variant
         os.environ.clear()
         os.environ.update(env)
-    finish()
+
+    run_variants(VARIANTS, make, setup=init_deepspeed)
 
 
 if __name__ == "__main__":

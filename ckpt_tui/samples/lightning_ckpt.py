@@ -11,7 +11,14 @@ from pathlib import Path
 
 import torch
 
-from ckpt_tui.samples._common import TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    TinyLM,
+    batch,
+    init_dist,
+    lm_loss,
+    run_variants,
+    seed_all,
+)
 
 VARIANTS = {
     "lightning-ds-zero2": ("ds", 2),
@@ -125,12 +132,7 @@ def run_variant(out: Path, kind: str, stage: int) -> None:
 
 
 def main() -> None:
-    outdir, variants = parse_args(list(VARIANTS))
-    init_dist(deepspeed=True)
-    for name in variants:
-        log(f"{name} ...")
-        run_variant(outdir / name, *VARIANTS[name])
-    finish()
+    run_variants(VARIANTS, lambda name, out: run_variant(out, *VARIANTS[name]), setup=lambda: init_dist(deepspeed=True))
 
 
 if __name__ == "__main__":

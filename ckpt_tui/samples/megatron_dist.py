@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ckpt_tui.samples._common import finish, init_dist, log, parse_args
+from ckpt_tui.samples._common import finish, init_dist, run_variants
 
 VARIANTS = ["megatron-dist"]
 ITERATION = 10
@@ -133,15 +133,8 @@ def main() -> None:
     if sys.argv[1:2] == ["--oracle"]:
         oracle(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    outdir, variants = parse_args(VARIANTS)
-    init_dist()
-    _cpu_stubs()
-    for name in variants:
-        log(f"{name} ...")
-        FUNCS[name](outdir / name)
-        dist.barrier()
-    _end_children()
-    finish()
+    run_variants(VARIANTS, lambda name, out: FUNCS[name](out), setup=lambda: (init_dist(), _cpu_stubs()),
+                 teardown=_end_children)
 
 
 if __name__ == "__main__":

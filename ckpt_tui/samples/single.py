@@ -10,7 +10,14 @@ from pathlib import Path
 
 import torch
 
-from ckpt_tui.samples._common import TINY_LLAMA, TinyLM, batch, finish, lm_loss, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    TINY_LLAMA,
+    TinyLM,
+    batch,
+    lm_loss,
+    run_variants,
+    seed_all,
+)
 
 VARIANTS = ["accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt", "plain-pt-optim",
             "plain-pt-optim-groups", "lightning-file-optim"]
@@ -159,12 +166,7 @@ FUNCS = {
 
 
 def main() -> None:
-    outdir, variants = parse_args(VARIANTS)
-    torch.set_num_threads(1)
-    for name in variants:
-        log(f"{name} ...")
-        FUNCS[name](outdir / name)
-    finish()
+    run_variants(VARIANTS, lambda name, out: FUNCS[name](out), setup=None)
 
 
 if __name__ == "__main__":

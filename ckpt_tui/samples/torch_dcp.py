@@ -11,7 +11,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from ckpt_tui.samples._common import TinyLM, batch, finish, init_dist, lm_loss, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    TinyLM,
+    batch,
+    lm_loss,
+    run_variants,
+    seed_all,
+)
 
 VARIANTS = [
     "fsdp1-dcp",
@@ -227,13 +233,7 @@ FUNCS = {
 
 
 def main() -> None:
-    outdir, variants = parse_args(VARIANTS)
-    init_dist()
-    for name in variants:
-        log(f"{name} ...")
-        FUNCS[name](outdir / name)
-        dist.barrier()
-    finish()
+    run_variants(VARIANTS, lambda name, out: FUNCS[name](out))
 
 
 if __name__ == "__main__":

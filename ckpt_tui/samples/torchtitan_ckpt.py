@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
-from ckpt_tui.samples._common import finish, init_dist, log, parse_args
+from ckpt_tui.samples._common import run_variants
 
 VARIANTS = ["torchtitan"]
 VOCAB, DIM, SEQ = 256, 64, 16
@@ -153,13 +153,7 @@ FUNCS = {"torchtitan": v_torchtitan}
 
 
 def main() -> None:
-    outdir, variants = parse_args(VARIANTS)
-    init_dist()
-    for name in variants:
-        log(f"{name} ...")
-        FUNCS[name](outdir / name)
-        dist.barrier()
-    finish()
+    run_variants(VARIANTS, lambda name, out: FUNCS[name](out))
 
 
 if __name__ == "__main__":

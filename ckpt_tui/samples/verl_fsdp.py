@@ -47,7 +47,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ckpt_tui.samples._common import TINY_LLAMA, batch, finish, init_dist, log, parse_args, seed_all
+from ckpt_tui.samples._common import (
+    TINY_LLAMA,
+    batch,
+    run_variants,
+    seed_all,
+)
 
 VARIANTS = ["verl-fsdp2", "verl-fsdp1"]
 CKPT = "checkpoints/global_step_1/actor"
@@ -186,13 +191,7 @@ FUNCS = {"verl-fsdp2": v_verl_fsdp2, "verl-fsdp1": v_verl_fsdp1}
 
 
 def main() -> None:
-    outdir, variants = parse_args(VARIANTS)
-    init_dist()
-    for name in variants:
-        log(f"{name} ...")
-        FUNCS[name](outdir / name)
-        dist.barrier()
-    finish()
+    run_variants(VARIANTS, lambda name, out: FUNCS[name](out))
 
 
 if __name__ == "__main__":

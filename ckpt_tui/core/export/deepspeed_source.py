@@ -50,6 +50,7 @@ from ..formats.deepspeed import (
     stage_value,
 )
 from ..formats.pickles import TensorRef, iter_tensors
+from ..storage import as_path
 from .sources import ByteRange, Source, SourceTensor, read_ranges
 
 MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
@@ -65,7 +66,7 @@ class StatesFile:
     """One torch zip: its structure (data.pkl) and where each storage's bytes are."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
+        self.path = as_path(path)
         try:
             tf = torchfile.read(self.path)
         except FormatError as e:

@@ -371,3 +371,72 @@ def read_range(p, offset: int, length: int) -> bytes:
         return data
     with open(p, "rb") as f:
         return os.pread(f.fileno(), length, offset)
+
+
+FETCH_CHUNK = 16 * 1024 * 1024  # one ranged GET of an export
+FETCH_WORKERS = 4  # GETs in flight per file being written: at most FETCH_WORKERS * FETCH_CHUNK bytes held
+_pool = None
+
+
+def _executor():
+    global _pool
+    with _lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max_workers=FETCH_WORKERS * 2, thread_name_prefix="ckpt-tui-get")
+        return _pool
+
+
+def read_chunks(p, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel=None) -> Iterator[bytes]:
+    """The bytes of ``p`` from ``offset`` to ``offset + length`` in order, in pieces of ``chunk`` bytes, fetched
+    by up to FETCH_WORKERS concurrent ranged GETs ahead of the reader: memory stays bounded by
+    FETCH_WORKERS * ``chunk`` whatever ``length`` is. OSError where the object ends early."""
+    from collections import deque
+
+    from .progress import check_cancel
+
+    pool = _executor()
+    starts = iter(range(offset, offset + length, chunk))
+    inflight: deque = deque()
+
+    def submit() -> bool:
+        s = next(starts, None)
+        if s is None:
+            return False
+        n = min(chunk, offset + length - s)
+        inflight.append((n, pool.submit(read_range, p, s, n)))
+        return True
+
+    for _ in range(FETCH_WORKERS):
+        if not submit():
+            break
+    try:
+        while inflight:
+            check_cancel(cancel)
+            n, fut = inflight.popleft()
+            data = fut.result()
+            if len(data) != n:
+                raise OSError(f"{p}: expected {n} bytes, got {len(data)}: the object is shorter than its index says")
+            submit()
+            yield data
+    finally:
+        for _, fut in inflight:
+            fut.cancel()
+
+
+def stamp(p) -> Optional[tuple[int, int]]:
+    """(size, mtime in ns) of a remote object, asked afresh (not from the listing); None if it is gone."""
+    rp = as_path(p)
+    try:
+        info = rp.fs.info(rp.key)
+    except FileNotFoundError:
+        return None
+    return int(info.get("size") or 0), int(_mtime(info) * 1e9)
+
+
+def listdir(p) -> list[str]:
+    """The names in folder ``p`` (``os.listdir`` locally; from the listing of the prefix remotely)."""
+    if is_url(p):
+        return [c.name for c in as_path(p).iterdir()]
+    return os.listdir(p)

@@ -20,7 +20,7 @@ from .formats.format import Format
 from .formats.registry import classify_file, detect_folder
 from .layout import describe
 from .progress import Cancelled, OnProgress, check_cancel, report
-from .storage import RemotePath, StorageError, explain, is_url, listing
+from .storage import RemotePath, StorageError, check, explain, is_url
 from .types import Inventory, Node, Parsed
 
 MAX_DEPTH = 24
@@ -72,7 +72,7 @@ def walk(path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
 def _walk_remote(path: RemotePath, on_node, cancel) -> Node:
     """The same tree from object storage: one recursive listing of the prefix, then the walk over it."""
     try:
-        listing(path)
+        check(str(path))
         st = path.stat()
     except StorageError as e:
         raise ScanError(str(e)) from None

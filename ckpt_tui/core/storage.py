@@ -27,7 +27,7 @@ EXTRA_HINT = "pip install 'ckpt-tui[s3]'"
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 6
 ATTEMPTS = 2  # s3fs's retries of a timed-out or dropped request (botocore's own are off)
-READ_BUFFER = 8192  # what a local open(path, "rb") buffers: remote reads fetch what local reads read
+READ_BUFFER = 4096  # what a local open(path, "rb") buffers (st_blksize): remote reads fetch what local reads read
 
 _lock = threading.Lock()
 _fetched = [0]
@@ -255,8 +255,17 @@ class RemotePath:
 
 
 def listing(root: RemotePath) -> None:
-    """List everything below ``root`` with one recursive listing and keep it for ``iterdir``/``stat``."""
-    found = root.fs.find(root.key, detail=True, withdirs=True)
+    """List everything below ``root`` with one recursive listing and keep it for ``iterdir``/``stat``.
+    The first contact: tried once, so a wrong endpoint or a dead network is one line within seconds."""
+    fs = root.fs
+    retries = getattr(fs, "retries", None)
+    if retries is not None:
+        fs.retries = 1
+    try:
+        found = fs.find(root.key, detail=True, withdirs=True)
+    finally:
+        if retries is not None:
+            fs.retries = retries
     mine = found.get(root.key) or found.get(root.key + "/")
     if mine is not None and mine.get("type") != "directory":
         _info[str(root)] = mine  # a single object
@@ -279,6 +288,16 @@ def listing(root: RemotePath) -> None:
         _info[str(folder)] = info
     for folder, names in kids.items():
         _children[folder] = list(names)
+
+
+def check(url: str) -> None:
+    """List ``url`` (the first contact with its endpoint); StorageError with one line if it cannot be used."""
+    try:
+        listing(RemotePath(str(url)))
+    except StorageError:
+        raise
+    except Exception as e:  # no credentials, access denied, no bucket, endpoint unreachable
+        raise StorageError(explain(str(url), e)) from None
 
 
 class RangedFile(io.RawIOBase):

@@ -1,0 +1,195 @@
+"""Checkpoints in object storage: every read path takes an s3:// URL beside a local path (core/storage.py).
+
+Against a real S3 protocol server (moto_server, a subprocess on 127.0.0.1: see conftest.py) holding real
+checkpoints: the inspection of a URL is the local one, fetching no more than a local inspection reads; an
+export from a URL is bit-identical to the local export; the TUI opens a URL; what cannot work (a wrong bucket,
+no credentials, access denied, an endpoint that refuses or never answers) is one line and exit code 2 within
+30 s."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import fixture_path
+from tests.tmux import HAVE_TMUX, Tmux
+
+from .conftest import BUCKET, MotoServer, base_env, free_port
+
+LOCAL_INSPECT = """
+import json, sys
+from ckpt_tui.core.report import inspect
+
+def rchar():
+    with open("/proc/self/io") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("rchar"))
+
+inspect(sys.argv[1])  # the modules it imports are read once, before the count
+a = rchar()
+rep = inspect(sys.argv[1])
+b = rchar()
+print(json.dumps({"doc": rep.to_json(), "rchar": b - a}))
+"""
+
+
+def cli(args, env, timeout=120):
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, env=env,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    return r, time.monotonic() - t0
+
+
+def same_form(doc: dict, root: str) -> str:
+    """The document with its paths aside: no top-level path, no finding commands, ``root`` spelt ROOT, and
+    no hard-link counts (a local fact: the fixture cache shares files between checkpoints)."""
+    doc = dict(doc)
+    doc.pop("path")
+    doc.pop("bytes_fetched", None)
+    doc["findings"] = [{k: v for k, v in f.items() if k != "command"} for f in doc["findings"]]
+    for n in doc["nodes"]:
+        n["facts"] = {k: v for k, v in n["facts"].items() if k != "hard_links"}
+    return json.dumps(doc, indent=1, sort_keys=True).replace(root.rstrip("/"), "ROOT")
+
+
+@pytest.mark.parametrize("name", ["fsdp2-dcp", "hf-ds-zero2", "hf-fsdp2", "hf-model-sharded"])
+def test_inspect_of_a_url_is_the_local_inspection(s3, name):
+    local = str(fixture_path(name))
+    r = subprocess.run([sys.executable, "-c", LOCAL_INSPECT, local], capture_output=True, text=True, check=True)
+    got = json.loads(r.stdout)
+    url = f"s3://{BUCKET}/{name}"
+    rr, _ = cli(["inspect", "--json", url], s3.env)
+    assert rr.returncode in (0, 1), rr.stderr
+    remote = json.loads(rr.stdout)
+    assert same_form(remote, url) == same_form(got["doc"], local)
+    # only what a local inspection reads is fetched: .metadata, headers, zip directories and data.pkl
+    assert 0 < remote["bytes_fetched"] <= 1.01 * got["rchar"], (remote["bytes_fetched"], got["rchar"])
+    assert "bytes_fetched" not in got["doc"]  # a local document keeps its released shape
+
+
+@pytest.mark.parametrize("name,component", [("fsdp2-dcp", "model"), ("fsdp2-dcp", "optimizer"),
+                                            ("hf-ds-zero2", "model"), ("hf-ds-zero2", "optimizer"),
+                                            ("hf-model-sharded", "model")])
+def test_export_from_a_url_is_bit_identical(s3, tmp_path, name, component):
+    local_out, remote_out = tmp_path / "local", tmp_path / "remote"
+    r, _ = cli(["export", str(fixture_path(name)), "--component", component, "--out", str(local_out)], s3.env)
+    assert r.returncode == 0, r.stderr
+    r, _ = cli(["export", f"s3://{BUCKET}/{name}", "--component", component, "--out", str(remote_out)], s3.env)
+    assert r.returncode == 0, r.stderr
+    files = sorted(p.relative_to(local_out) for p in local_out.rglob("*") if p.is_file())
+    assert files and files == sorted(p.relative_to(remote_out) for p in remote_out.rglob("*") if p.is_file())
+    for f in files:
+        assert (remote_out / f).read_bytes() == (local_out / f).read_bytes(), f
+
+
+def test_tensors_of_a_url_are_the_local_list(s3):
+    local, _ = cli(["tensors", "--json", str(fixture_path("hf-ds-zero2"))], s3.env)
+    remote, _ = cli(["tensors", "--json", f"s3://{BUCKET}/hf-ds-zero2"], s3.env)
+    assert remote.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout)["tensors"] == json.loads(local.stdout)["tensors"]
+
+
+def _one_line_exit_2(r, took, url):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert took < 30
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ckpt-tui: {url}: "), r.stderr
+    assert "Traceback" not in r.stderr and not r.stdout
+    return lines[0]
+
+
+def test_wrong_bucket_is_one_line(s3):
+    r, took = cli(["inspect", "s3://no-such-bucket/run/checkpoint-2000"], s3.env, timeout=60)
+    assert "no such bucket" in _one_line_exit_2(r, took, "s3://no-such-bucket/run/checkpoint-2000")
+
+
+def test_no_credentials_is_one_line(s3):
+    env = {k: v for k, v in s3.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    r, took = cli(["inspect", f"s3://{BUCKET}/fsdp2-dcp"], env, timeout=60)
+    assert "no credentials" in _one_line_exit_2(r, took, f"s3://{BUCKET}/fsdp2-dcp")
+
+
+def test_refused_endpoint_is_one_line():
+    pytest.importorskip("s3fs", reason="the s3 extra is not installed (pip install 'ckpt-tui[s3]')")
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    r, took = cli(["inspect", "s3://ckpts/run"], base_env(endpoint), timeout=60)
+    assert "cannot reach the object-storage endpoint" in _one_line_exit_2(r, took, "s3://ckpts/run")
+
+
+def test_silent_endpoint_is_one_line_not_a_hang():
+    """An endpoint that accepts connections and never answers (a firewall, a hung proxy)."""
+    pytest.importorskip("s3fs", reason="the s3 extra is not installed (pip install 'ckpt-tui[s3]')")
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    try:
+        env = base_env(f"http://127.0.0.1:{srv.getsockname()[1]}")
+        r, took = cli(["inspect", "s3://ckpts/run"], env, timeout=60)
+        assert "cannot reach the object-storage endpoint" in _one_line_exit_2(r, took, "s3://ckpts/run")
+    finally:
+        stop.set()
+        th.join()
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def test_access_denied_is_one_line(tmp_path):
+    """moto enforces IAM after INITIAL_NO_AUTH_ACTION_COUNT requests: a user and its key, a bucket and an
+    object are made before, then that user (no policy) is denied."""
+    pytest.importorskip("s3fs", reason="the s3 extra is not installed (pip install 'ckpt-tui[s3]')")
+    pytest.importorskip("boto3", reason="boto3 is not installed (the test extra)")
+    server = MotoServer(tmp_path / "moto_server.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "4"})
+    try:
+        iam = server.client("iam")
+        iam.create_user(UserName="reader")
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        s3c = server.client()
+        s3c.create_bucket(Bucket="locked")
+        s3c.put_object(Bucket="locked", Key="run/checkpoint-2000/config.json", Body=b"{}")
+        env = server.env | {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+        r, took = cli(["inspect", "s3://locked/run/checkpoint-2000"], env, timeout=60)
+        assert "access denied" in _one_line_exit_2(r, took, "s3://locked/run/checkpoint-2000")
+    finally:
+        server.stop()
+
+
+def test_without_the_extra_says_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['s3fs'] = None; sys.modules['fsspec'] = None\n"
+            "from ckpt_tui.cli import main; sys.exit(main(['inspect', 's3://bucket/run/checkpoint-2000']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("ckpt-tui: s3:// paths need the optional object-storage support: "
+                                "pip install 'ckpt-tui[s3]'")
+
+
+@pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
+def test_the_tui_opens_a_url_in_tmux(s3):
+    url = f"s3://{BUCKET}/hf-ds-zero2/checkpoint-2"
+    t = Tmux(f"{sys.executable} -m ckpt_tui {url}", s3.env | {"TERM": "xterm-256color"})
+    try:
+        s = t.wait_for("model and optimizer in")
+        assert "global_step2/" in s
+        t.keys("q")
+        assert t.exit_code() == 0
+    finally:
+        t.close()

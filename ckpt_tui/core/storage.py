@@ -459,3 +459,28 @@ def listdir(p) -> list[str]:
     if is_url(p):
         return [c.name for c in as_path(p).iterdir()]
     return os.listdir(p)
+
+
+def download(url, dest: Path, cancel=None) -> Path:
+    """Copy everything below ``url`` into the local folder ``dest`` (created), by the same bounded ranged GETs
+    as an export: for the reference loaders (torch's DCP reader, DeepSpeed's zero_to_fp32) that only read
+    local files. Returns the local path of ``url``."""
+    from .progress import check_cancel
+
+    root = as_path(url)
+    check(str(root))
+    files = [root] if root.is_file() else []
+    stack = [] if files else [root]
+    while stack:
+        d = stack.pop()
+        for c in d.iterdir():
+            (stack if c.is_dir() else files).append(c)
+    target = Path(dest) / root.name
+    for f in files:
+        check_cancel(cancel)
+        local = target if f == root else target / f.key[len(root.key) + 1:]
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with open(local, "wb") as out:
+            for chunk in read_chunks(f, 0, f.stat().st_size, cancel=cancel):
+                out.write(chunk)
+    return target

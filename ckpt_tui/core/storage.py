@@ -393,7 +393,11 @@ def read_range(p, offset: int, length: int) -> bytes:
 
 
 FETCH_CHUNK = 16 * 1024 * 1024  # one ranged GET of an export
-FETCH_WORKERS = 4  # GETs in flight per file being written: at most FETCH_WORKERS * FETCH_CHUNK bytes held
+FETCH_AHEAD = 4  # GETs in flight ahead of one reader (one file being written)
+# chunks fetched and not yet written, over every reader of the process (export --jobs): 16 x 16 MB = 256 MB,
+# inside the export's 400 MB ceiling whatever --jobs is
+FETCH_BUDGET = 16
+_budget = threading.Semaphore(FETCH_BUDGET)
 _pool = None
 
 
@@ -403,45 +407,54 @@ def _executor():
         if _pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _pool = ThreadPoolExecutor(max_workers=FETCH_WORKERS * 2, thread_name_prefix="ckpt-tui-get")
+            _pool = ThreadPoolExecutor(max_workers=FETCH_AHEAD * 2, thread_name_prefix="ckpt-tui-get")
         return _pool
 
 
 def read_chunks(p, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel=None) -> Iterator[bytes]:
-    """The bytes of ``p`` from ``offset`` to ``offset + length`` in order, in pieces of ``chunk`` bytes, fetched
-    by up to FETCH_WORKERS concurrent ranged GETs ahead of the reader: memory stays bounded by
-    FETCH_WORKERS * ``chunk`` whatever ``length`` is. OSError where the object ends early."""
+    """The bytes of ``p`` from ``offset`` to ``offset + length`` in order, in pieces of at most ``chunk`` bytes,
+    fetched by up to FETCH_AHEAD concurrent ranged GETs ahead of the reader. Memory is bounded: a chunk holds
+    one of FETCH_BUDGET permits from its GET until the reader asks for the next one; a reader with nothing in
+    flight waits for a permit, one with chunks in flight never does (no reader waits while holding, so none
+    starves). OSError where the object ends early."""
     from collections import deque
 
     from .progress import check_cancel
 
     pool = _executor()
-    starts = iter(range(offset, offset + length, chunk))
     inflight: deque = deque()
+    end = offset + length
+    nxt = offset
+    held = 0  # permits: the chunks in flight and the one the reader holds
 
-    def submit() -> bool:
-        s = next(starts, None)
-        if s is None:
+    def submit(wait: bool) -> bool:
+        nonlocal nxt, held
+        if nxt >= end or not _budget.acquire(blocking=wait):
             return False
-        n = min(chunk, offset + length - s)
-        inflight.append((n, pool.submit(read_range, p, s, n)))
+        held += 1
+        n = min(chunk, end - nxt)
+        inflight.append((n, pool.submit(read_range, p, nxt, n)))
+        nxt += n
         return True
 
-    for _ in range(FETCH_WORKERS):
-        if not submit():
-            break
     try:
-        while inflight:
+        while inflight or submit(wait=True):
+            while len(inflight) < FETCH_AHEAD and submit(wait=False):
+                pass
             check_cancel(cancel)
             n, fut = inflight.popleft()
             data = fut.result()
             if len(data) != n:
                 raise OSError(f"{p}: expected {n} bytes, got {len(data)}: the object is shorter than its index says")
-            submit()
             yield data
+            del data
+            held -= 1
+            _budget.release()
     finally:
         for _, fut in inflight:
             fut.cancel()
+        for _ in range(held):
+            _budget.release()
 
 
 def stamp(p) -> Optional[tuple[int, int]]:

@@ -209,3 +209,25 @@ def test_stats_diff_and_verify_read_a_url(s3, tmp_path):
     v, _ = cli(["verify", str(out), "--against", url], s3.env)
     assert v.returncode == 0, v.stdout + v.stderr
     assert "21 tensors compared with DeepSpeed zero_to_fp32: 0 mismatched" in v.stdout
+
+
+def test_ranged_reads_come_in_order_and_give_back_their_memory(s3, monkeypatch):
+    """read_chunks, what export and verify read a URL with: many small concurrent GETs, reassembled in order;
+    every permit of the memory budget returned, also by a reader abandoned halfway."""
+    from ckpt_tui.core import storage
+
+    for k, v in s3.env.items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.setattr(storage, "_fs_cache", {})
+    local = fixture_path("fsdp2-dcp") / "__0_0.distcp"
+    url = f"s3://{BUCKET}/fsdp2-dcp/__0_0.distcp"
+    data = local.read_bytes()
+    before = storage.bytes_fetched()
+    got = b"".join(storage.read_chunks(url, 1000, len(data) - 1000, chunk=4099))
+    assert got == data[1000:]
+    assert storage.bytes_fetched() - before == len(data) - 1000
+    half = storage.read_chunks(url, 0, len(data), chunk=1024)
+    next(half)
+    half.close()
+    assert storage._budget._value == storage.FETCH_BUDGET

@@ -231,3 +231,13 @@ def test_ranged_reads_come_in_order_and_give_back_their_memory(s3, monkeypatch):
     next(half)
     half.close()
     assert storage._budget._value == storage.FETCH_BUDGET
+
+
+@pytest.mark.parametrize("args", [["fix", "s3://bucket/run/checkpoint-2000", "--dry-run"],
+                                  ["universal", "s3://bucket/run/checkpoint-2000", "--dry-run"],
+                                  ["convert", "s3://bucket/run/checkpoint-2000", "--to", "torch-dcp", "--out", "x"]])
+def test_commands_that_write_beside_a_checkpoint_say_it_must_be_local(args):
+    r, _ = cli(args, None)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"ckpt-tui: s3://bucket/run/checkpoint-2000: `ckpt-tui {args[0]}` works on a "
+                                "checkpoint on local disk (it writes beside it); copy it to a local folder first")

@@ -46,12 +46,14 @@ def cli(args, env, timeout=120):
 
 
 def same_form(doc: dict, root: str) -> str:
-    """The document with its paths aside: no top-level path, no finding commands, ``root`` spelt ROOT, and
-    no hard-link counts (a local fact: the fixture cache shares files between checkpoints)."""
+    """The document with its paths aside: no top-level path, no finding commands, ``root`` spelt ROOT, no
+    hard-link counts (a local fact: the fixture cache shares files between checkpoints), and no repair ids
+    (a checkpoint in object storage offers none: see test_findings_of_a_url_offer_only_what_works)."""
     doc = dict(doc)
     doc.pop("path")
     doc.pop("bytes_fetched", None)
-    doc["findings"] = [{k: v for k, v in f.items() if k != "command"} for f in doc["findings"]]
+    doc["findings"] = [{k: v for k, v in f.items() if k != "command"} | {"fix": f["fix"] if f["fix"] == "export" else None}
+                       for f in doc["findings"]]
     for n in doc["nodes"]:
         n["facts"] = {k: v for k, v in n["facts"].items() if k != "hard_links"}
     return json.dumps(doc, indent=1, sort_keys=True).replace(root.rstrip("/"), "ROOT")
@@ -241,3 +243,19 @@ def test_commands_that_write_beside_a_checkpoint_say_it_must_be_local(args):
     assert r.returncode == 2
     assert r.stderr.strip() == (f"ckpt-tui: s3://bucket/run/checkpoint-2000: `ckpt-tui {args[0]}` works on a "
                                 "checkpoint on local disk (it writes beside it); copy it to a local folder first")
+
+
+def test_findings_of_a_url_offer_only_what_works(s3, tmp_path):
+    """A repair, `universal` and `convert` write beside the checkpoint and refuse a URL: a finding on a checkpoint
+    in object storage offers none of them; its export command stays, and runs as printed."""
+    r, _ = cli(["inspect", "--json", f"s3://{BUCKET}/hf-ds-zero2"], s3.env)
+    findings = json.loads(r.stdout)["findings"]
+    assert [f["code"] for f in findings] == ["universal-info-missing"]
+    assert findings[0]["fix"] is None and findings[0]["command"] is None
+    r, _ = cli(["inspect", "--json", f"s3://{BUCKET}/hf-fsdp2"], s3.env)
+    (f,) = json.loads(r.stdout)["findings"]
+    assert f["code"] == "dcp-components" and f["fix"] == "export"
+    assert f["command"] == f"ckpt-tui export s3://{BUCKET}/hf-fsdp2/checkpoint-2 --out DIR"
+    r, _ = cli(f["command"].replace("--out DIR", f"--out {tmp_path / 'out'}").split()[1:], s3.env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()

@@ -262,10 +262,15 @@ def listing(root: RemotePath) -> None:
     if retries is not None:
         fs.retries = 1
     try:
+        fs.invalidate_cache(root.key)  # a rescan lists afresh, not from fsspec's listing cache
         found = fs.find(root.key, detail=True, withdirs=True)
     finally:
         if retries is not None:
             fs.retries = retries
+    base = str(root)
+    for cache in (_info, _children):  # a rescan forgets what an earlier listing saw (deleted objects)
+        for k in [k for k in cache if k == base or k.startswith(base + "/")]:
+            del cache[k]
     mine = found.get(root.key) or found.get(root.key + "/")
     if mine is not None and mine.get("type") != "directory":
         _info[str(root)] = mine  # a single object
@@ -460,6 +465,7 @@ def read_chunks(p, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel=No
 def stamp(p) -> Optional[tuple[int, int]]:
     """(size, mtime in ns) of a remote object, asked afresh (not from the listing); None if it is gone."""
     rp = as_path(p)
+    rp.fs.invalidate_cache(rp.key)  # fsspec's own listing cache would answer with what it saw before
     try:
         info = rp.fs.info(rp.key)
     except FileNotFoundError:

@@ -259,3 +259,26 @@ def test_findings_of_a_url_offer_only_what_works(s3, tmp_path):
     r, _ = cli(f["command"].replace("--out DIR", f"--out {tmp_path / 'out'}").split()[1:], s3.env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_an_overwritten_object_is_seen_afresh(s3, monkeypatch):
+    """What export's change check asks of each source object (fsutil.stamp): its size and mtime now, not what a
+    listing or fsspec's cache saw; and a rescan lists afresh too."""
+    from ckpt_tui.core import fsutil, storage
+
+    for k, v in s3.env.items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.setattr(storage, "_fs_cache", {})
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="scratch/ck/a.json", Body=b"{}")
+    url = f"s3://{BUCKET}/scratch/ck"
+    storage.check(url)
+    a = storage.RemotePath(url) / "a.json"
+    assert [p.name for p in storage.RemotePath(url).iterdir()] == ["a.json"]
+    before = fsutil.stamp(a)
+    client.put_object(Bucket=BUCKET, Key="scratch/ck/a.json", Body=b'{"step": 2}')
+    client.put_object(Bucket=BUCKET, Key="scratch/ck/b.json", Body=b"{}")
+    assert fsutil.stamp(a) != before and fsutil.stamp(a).size == len(b'{"step": 2}')
+    storage.check(url)
+    assert sorted(p.name for p in storage.RemotePath(url).iterdir()) == ["a.json", "b.json"]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from tests.fixtures import fixture_path
 from tests.tmux import HAVE_TMUX, Tmux
 
 from .conftest import BUCKET, MotoServer, base_env, free_port
+
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: the TUI runs from another folder
 
 LOCAL_INSPECT = """
 import json, sys
@@ -184,12 +187,25 @@ def test_without_the_extra_says_how_to_install(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
-def test_the_tui_opens_a_url_in_tmux(s3):
+def test_the_tui_opens_a_url_in_tmux_and_exports_it_to_a_local_folder(s3, tmp_path):
     url = f"s3://{BUCKET}/hf-ds-zero2/checkpoint-2"
-    t = Tmux(f"{sys.executable} -m ckpt_tui {url}", s3.env | {"TERM": "xterm-256color"})
+    t = Tmux(f"{sys.executable} -m ckpt_tui {url}", s3.env | {"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
+             cwd=tmp_path)
     try:
         s = t.wait_for("model and optimizer in")
         assert "global_step2/" in s
+        t.keys("e")
+        t.wait_for("Export to safetensors")
+        t.wait_for("Step 1 of 5")
+        t.enter_through("Step 2 of 5", "Step 3 of 5", "Step 4 of 5", "Step 5 of 5")  # source, output, dtype, shards
+        t.wait_for("Press enter to export")
+        t.keys("Enter")
+        s = t.wait_for("Export finished", timeout=120)
+        assert "verified" in s
+        # a checkpoint in object storage exports into the current folder
+        assert (tmp_path / "checkpoint-2-safetensors" / "model.safetensors").is_file()
+        t.keys("Enter")
+        t.wait_gone("Export finished")
         t.keys("q")
         assert t.exit_code() == 0
     finally:

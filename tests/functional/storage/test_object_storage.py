@@ -298,3 +298,23 @@ def test_an_overwritten_object_is_seen_afresh(s3, monkeypatch):
     assert fsutil.stamp(a) != before and fsutil.stamp(a).size == len(b'{"step": 2}')
     storage.check(url)
     assert sorted(p.name for p in storage.RemotePath(url).iterdir()) == ["a.json", "b.json"]
+
+
+async def test_the_tui_offers_no_action_that_writes_beside_a_url(s3, monkeypatch):
+    """Repairs, `universal` and the resume wizard write beside the checkpoint: dimmed, with the reason, for a
+    checkpoint in object storage; export stays."""
+    from ckpt_tui.core import storage
+    from ckpt_tui.ui.app import make_app
+
+    for k, v in s3.env.items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.setattr(storage, "_fs_cache", {})
+    app = make_app(f"s3://{BUCKET}/hf-ds-zero2/checkpoint-2")
+    async with app.run_test() as pilot:
+        deadline = time.monotonic() + 120  # bounds a failure only
+        while app.report is None and time.monotonic() < deadline:  # the scan is done: a state, not seconds
+            await pilot.pause(0.05)
+        why = "the checkpoint is in object storage: this writes beside it (export reads it)"
+        assert [app.main.why_not(a) for a in ("fix", "universal", "resume_fsdp2")] == [why] * 3
+        assert app.main.why_not("export") is None

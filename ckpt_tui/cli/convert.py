@@ -12,7 +12,7 @@ import click
 
 from ..core.errors import EXIT_OK
 from .options import json_option, path_argument, path_option
-from .output import conversion_plan, emit_json, run_core
+from .output import conversion_plan, emit_json, local_only, run_core
 
 
 @click.command("convert", short_help="Carry a DeepSpeed ZeRO run over to torch FSDP2/DDP (torch DCP).")
@@ -52,6 +52,7 @@ def convert_cmd(src, to, out, tag, strip_prefix, keep_prefix, dry_run, as_json):
       ckpt-tui convert checkpoint-2000 --to torch-dcp --out resume-fsdp2
       ckpt-tui convert checkpoint-2000 --to torch-dcp --out resume-fsdp2 --dry-run
     """
+    local_only(src, "convert")
     from ..core.convert.torch_dcp import TorchDcpError, convert_to_torch_dcp, torch_dcp_plan
 
     plan = conversion_plan(lambda: torch_dcp_plan(src, out, tag=tag, strip_prefix=strip_prefix,

@@ -8,7 +8,7 @@ import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .options import json_option, path_argument, trust_pickles_option
-from .output import emit_json, fail
+from .output import emit_json, fail, local_only
 
 
 def _interactive() -> bool:
@@ -40,6 +40,7 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
     remain that no repair fixes (with --only: errors of that kind), 2 bad path or usage, 130
     interrupted.
     """
+    local_only(path, "fix")
     from ..core.codes import FIXES
     from ..core.progress import Cancelled
     from ..core.repair import repairs_for

@@ -8,6 +8,7 @@ import sys
 import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from ..core.storage import StorageError, check, is_url
 from .options import TRUST_PICKLES_HELP, json_option, path_argument, trust_pickles_option
 from .output import emit_json, fail, inspect_or_fail, print_report
 
@@ -46,7 +47,12 @@ def open_cmd(ctx, path, trust_pickles, print_only):
         print_report(rep, False)
         sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
 
-    if not os.path.exists(path):
+    if is_url(path):  # a wrong bucket, no credentials, no endpoint: one line before the TUI starts
+        try:
+            check(path)
+        except StorageError as e:
+            fail(str(e), EXIT_USAGE)
+    elif not os.path.exists(path):
         fail(f"{path}: no such file or folder", EXIT_USAGE)
     sys.exit(run_tui(ctx, path, trust_pickles=trust_pickles))
 

@@ -22,6 +22,15 @@ def fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
     sys.exit(code)
 
 
+def local_only(path: str, command: str) -> None:
+    """``command`` writes beside its checkpoint: an object-storage URL is one line and exit code 2."""
+    from ..core.storage import is_url
+
+    if is_url(path):
+        fail(f"{path}: `ckpt-tui {command}` works on a checkpoint on local disk (it writes beside it); "
+             "copy it to a local folder first", EXIT_USAGE)
+
+
 def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
     """Print ``doc`` as the command's one JSON document, ``schema_version`` first.
 

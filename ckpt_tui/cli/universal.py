@@ -12,7 +12,7 @@ import click
 
 from ..core.errors import EXIT_OK
 from .options import json_option, path_argument, path_option, trust_pickles_option
-from .output import conversion_plan, emit_json, run_core
+from .output import conversion_plan, emit_json, local_only, run_core
 
 
 @click.command("universal", short_help="Convert DeepSpeed ZeRO to a universal checkpoint.")
@@ -49,6 +49,7 @@ def universal_cmd(src, out, tag, dry_run, export_frozen, target_stage, trust_pic
       ckpt-tui universal checkpoint-2000 --target-stage 2
       ckpt-tui universal checkpoint-2000 --dry-run
     """
+    local_only(src, "universal")
     from ..core.convert.universal import UniversalError, convert_to_universal, universal_plan
 
     plan = conversion_plan(lambda: universal_plan(src, out, trust_pickles=trust_pickles, target_stage=target_stage,

@@ -10,6 +10,7 @@ from .export.api import screened_model, source_for
 from .export.sources import Source, SourceTensor, to_torch
 from .jsondoc import JsonFields
 from .progress import OnProgress, Progress, check_cancel
+from .storage import open_read
 
 CHUNK_ELEMS = 4 * 1024 * 1024
 
@@ -56,7 +57,7 @@ def _chunks(t: SourceTensor):
     item = ITEMSIZE[t.dtype]
     dt = getattr(torch, t.dtype)
     for r in t.ranges:
-        with open(r.path, "rb") as f:
+        with open_read(r.path) as f:
             f.seek(r.offset)
             left = r.length
             while left > 0:

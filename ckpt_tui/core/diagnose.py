@@ -17,6 +17,7 @@ from .facts import DcpFacts, DeepSpeedUniversalFacts, DeepSpeedZeroFacts, DirFac
 from .formats.dcp_folder import merges_with_accelerate
 from .formats.deepspeed import OPTIM_STATES_RE
 from .names import step_of
+from .storage import is_url
 from .types import SEVERITY_RANK, Finding, Inventory, Node, numel, user_path
 from .units import param_count
 
@@ -31,8 +32,19 @@ def diagnose(inv: Inventory) -> list[Finding]:
                            f"{inv.shown()} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
                            "DeepSpeed model/optim states, no safetensors or torch state dict. Point ckpt-tui at a "
                            "checkpoint folder (e.g. checkpoint-2000/) or a run folder that holds them."))
+    if is_url(inv.given):  # object storage: repairs, universal and convert write beside the checkpoint
+        out = [_read_only(f) for f in out]
     out.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
     return out
+
+
+def _read_only(f: Finding) -> Finding:
+    """``f`` without the repair or the command that would write beside a checkpoint in object storage (they
+    refuse a URL); an export command stays (it reads the URL and writes a local OUT)."""
+    from dataclasses import replace
+
+    keep = f.command is not None and f.command.startswith("ckpt-tui export ")
+    return replace(f, fix=f.fix if f.fix == "export" else None, command=f.command if keep else None)
 
 
 def mark_complete(inv: Inventory, findings: list[Finding]) -> None:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Union
 
+from .storage import is_url
+from .storage import stamp as remote_stamp
+
 # ---------------------------------------------------------------------------------------------
 # fsync
 
@@ -114,6 +117,9 @@ class Stamp:
 
 def stamp(path) -> Optional[Stamp]:
     """Size, mtime, inode and device of ``path``; None if it does not exist."""
+    if is_url(path):  # an object in object storage: size and mtime, asked afresh
+        got = remote_stamp(path)
+        return None if got is None else Stamp(got[0], got[1], 0, 0)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -213,7 +219,7 @@ def preflight_output(out, *, need: int = 0, source=None, overwrite: bool = False
     ``source``; absent or empty (see :func:`check_output_folder`); its parent exists and is
     writable; ``need`` bytes free there. Raises :class:`OutputError`."""
     out = Path(out)
-    if source is not None and inside(out, source):
+    if source is not None and not is_url(source) and inside(out, source):
         raise OutputError("inside-source", out)
     check_output_folder(out, overwrite=overwrite)
     check_writable(out.parent)

@@ -9,6 +9,7 @@ from typing import Optional
 from .diagnose import diagnose, mark_complete
 from .progress import OnProgress
 from .scan import OnNode, scan
+from .storage import bytes_fetched, is_url
 from .types import SCHEMA_VERSION, Finding, Inventory
 
 
@@ -16,6 +17,8 @@ from .types import SCHEMA_VERSION, Finding, Inventory
 class Report:
     inventory: Inventory
     findings: list[Finding]
+    # bytes read from object storage to inspect a remote checkpoint (None for a local one)
+    bytes_fetched: Optional[int] = None
 
     @property
     def has_errors(self) -> bool:
@@ -35,12 +38,17 @@ class Report:
         }
         if inv.checkpoints:
             doc["checkpoints"] = inv.checkpoints
+        if self.bytes_fetched is not None:
+            doc["bytes_fetched"] = self.bytes_fetched
         return doc
 
 
 def inspect(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProgress] = None, cancel=None,
             trust_pickles: bool = False) -> Report:
-    inv = scan(Path(path), on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=trust_pickles)
+    remote = is_url(path)
+    before = bytes_fetched()
+    inv = scan(path if remote else Path(path), on_node=on_node, on_progress=on_progress, cancel=cancel,
+               trust_pickles=trust_pickles)
     findings = diagnose(inv)
     mark_complete(inv, findings)
-    return Report(inv, findings)
+    return Report(inv, findings, bytes_fetched() - before if remote else None)

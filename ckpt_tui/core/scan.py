@@ -20,6 +20,7 @@ from .formats.format import Format
 from .formats.registry import classify_file, detect_folder
 from .layout import describe
 from .progress import Cancelled, OnProgress, check_cancel, report
+from .storage import RemotePath, StorageError, check, explain, is_url
 from .types import Inventory, Node, Parsed
 
 MAX_DEPTH = 24
@@ -41,7 +42,9 @@ OnNode = Callable[[ScanEvent], None]
 
 # ---------------------------------------------------------------- walk
 
-def walk(path: Path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
+def walk(path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
+    if is_url(path):
+        return _walk_remote(RemotePath(str(path)), on_node, cancel)
     path = Path(path)
     try:
         st = os.stat(path)
@@ -63,6 +66,52 @@ def walk(path: Path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
     seen = {(st.st_dev, st.st_ino)}  # folders entered (loops) and hard-linked files counted (sizes)
     counter = [0]
     _walk_dir(root, 0, seen, counter, on_node, cancel)
+    return root
+
+
+def _walk_remote(path: RemotePath, on_node, cancel) -> Node:
+    """The same tree from object storage: one recursive listing of the prefix, then the walk over it."""
+    try:
+        check(str(path))
+        st = path.stat()
+    except StorageError as e:
+        raise ScanError(str(e)) from None
+    except Exception as e:  # no credentials, access denied, no bucket, endpoint unreachable: one line
+        raise ScanError(explain(str(path), e)) from None
+    root = Node(".", path, st.is_dir)
+    if not root.is_dir:
+        root.size = st.st_size
+        _emit(on_node, "found", root)
+        return root
+    counter = [0]
+
+    def visit(node: Node, depth: int) -> None:
+        _emit(on_node, "found", node)
+        check_cancel(cancel)
+        if depth >= MAX_DEPTH:
+            _error(node, f"nested more than {MAX_DEPTH} levels deep; not descended", "too-deep")
+            return
+        total = 0
+        for child_path in sorted(node.abspath.iterdir(), key=lambda p: p.name):
+            counter[0] += 1
+            if counter[0] > MAX_ENTRIES:
+                _error(node, f"more than {MAX_ENTRIES} entries; the rest were not scanned", "too-many")
+                break
+            rel = child_path.name if node.path == "." else f"{node.path}/{child_path.name}"
+            cst = child_path.stat()
+            if cst.is_dir:
+                child = Node(rel, child_path, True, format="dir")
+                node.children.append(child)
+                visit(child, depth + 1)
+                total += child.size
+            else:
+                child = Node(rel, child_path, False, size=cst.st_size)
+                node.children.append(child)
+                total += cst.st_size
+                _emit(on_node, "found", child)
+        node.size = total
+
+    visit(root, 0)
     return root
 
 
@@ -157,7 +206,7 @@ def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
         return
     if node.role == "unknown" and node.format == "unknown":
         return
-    if not os.access(node.abspath, os.R_OK):
+    if not isinstance(node.abspath, RemotePath) and not os.access(node.abspath, os.R_OK):
         _error(node, "permission denied: the file cannot be read", "permission")
         return
     if fmt is None:
@@ -196,7 +245,7 @@ def _analyze_dir(node: Node, parsed: Parsed) -> None:
 def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProgress] = None, cancel=None,
          trust_pickles: bool = False) -> Inventory:
     """Scan ``path`` (a folder or a single file). Raises ScanError if the path itself is unusable."""
-    root = walk(Path(path), on_node, cancel)
+    root = walk(path if is_url(path) else Path(path), on_node, cancel)
     nodes = list(root.walk())
     total_files = sum(1 for n in nodes if not n.is_dir)
     parsed = Parsed()
@@ -221,5 +270,5 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
 
     visit(root)
     inv = describe(root, trust_pickles, parsed)
-    inv.given = os.fspath(path)
+    inv.given = str(path) if is_url(path) else os.fspath(path)
     return inv

@@ -10,6 +10,7 @@ from typing import Any, Optional, TypeVar
 
 from .facts import Facts
 from .jsondoc import JsonFields
+from .storage import URL_RE
 
 SCHEMA_VERSION = 1
 
@@ -118,6 +119,8 @@ def user_path(given: str, rel: str = ".") -> str:
     """Node ``rel`` (relative to a scanned root) as the user can type it: below ``given``, the root
     as they named it -- relative to their current folder if they gave a relative path, absolute if
     they gave an absolute one. Not quoted (see :func:`shell_path`)."""
+    if URL_RE.match(given):  # object storage: keys joined with "/", the URL kept as typed
+        return given.rstrip("/") if rel in (".", "") else given.rstrip("/") + "/" + rel
     p = given if rel in (".", "") else os.path.join(given, rel)
     return os.path.normpath(p)
 
@@ -125,7 +128,9 @@ def user_path(given: str, rel: str = ".") -> str:
 def in_user_form(given: str, p) -> str:
     """A path ckpt-tui names or creates (an output folder, a file of the source) in the form the user chose
     for ``given``: relative to their current folder if they typed a relative path, else absolute. Not quoted."""
-    if given and not os.path.isabs(given):
+    if URL_RE.match(str(p)):
+        return str(p)
+    if given and (URL_RE.match(given) or not os.path.isabs(given)):  # a local folder for a remote source: relative
         try:
             return os.path.relpath(p)
         except ValueError:  # another drive (Windows): only the absolute form exists

@@ -18,6 +18,7 @@ from .formats.format import NotExportable
 from .formats.registry import format_of
 from .jsondoc import JsonFields
 from .progress import OnProgress, Progress, check_cancel
+from .storage import download, is_url
 
 
 @dataclass
@@ -93,6 +94,17 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     """Every tensor of the export ``out`` against ``against`` read by its reference loader. The
     source's names get the prefix decision of export (a Lightning checkpoint loses its one
     LightningModule attribute prefix): ``strip_prefix`` / ``keep_prefix`` as given to export."""
+    if is_url(against):  # the reference loaders read local files: a temp copy of the source, removed after
+        import shutil
+        import tempfile
+
+        tmp = tempfile.mkdtemp(prefix="ckpt-tui-verify-")
+        try:
+            local = download(against, Path(tmp), cancel)
+            return verify(out, str(local), trust_pickles=trust_pickles, strip_prefix=strip_prefix,
+                          keep_prefix=keep_prefix, on_progress=on_progress, cancel=cancel)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     import torch
     from safetensors import safe_open
 

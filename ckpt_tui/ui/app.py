@@ -11,6 +11,7 @@ from typing import Optional
 
 from textual.app import App, SystemCommand
 
+from ..core.storage import as_path
 from .actions import ACTIONS, bindings
 from .screens.dialogs import ConfirmDialog, HelpScreen
 from .screens.main import MainScreen
@@ -25,7 +26,7 @@ class CkptApp(App):
 
     def __init__(self, path: str | Path, *, clock=None, trust_pickles: bool = False):
         super().__init__()
-        self.path = Path(path)
+        self.path = as_path(path)  # a local Path, or a RemotePath for an s3:// (fsspec) URL
         self.clock = clock
         self.trust_pickles = trust_pickles
         self.crash: Optional[BaseException] = None  # the first unhandled exception (see ui/run.py)

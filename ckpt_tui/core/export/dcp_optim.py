@@ -22,6 +22,7 @@ from ..formats import dcp as dcpfmt
 from ..formats.pickles import Record, Stub, safe_loads
 from ..formats.torchfile import FileWindow
 from ..names import OPTIMIZER_KEYS
+from ..storage import as_path, open_read
 from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
 from .sources import Source, SourceTensor, read_bytes
 
@@ -94,7 +95,7 @@ def _objects(folder: Path, keys: set[str]) -> dict[str, Any]:
         if st.get("transform_descriptors") or length > _MAX_OBJECT:
             raise FormatError(f"{key}: stored with an extension or too large to be a hyper-parameter")
         path = folder / str(st["relative_path"])
-        with open(path, "rb") as f, zipfile.ZipFile(FileWindow(f, int(st["offset"]), length)) as zf:
+        with open_read(path) as f, zipfile.ZipFile(FileWindow(f, int(st["offset"]), length)) as zf:
             pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
             if not pkl:
                 raise FormatError(f"{key}: not a torch.save object")
@@ -125,7 +126,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     config). Raises FormatError with the reason."""
     from .dcp_source import dcp_tensors
 
-    folder = Path(folder)
+    folder = as_path(folder)
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
@@ -265,7 +266,7 @@ def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    info = dcpfmt.read(Path(folder))
+    info = dcpfmt.read(as_path(folder))
     names = state_tensor_keys(info)
     size = {t.name: t.nbytes for t in info.tensors}
     batch: list[str] = []

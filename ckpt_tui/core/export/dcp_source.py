@@ -19,6 +19,7 @@ from ..formats import dcp as dcpfmt
 from ..formats.pickles import Record, Stub, TensorRef, safe_loads
 from ..formats.torchfile import storage_offsets
 from ..names import OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, STATE_DICT_WRAPPERS, TRAINING_STATE_KEYS
+from ..storage import as_path, open_read
 from .sources import ByteRange, Source, SourceTensor
 
 # the top-level keys that are not the model: optimizer and training state, a flat optimizer state dict
@@ -71,7 +72,7 @@ def output_tensors(folder: Path, info: dcpfmt.DcpInfo,
 
 
 def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_general: bool = False) -> Source:
-    folder = Path(folder)
+    folder = as_path(folder)
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
@@ -220,7 +221,7 @@ _ST_CACHE: dict = {}
 def _is_safetensors(path: Path) -> bool:
     """DCP's SAFETENSORS serialization format: each .distcp file is a safetensors file."""
     try:
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             head = f.read(9)
         return len(head) == 9 and head[8:9] == b"{"
     except OSError:
@@ -255,7 +256,7 @@ def _safetensors_chunk(path: Path, ti, offs, sizes) -> Optional[ByteRange]:
 def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item: int) -> Optional[ByteRange]:
     """The raw bytes of the one tensor a torch.save blob holds, or None if it is not that simple."""
     try:
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             f.seek(base)
             if f.read(2) != b"PK":
                 return None  # safetensors-format DCP or an extension's encoding
@@ -264,7 +265,7 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
 
         from ..formats.torchfile import FileWindow
 
-        with open(path, "rb") as f, zipfile.ZipFile(FileWindow(f, base, length)) as zf:
+        with open_read(path) as f, zipfile.ZipFile(FileWindow(f, base, length)) as zf:
             pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
             if not pkl or pkl[0].file_size > (1 << 20):
                 return None

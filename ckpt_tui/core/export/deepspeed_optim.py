@@ -15,7 +15,6 @@ parameters) go to ``optimizer_config.json``: :func:`optimizer_config`.
 from __future__ import annotations
 
 import math
-import os
 import struct
 from collections import OrderedDict
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable, Optional
 
 from ..formats.deepspeed import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
 from ..formats.pickles import Stub, TensorRef
+from ..storage import as_path, listdir
 from .deepspeed_source import (
     StatesFile,
     ZeroTag,
@@ -116,9 +116,9 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     ``p.master`` per trainable param ``p``), the content of ``optimizer_config.json`` (names not yet
     prefix-stripped: :func:`strip_config`), and every name the model export of this tag sees (its
     prefix decision must be the same). Raises ValueError with the reason."""
-    tag_dir = Path(tag_dir)
+    tag_dir = as_path(tag_dir)
     if tag_dir.is_dir():
-        names = os.listdir(tag_dir)
+        names = listdir(tag_dir)
         if any(LAYER_RE.match(n) for n in names) or (
                 not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names):
             return inline_optimizer_source(tag_dir)
@@ -302,8 +302,8 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     parameter as :func:`deepspeed_optimizer_source` gives it. The optimizer's parameters are numbered, not
     named: stage 0 pairs them with the module's parameters (count, order and shape must agree); a pipeline
     with the layers' tensors (each stage a consecutive run of layers: :func:`match_pipeline`)."""
-    tag_dir = Path(tag_dir)
-    names = sorted(os.listdir(tag_dir))
+    tag_dir = as_path(tag_dir)
+    names = sorted(listdir(tag_dir))
     if any(LAYER_RE.match(n) for n in names):
         layers = pipeline_layers(tag_dir)
         from ..formats.deepspeed import inline_param_shapes, layer_name

@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from ..formats.deepspeed import (
     stage_value,
 )
 from ..formats.pickles import TensorRef, iter_tensors
+from ..storage import as_path, listdir
 from .sources import ByteRange, Source, SourceTensor, read_ranges
 
 MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
@@ -65,7 +65,7 @@ class StatesFile:
     """One torch zip: its structure (data.pkl) and where each storage's bytes are."""
 
     def __init__(self, path: Path):
-        self.path = Path(path)
+        self.path = as_path(path)
         try:
             tf = torchfile.read(self.path)
         except FormatError as e:
@@ -247,7 +247,7 @@ def _tag_names(tag_dir: Path) -> list[str]:
     """The file names of a ZeRO tag folder, refusing layouts no source here reads (pipeline, MoE)."""
     if not tag_dir.is_dir():
         raise ValueError(f"{tag_dir} is not a folder")
-    names = sorted(os.listdir(tag_dir))
+    names = sorted(listdir(tag_dir))
     if any(LAYER_RE.match(n) for n in names):
         raise ValueError("pipeline-parallel checkpoints (layer_*-model_states.pt files) are not supported")
     if any(MOE_RE.search(n) for n in names):
@@ -383,14 +383,14 @@ class ZeroTag:
 def open_zero_tag(tag_dir: Path, bf16_optimizer: bool = False) -> ZeroTag:
     """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason;
     ``bf16_optimizer``: also a BF16_Optimizer tag, as ZeRO-1)."""
-    stage, world, optim, models, osd0 = _open_tag(Path(tag_dir), bf16_optimizer)
-    return ZeroTag(Path(tag_dir), stage, world, optim, models, osd0)
+    stage, world, optim, models, osd0 = _open_tag(as_path(tag_dir), bf16_optimizer)
+    return ZeroTag(as_path(tag_dir), stage, world, optim, models, osd0)
 
 
 def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimizer: bool = False) -> Source:
     """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives
     (``bf16_optimizer``: also a BF16_Optimizer tag, which zero_to_fp32 rejects, by the same ZeRO-1 rule)."""
-    tag_dir = Path(tag_dir)
+    tag_dir = as_path(tag_dir)
     stage, world, optim, models, osd0 = _open_tag(tag_dir, bf16_optimizer)
     m0f = models[0]
     m0 = m0f.obj
@@ -586,10 +586,10 @@ def _zero3_params(out, shapes, optim: dict[int, StatesFile], world: int, *, grou
 def tag_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
     """The fp32 model of any DeepSpeed tag folder ckpt-tui reads: pipeline (:func:`pipeline_source`),
     ZeRO stage 0 (:func:`stage0_source`), BF16_Optimizer and ZeRO-1/2/3 (:func:`deepspeed_source`)."""
-    tag_dir = Path(tag_dir)
+    tag_dir = as_path(tag_dir)
     if not tag_dir.is_dir():
         raise ValueError(f"{tag_dir} is not a folder")
-    names = os.listdir(tag_dir)
+    names = listdir(tag_dir)
     if any(LAYER_RE.match(n) for n in names):
         return pipeline_source(tag_dir)
     if not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names:
@@ -649,7 +649,7 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
     """ZeRO stage 0 (no ZeRO): bf16/fp16 runs have FP16_UnfusedOptimizer's fp32 masters in the model states
     (``optimizer.fp32_groups``): each parameter is its master; fp32 runs keep the plain torch optimizer there and
     the module weights are the masters. Buffers as stored; tied names written once."""
-    tag_dir = Path(tag_dir)
+    tag_dir = as_path(tag_dir)
     mf, m0, kind = open_stage0(tag_dir)
     module = m0["module"]
     buffer_names = {str(b) for b in (m0.get("buffer_names") or [])}
@@ -688,7 +688,7 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
 
 
 def pipeline_layers(tag_dir: Path) -> list[tuple[str, StatesFile]]:
-    names = sorted(os.listdir(tag_dir))
+    names = sorted(listdir(tag_dir))
     layers = [n for n in names if LAYER_RE.match(n)]
     by_index: dict[int, list[str]] = {}
     for n in layers:
@@ -706,7 +706,7 @@ def pipeline_source(tag_dir: Path) -> Source:
     ``state_dict``; merged, named as the PipelineModule names them (``<layer index>.<key>``, e.g.
     ``3.weight``). Written as stored: with fp32 training these are the masters; with bf16/fp16 the
     training-dtype weights (the masters stay in the stages' optimizer states; said in a note)."""
-    tag_dir = Path(tag_dir)
+    tag_dir = as_path(tag_dir)
     out: list[SourceTensor] = []
     for fname, f in pipeline_layers(tag_dir):
         if not isinstance(f.obj, dict):
@@ -755,7 +755,7 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
     from the optimizer-states files is read. Tied aliases (one storage, or ``shared_params``) are
     written once; frozen params are flagged so ``--exclude-frozen`` leaves them out.
     """
-    tag_dir = Path(tag_dir)
+    tag_dir = as_path(tag_dir)
     names = _tag_names(tag_dir)
     matches = [m for m in map(MODEL_STATES_RE.match, names) if m]
     if any(m.group(1) is not None for m in matches):
@@ -828,11 +828,11 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
 
 def universal_source(universal_dir: Path) -> Source:
     """A DeepSpeed universal checkpoint: ``zero/<param>/fp32.pt`` per param, buffers from model states."""
-    universal_dir = Path(universal_dir)
+    universal_dir = as_path(universal_dir)
     zdir = universal_dir / "zero"
     if not zdir.is_dir():
         raise ValueError(f"{universal_dir} has no zero/ folder: not a DeepSpeed universal checkpoint")
-    names = sorted(os.listdir(universal_dir))
+    names = sorted(listdir(universal_dir))
     if any(LAYER_RE.match(n) for n in names):
         raise ValueError("pipeline-parallel universal checkpoints are not supported")
     model_names = sorted((n for n in names if MODEL_STATES_RE.match(n)),
@@ -842,7 +842,7 @@ def universal_source(universal_dir: Path) -> Source:
     if mf is not None:
         _check_model_states(m0, mf.path.name)
 
-    params = {n for n in os.listdir(zdir) if (zdir / n / "fp32.pt").is_file()}
+    params = {n for n in listdir(zdir) if (zdir / n / "fp32.pt").is_file()}
     shapes: "OrderedDict[str, tuple[int, ...]]" = OrderedDict()
     if m0:
         for g in _param_shapes(m0, mf.path.name):

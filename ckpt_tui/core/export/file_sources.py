@@ -15,11 +15,12 @@ from ..formats import FormatError, torchfile
 from ..formats import safetensors_header as stfmt
 from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef, iter_tensors
 from ..formats.torchfile import pick_state_dict
+from ..storage import as_path, open_read
 from .sources import ByteRange, Source, SourceTensor
 
 
 def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
-    path = Path(path)
+    path = as_path(path)
     tf = torchfile.read(path)
     if tf.unsafe and not trust_pickles:
         raise FormatError(f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
@@ -68,7 +69,7 @@ def strided_loader(path: Path, t: TensorRef, offsets):
         import torch
 
         start, size = offsets[t.storage.key]
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             f.seek(start)
             raw = bytearray(f.read(size))
         base = torch.frombuffer(raw, dtype=getattr(torch, t.dtype)) if raw else torch.empty(0)
@@ -79,7 +80,7 @@ def strided_loader(path: Path, t: TensorRef, offsets):
 
 def safetensors_source(path: Path) -> Source:
     """One safetensors file, or an index (``*.safetensors.index.json``) and its shards."""
-    path = Path(path)
+    path = as_path(path)
     files = [path]
     if path.name.endswith(".index.json"):
         doc = stfmt.read_index(path)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE, ST_CODE, short_dtype
+from ..storage import as_path
 from ..types import Plan, PlanStep, in_user_form, numel
 from .prefix import PrefixChoice
 from .sources import Source, SourceTensor
@@ -226,7 +227,7 @@ def _find_configs(plan: ExportPlan, dirs: list[Path], config_path: Optional[Path
             raise FileNotFoundError(f"--config {cp}: no such file or folder")
     for d in dirs:
         for name in CONFIG_FILES:
-            p = Path(d) / name
+            p = as_path(d) / name
             if name not in found and p.is_file():
                 found[name] = p
     plan.copies = [(p, name) for name, p in found.items()]

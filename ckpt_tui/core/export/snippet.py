@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Optional
 
+from ..storage import as_path
 from ..types import user_path
 from .plan import ExportPlan
 from .prefix import PrefixChoice
@@ -28,7 +28,7 @@ def _architecture(plan: ExportPlan) -> Optional[str]:
     for src, name in plan.copies:
         if name == "config.json":
             try:
-                arch = (json.loads(Path(src).read_text()).get("architectures") or [None])[0]
+                arch = (json.loads(as_path(src).read_bytes()).get("architectures") or [None])[0]
             except (OSError, ValueError, AttributeError, TypeError):
                 return None
             return arch if isinstance(arch, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch) else None

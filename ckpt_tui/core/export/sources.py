@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..dtypes import ITEMSIZE
+from ..storage import open_read
 from ..types import numel
 
 
@@ -69,7 +70,7 @@ def read_ranges(ranges, limit: int = 1 << 62) -> bytes:
     """The bytes of these byte ranges, in order (OSError where a file ends early)."""
     out = bytearray()
     for r in ranges:
-        with open(r.path, "rb") as f:
+        with open_read(r.path) as f:
             f.seek(r.offset)
             data = f.read(r.length)
         if len(data) != r.length:

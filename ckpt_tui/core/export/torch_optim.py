@@ -23,6 +23,7 @@ from typing import Any, Optional
 from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
 from ..formats.pickles import Stub, TensorRef
+from ..storage import as_path, open_read
 from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
 from .sources import ByteRange, Source, SourceTensor
 
@@ -125,7 +126,7 @@ def _number(path: Path, v: Any, offsets, what: str):
         if v.numel != 1 or v.dtype not in _SCALAR or v.storage is None:
             raise FormatError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
         start, _ = offsets[v.storage.key]
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             f.seek(start + v.offset * ITEMSIZE[v.dtype])
             (x,) = struct.unpack(_SCALAR[v.dtype], f.read(ITEMSIZE[v.dtype]))
         return int(x) if isinstance(x, float) and x.is_integer() else x
@@ -138,7 +139,7 @@ def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]],
     state, ``param_<i>.…`` where the index has no name) and the content of ``optimizer_config.json``
     (names not yet prefix-stripped). ``model``: the model's (name, shape) in module order, or None
     where that order is unknown (``model_what`` says why, for the plan). Raises FormatError."""
-    path = Path(path)
+    path = as_path(path)
     tf = torchfile.read(path)
     if tf.unsafe and not trust_pickles:
         raise FormatError(f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "

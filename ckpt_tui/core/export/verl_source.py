@@ -21,6 +21,7 @@ from typing import Any, Optional
 from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
 from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef
+from ..storage import as_path
 from ..types import numel
 from .sources import ByteRange, Source, SourceTensor
 
@@ -33,7 +34,7 @@ CONFIG_FILE = "optimizer_config.json"
 def rank_files(folder: Path) -> dict[str, dict[int, tuple[int, str]]]:
     """kind -> rank -> (world size in the name, file name), from a folder's file names."""
     out: dict[str, dict[int, tuple[int, str]]] = {}
-    for p in Path(folder).iterdir():
+    for p in as_path(folder).iterdir():
         m = RANK_FILE_RE.match(p.name)
         if m:
             out.setdefault(m.group(1), {})[int(m.group(3))] = (int(m.group(2)), p.name)
@@ -192,7 +193,7 @@ def fsdp_kind(obj: Any) -> Optional[str]:
 
 def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
     """The full model weights of a verl actor folder, from every rank's model file."""
-    folder = Path(folder)
+    folder = as_path(folder)
     world, files = _model_files(folder, trust_pickles)
     keys = list(files[0].obj)
     tensors = []
@@ -224,7 +225,7 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
     content of ``optimizer_config.json``, and the model export's names. Raises ValueError/FormatError."""
     from .deepspeed_optim import jsonable
 
-    folder = Path(folder)
+    folder = as_path(folder)
     world, models = _model_files(folder, trust_pickles)
     optims = _open(folder, "optim", world, trust_pickles)
     names = [str(k) for k in models[0].obj]
@@ -315,7 +316,7 @@ def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple
     import torch
     from torch.distributed.tensor import DTensor
 
-    folder = Path(folder)
+    folder = as_path(folder)
     world = world_of(folder)
     mesh_log = logging.getLogger("torch.distributed.device_mesh")  # unpickled before any process group: harmless
     level = mesh_log.level

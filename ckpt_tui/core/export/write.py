@@ -21,6 +21,7 @@ from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..fsutil import OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot, write_synced
 from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
+from ..storage import as_path, is_url, read_chunks
 from .plan import ExportPlan, OutFile, OutTensor, header_bytes, index_text
 from .snippet import load_snippet
 
@@ -91,8 +92,18 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: in
         counter.add(done)
 
 
+def _pwrite_all(dst_fd: int, data, dst_off: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(dst_fd, view, dst_off)
+        view, dst_off = view[n:], dst_off + n
+
+
 def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds: dict) -> None:
     s = t.src
+    if s.ranges is not None and any(is_url(r.path) for r in s.ranges):
+        _write_remote(t, dst_fd, dst_off, counter, cancel)
+        return
     if s.ranges is not None and s.dtype == t.dtype:
         for r in s.ranges:
             fd = fds.get(r.path)
@@ -135,6 +146,15 @@ def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds:
         while written < len(data):
             written += os.pwrite(dst_fd, data[written:written + BUF], dst_off + written)
     counter.add(t.nbytes)
+
+
+def _write_remote(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel) -> None:
+    """A tensor whose byte ranges are objects in object storage: concurrent ranged GETs, in order, bounded
+    memory (storage.read_chunks); cast chunk by chunk where the plan changes the dtype."""
+    for data in _source_chunks(t, cancel):
+        _pwrite_all(dst_fd, data, dst_off)
+        dst_off += len(data)
+        counter.add(len(data))
 
 
 def write_file(f: OutFile, path: Path, counter, cancel) -> None:
@@ -180,7 +200,7 @@ def preflight(plan: ExportPlan, overwrite: bool) -> None:
 
 def source_files(plan: ExportPlan) -> list[Path]:
     """Every file the export reads (byte ranges; whole folder for tensors read by torch)."""
-    files = {Path(r.path) for f in plan.files for t in f.tensors for r in (t.src.ranges or ())}
+    files = {as_path(r.path) for f in plan.files for t in f.tensors for r in (t.src.ranges or ())}
     if any(t.src.ranges is None for f in plan.files for t in f.tensors):
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
         files |= {p for p in root.iterdir() if p.is_file()}
@@ -231,7 +251,10 @@ def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
         write_synced(tmp / name, text)
     for src, name in plan.copies:
         check_cancel(cancel)
-        shutil.copyfile(src, tmp / name)
+        if is_url(src):
+            write_synced(tmp / name, as_path(src).read_bytes())
+        else:
+            shutil.copyfile(src, tmp / name)
         fsync_file(tmp / name)
 
 
@@ -321,6 +344,9 @@ def _source_chunks(t: OutTensor, cancel=None):
     s = t.src
     if s.ranges is not None and s.dtype == t.dtype:
         for r in s.ranges:
+            if is_url(r.path):
+                yield from read_chunks(r.path, r.offset, r.length, BUF, cancel)
+                continue
             with open(r.path, "rb") as f:
                 pos, left = r.offset, r.length
                 while left > 0:
@@ -339,6 +365,10 @@ def _source_chunks(t: OutTensor, cancel=None):
         item = DTYPE_ITEMSIZE[s.dtype]
         sdt = getattr(torch, s.dtype)
         for r in s.ranges:
+            if is_url(r.path):
+                for raw in read_chunks(r.path, r.offset, r.length, (BUF // item) * item, cancel):
+                    yield torch.frombuffer(bytearray(raw), dtype=sdt).to(dt).view(torch.uint8).numpy().tobytes()
+                continue
             with open(r.path, "rb") as f:
                 pos, left = r.offset, r.length
                 while left > 0:

@@ -7,7 +7,6 @@ reader unpickles it freely, we read it through the restricted unpickler.
 from __future__ import annotations
 
 import operator
-import os
 import re
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
+from ..storage import as_path, open_read
+from ..storage import size as storage_size
 from ..types import TensorInfo
 from . import FormatError
 from .pickles import (
@@ -80,7 +81,7 @@ def metadata_files(folder: Path) -> tuple[Optional[Path], list[Path]]:
 
 
 def _check_size(path: Path) -> int:
-    size = os.stat(path).st_size
+    size = storage_size(path)
     if size == 0:
         raise FormatError(".metadata is empty (0 bytes)", "truncated")
     if size > MAX_PICKLE_BYTES:
@@ -97,7 +98,7 @@ def read_metadata_file(path: Path) -> tuple[Any, set[str], int]:
     """The whole ``Metadata`` as stand-ins: every chunk record and ``storage_data`` entry (what an export
     needs to map chunks to byte ranges)."""
     size = _check_size(path)
-    with open(path, "rb") as f:
+    with open_read(path, whole=True) as f:
         data = f.read()
     up = safe_loads(data)
     _check_metadata(up.obj)
@@ -142,7 +143,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[list
     memory. Falls back to :func:`read_metadata_file` (the list then None) for a stream of another shape."""
     size = _check_size(path)
     try:
-        with open(path, "rb") as f:
+        with open_read(path, whole=True) as f:  # remote: one GET of the whole object
             up, storage = load_dcp_summary(YieldingReader(f))
         _check_metadata(up.obj)
         if up.unsafe:  # a finding: let the general reader decide what it can still read
@@ -155,7 +156,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[list
 
 def read(folder: Path) -> DcpInfo:
     """The facts of a DCP folder's metadata: tensors, files and the sizes they must have, how chunks split."""
-    folder = Path(folder)
+    folder = as_path(folder)
     glob_meta, rank_metas = metadata_files(folder)
     sources = [glob_meta] if glob_meta else rank_metas
     if not sources:
@@ -278,7 +279,7 @@ def is_megatron_dist(folder: Path) -> bool:
     import json
 
     try:
-        with open(Path(folder) / "metadata.json", "rb") as f:
+        with open_read(as_path(folder) / "metadata.json") as f:
             meta = json.loads(f.read(1 << 16))
     except (OSError, ValueError):
         return False

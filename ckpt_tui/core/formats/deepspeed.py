@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
 from ..facts import DeepSpeedZeroFacts
+from ..storage import as_path
 from ..types import TensorInfo, numel
 from . import torchfile
 from .pickles import Stub, TensorRef, iter_tensors
@@ -257,7 +258,7 @@ class OptimStates:
 
 def optim_states(obj: Any, path: Path) -> OptimStates:
     """:class:`OptimStates` of an optim-states file's unpickled object (``torchfile.read(path).obj``)."""
-    path = Path(path)
+    path = as_path(path)
     m = OPTIM_STATES_RE.match(path.name)
     st = OptimStates(path, int(m.group(2)) if m else None, int(m.group(3)) if m else None, None, None, [], [], {},
                      list(iter_tensors(obj)))
@@ -287,7 +288,7 @@ def optim_states(obj: Any, path: Path) -> OptimStates:
 def read_optim_states(path: Path) -> OptimStates:
     """Read an optim-states file's structure (zip directory and data.pkl, through the restricted
     unpickler). Raises FormatError (truncated, corrupt) and OSError."""
-    tf = torchfile.read(Path(path))
+    tf = torchfile.read(as_path(path))
     st = optim_states(tf.obj, path)
     st.unsafe = set(tf.unsafe)
     return st

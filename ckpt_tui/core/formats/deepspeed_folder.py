@@ -5,9 +5,11 @@ checked against DeepSpeed's ``zero_to_fp32`` (tags) or ``torch.load`` (universal
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator, Optional, cast
 
 from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts, TensorFacts
+from ..storage import open_read
 from ..types import Node, Parsed, TensorInfo, numel
 from . import FormatError, torchfile
 from . import deepspeed as dsfmt
@@ -303,7 +305,7 @@ def zip_check(c: Node) -> None:
     import zipfile
 
     try:
-        with zipfile.ZipFile(c.abspath) as zf:
+        with zipfile.ZipFile(c.abspath if isinstance(c.abspath, Path) else open_read(c.abspath)) as zf:
             size = c.size
             for i in zf.infolist():
                 if i.header_offset + 30 + len(i.filename) + i.compress_size > size:

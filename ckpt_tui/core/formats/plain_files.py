@@ -7,6 +7,7 @@ import json
 from typing import Optional, cast
 
 from ..facts import JsonFacts, NodeFacts, TextFacts
+from ..storage import open_read
 from ..types import Node, Parsed
 from ..units import naturalsize
 from .format import FileFormat
@@ -36,7 +37,7 @@ class PlainFiles(FileFormat):
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         if node.format == "text" and node.role == "marker":
-            with open(node.abspath, "rb") as f:
+            with open_read(node.abspath) as f:
                 raw = f.read(MAX_TEXT_BYTES)
             cast(TextFacts, node.facts)["names"] = raw.decode("utf-8", errors="replace").strip()
         elif node.format == "json":

@@ -6,12 +6,13 @@ Layout: 8-byte little-endian header length N, N bytes of JSON, then the data blo
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..dtypes import FROM_ST_CODE
+from ..storage import as_path, open_read
+from ..storage import size as storage_size
 from ..types import TensorInfo
 from . import FormatError
 
@@ -34,11 +35,11 @@ class SafetensorsHeader:
 
 
 def read_header(path: Path) -> SafetensorsHeader:
-    path = Path(path)
-    size = os.stat(path).st_size
+    path = as_path(path)
+    size = storage_size(path)
     if size < 8:
         raise FormatError(f"file is {size} bytes, shorter than the 8-byte safetensors header length", "truncated")
-    with open(path, "rb") as f:
+    with open_read(path) as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > MAX_HEADER_BYTES:
             raise FormatError(f"header length {n} exceeds the {MAX_HEADER_BYTES} byte limit: the header is corrupt")
@@ -96,8 +97,8 @@ def read_header(path: Path) -> SafetensorsHeader:
 
 def read_index(path: Path) -> dict:
     """A ``*.safetensors.index.json`` (or ``pytorch_model.bin.index.json``): {"weight_map": {...}, "metadata": {...}}."""
-    path = Path(path)
-    size = os.stat(path).st_size
+    path = as_path(path)
+    size = storage_size(path)
     if size > MAX_INDEX_BYTES:
         raise FormatError(f"index of {size} bytes exceeds the {MAX_INDEX_BYTES} byte limit")
     try:

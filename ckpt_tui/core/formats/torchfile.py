@@ -7,7 +7,6 @@ the central directory and data.pkl; tensor bytes are never read.
 
 from __future__ import annotations
 
-import os
 import pickle as _pickle
 import zipfile
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..names import STATE_DICT_WRAPPERS
+from ..storage import as_path, file_size, open_read
+from ..storage import size as storage_size
 from . import FormatError
 from .pickles import MAX_PICKLE_BYTES, Unpickled, iter_tensors, safe_loads
 
@@ -53,7 +54,7 @@ def pick_state_dict(obj: Any) -> tuple[Any, Optional[str]]:
 def sniff(path: Path) -> str:
     """'zip' | 'pickle' | 'other' from the first bytes."""
     try:
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             head = f.read(4)
     except OSError:
         return "other"
@@ -66,8 +67,8 @@ def sniff(path: Path) -> str:
 
 def read(path: Path) -> TorchFile:
     """Read a torch file's structure. Raises FormatError (kind 'truncated' or 'corrupt')."""
-    path = Path(path)
-    size = os.stat(path).st_size
+    path = as_path(path)
+    size = storage_size(path)
     if size == 0:
         raise FormatError("the file is empty (0 bytes)", "truncated")
     kind = sniff(path)
@@ -80,7 +81,7 @@ def read(path: Path) -> TorchFile:
 
 def _read_zip(path: Path, size: int) -> TorchFile:
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(path if isinstance(path, Path) else open_read(path))  # remote: ranged GETs
     except zipfile.BadZipFile:
         # starts like a zip but has no end-of-central-directory record: cut short while being written
         raise FormatError(f"zip archive without its central directory (file is {size} bytes): "
@@ -122,7 +123,7 @@ def _read_legacy(path: Path, size: int) -> TorchFile:
     """Legacy (pre-1.6) torch.save format or a plain pickle: structure only."""
     if size > MAX_PICKLE_BYTES:
         # legacy torch files put tensor data after the pickles; read only the head
-        with open(path, "rb") as f:
+        with open_read(path) as f:
             data = f.read(MAX_PICKLE_BYTES)
     else:
         data = path.read_bytes()
@@ -180,8 +181,8 @@ def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> 
     import struct
 
     out: dict[str, tuple[int, int]] = {}
-    with open(path, "rb") as f:
-        src = FileWindow(f, base, length if length is not None else os.fstat(f.fileno()).st_size - base)
+    with open_read(path) as f:
+        src = FileWindow(f, base, length if length is not None else file_size(f) - base)
         try:
             zf = zipfile.ZipFile(src)
         except Exception as e:  # a corrupt directory: any zipfile error

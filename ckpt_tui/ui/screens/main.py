@@ -24,6 +24,7 @@ from textual.worker import Worker
 
 from ...core.present import GLYPH
 from ...core.report import Report
+from ...core.storage import is_url
 from ...core.types import MODEL_ROLES, Node
 from ..actions import bindings
 from ..job_actions import JobActions, by_severity
@@ -83,6 +84,8 @@ class MainScreen(JobActions, Screen):
         """Why ``action`` cannot run now, or None when it can."""
         if action in ("export", "universal", "resume_fsdp2", "fix", "findings", "stats") and self.report is None:
             return "still scanning"
+        if action in ("universal", "resume_fsdp2", "fix") and is_url(self.report.inventory.given):
+            return "the checkpoint is in object storage: this writes beside it (export reads it)"
         if action in ("universal", "resume_fsdp2") and self.universal_tag() is None:
             return self.universal_choice()[1]
         if action == "fix" and not self.fixable():

@@ -16,6 +16,7 @@ from textual.widgets.option_list import Option
 
 from ...core.facts import DeepSpeedZeroFacts
 from ...core.fsutil import OutputError, check_output_folder, free_bytes
+from ...core.storage import is_url
 from ...core.types import user_path
 from ..format import size
 
@@ -506,4 +507,6 @@ def _abs(report, rel: str) -> Path:
 def _default_out(inv) -> Path:
     root = inv.root.abspath
     base = root if root.is_dir() else root.parent
+    if is_url(root):  # a checkpoint in object storage: the export goes to the current folder
+        return Path.cwd() / f"{base.name}-safetensors"
     return base.parent / f"{base.name}-safetensors"

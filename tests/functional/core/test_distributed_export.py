@@ -165,8 +165,8 @@ def test_kill_9_of_one_rank_mid_write_ends_the_other_without_output(src, tmp_pat
         assert not leftovers(out), err
         if victim == 1:  # its own timeout: the dead rank stopped answering
             assert any("stopped answering" in line for line in said), err
-        else:
-            assert any("lost contact" in line or "interrupted" in line for line in said), err
+        else:  # the store went with rank 0's launcher; under load the heartbeat deadline may say it first
+            assert any(w in line for line in said for w in ("lost contact", "interrupted", "stopped answering")), err
     finally:
         for p in procs:
             if p.poll() is None:

@@ -89,6 +89,41 @@ def _prefix(node, names: list[str], outs, strip_prefix, keep_prefix) -> tuple[Op
     return p, f"compared without the LightningModule attribute prefix `{p}`, as export strips it"
 
 
+def compare_each(refs, outs: dict[str, tuple[Path, str]], res: "VerifyResult", *, cancel=None,
+                 on_progress: Optional[OnProgress] = None, not_missing=frozenset()) -> set[str]:
+    """Compare each ``(name, reference tensor)`` with the output tensor of that name, bit for bit after the
+    export's cast (a float reference in the output's dtype); count into ``res``. A reference name with no
+    output is missing unless in ``not_missing`` (tied aliases written once). Returns the names compared."""
+    import torch
+    from safetensors import safe_open
+
+    seen: set[str] = set()
+    handles: dict[Path, object] = {}
+    try:
+        for name, ref in refs:
+            check_cancel(cancel)
+            if name not in outs:
+                if name not in not_missing:
+                    res.missing_in_output.append(name)
+                continue
+            seen.add(name)
+            path, _ = outs[name]
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt").__enter__()
+            got = handles[path].get_tensor(name)
+            want = ref.to(got.dtype) if ref.is_floating_point() and got.is_floating_point() else ref
+            res.compared += 1
+            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or not torch.equal(
+                    got.reshape(-1).view(torch.uint8), want.contiguous().reshape(-1).view(torch.uint8)):
+                res.mismatches.append(name)
+            if on_progress:
+                on_progress(Progress(len(seen), len(outs), "files", name))
+    finally:
+        for h in handles.values():
+            h.__exit__(None, None, None)
+    return seen
+
+
 def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None, keep_prefix: bool = False,
            on_progress: Optional[OnProgress] = None, cancel=None) -> VerifyResult:
     """Every tensor of the export ``out`` against ``against`` read by its reference loader. The
@@ -105,8 +140,6 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
                           keep_prefix=keep_prefix, on_progress=on_progress, cancel=cancel)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    import torch
-    from safetensors import safe_open
 
     if is_optimizer_export(Path(out)):
         return verify_optimizer(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix,
@@ -119,33 +152,10 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     res = VerifyResult(reference=reference_name(node), stripped_prefix=strip_prefix, note=note)
     # tied aliases the reference returns under both names are written once, as save_pretrained does
     aliases = {t.name for t in strip_names(source, strip_prefix).tensors if t.tied_to}
-    seen = set()
-    total = len(outs)
-    handles: dict[Path, object] = {}
-    try:
-        for name, ref in _reference(node, None):  # stripped here: not every reference loader applies it
-            check_cancel(cancel)
-            if strip_prefix and name.startswith(strip_prefix):
-                name = name[len(strip_prefix):]
-            if name not in outs:
-                if name not in aliases:
-                    res.missing_in_output.append(name)
-                continue
-            seen.add(name)
-            path, _ = outs[name]
-            if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt").__enter__()
-            got = handles[path].get_tensor(name)
-            want = ref.to(got.dtype) if ref.is_floating_point() and got.is_floating_point() else ref
-            res.compared += 1
-            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or not torch.equal(
-                    got.reshape(-1).view(torch.uint8), want.contiguous().reshape(-1).view(torch.uint8)):
-                res.mismatches.append(name)
-            if on_progress:
-                on_progress(Progress(len(seen), total, "files", name))
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
+    # stripped here: not every reference loader applies it
+    refs = ((n[len(strip_prefix):] if strip_prefix and n.startswith(strip_prefix) else n, ref)
+            for n, ref in _reference(node, None))
+    seen = compare_each(refs, outs, res, cancel=cancel, on_progress=on_progress, not_missing=aliases)
     res.not_in_reference = sorted(set(outs) - seen)
     # tied aliases the reference returns twice are written once: not a miss
     return res
@@ -189,9 +199,6 @@ def verify_optimizer(out, against, *, trust_pickles: bool = False, strip_prefix:
     has no per-parameter reader short of ds_to_universal: ``ckpt-tui universal``)."""
     import json
 
-    import torch
-    from safetensors import safe_open
-
     from .export.api import plan_export
     from .export.deepspeed_optim import CONFIG_FILE
 
@@ -208,29 +215,8 @@ def verify_optimizer(out, against, *, trust_pickles: bool = False, strip_prefix:
     else:
         problems = _config_problems(cfg, planned, outs)
     res = VerifyResult(stripped_prefix=plan.prefix.strip if plan.prefix else None, problems=problems)
-    seen: set[str] = set()
-    handles: dict[Path, object] = {}
-    try:
-        for name, ref in _optimizer_reference(plan, cfg if not problems else planned, res, trust_pickles):
-            check_cancel(cancel)
-            if name not in outs:
-                res.missing_in_output.append(name)
-                continue
-            seen.add(name)
-            path, _ = outs[name]
-            if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt").__enter__()
-            got = handles[path].get_tensor(name)
-            want = ref.to(got.dtype) if ref.is_floating_point() and got.is_floating_point() else ref
-            res.compared += 1
-            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or not torch.equal(
-                    got.reshape(-1).view(torch.uint8), want.contiguous().reshape(-1).view(torch.uint8)):
-                res.mismatches.append(name)
-            if on_progress:
-                on_progress(Progress(len(seen), len(outs), "files", name))
-    finally:
-        for h in handles.values():
-            h.__exit__(None, None, None)
+    refs = _optimizer_reference(plan, cfg if not problems else planned, res, trust_pickles)
+    seen = compare_each(refs, outs, res, cancel=cancel, on_progress=on_progress)
     res.not_in_reference = sorted(set(outs) - seen)
     return res
 

@@ -1,8 +1,11 @@
 """What `pip install -e '.[test]'` (the README's test command, after `pip install torch==2.13.0`) resolves to."""
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[2]
 

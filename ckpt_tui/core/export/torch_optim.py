@@ -25,7 +25,7 @@ from ..formats import FormatError, torchfile
 from ..formats.pickles import Stub, TensorRef
 from ..storage import as_path, open_read
 from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
-from .sources import ByteRange, Source, SourceTensor
+from .sources import Source, SourceTensor
 
 KIND = "torch-file-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
@@ -98,21 +98,9 @@ def align(opt_shapes: list[Optional[tuple]], model: list[tuple[str, tuple]]) -> 
 
 
 def _tensor(path: Path, t: TensorRef, offsets, name: str) -> SourceTensor:
-    from .file_sources import strided_loader
+    from .file_sources import file_tensor
 
-    if t.storage is None:
-        raise FormatError(f"{name} is not a plain tensor")
-    item = ITEMSIZE.get(t.dtype)
-    if item is None:
-        raise FormatError(f"{name} has unsupported dtype {t.dtype}")
-    if t.contiguous:
-        start, size = offsets[t.storage.key]
-        if (t.offset + t.numel) * item > size:
-            raise FormatError(f"{name} runs past its storage: the file is corrupt", "corrupt")
-        rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
-        return SourceTensor(name, t.shape, t.dtype, ranges=rng)
-    return SourceTensor(name, t.shape, t.dtype, load=strided_loader(path, t, offsets),
-                        note="non-contiguous view, copied element-wise")
+    return file_tensor(path, t, offsets, name)
 
 
 def _number(path: Path, v: Any, offsets, what: str):
@@ -139,13 +127,10 @@ def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]],
     state, ``param_<i>.…`` where the index has no name) and the content of ``optimizer_config.json``
     (names not yet prefix-stripped). ``model``: the model's (name, shape) in module order, or None
     where that order is unknown (``model_what`` says why, for the plan). Raises FormatError."""
+    from .file_sources import read_screened
+
     path = as_path(path)
-    tf = torchfile.read(path)
-    if tf.unsafe and not trust_pickles:
-        raise FormatError(f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
-                          "pass --trust-pickles if you trust its origin")
-    if not tf.is_zip:
-        raise FormatError(f"{path.name} uses torch's legacy (pre-1.6) format; re-save it with torch.save first")
+    tf = read_screened(path, trust_pickles)
     sd, where, count = find_optimizer_state(tf.obj)
     if sd is None:
         raise FormatError(f"{path.name} holds no optimizer state dict (`optimizer`, `optimizer_states`)")

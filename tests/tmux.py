@@ -72,6 +72,23 @@ class Tmux:
             self.keys("Enter")
             self.wait_for(label)
 
+    def export_with_defaults(self, timeout: float = 60.0) -> str:
+        """Press `e` and take every default of the export wizard; the screen once the export finished."""
+        self.keys("e")
+        self.wait_for("Export to safetensors")
+        self.wait_for("Step 1 of 5")
+        self.enter_through("Step 2 of 5", "Step 3 of 5", "Step 4 of 5", "Step 5 of 5")  # source, output, dtype, shards
+        self.wait_for("Press enter to export")
+        self.keys("Enter")
+        return self.wait_for("Export finished", timeout=timeout)
+
+    def close_dialog_and_quit(self, dialog: str) -> int:
+        """Close the dialog showing ``dialog`` with enter, quit with `q`: the app's exit code."""
+        self.keys("Enter")
+        self.wait_gone(dialog)
+        self.keys("q")
+        return self.exit_code()
+
     def exit_code(self, timeout: float = 60.0) -> int:
         s = self.wait_for("rc=", timeout, history=200)
         return int(s.rsplit("rc=", 1)[1].split()[0])

@@ -194,20 +194,11 @@ def test_the_tui_opens_a_url_in_tmux_and_exports_it_to_a_local_folder(s3, tmp_pa
     try:
         s = t.wait_for("model and optimizer in")
         assert "global_step2/" in s
-        t.keys("e")
-        t.wait_for("Export to safetensors")
-        t.wait_for("Step 1 of 5")
-        t.enter_through("Step 2 of 5", "Step 3 of 5", "Step 4 of 5", "Step 5 of 5")  # source, output, dtype, shards
-        t.wait_for("Press enter to export")
-        t.keys("Enter")
-        s = t.wait_for("Export finished", timeout=120)
+        s = t.export_with_defaults(timeout=120)
         assert "verified" in s
         # a checkpoint in object storage exports into the current folder
         assert (tmp_path / "checkpoint-2-safetensors" / "model.safetensors").is_file()
-        t.keys("Enter")
-        t.wait_gone("Export finished")
-        t.keys("q")
-        assert t.exit_code() == 0
+        assert t.close_dialog_and_quit("Export finished") == 0
     finally:
         t.close()
 

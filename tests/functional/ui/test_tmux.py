@@ -24,19 +24,10 @@ def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
         s = t.wait_for("OPTIM")
         assert "pytorch_model_fsdp_0/" in s and "MODEL" in s
         assert "optimizer_0/" in s and "● 1" in s  # the dcp-components finding, as a glyph
-        t.keys("e")
-        t.wait_for("Export to safetensors")
-        t.wait_for("Step 1 of 5")
-        t.enter_through("Step 2 of 5", "Step 3 of 5", "Step 4 of 5", "Step 5 of 5")  # source, output, dtype, shards
-        t.wait_for("Press enter to export")
-        t.keys("Enter")
-        s = t.wait_for("Export finished")
+        s = t.export_with_defaults()
         assert "verified" in s
         assert (tmp_path / "checkpoint-2000-safetensors" / "model.safetensors").is_file()
-        t.keys("Enter")
-        t.wait_gone("Export finished")
-        t.keys("q")
-        assert t.exit_code() == 0
+        assert t.close_dialog_and_quit("Export finished") == 0
     finally:
         t.close()
 

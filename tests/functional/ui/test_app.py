@@ -50,6 +50,14 @@ def screen_text(app) -> str:
     return "\n".join(str(s.render()) for s in app.screen.query("Static"))
 
 
+def message_shown(app, text: str) -> bool:
+    """A MessageDialog is up with its body mounted (a step after its title), and ``text`` is on it."""
+    screen = app.screen
+    if not isinstance(screen, MessageDialog):
+        return False
+    return bool(screen.query("VerticalScroll Static")) and text in screen_text(app)
+
+
 async def plan_in_tag_wizard(pilot, app, key: str, wizard, why: str):
     """After the scan, ``key`` opens ``wizard`` (a tag conversion: why, output, confirm); once its
     first step says ``why``, walk to the plan with the default output. The wizard, its plan made."""
@@ -106,7 +114,7 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
             await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
         await wait_for(pilot, lambda: wiz.plan is not None)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "verified ✔" in screen_text(app),
+        await wait_for(pilot, lambda: message_shown(app, "verified ✔"),
                        timeout=60)
         assert (out / "model.safetensors").is_file()
         job = [w for w, info in app.main.jobs.items() if info.kind == "export"][0]
@@ -151,9 +159,9 @@ async def test_failure_opens_an_error_dialog(fsdp_ckpt, tmp_path):
 
         plan, _ = plan_export(fsdp_ckpt, Path("/proc/ckpt-tui-out"))  # nobody can write there
         job = app.main.run_export(plan)
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "failed" in screen_text(app),
-                       timeout=30)
-        assert outcome(job) == "failed" and str(job.error) and str(job.error) in screen_text(app)
+        await wait_for(pilot, lambda: job.error is not None and message_shown(app, str(job.error)), timeout=30)
+        assert outcome(job) == "failed" and str(job.error)
+        assert "export ckpt-tui-out failed" in screen_text(app)  # the title names the job
         assert "Traceback" not in screen_text(app)
 
 
@@ -220,9 +228,8 @@ async def test_universal_wizard_converts_and_shows_how_to_load(ds_ckpt):
     async with app.run_test(size=(80, 24)) as pilot:
         await plan_in_tag_wizard(pilot, app, "u", UniversalWizard, "universal_checkpoint_info")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog)
-                       and "Universal checkpoint ready" in screen_text(app), timeout=240)
-        await wait_for(pilot, lambda: "load_universal" in screen_text(app))  # the body mounts after the title
+        await wait_for(pilot, lambda: message_shown(app, "load_universal"), timeout=240)
+        assert "Universal checkpoint ready" in screen_text(app)
         assert (ds_ckpt / "global_step2_universal" / "zero").is_dir()
         assert (ds_ckpt / "latest_universal").read_text().strip() == "global_step2_universal"
 
@@ -240,7 +247,7 @@ async def test_repair_wizard_fixes_in_place_and_rescans(ds_ckpt):
         await wait_for(pilot, lambda: step_ready(wiz, 0))
         await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))  # the diff, then confirm
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Repaired" in screen_text(app),
+        await wait_for(pilot, lambda: message_shown(app, "Repaired"),
                        timeout=60)
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.report is not None and "universal-info-missing" not in

@@ -13,7 +13,7 @@ from textual.widgets import Input, OptionList
 from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.screens.dialogs import MessageDialog
 from ckpt_tui.ui.screens.wizards import BOTH, OPTIMIZER
-from tests.functional.ui.test_app import press_and_wait, screen_text, step_ready, wait_for
+from tests.functional.ui.test_app import message_shown, press_and_wait, screen_text, step_ready, wait_for
 from tests.functional.ui.test_state import open_export_wizard
 from tests.snippets import run_load_snippet, snippet_after
 
@@ -51,7 +51,7 @@ async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path,
         text = screen_text(app)
         assert "The model:" in text and "The optimizer state:" in text
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Export finished" in screen_text(app),
+        await wait_for(pilot, lambda: message_shown(app, "Load it with:"),
                        timeout=120)
         shown = screen_text(app)
     assert sorted(os.listdir(tmp_path / "both")) == ["model.safetensors", "optimizer.safetensors",

@@ -4,8 +4,7 @@ import shutil
 
 from ckpt_tui.core.export.api import plan_export
 from ckpt_tui.ui.app import make_app
-from ckpt_tui.ui.screens.dialogs import MessageDialog
-from tests.functional.ui.test_app import screen_text, wait_for
+from tests.functional.ui.test_app import message_shown, screen_text, wait_for
 from tests.snippets import run_load_snippet, snippet_after
 
 
@@ -17,7 +16,7 @@ async def test_export_done_dialog_shows_the_snippet_that_loads(real_ckpt, tmp_pa
         await wait_for(pilot, lambda: app.report is not None)
         plan, _ = plan_export(src, tmp_path / "tui-out")  # the wizard passes the folder typed in its field
         job = app.main.run_export(plan)
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and "Export finished" in screen_text(app),
+        await wait_for(pilot, lambda: message_shown(app, "Load it with:"),
                        timeout=60)
         shown = screen_text(app)
         code = job.result.load_code

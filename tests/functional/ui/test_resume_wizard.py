@@ -5,9 +5,8 @@ import shutil
 
 from ckpt_tui.core.convert.torch_dcp import load_code
 from ckpt_tui.ui.app import make_app
-from ckpt_tui.ui.screens.dialogs import MessageDialog
 from ckpt_tui.ui.screens.resume_wizard import ResumeWizard
-from tests.functional.ui.test_app import plan_in_tag_wizard, screen_text, wait_for
+from tests.functional.ui.test_app import message_shown, plan_in_tag_wizard, screen_text, wait_for
 
 
 async def test_resume_wizard_converts_and_shows_the_load_code(real_ckpt, tmp_path):
@@ -19,9 +18,8 @@ async def test_resume_wizard_converts_and_shows_the_load_code(real_ckpt, tmp_pat
         out = tmp_path / "run-checkpoint-torch-dcp"  # outside the run folder
         assert wiz.plan.out == out
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog)
-                       and "Ready to resume under torch FSDP2" in screen_text(app), timeout=120)
-        await wait_for(pilot, lambda: "set_state_dict(model, optimizer" in screen_text(app))
+        await wait_for(pilot, lambda: message_shown(app, "set_state_dict(model, optimizer"), timeout=120)
+        assert "Ready to resume under torch FSDP2" in screen_text(app)
         assert (out / ".metadata").is_file() and (out / "conversion.json").is_file()
         # the dialog's code is the code the CLI prints for this output (run by test_convert_torch_dcp)
         assert load_code(wiz.plan) in app.screen.body.plain

@@ -28,10 +28,10 @@ def slow_dims(size, states):
 ])
 def test_fold_chunks_dims_match_the_per_record_rule(size, chunks):
     states = [{"offsets": o, "sizes": s} for o, s in chunks]
-    got = fold_chunks(size, states)
+    got = fold_chunks(size, [o for o, _ in chunks], [s for _, s in chunks])
     assert got.split_dims == slow_dims(size, states)
-    assert got.count == len(chunks) and got.offsets == {o for o, _ in chunks}
-    firsts = [o[:1] for o in got.offsets]
+    assert got.count == len(chunks) and got.offsets == {o for o, _ in chunks} and got.distinct == len(got.offsets)
+    firsts = [o[:1] for o in got.offsets]  # the most distinct offsets sharing one first coordinate
     assert got.per_first == max((firsts.count(f) for f in firsts), default=0)
 
 

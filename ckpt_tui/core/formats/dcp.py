@@ -17,7 +17,7 @@ from ..dtypes import ITEMSIZE
 from ..storage import as_path, open_read
 from ..storage import size as storage_size
 from ..types import TensorInfo
-from . import FormatError
+from . import FormatError, dcp_stream
 from .pickles import (
     MAX_PICKLE_BYTES,
     ChunkSummary,
@@ -137,18 +137,67 @@ class YieldingReader:
         return b
 
 
-def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[list]]:
+class ChainReader:
+    """A binary file over a list of byte strings, each dropped once read (the compacted stream's segments)."""
+
+    def __init__(self, parts: list):
+        self._parts = parts
+        parts.reverse()
+        self._pos = 0
+
+    def readinto(self, buf) -> int:
+        view = memoryview(buf).cast("B")
+        done = 0
+        while done < len(view) and self._parts:
+            part = self._parts[-1]
+            n = min(len(view) - done, len(part) - self._pos)
+            view[done:done + n] = part[self._pos:self._pos + n]
+            done += n
+            self._pos += n
+            if self._pos == len(part):
+                self._parts.pop()
+                self._pos = 0
+        return done
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            out = b"".join(reversed(self._parts))[self._pos:]
+            self._parts.clear()
+            self._pos = 0
+            return out
+        buf = bytearray(n)
+        return bytes(buf[:self.readinto(buf)])
+
+    def readline(self) -> bytes:  # the unpickler reads lines only for text opcodes, which compacting keeps whole
+        out = bytearray()
+        while self._parts:
+            part = self._parts[-1]
+            i = part.find(b"\n", self._pos)
+            end = len(part) if i < 0 else i + 1
+            out += part[self._pos:end]
+            self._pos = end
+            if self._pos == len(part):
+                self._parts.pop()
+                self._pos = 0
+            if i >= 0:
+                break
+        return bytes(out)
+
+
+def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tuple[list, dict]]]:
     """``Metadata`` with each tensor's chunk records folded (``chunks`` a :class:`ChunkSummary`) and the
-    ``storage_data`` values' states as a list — what inspect needs, built in a fraction of the time and
-    memory. Falls back to :func:`read_metadata_file` (the list then None) for a stream of another shape."""
+    ``storage_data`` entries as (the states read the ordinary way, ``{file: furthest end}`` of the entries
+    compacted first by :mod:`dcp_stream`) — what inspect needs, built in a fraction of the time and memory.
+    Falls back to :func:`read_metadata_file` (the storage then None) for a stream of another shape."""
     size = _check_size(path)
     try:
         with open_read(path, whole=True) as f:  # remote: one GET of the whole object
-            up, storage = load_dcp_summary(YieldingReader(f))
+            parts, facts = dcp_stream.compact_file(f)
+        up, states, files = load_dcp_summary(YieldingReader(ChainReader(parts)), facts)
         _check_metadata(up.obj)
         if up.unsafe:  # a finding: let the general reader decide what it can still read
             raise SummaryMismatch("globals outside the allowlist")
-        return up.obj, up.unsafe, size, storage
+        return up.obj, up.unsafe, size, (states, files)
     except SummaryMismatch:
         obj, unsafe, size = read_metadata_file(path)
         return obj, unsafe, size, None
@@ -190,7 +239,7 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
             ti = TensorInfo(key, size, dtype, numel * ITEMSIZE.get(dtype, 1))
             chunks = _get(md, "chunks") or []
             if isinstance(chunks, ChunkSummary) and not merge:
-                info.chunk_layout[key] = (len(chunks.offsets), chunks.per_first)
+                info.chunk_layout[key] = (chunks.distinct, chunks.per_first)
                 info.chunk_dims |= chunks.split_dims
                 info.chunk_count += chunks.count
             elif isinstance(chunks, ChunkSummary):
@@ -198,7 +247,7 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
                 info.chunk_dims |= chunks.split_dims
                 info.chunk_count += chunks.count
             if isinstance(chunks, ChunkSummary):
-                chunks.offsets = set()  # freed tensor by tensor, not all at once at the end (GIL)
+                chunks.release()  # freed tensor by tensor, not all at once at the end (GIL)
             else:
                 offsets = info.chunk_offsets.setdefault(key, [])
                 for ch in chunks:
@@ -221,9 +270,11 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
                 info.planner_data[str(k)] = tuple(str(x) for x in v)
     if storage is None:
         sd = _get(meta, "storage_data") or {}
-        storage = [getattr(st, "__dict__", None) for st in sd.values()] if isinstance(sd, dict) else []
-    storage_ends(storage, info.files)
-    release_in_slices([storage])
+        storage = ([getattr(st, "__dict__", None) for st in sd.values()] if isinstance(sd, dict) else [], {})
+    states, files = storage
+    storage_ends(states, info.files)
+    _merge_ends(files, info.files)
+    release_in_slices([states])
 
 
 def storage_ends(states: list, files: dict[str, int]) -> None:
@@ -255,17 +306,27 @@ def storage_ends_fast(states: list, files: dict[str, int], step: int = 65_536) -
         rels = list(map(dict.get, part, repeat("relative_path", n)))
         ends = list(map(operator.add, map(dict.get, part, repeat("offset", n), repeat(0, n)),
                         map(dict.get, part, repeat("length", n), repeat(0, n))))
-        if set(map(type, rels)) != {str} or set(map(type, ends)) != {int}:
+        if not _ends_in_order(rels, ends, last):
             return False
-        ends_before = list(map(last.get, rels, repeat(-1, n)))
-        last.update(zip(rels, ends))
-        # each file's entries must come in increasing order of end, across the slices too
-        if any(map(operator.gt, ends, map(last.__getitem__, rels))) or any(map(operator.gt, ends_before, ends)):
-            return False
+    _merge_ends(last, files)
+    return True
+
+
+def _ends_in_order(rels: list, ends: list, last: dict) -> bool:
+    """Fold one slice of (path, end) into ``last``; False where a path or an end is not a str/int or a file's
+    entries do not come in increasing order of end (also across slices)."""
+    if set(map(type, rels)) - {str} or set(map(type, ends)) - {int}:
+        return False
+    n = len(rels)
+    ends_before = list(map(last.get, rels, repeat(-1, n)))
+    last.update(zip(rels, ends))
+    return not (any(map(operator.gt, ends, map(last.__getitem__, rels))) or any(map(operator.gt, ends_before, ends)))
+
+
+def _merge_ends(last: dict, files: dict) -> None:
     for rel, end in last.items():
         if end > files.get(rel, -1):
             files[rel] = end
-    return True
 
 
 # Megatron-Core torch_dist: a transformer block's layers are saved as one tensor per parameter with a leading layer

@@ -14,7 +14,6 @@ import gc
 import io
 import operator
 import pickle
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from ..dtypes import ITEMSIZE
 from ..types import numel
 from . import FormatError
+from .dcp_stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, encode_offsets, encode_sizes
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused
 
@@ -576,48 +576,17 @@ def _singleton_class(qualname: str, setstate) -> type:
     return cls
 
 
-@dataclass
-class ChunkSummary:
-    """A tensor's chunk records folded as they arrive: how many, the distinct offsets, the dimensions split."""
+ChunkSummary = ChunkFold  # a tensor's chunk records, folded
 
-    count: int
-    offsets: set  # distinct chunk offsets (tuples)
-    split_dims: set  # dims along which a chunk's offset is not 0 or its size not the tensor's
-    per_first: int = 0  # the most distinct offsets sharing one first coordinate (``offset[:1]``)
+
+def fold_chunks(size: tuple, offs: list, sizes: list) -> ChunkFold:
+    """Fold one tensor's chunk records read the ordinary way (their offsets and sizes, in the same order)."""
+    pairs = list(map(encode_offsets, offs))
+    return ChunkFold(size, [p[0] for p in pairs], [p[1] for p in pairs], list(map(encode_sizes, sizes)))
 
 
 _OFFSETS = operator.itemgetter("offsets")
 _SIZES = operator.itemgetter("sizes")
-_FIRST = operator.itemgetter(slice(0, 1))
-
-
-def fold_chunks(size: tuple, states: list) -> ChunkSummary:
-    """Fold the BUILD states (``{"offsets": .., "sizes": ..}``) of one tensor's chunk records."""
-    try:
-        offs = list(map(_OFFSETS, states))
-        sizes = list(map(_SIZES, states))
-    except (TypeError, KeyError):
-        raise SummaryMismatch("chunk record without offsets/sizes") from None
-    uniq = set(offs)
-    usz = set(sizes)
-    dims: set = set()
-    nd = len(size)
-    if set(map(len, uniq)) <= {nd} and set(map(len, usz)) <= {nd} and set(map(type, uniq)) | set(map(type, usz)) <= {tuple}:
-        if uniq:
-            for d, col in enumerate(zip(*uniq)):
-                if any(col):
-                    dims.add(d)
-        if usz:
-            for d, col in enumerate(zip(*usz)):
-                if d not in dims and col.count(size[d]) != len(col):
-                    dims.add(d)
-    else:  # ragged records: the general rule, one chunk at a time
-        for o, s in zip(offs, sizes):
-            for d, (a, b) in enumerate(zip(o, s)):
-                if nd > d and (a != 0 or b != size[d]):
-                    dims.add(d)
-    per_first = max(Counter(map(_FIRST, uniq)).values(), default=0)
-    return ChunkSummary(len(states), uniq, dims, per_first)
 
 
 class DcpSummaryUnpickler(RestrictedUnpickler):
@@ -631,8 +600,10 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
     ``storage_states``). Same allowlist and findings as :class:`RestrictedUnpickler`; any record out of the
     expected shape raises :class:`SummaryMismatch` so the caller reads the file the general way."""
 
-    def __init__(self, f, result: Unpickled):
+    def __init__(self, f, result: Unpickled, runs: Optional[list] = None):
         super().__init__(f, result, False)
+        self.runs = runs if runs is not None else []  # the rewritten chunk runs' tokens (dcp_stream.StreamFacts)
+        self.chunks_checked = False
         self.chunk_states: list = []
         self.storage_states: list = []
         self.index_states: list = []
@@ -669,15 +640,44 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         if not isinstance(state, dict):
             raise SummaryMismatch("TensorStorageMetadata state is not a dict")
         chunks = state.get("chunks")
+        if not isinstance(chunks, list):
+            raise SummaryMismatch("chunks is not a list")
         chunk_cls = self._classes.get(_CHUNK)
-        pending = self.chunk_states
-        n = len(chunks) if isinstance(chunks, list) else -1
-        if n < 0 or len(pending) != n or (n and (chunk_cls is None or chunks.count(chunk_cls()) != n)):
+        pending = self.chunk_states  # records read the ordinary way (shared stand-ins), their states in order
+        n = len(pending)
+        if n and (chunk_cls is None or chunks.count(chunk_cls()) != n):
             raise SummaryMismatch("chunk records outside a tensor's chunk list")
+        runs = [c for c in chunks if c.__class__ is int] if n != len(chunks) else []  # rewritten runs' numbers
+        checks = [c for c in chunks if c.__class__ is tuple] if n + len(runs) != len(chunks) else []
+        if checks:
+            if checks != [(chunk_cls, *CHUNK_CHECK)] or self.chunks_checked:
+                raise SummaryMismatch("the rewritten chunk records are not ChunkStorageMetadata")
+            self.chunks_checked = True
+        if n + len(runs) + len(checks) != len(chunks) or (runs and not self.chunks_checked):
+            raise SummaryMismatch("a chunk list holds something else")
+        try:
+            offs = list(map(_OFFSETS, pending))
+            sizes = list(map(_SIZES, pending))
+            pairs = list(map(encode_offsets, offs))
+            first = [p[0] for p in pairs]
+            rest = [p[1] for p in pairs]
+            sizes = list(map(encode_sizes, sizes))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            raise SummaryMismatch("chunk record without offsets/sizes") from None
+        table = self.runs
+        for r in runs:
+            if not 0 <= r < len(table) or table[r] is None:
+                raise SummaryMismatch("a chunk run read twice")
+            f, o, z = table[r]
+            table[r] = None
+            first += f
+            rest += o
+            sizes += z
         size = state.get("size")
-        size = tuple(size) if isinstance(size, (tuple, list)) else ()
+        if size.__class__ is not tuple:  # None: a reference to a record the rewrite took out (dcp_stream)
+            raise SummaryMismatch("a tensor's size is not a tuple")
         inst.__dict__.update(state)
-        inst.__dict__["chunks"] = fold_chunks(size, pending)
+        inst.__dict__["chunks"] = ChunkFold(size, first, rest, sizes)
         self.folded.extend(pending)
         pending.clear()
 
@@ -703,12 +703,13 @@ def release_in_slices(lists: list, step: int = 50_000) -> None:
             del lst[-step:]
 
 
-def load_dcp_summary(f) -> tuple[Unpickled, list]:
-    """Unpickle a DCP ``.metadata`` from the binary file object ``f`` with :class:`DcpSummaryUnpickler`:
-    (the result, the ``_StorageInfo`` states). Raises SummaryMismatch (read it with :func:`safe_loads`
-    instead) or FormatError."""
+def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
+    """Unpickle a DCP ``.metadata`` from the binary file object ``f`` with :class:`DcpSummaryUnpickler`: (the
+    result, the ``_StorageInfo`` states read the ordinary way, ``{file: the furthest offset + length}`` of the
+    entries compacted by :mod:`dcp_stream`, whose facts it gathered in ``facts``). Raises SummaryMismatch (read
+    it with :func:`safe_loads` instead) or FormatError."""
     result = Unpickled(None)
-    up = DcpSummaryUnpickler(f, result)
+    up = DcpSummaryUnpickler(f, result, facts.runs if facts is not None else None)
     with gc_paused():
         try:
             result.obj = up.load()
@@ -719,13 +720,42 @@ def load_dcp_summary(f) -> tuple[Unpickled, list]:
         finally:
             # the stand-in classes refer back to the unpickler (a cycle): break it so that its memo, which
             # holds every object the stream built, is freed now by reference counting, not by a full GC pass
+            classes = dict(up._classes)
             up._classes.clear()
             up._fold.clear()
     storage = up.storage_states
-    # The unpickler's memo holds every object the stream built; freeing them is one long C call (~0.5 s for a
-    # 1,024-rank metadata) that holds the GIL. Keep the records' states past it, drop the unpickler (what is
-    # left in the memo goes: the small tuples), then free the states in slices, so a UI thread gets its turns.
+    files = _compacted_storage(result.obj, facts, classes)
+    # The unpickler's memo holds every object the stream built; freeing them is one long C call that holds the
+    # GIL. Keep the records' states past it, drop the unpickler (what is left in the memo goes), then free the
+    # states in slices, so a UI thread gets its turns.
     keep = [up.chunk_states, up.index_states, up.folded]
     del up
     release_in_slices(keep)
-    return result, storage
+    return result, storage, files
+
+
+def _compacted_storage(meta, facts, classes: dict) -> dict:
+    """The files of the compacted storage entries: their references resolved by what the rewrite added to
+    ``storage_data`` (the check of its references, a ``(path, reference token)`` key for each reference), which
+    is then emptied (the ordinary entries' key and value are shared stand-ins: their states are read apart)."""
+    sd = meta.__dict__.get("storage_data") if isinstance(meta, (Record, Stub)) else None
+    if not isinstance(sd, dict):
+        if facts is not None and facts.ends:
+            raise SummaryMismatch("storage_data is not a dict")
+        return {}
+    added = [k for k in sd if k.__class__ is tuple]
+    sd.clear()
+    if facts is None or not facts.ends:
+        if added:
+            raise SummaryMismatch("storage_data keyed by tuples")
+        return {}
+    want = (classes.get(_INDEX), *STORAGE_CHECK[:3], classes.get(_STORAGE_INFO), *STORAGE_CHECK[3:])
+    if [k for k in added if len(k) == 8] != [want]:
+        raise SummaryMismatch("the compacted storage entries are not MetadataIndex -> _StorageInfo")
+    resolved = {tok: path for path, tok in (k for k in added if len(k) == 2)}
+    if facts.refs - resolved.keys() or set(map(type, resolved.values())) - {str}:
+        raise SummaryMismatch("a storage path that is not a string")
+    try:
+        return facts.files(resolved)
+    except (ValueError, UnicodeDecodeError):
+        raise SummaryMismatch("a storage path out of shape") from None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tui.core.formats import dcp as dcpfmt
-from ckpt_tui.core.formats import pickles
+from ckpt_tui.core.formats import dcp_stream, pickles
 from tests.fixtures import fixture_path
 
 FIXTURES = ("fsdp2-dcp", "hf-fsdp2", "megatron-dist", "torchtitan", "dcp-mixed")
@@ -64,7 +64,7 @@ def our_facts(info: dcpfmt.DcpInfo) -> dict:
 
 def general_read(folder: Path, monkeypatch) -> dcpfmt.DcpInfo:
     """``dcp.read`` through the general reader (every record a stand-in), as before the folding reader."""
-    def refuse(f):
+    def refuse(f, facts=None):
         raise pickles.SummaryMismatch("forced")
 
     with monkeypatch.context() as m:
@@ -93,10 +93,13 @@ def test_folding_reader_used_on_fsdp2():
     assert storage is not None and not unsafe  # not the fallback
 
 
-def write_many_chunks(folder: Path, ranks: int = 64) -> None:
+def write_many_chunks(folder: Path, ranks: int = 64, *, gathered: bool = True, base: int = 0,
+                      protocol: int = pickle.DEFAULT_PROTOCOL) -> None:
     """A DCP .metadata of ``ranks`` ranks written with torch's classes as FileSystemWriter.finish does: tensors
     split on dim 0 (even, uneven with empty chunks past the end), one split on dim 1 (tensor-parallel), a 1-D and
-    a 0-d tensor, a bytes entry; each rank's records its own objects (a pickle round trip, as gathered)."""
+    a 0-d tensor, a bytes entry; each rank's records its own objects (a pickle round trip, as gathered), or with
+    ``gathered=False`` the chunks of one size sharing one ``torch.Size`` (a save without a process group keeps
+    the planner's objects: the pickle refers back to the first). Each shard file's data starts at byte ``base``."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (
@@ -114,7 +117,8 @@ def write_many_chunks(folder: Path, ranks: int = 64) -> None:
                  for k, s in shapes.items()}
     sdm["extra"] = BytesStorageMetadata()
     storage: dict = {}
-    sizes = [0] * ranks
+    shared: dict = {}  # one torch.Size per distinct chunk size, where not gathered
+    sizes = [base] * ranks
     for r in range(ranks):
         name = f"__{r}_0.distcp"
         recs = []
@@ -132,25 +136,26 @@ def write_many_chunks(folder: Path, ranks: int = 64) -> None:
             n = 4
             for x in sz:
                 n *= x
-            recs.append((k, torch.Size(offs), torch.Size(sz), name, sizes[r], n))
+            sz = torch.Size(sz) if gathered else shared.setdefault(sz, torch.Size(sz))
+            recs.append((k, torch.Size(offs), sz, name, sizes[r], n))
             sizes[r] += n
         if r == 0:
             recs.append(("extra", None, None, name, sizes[r], 7))
             sizes[r] += 7
-        recs = pickle.loads(pickle.dumps(recs))
+        if gathered:
+            recs = pickle.loads(pickle.dumps(recs))
         for k, offs, sz, fname, off, n in recs:
             if offs is not None:
                 sdm[k].chunks.append(ChunkStorageMetadata(offsets=offs, sizes=sz))
-        res = pickle.loads(pickle.dumps([
-            (MetadataIndex(k, offs, len(sdm[k].chunks) - 1 if offs is not None else None),
-             _StorageInfo(fname, off, n)) for k, offs, sz, fname, off, n in recs]))
-        storage.update(res)
+        res = [(MetadataIndex(k, offs, len(sdm[k].chunks) - 1 if offs is not None else None),
+                _StorageInfo(fname, off, n)) for k, offs, sz, fname, off, n in recs]
+        storage.update(pickle.loads(pickle.dumps(res)) if gathered else res)
     md = Metadata(state_dict_metadata=sdm, planner_data={k: (k,) for k in sdm})
     md.version = "1.0.0"
     md.storage_data = storage
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".metadata", "wb") as f:
-        pickle.dump(md, f)
+        pickle.dump(md, f, protocol=protocol)
     for r, n in enumerate(sizes):
         with open(folder / f"__{r}_0.distcp", "wb") as f:
             os.truncate(f.fileno(), n)
@@ -182,3 +187,54 @@ def test_unknown_global_still_a_finding(tmp_path):
     _, unsafe, _, storage = dcpfmt.read_metadata_summary(folder / ".metadata")
     assert storage is None and unsafe == {"torch.distributed.checkpoint.metadata.Mallware"}
     assert dcpfmt.read(folder).unsafe == unsafe
+
+
+def compacted(folder: Path) -> tuple[int, int]:
+    """(chunk records, storage entries) the rewrite took out of ``folder``'s .metadata."""
+    _, nchunks, nstorage, _ = dcp_stream.compact((folder / ".metadata").read_bytes())
+    return nchunks, nstorage
+
+
+def assert_compacted(folder: Path) -> None:
+    """The records of 1- to 3-d tensors went the fast way: all but the first of each kind and those a frame
+    boundary cuts (a 0-d tensor's empty offsets, a bytes entry's missing ones: the ordinary way)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(str(folder)).read_metadata()
+    regular = {k for k, m in md.state_dict_metadata.items()
+               if isinstance(m, TensorStorageMetadata) and 1 <= len(m.size) <= 3}
+    chunks = sum(len(md.state_dict_metadata[k].chunks) for k in regular)
+    entries = sum(1 for idx in md.storage_data if idx.fqn in regular)
+    cut = 2 + (folder / ".metadata").stat().st_size // 65536
+    nchunks, nstorage = compacted(folder)
+    assert chunks - cut <= nchunks <= chunks and chunks
+    assert entries - cut <= nstorage <= entries and entries
+
+
+@pytest.mark.parametrize("folder", _dcp_folders())
+def test_fixtures_are_compacted(folder):
+    assert_compacted(folder)
+
+
+@pytest.mark.parametrize("kw", [
+    pytest.param({"ranks": 1100}, id="1100-ranks"),  # lists of over 1,000 records (APPENDS batches), many frames
+    pytest.param({"ranks": 16, "gathered": False}, id="shared-sizes"),  # torch.Size references, not tuples
+    pytest.param({"ranks": 8, "base": 3 << 31}, id="past-4GiB"),  # LONG1 offsets
+    pytest.param({"ranks": 8, "protocol": 2}, id="protocol-2"),  # no frames: not rewritten
+    pytest.param({"ranks": 64, "protocol": 5}, id="protocol-5"),
+])
+def test_compacted_facts_equal_torch(tmp_path, monkeypatch, kw):
+    folder = tmp_path / "dcp"
+    write_many_chunks(folder, **kw)
+    assert_same(folder, monkeypatch)
+    if kw.get("protocol") == 2:
+        assert compacted(folder) == (0, 0)
+    elif kw.get("gathered", True):
+        assert_compacted(folder)
+    else:  # most chunks' sizes are references to an earlier record's: those records go the ordinary way
+        nchunks, _ = compacted(folder)
+        assert nchunks < kw["ranks"]
+    info = dcpfmt.read(folder)
+    assert info.chunk_count == 4 * kw["ranks"] + 1 and info.chunk_dims == {0, 1}
+    assert max(info.files.values()) >= kw.get("base", 0)

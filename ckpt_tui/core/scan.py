@@ -19,7 +19,7 @@ from .formats import FormatError
 from .formats.format import Format
 from .formats.registry import classify_file, detect_folder
 from .layout import describe
-from .progress import Cancelled, OnProgress, check_cancel, report
+from .progress import Cancelled, OnProgress, check_cancel, progress_scope, report
 from .storage import RemotePath, StorageError, check, explain, is_url
 from .types import Inventory, Node, Parsed
 
@@ -268,7 +268,8 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
             report(on_progress, done[0], total_files, "files", n.path)
         _emit(on_node, "analyzed", n)
 
-    visit(root)
+    with progress_scope(on_progress, cancel):  # a long read inside a folder's analysis reports and cancels too
+        visit(root)
     inv = describe(root, trust_pickles, parsed)
     inv.given = str(path) if is_url(path) else os.fspath(path)
     return inv

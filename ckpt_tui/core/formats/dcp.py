@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
+from ..progress import check_cancel, report, scoped
 from ..storage import as_path, open_read
 from ..storage import size as storage_size
 from ..types import TensorInfo
@@ -30,6 +31,7 @@ from .pickles import (
     safe_loads,
 )
 
+PROGRESS_FROM = 1 << 24  # a .metadata larger than this reports its reading (the scan's progress) and checks cancel
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
 
@@ -188,19 +190,48 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
     """``Metadata`` with each tensor's chunk records folded (``chunks`` a :class:`ChunkSummary`) and the
     ``storage_data`` entries as (the states read the ordinary way, ``{file: furthest end}`` of the entries
     compacted first by :mod:`dcp_stream`) — what inspect needs, built in a fraction of the time and memory.
-    Falls back to :func:`read_metadata_file` (the storage then None) for a stream of another shape."""
+
+    The file is read once. A stream whose records refer to records the rewrite took out (objects shared, as a
+    save without a process group leaves them) is folded as written instead; one of another shape, or naming a
+    global outside the allowlist, is read by the general reader (the storage then None)."""
     size = _check_size(path)
+    on_progress, cancel = scoped()  # a scan's: a 200 MB .metadata takes seconds
+    big = size > PROGRESS_FROM
+
+    def reading(done: int, total: int, what: str = f"reading {path.name}") -> None:
+        check_cancel(cancel)
+        report(on_progress, done, total, "bytes", what)
+
+    def folding(parts: list) -> Any:
+        total, shown = sum(map(len, parts)), 0
+
+        def on_read(done: int) -> None:  # once per frame the unpickler reads: reported ~64 times in all
+            nonlocal shown
+            if done - shown >= total // 64 or done == total:
+                shown = done
+                reading(done, total, f"folding {path.name}'s records")
+
+        return YieldingReader(ChainReader(parts), on_read if big else None)
+
+    with open_read(path, whole=True) as f:  # remote: one GET of the whole object
+        data = f.read()
     try:
-        with open_read(path, whole=True) as f:  # remote: one GET of the whole object
-            parts, facts = dcp_stream.compact_file(f)
-        up, states, files = load_dcp_summary(YieldingReader(ChainReader(parts)), facts)
+        parts, _, _, facts = dcp_stream.compact(data, reading if big else None)
+        try:
+            up, states, files = load_dcp_summary(folding(parts), facts)
+        except SummaryMismatch:
+            if facts is None:
+                raise
+            del parts
+            up, states, files = load_dcp_summary(folding([data]), None)
         _check_metadata(up.obj)
         if up.unsafe:  # a finding: let the general reader decide what it can still read
             raise SummaryMismatch("globals outside the allowlist")
         return up.obj, up.unsafe, size, (states, files)
     except SummaryMismatch:
-        obj, unsafe, size = read_metadata_file(path)
-        return obj, unsafe, size, None
+        up = safe_loads(data)
+        _check_metadata(up.obj)
+        return up.obj, up.unsafe, size, None
 
 
 def read(folder: Path) -> DcpInfo:

@@ -352,12 +352,13 @@ class _Storage(_Kind):
         return out
 
 
-def compact(data: bytes) -> tuple[list, int, int, Optional[StreamFacts]]:
+def compact(data: bytes, on_frames=None) -> tuple[list, int, int, Optional[StreamFacts]]:
     """(the rewritten stream in pieces, chunk records rewritten, storage entries rewritten, their facts);
     ``[data]`` as it is, no facts, where the stream is not one this applies to (not framed protocol 4/5).
 
     Each frame is rewritten on its own (a record across two frames is left as it is) and framed again: the C
-    unpickler reads a frame per call of the file's ``read``, not an opcode per call."""
+    unpickler reads a frame per call of the file's ``read``, not an opcode per call. ``on_frames(bytes done,
+    bytes in all)`` is called ~64 times (progress; a cancel check may raise there)."""
     spans = frames(data)
     if spans is None:
         return [data], 0, 0, None
@@ -369,7 +370,11 @@ def compact(data: bytes) -> tuple[list, int, int, Optional[StreamFacts]]:
     view = memoryview(data)
     out = [data[:2]]
     try:
+        shown = 0
         for lo, hi in spans:
+            if on_frames is not None and lo - shown >= len(data) // 64:  # ~64 reports in all
+                shown = lo
+                on_frames(lo, len(data))
             if hi <= split:
                 piece = chunks.rewrite(view[lo:hi])
             elif lo >= split:
@@ -381,10 +386,3 @@ def compact(data: bytes) -> tuple[list, int, int, Optional[StreamFacts]]:
     finally:
         view.release()
     return out, chunks.count, storage.count, facts
-
-
-def compact_file(f) -> tuple[list, Optional[StreamFacts]]:
-    """Read the binary file ``f`` and compact it: the pieces of the stream to unpickle, the facts."""
-    data = f.read()
-    out, _, _, facts = compact(data)
-    return out, facts

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE
+from ..progress import Cancelled
 from ..types import numel
 from . import FormatError
 from .dcp_stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, encode_offsets, encode_sizes
@@ -713,7 +714,7 @@ def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
     with gc_paused():
         try:
             result.obj = up.load()
-        except (FormatError, SummaryMismatch):
+        except (FormatError, SummaryMismatch, Cancelled):
             raise
         except Exception:  # anything else: let the general reader say what it is
             raise SummaryMismatch("not readable by the summary reader") from None

@@ -232,9 +232,37 @@ def test_compacted_facts_equal_torch(tmp_path, monkeypatch, kw):
         assert compacted(folder) == (0, 0)
     elif kw.get("gathered", True):
         assert_compacted(folder)
-    else:  # most chunks' sizes are references to an earlier record's: those records go the ordinary way
+    else:  # most chunks' sizes refer to an earlier record's, which the rewrite takes out: folded as written
         nchunks, _ = compacted(folder)
         assert nchunks < kw["ranks"]
+        assert dcpfmt.read_metadata_summary(folder / ".metadata")[3] is not None  # not the general reader
     info = dcpfmt.read(folder)
     assert info.chunk_count == 4 * kw["ranks"] + 1 and info.chunk_dims == {0, 1}
     assert max(info.files.values()) >= kw.get("base", 0)
+
+
+def test_a_large_metadata_reports_progress_and_cancels(tmp_path, monkeypatch):
+    """Inside a scan, reading a large .metadata reports its bytes (the scan's own progress otherwise sits still
+    for seconds at 405B scale) and stops at the scan's cancel."""
+    import threading
+
+    from ckpt_tui.core.progress import Cancelled
+    from ckpt_tui.core.scan import scan
+
+    folder = tmp_path / "dcp"
+    write_many_chunks(folder, ranks=1100)
+    monkeypatch.setattr(dcpfmt, "PROGRESS_FROM", 0)
+    seen = []
+    scan(folder, on_progress=seen.append)
+    reads = [p for p in seen if p.unit == "bytes"]
+    assert {p.label for p in reads} == {"reading .metadata", "folding .metadata's records"}
+    size = (folder / ".metadata").stat().st_size
+    assert all(p.total and 0 <= p.done <= p.total for p in reads) and reads[0].total == size
+    cancel = threading.Event()
+
+    def stop_at_first_read(p):
+        if p.unit == "bytes":
+            cancel.set()
+
+    with pytest.raises(Cancelled):
+        scan(folder, on_progress=stop_at_first_read, cancel=cancel)

@@ -8,6 +8,7 @@ import pytest
 from textual.widgets import Tree
 
 from ckpt_tui.ui.app import make_app
+from ckpt_tui.ui.format import size
 from ckpt_tui.ui.jobs import JobInfo, outcome
 from ckpt_tui.ui.screens.dialogs import ConfirmDialog, HelpScreen, MessageDialog
 from ckpt_tui.ui.screens.findings import FindingsScreen
@@ -252,3 +253,36 @@ async def test_repair_wizard_fixes_in_place_and_rescans(ds_ckpt):
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.report is not None and "universal-info-missing" not in
                        {f.code for f in app.report.findings}, timeout=60)
+
+
+async def test_the_scan_shows_its_progress_in_the_summary(tmp_path, monkeypatch):
+    """While a large DCP .metadata is read, the summary line says how far (the tree alone would sit still)."""
+    import threading
+
+    from ckpt_tui.core.formats import dcp as dcpfmt
+    from ckpt_tui.core.formats import dcp_stream
+    from tests.functional.core.test_dcp_metadata_reader import write_many_chunks
+
+    folder = tmp_path / "dcp"
+    write_many_chunks(folder, ranks=1100)
+    monkeypatch.setattr(dcpfmt, "PROGRESS_FROM", 0)
+    gate = threading.Event()
+    real = dcp_stream.compact
+
+    def paused(data, on_frames=None):  # the first report, then wait until the test has seen it
+        if on_frames is not None:
+            on_frames(0, len(data))
+            gate.wait(60)
+        return real(data, on_frames)
+
+    monkeypatch.setattr(dcp_stream, "compact", paused)
+    app = make_app(folder)
+    async with app.run_test(size=(120, 30)) as pilot:
+        summary = app.main.query_one("#summary")
+        try:
+            await wait_for(pilot, lambda: "reading .metadata" in str(summary.render()))
+            assert f"/{size((folder / '.metadata').stat().st_size)}  reading .metadata" in str(summary.render())
+        finally:
+            gate.set()
+        await wait_for(pilot, lambda: app.report is not None, timeout=60)
+        assert "Scanning" not in str(summary.render()) and "ranks: model in this folder" in str(summary.render())

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 # the FSDP2 side of the proof: TinyLM under fully_shard, the printed code, one step on this rank's share
 RESUME = r'''
-import json, sys
+import json, os, sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -54,12 +54,14 @@ if rank == 0:
     print("RESULT " + json.dumps({"step": step, "world": world}), flush=True)
 dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # past torch's C++ teardown, which can abort a gloo rank at exit (as the fixture generators do)
 '''
 
 
 # frozen and tied runs (bf16, Adam with torch_adam): load under FSDP2 at 2 ranks, write what was loaded
 LOAD = r'''
-import sys
+import os, sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -88,6 +90,8 @@ if rank == 0:
                sys.argv[3])
 dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # past torch's C++ teardown, which can abort a gloo rank at exit (as the fixture generators do)
 '''
 
 

@@ -352,13 +352,14 @@ class _Storage(_Kind):
         return out
 
 
-def compact(data: bytes, on_frames=None) -> tuple[list, int, int, Optional[StreamFacts]]:
+def compact(data: bytes, on_frames=None, chunks: bool = True) -> tuple[list, int, int, Optional[StreamFacts]]:
     """(the rewritten stream in pieces, chunk records rewritten, storage entries rewritten, their facts);
     ``[data]`` as it is, no facts, where the stream is not one this applies to (not framed protocol 4/5).
 
     Each frame is rewritten on its own (a record across two frames is left as it is) and framed again: the C
     unpickler reads a frame per call of the file's ``read``, not an opcode per call. ``on_frames(bytes done,
-    bytes in all)`` is called ~64 times (progress; a cancel check may raise there)."""
+    bytes in all)`` is called ~64 times (progress; a cancel check may raise there). ``chunks=False`` leaves the
+    chunk records as they are (for a stream whose chunk records refer to one another)."""
     spans = frames(data)
     if spans is None:
         return [data], 0, 0, None
@@ -366,7 +367,9 @@ def compact(data: bytes, on_frames=None) -> tuple[list, int, int, Optional[Strea
     if split < 0:
         split = len(data)
     facts = StreamFacts()
-    chunks, storage = _Chunks(CHUNK_RE, _chunk_pattern, facts), _Storage(STORAGE_RE, _storage_pattern, facts)
+    keep = _Chunks(re.compile(rb"(?!)"), None, facts)  # matches nothing: the chunk records stay as they are
+    chunk_kind = _Chunks(CHUNK_RE, _chunk_pattern, facts) if chunks else keep
+    storage = _Storage(STORAGE_RE, _storage_pattern, facts)
     view = memoryview(data)
     out = [data[:2]]
     try:
@@ -376,13 +379,13 @@ def compact(data: bytes, on_frames=None) -> tuple[list, int, int, Optional[Strea
                 shown = lo
                 on_frames(lo, len(data))
             if hi <= split:
-                piece = chunks.rewrite(view[lo:hi])
+                piece = chunk_kind.rewrite(view[lo:hi])
             elif lo >= split:
                 piece = storage.rewrite(view[lo:hi])
             else:
-                piece = chunks.rewrite(view[lo:split]) + storage.rewrite(view[split:hi])
+                piece = chunk_kind.rewrite(view[lo:split]) + storage.rewrite(view[split:hi])
             out.append(bytes([_FRAME]) + len(piece).to_bytes(8, "little"))
             out.append(piece)
     finally:
         view.release()
-    return out, chunks.count, storage.count, facts
+    return out, chunk_kind.count, storage.count, facts

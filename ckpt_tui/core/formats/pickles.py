@@ -14,6 +14,7 @@ import gc
 import io
 import operator
 import pickle
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -577,17 +578,55 @@ def _singleton_class(qualname: str, setstate) -> type:
     return cls
 
 
-ChunkSummary = ChunkFold  # a tensor's chunk records, folded
+class TupleFold:
+    """One tensor's chunk records read the ordinary way (offsets and sizes as tuples), folded as :class:`ChunkFold`
+    folds rewritten ones: how many, the distinct offsets, the dimensions split, the most distinct offsets sharing
+    one first coordinate."""
+
+    def __init__(self, size: tuple, offs: list, sizes: list):
+        uniq = set(offs)
+        usz = set(sizes)
+        dims: set = set()
+        nd = len(size)
+        if set(map(len, uniq)) <= {nd} and set(map(len, usz)) <= {nd} and set(map(type, uniq)) | set(map(type, usz)) <= {tuple}:
+            if uniq:
+                for d, col in enumerate(zip(*uniq)):
+                    if any(col):
+                        dims.add(d)
+            if usz:
+                for d, col in enumerate(zip(*usz)):
+                    if d not in dims and col.count(size[d]) != len(col):
+                        dims.add(d)
+        else:  # ragged records: the general rule, one chunk at a time
+            for o, z in zip(offs, sizes):
+                for d, (a, b) in enumerate(zip(o, z)):
+                    if nd > d and (a != 0 or b != size[d]):
+                        dims.add(d)
+        self.count, self.offsets, self.distinct, self.split_dims = len(offs), uniq, len(uniq), dims
+        if not uniq:
+            self.per_first = 0
+        elif nd == 0 or set(map(len, uniq)) != {nd}:
+            self.per_first = max(Counter(map(_FIRST, uniq)).values())
+        else:  # the first coordinates, without a 1-tuple each; most often all distinct (split on dim 0)
+            firsts = list(map(_FIRST0, uniq))
+            self.per_first = 1 if len(set(firsts)) == len(firsts) else max(Counter(firsts).values())
+
+    def release(self) -> None:
+        self.offsets = set()
 
 
-def fold_chunks(size: tuple, offs: list, sizes: list) -> ChunkFold:
+ChunkSummary = (ChunkFold, TupleFold)  # a tensor's chunk records, folded
+
+
+def fold_chunks(size: tuple, offs: list, sizes: list) -> TupleFold:
     """Fold one tensor's chunk records read the ordinary way (their offsets and sizes, in the same order)."""
-    pairs = list(map(encode_offsets, offs))
-    return ChunkFold(size, [p[0] for p in pairs], [p[1] for p in pairs], list(map(encode_sizes, sizes)))
+    return TupleFold(size, offs, sizes)
 
 
 _OFFSETS = operator.itemgetter("offsets")
 _SIZES = operator.itemgetter("sizes")
+_FIRST = operator.itemgetter(slice(0, 1))
+_FIRST0 = operator.itemgetter(0)
 
 
 class DcpSummaryUnpickler(RestrictedUnpickler):
@@ -656,14 +695,28 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
             self.chunks_checked = True
         if n + len(runs) + len(checks) != len(chunks) or (runs and not self.chunks_checked):
             raise SummaryMismatch("a chunk list holds something else")
+        size = state.get("size")
+        if size.__class__ is not tuple:  # None: a reference to a record the rewrite took out (dcp_stream)
+            raise SummaryMismatch("a tensor's size is not a tuple")
         try:
             offs = list(map(_OFFSETS, pending))
             sizes = list(map(_SIZES, pending))
+        except (TypeError, KeyError):
+            raise SummaryMismatch("chunk record without offsets/sizes") from None
+        if not runs:  # every record read the ordinary way: folded as tuples
+            if None in offs or None in sizes:
+                raise SummaryMismatch("a chunk record refers to one the rewrite took out")
+            inst.__dict__.update(state)
+            inst.__dict__["chunks"] = TupleFold(size, offs, sizes)
+            self.folded.extend(pending)
+            pending.clear()
+            return
+        try:  # a few records read the ordinary way (the first, those a frame cuts): as the rewritten runs' tokens
             pairs = list(map(encode_offsets, offs))
             first = [p[0] for p in pairs]
             rest = [p[1] for p in pairs]
             sizes = list(map(encode_sizes, sizes))
-        except (TypeError, KeyError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError):
             raise SummaryMismatch("chunk record without offsets/sizes") from None
         table = self.runs
         for r in runs:
@@ -674,9 +727,6 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
             first += f
             rest += o
             sizes += z
-        size = state.get("size")
-        if size.__class__ is not tuple:  # None: a reference to a record the rewrite took out (dcp_stream)
-            raise SummaryMismatch("a tensor's size is not a tuple")
         inst.__dict__.update(state)
         inst.__dict__["chunks"] = ChunkFold(size, first, rest, sizes)
         self.folded.extend(pending)

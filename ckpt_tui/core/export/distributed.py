@@ -24,7 +24,8 @@ export from the same header-only metadata, and rank 0 broadcasts a fingerprint o
 ckpt-tui version beside the temp folder's name; a rank whose plan differs stops before writing.
 Which rank writes which file follows from the plan alone (:func:`assign`).
 
-torch is imported inside :func:`connect_from_env` only.
+The store is torch's TCPStore protocol, spoken by tcpstore.py in pure Python: no rank imports torch
+(1.6 s and ~220 MB each). torch is imported only for the fallback to its own client (:func:`_connect_torch`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +47,7 @@ from ..fsutil import snapshot
 from ..progress import Cancelled, OnProgress, Progress
 from .plan import ExportPlan
 from .snippet import load_snippet
+from .tcpstore import HandshakeError, PrefixStore, StoreError, TCPStoreClient, TCPStoreServer
 from .write import (
     ByteCounter,
     ExportError,
@@ -115,18 +118,20 @@ def launch_env(environ=None) -> Optional[LaunchEnv]:
 
 
 class StoreGroup:
-    """:class:`Group` over torch's TCPStore (thread-safe: one lock around the client). A store that
-    fails (its host is gone: connection refused or reset, or its timeout) raises ExportError."""
+    """:class:`Group` over a TCPStore client — tcpstore.py's or torch's, with the same API (thread-safe: one
+    lock around the client). A store that fails (its host is gone: connection refused or reset, or its
+    timeout) raises ExportError."""
 
     def __init__(self, store, rank: int, world: int, hosts_store: bool = False):
         self.store, self.rank, self.world, self.hosts_store = store, rank, world, hosts_store
+        self.server: Optional[TCPStoreServer] = None  # the store this rank hosts, if it is tcpstore.py's
         self.lock = threading.Lock()
 
     def _call(self, fn, *args):
         with self.lock:
             try:
                 return fn(*args)
-            except Exception as e:  # DistNetworkError, DistStoreError (RuntimeErrors)
+            except Exception as e:  # StoreError; torch's DistNetworkError, DistStoreError (RuntimeErrors)
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ExportError(f"lost contact with the job's store ({first})") from None
 
@@ -142,8 +147,69 @@ class StoreGroup:
         return self._call(self.store.compare_set, key, "", value).decode()
 
 
-def connect_from_env(env: LaunchEnv, timeout: float = 20.0) -> StoreGroup:
-    """Join the launcher's store (torchrun's agent store, or rank 0 hosts it on MASTER_PORT)."""
+STORE_ENV = "CKPT_TUI_DIST_STORE"  # "torch": torch's own TCPStore client/server instead of tcpstore.py's
+
+
+def _note(msg: str) -> None:
+    sys.stderr.write(f"ckpt-tui: {msg}\n")
+    sys.stderr.flush()
+
+
+def connect_from_env(env: LaunchEnv, timeout: float = 20.0, note=_note) -> StoreGroup:
+    """Join the launcher's store (torchrun's agent store, or rank 0 hosts it on MASTER_PORT) with the
+    pure-Python TCPStore protocol (tcpstore.py: no torch import). ``CKPT_TUI_DIST_STORE=torch`` uses torch's
+    TCPStore instead; so does a store that connects but fails the handshake (after a ``note``)."""
+    how = os.environ.get(STORE_ENV, "").strip().lower()
+    if how not in ("", "python", "torch"):
+        raise ExportError(f"{STORE_ENV} must be 'python' or 'torch', not {how!r}")
+    if how == "torch":
+        return _connect_torch(env, timeout)
+    hosts = env.rank == 0 and not env.agent_store
+    server = None
+    try:
+        if hosts:
+            server = TCPStoreServer(env.port)
+        client = TCPStoreClient(env.addr, env.port, timeout=timeout)
+    except HandshakeError as e:
+        if server is not None:
+            server.close()
+        note(f"rank {env.rank}: the job's store at {env.addr}:{env.port} did not answer ckpt-tui's TCPStore "
+             f"client ({e}); using torch's client instead ({STORE_ENV}=torch skips this)")
+        return _connect_torch(env, timeout)
+    except (StoreError, OSError) as e:
+        if server is not None:
+            server.close()
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ExportError(f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: {why}") from None
+    group = StoreGroup(PrefixStore(f"ckpt_tui/export/{env.run_id}/", client), env.rank, env.world, hosts)
+    group.server = server  # lives as long as the group: the others' last look at the store needs it
+    return group
+
+
+def _connect_torch(env: LaunchEnv, timeout: float) -> StoreGroup:
+    """The same store through torch's TCPStore (torch is imported here only). torch's client waits without
+    end for a listener that accepts but never answers its PING, so it connects in a thread, given
+    ``timeout`` + 10 s: no rank hangs."""
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["group"] = _torch_group(env, timeout)
+        except BaseException as e:  # handed to the caller
+            done["error"] = e
+
+    worker = threading.Thread(target=run, name="ckpt-tui-torch-store", daemon=True)
+    worker.start()
+    worker.join(timeout + 10)
+    if worker.is_alive():
+        raise ExportError(f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: torch's "
+                          f"TCPStore client got no answer within {timeout + 10:g} s")
+    if "error" in done:
+        raise done["error"]
+    return done["group"]
+
+
+def _torch_group(env: LaunchEnv, timeout: float) -> StoreGroup:
     from datetime import timedelta
 
     import torch.distributed as dist

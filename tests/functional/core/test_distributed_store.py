@@ -49,10 +49,10 @@ def test_client_against_torch_server(use_libuv):
     ours.set("hb/1", "1 500")  # ours writes, torch reads: the same key, the same bytes
     assert theirs.get("hb/1") == b"1 500" and theirs.check(["hb/1"])
     assert master.get(f"{PREFIX}/hb/1") == b"1 500"  # torch's PrefixStore layout: prefix + "/" + key
-    theirs.set("start", '{"tmp": "/x"}')  # torch writes, ours reads
+    theirs.set("start", '{"tmp": "/x"}')  # torch writes, ours reads (get waits: a set has no reply)
+    assert ours.get("start") == b'{"tmp": "/x"}'
     assert ours.check(["start"]) and ours.check(["start", "hb/1"])
     assert not ours.check(["final"]) and not ours.check(["start", "final"])
-    assert ours.get("start") == b'{"tmp": "/x"}'
     ours.set("bin", b"\x00\xff" * 1000)  # bytes, and more than one TCP segment
     assert theirs.get("bin") == b"\x00\xff" * 1000
 
@@ -199,6 +199,13 @@ def test_a_listener_that_is_no_store_fails_the_handshake_and_falls_back_to_torch
         assert len(notes) == 1 and "using torch's client instead" in notes[0], notes
 
 
+def eventually(group: StoreGroup, key: str, within: float = 10.0):
+    deadline = time.monotonic() + within
+    while (v := group.poll(key)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return v
+
+
 def test_connect_from_env_picks_the_store(monkeypatch):
     """Rank 0 without an agent hosts tcpstore.py's server on MASTER_PORT and rank 1 reaches it; with
     CKPT_TUI_DIST_STORE=torch both use torch's TCPStore; another value is refused; nobody listening is the
@@ -209,8 +216,8 @@ def test_connect_from_env_picks_the_store(monkeypatch):
     g1 = connect_from_env(LaunchEnv(1, 2, "127.0.0.1", port, False, "t/0"), timeout=5.0)
     assert isinstance(g0.server, TCPStoreServer) and g0.hosts_store and g1.server is None
     assert isinstance(g1.store, PrefixStore) and isinstance(g1.store.store, TCPStoreClient)
-    g0.publish("start", "x")
-    assert g1.poll("start") == "x" and g1.poll("final") is None and g1.claim("decision", "abort") == "abort"
+    g0.publish("start", "x")  # a set has no reply: another connection sees it a moment later
+    assert eventually(g1, "start") == "x" and g1.poll("final") is None and g1.claim("decision", "abort") == "abort"
     assert g0.claim("decision", "commit") == "abort"
     assert b"/ckpt_tui/export/t/0//start" in g0.server.data
     g0.server.close()
@@ -223,7 +230,7 @@ def test_connect_from_env_picks_the_store(monkeypatch):
     t1 = connect_from_env(LaunchEnv(1, 2, "127.0.0.1", port, False, "t/0"), timeout=5.0)
     assert isinstance(t1.store, dist.PrefixStore) and t0.server is None
     t0.publish("start", "y")
-    assert t1.poll("start") == "y"
+    assert eventually(t1, "start") == "y"
 
     monkeypatch.setenv(STORE_ENV, "grpc")
     with pytest.raises(ExportError, match="CKPT_TUI_DIST_STORE must be"):

@@ -91,6 +91,11 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
         t["ranks' import torch.distributed"] = ([PY, "-m", "torch.distributed.run", "--standalone",
                                                  "--nproc_per_node", "2", "--no-python", PY, "-c",
                                                  "import torch.distributed"], "none")
+        # what a rank loads before it works, now that it reaches the store without torch (issue 14)
+        t["ranks' import ckpt_tui export"] = ([PY, "-m", "torch.distributed.run", "--standalone",
+                                               "--nproc_per_node", "2", "--no-python", PY, "-c",
+                                               "import ckpt_tui.cli.export, ckpt_tui.core.export.api, "
+                                               "ckpt_tui.core.export.distributed"], "none")
     else:
         t["zero_to_fp32"] = ([PY, str(ckpt / "zero_to_fp32.py"), str(ckpt), "{out}", "--safe_serialization"], "dir")
         # the optimizer state (fp32 masters, exp_avg, exp_avg_sq per parameter: 3x the fp32 model)

@@ -10,6 +10,7 @@ running anything the file asks for. A global outside the allowlist is recorded
 
 from __future__ import annotations
 
+import _compat_pickle
 import gc
 import io
 import operator
@@ -367,7 +368,11 @@ def _rebuild_wrapper_subclass(cls, dtype, size, stride=None, storage_offset=0, *
 
 
 def _reconstructor(cls, base, state=None):
-    return cls() if isinstance(cls, type) and issubclass(cls, Stub) else (base() if base in (dict, list, tuple, object) else None)
+    """``copyreg._reconstructor``, how protocols 0 and 1 build an object: one of our stand-ins (a Stub, a Record, or
+    a shared record of the DCP summary reader: they have a ``_qualname``) is made empty, to be filled by BUILD."""
+    if isinstance(cls, type) and (issubclass(cls, (Stub, Record)) or hasattr(cls, "_qualname")):
+        return cls()
+    return base() if base in (dict, list, tuple, object) else None
 
 
 _DTYPES = set(ITEMSIZE) | set(_DTYPE_ALIASES)
@@ -460,8 +465,12 @@ FUNCTIONS = {
     "builtins.bytearray": bytearray,
     "builtins.range": range,
     "copyreg._reconstructor": _reconstructor,
+    "builtins.object": object,  # _reconstructor's base in protocols 0 and 1: inert
 }
 _TORCH_CONSTANTS = {"strided", "sparse_coo", "contiguous_format", "channels_last", "preserve_format", "channels_last_3d"}
+
+
+_PY2_MODULES = {"copy_reg": "copyreg", "__builtin__": "builtins"}
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -471,6 +480,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         self._persistent = persistent
 
     def find_class(self, module: str, name: str):
+        if module in _PY2_MODULES:  # protocols 0-2 name copyreg and builtins the Python 2 way
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (_PY2_MODULES[module], name))
         q = f"{module}.{name}"
         if q in FUNCTIONS:
             return FUNCTIONS[q]

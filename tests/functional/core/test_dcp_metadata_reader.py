@@ -222,14 +222,16 @@ def test_fixtures_are_compacted(folder):
     pytest.param({"ranks": 16, "gathered": False}, id="shared-sizes"),  # torch.Size references, not tuples
     pytest.param({"ranks": 8, "base": 3 << 31}, id="past-4GiB"),  # LONG1 offsets
     pytest.param({"ranks": 8, "protocol": 2}, id="protocol-2"),  # no frames: not rewritten
+    pytest.param({"ranks": 8, "protocol": 0}, id="protocol-0"),  # text opcodes: read line by line
     pytest.param({"ranks": 64, "protocol": 5}, id="protocol-5"),
 ])
 def test_compacted_facts_equal_torch(tmp_path, monkeypatch, kw):
     folder = tmp_path / "dcp"
     write_many_chunks(folder, **kw)
     assert_same(folder, monkeypatch)
-    if kw.get("protocol") == 2:
+    if kw.get("protocol") in (0, 2):
         assert compacted(folder) == (0, 0)
+        assert dcpfmt.read_metadata_summary(folder / ".metadata")[3] is not None  # folded as written
     elif kw.get("gathered", True):
         assert_compacted(folder)
     else:  # most chunks' sizes refer to an earlier record's, which the rewrite takes out: folded as written

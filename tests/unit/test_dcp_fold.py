@@ -1,9 +1,16 @@
-"""The folds the DCP .metadata reader applies as records arrive, against the one-record-at-a-time rule."""
+"""The folds the DCP .metadata reader applies as records arrive, against the one-record-at-a-time rule: records
+read the ordinary way (tuples) and records the rewrite took out (their pickled tokens)."""
 
 import pytest
 
 from ckpt_tui.core.formats.dcp import storage_ends, storage_ends_fast
-from ckpt_tui.core.formats.pickles import fold_chunks
+from ckpt_tui.core.formats.dcp_stream import ChunkFold, encode_offsets, encode_sizes
+from ckpt_tui.core.formats.pickles import TupleFold
+
+
+def from_tokens(size, offs, sizes):
+    pairs = [encode_offsets(o) for o in offs]
+    return ChunkFold(size, [f for f, _ in pairs], [r for _, r in pairs], [encode_sizes(s) for s in sizes])
 
 
 def slow_dims(size, states):
@@ -26,9 +33,10 @@ def slow_dims(size, states):
     ((8, 4), []),  # no chunks
     ((8, 4), [((0,), (8,)), ((0, 0, 0), (8, 4, 1))]),  # ragged records: the general rule
 ])
-def test_fold_chunks_dims_match_the_per_record_rule(size, chunks):
+@pytest.mark.parametrize("fold", [TupleFold, from_tokens], ids=["tuples", "tokens"])
+def test_fold_chunks_dims_match_the_per_record_rule(size, chunks, fold):
     states = [{"offsets": o, "sizes": s} for o, s in chunks]
-    got = fold_chunks(size, [o for o, _ in chunks], [s for _, s in chunks])
+    got = fold(size, [o for o, _ in chunks], [s for _, s in chunks])
     assert got.split_dims == slow_dims(size, states)
     assert got.count == len(chunks) and got.offsets == {o for o, _ in chunks} and got.distinct == len(got.offsets)
     firsts = [o[:1] for o in got.offsets]  # the most distinct offsets sharing one first coordinate

@@ -102,19 +102,26 @@ def read_metadata_file(path: Path) -> tuple[Any, set[str], int]:
     size = _check_size(path)
     with open_read(path, whole=True) as f:
         data = f.read()
+    return (*_general(data), size)
+
+
+def _general(data: bytes) -> tuple[Any, set[str]]:
+    """``Metadata`` and the globals outside the allowlist, through the general restricted reader."""
     up = safe_loads(data)
     _check_metadata(up.obj)
-    return up.obj, up.unsafe, size
+    return up.obj, up.unsafe
 
 
-class YieldingReader:
-    """A binary file as the C unpickler reads it (``read``/``readline``/``readinto``), through Python methods: the
-    unpickler calls one per buffer it fills, and each call lets another thread take the GIL — a TUI stays
-    responsive while a worker unpickles a 200 MB ``.metadata`` in one C call. ``on_read(bytes so far)`` is
-    called there too (progress, or a cancel check that raises)."""
+class ChainReader:
+    """The stream to unpickle, over a list of byte strings each dropped once read (the compacted stream's
+    frames), through Python methods: the C unpickler calls one per frame it reads, and each call lets another
+    thread take the GIL — a TUI stays responsive while a worker unpickles a 200 MB ``.metadata`` in one C call.
+    ``on_read(bytes so far)`` is called there too (progress, or a cancel check that raises)."""
 
-    def __init__(self, f, on_read=None):
-        self._f = f
+    def __init__(self, parts: list, on_read=None):
+        self._parts = parts
+        parts.reverse()
+        self._pos = 0
         self._on_read = on_read
         self.done = 0
 
@@ -122,30 +129,6 @@ class YieldingReader:
         self.done += n
         if self._on_read is not None:
             self._on_read(self.done)
-
-    def read(self, n: int = -1) -> bytes:
-        b = self._f.read(n)
-        self._count(len(b))
-        return b
-
-    def readinto(self, buf) -> int:
-        n = self._f.readinto(buf)
-        self._count(n or 0)
-        return n
-
-    def readline(self) -> bytes:
-        b = self._f.readline()
-        self._count(len(b))
-        return b
-
-
-class ChainReader:
-    """A binary file over a list of byte strings, each dropped once read (the compacted stream's segments)."""
-
-    def __init__(self, parts: list):
-        self._parts = parts
-        parts.reverse()
-        self._pos = 0
 
     def readinto(self, buf) -> int:
         view = memoryview(buf).cast("B")
@@ -159,18 +142,14 @@ class ChainReader:
             if self._pos == len(part):
                 self._parts.pop()
                 self._pos = 0
+        self._count(done)
         return done
 
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            out = b"".join(reversed(self._parts))[self._pos:]
-            self._parts.clear()
-            self._pos = 0
-            return out
+    def read(self, n: int) -> bytes:  # the unpickler always asks for a size
         buf = bytearray(n)
         return bytes(buf[:self.readinto(buf)])
 
-    def readline(self) -> bytes:  # the unpickler reads lines only for text opcodes, which compacting keeps whole
+    def readline(self) -> bytes:  # text opcodes (protocols 0 and 1), which no rewrite touches
         out = bytearray()
         while self._parts:
             part = self._parts[-1]
@@ -183,6 +162,7 @@ class ChainReader:
                 self._pos = 0
             if i >= 0:
                 break
+        self._count(len(out))
         return bytes(out)
 
 
@@ -191,8 +171,8 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
     ``storage_data`` entries as (the states read the ordinary way, ``{file: furthest end}`` of the entries
     compacted first by :mod:`dcp_stream`) — what inspect needs, built in a fraction of the time and memory.
 
-    The file is read once. A stream whose records refer to records the rewrite took out (objects shared, as a
-    save without a process group leaves them) is folded as written instead; one of another shape, or naming a
+    The file is read once. A stream whose chunk records refer to one another keeps only its storage entries
+    rewritten; one whose records refer to rewritten ones is folded as written; one of another shape, or naming a
     global outside the allowlist, is read by the general reader (the storage then None)."""
     size = _check_size(path)
     on_progress, cancel = scoped()  # a scan's: a 200 MB .metadata takes seconds
@@ -202,7 +182,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
         check_cancel(cancel)
         report(on_progress, done, total, "bytes", what)
 
-    def folding(parts: list) -> Any:
+    def folding(parts: list) -> ChainReader:
         total, shown = sum(map(len, parts)), 0
 
         def on_read(done: int) -> None:  # once per frame the unpickler reads: reported ~64 times in all
@@ -211,33 +191,31 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
                 shown = done
                 reading(done, total, f"folding {path.name}'s records")
 
-        return YieldingReader(ChainReader(parts), on_read if big else None)
+        return ChainReader(parts, on_read if big else None)
+
+    def streams():
+        """What to fold, in turn, until one folds: (the stream's pieces, the facts the rewrite took out)."""
+        parts, nchunks, _, facts = dcp_stream.compact(data, reading if big else None)
+        yield parts, facts
+        if facts is None:  # not rewritten (not framed): that was the stream as written
+            return
+        if nchunks:  # the chunk records refer to one another (torch.Size objects shared): leave them as they are
+            parts, _, _, facts = dcp_stream.compact(data, chunks=False)
+            yield parts, facts
+        yield [data], None  # records refer to rewritten ones: as written
 
     with open_read(path, whole=True) as f:  # remote: one GET of the whole object
         data = f.read()
-    try:
-        parts, nchunks, _, facts = dcp_stream.compact(data, reading if big else None)
+    for parts, facts in streams():
         try:
             up, states, files = load_dcp_summary(folding(parts), facts)
         except SummaryMismatch:
-            if facts is None:
-                raise
-            del parts
-            try:  # the chunk records refer to one another (torch.Size objects shared): leave them as they are
-                if not nchunks:
-                    raise SummaryMismatch("no chunk record was rewritten")
-                parts, _, _, facts = dcp_stream.compact(data, None, chunks=False)
-                up, states, files = load_dcp_summary(folding(parts), facts)
-            except SummaryMismatch:
-                up, states, files = load_dcp_summary(folding([data]), None)
-        _check_metadata(up.obj)
+            continue
         if up.unsafe:  # a finding: let the general reader decide what it can still read
-            raise SummaryMismatch("globals outside the allowlist")
-        return up.obj, up.unsafe, size, (states, files)
-    except SummaryMismatch:
-        up = safe_loads(data)
+            break
         _check_metadata(up.obj)
-        return up.obj, up.unsafe, size, None
+        return up.obj, up.unsafe, size, (states, files)
+    return (*_general(data), size, None)
 
 
 def read(folder: Path) -> DcpInfo:

@@ -64,6 +64,7 @@ STORAGE_RE = re.compile(
     + rb"(" + _REF + rb")" + _KEY + rb"(" + _REF + rb")" + _INT + rb"(" + _REF + rb")" + _INT + rb"ub",
     re.DOTALL)
 _STORAGE_KEY = b"\x8c\x0cstorage_data\x94"
+_NEVER = re.compile(rb"(?!)")  # matches nothing: the records of a kind left as they are
 
 # what the first rewritten record of each kind leaves for the reader to check (with its classes):
 CHUNK_CHECK = ("offsets", tuple, "sizes", tuple)  # a 5-tuple item: (class, "offsets", torch.Size, "sizes", torch.Size)
@@ -367,8 +368,7 @@ def compact(data: bytes, on_frames=None, chunks: bool = True) -> tuple[list, int
     if split < 0:
         split = len(data)
     facts = StreamFacts()
-    keep = _Chunks(re.compile(rb"(?!)"), None, facts)  # matches nothing: the chunk records stay as they are
-    chunk_kind = _Chunks(CHUNK_RE, _chunk_pattern, facts) if chunks else keep
+    chunk_kind = _Chunks(CHUNK_RE if chunks else _NEVER, _chunk_pattern, facts)
     storage = _Storage(STORAGE_RE, _storage_pattern, facts)
     view = memoryview(data)
     out = [data[:2]]

@@ -629,11 +629,6 @@ class TupleFold:
 ChunkSummary = (ChunkFold, TupleFold)  # a tensor's chunk records, folded
 
 
-def fold_chunks(size: tuple, offs: list, sizes: list) -> TupleFold:
-    """Fold one tensor's chunk records read the ordinary way (their offsets and sizes, in the same order)."""
-    return TupleFold(size, offs, sizes)
-
-
 _OFFSETS = operator.itemgetter("offsets")
 _SIZES = operator.itemgetter("sizes")
 _FIRST = operator.itemgetter(slice(0, 1))

@@ -189,9 +189,8 @@ def test_without_the_extra_says_how_to_install(tmp_path):
 @pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
 def test_the_tui_opens_a_url_in_tmux_and_exports_it_to_a_local_folder(s3, tmp_path):
     url = f"s3://{BUCKET}/hf-ds-zero2/checkpoint-2"
-    t = Tmux(f"{sys.executable} -m ckpt_tui {url}", s3.env | {"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
-             cwd=tmp_path)
-    try:
+    with Tmux(f"{sys.executable} -m ckpt_tui {url}", s3.env | {"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
+              cwd=tmp_path) as t:
         s = t.wait_for("model and optimizer in")
         assert "global_step2/" in s
         s = t.export_with_defaults(timeout=120)
@@ -199,8 +198,6 @@ def test_the_tui_opens_a_url_in_tmux_and_exports_it_to_a_local_folder(s3, tmp_pa
         # a checkpoint in object storage exports into the current folder
         assert (tmp_path / "checkpoint-2-safetensors" / "model.safetensors").is_file()
         assert t.close_dialog_and_quit("Export finished") == 0
-    finally:
-        t.close()
 
 
 def test_stats_diff_and_verify_read_a_url(s3, tmp_path):

@@ -18,8 +18,7 @@ def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
     env = {"TERM": term, "COLUMNS": "80", "LINES": "24"}
     if term == "screen":
         env["NO_COLOR"] = "1"
-    t = Tmux(f"{exe} {ck}", env)
-    try:
+    with Tmux(f"{exe} {ck}", env) as t:
         t.wait_for("optimizer in")  # the scan is done: the summary line is in
         s = t.wait_for("OPTIM")
         assert "pytorch_model_fsdp_0/" in s and "MODEL" in s
@@ -28,8 +27,6 @@ def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
         assert "verified" in s
         assert (tmp_path / "checkpoint-2000-safetensors" / "model.safetensors").is_file()
         assert t.close_dialog_and_quit("Export finished") == 0
-    finally:
-        t.close()
 
 
 def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
@@ -37,8 +34,7 @@ def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
     run.mkdir()
     ck = run / "checkpoint-3"
     shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ck)
-    t = Tmux(f"{sys.executable} -m ckpt_tui {ck}", {"TERM": "xterm-256color"})
-    try:
+    with Tmux(f"{sys.executable} -m ckpt_tui {ck}", {"TERM": "xterm-256color"}) as t:
         t.wait_for("model and optimizer in")
         s = t.wait_for("universal-info-missing")
         assert "universal_checkpoint_info" in s
@@ -55,8 +51,6 @@ def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
         t.wait_gone("Universal checkpoint ready")
         t.keys("q")
         assert t.exit_code() == 0
-    finally:
-        t.close()
 
 
 def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
@@ -64,9 +58,8 @@ def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
     new width: the shape stays and each name keeps its layer index (issue 12)."""
     ck = real_ckpt("hf-ds-zero2")
     # without COLUMNS/LINES (the test run sets them): the size comes from the terminal, and follows its resize
-    t = Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui {ck.name}", {"TERM": "xterm-256color"},
-             size=(120, 40), cwd=ck.parent)
-    try:
+    with Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui {ck.name}", {"TERM": "xterm-256color"},
+              size=(120, 40), cwd=ck.parent) as t:
         t.wait_for("optimizer in")
         t.wait_for("model.layers.0.self_attn.q_proj.weight")  # 120 columns: the table's names whole
         t.keys("j", "Enter")  # the cursor starts on checkpoint-2/: open global_step2/ below it
@@ -78,8 +71,6 @@ def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
         assert "64×64" in line  # the shape is on the same row
         t.keys("q")
         assert t.exit_code() == 0
-    finally:
-        t.close()
 
 
 def test_errors_first_model_states_tensors_and_stats_in_tmux(real_ckpt, tmp_path):
@@ -89,9 +80,8 @@ def test_errors_first_model_states_tensors_and_stats_in_tmux(real_ckpt, tmp_path
     d = tmp_path / "ds"
     shutil.copytree(real_ckpt("ds-zero2-bf16"), d)
     (d / "latest").write_text("global_step999")
-    t = Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui ds", {"TERM": "xterm-256color"},
-             size=(120, 40), cwd=tmp_path)
-    try:
+    with Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui ds", {"TERM": "xterm-256color"},
+              size=(120, 40), cwd=tmp_path) as t:
         s = t.wait_for("universal-info-missing")
         first = [ln for ln in s.splitlines() if "latest-dangling" in ln or "universal-info-missing" in ln]
         assert "latest-dangling" in first[0], s  # the error leads the details pane
@@ -106,5 +96,3 @@ def test_errors_first_model_states_tensors_and_stats_in_tmux(real_ckpt, tmp_path
         assert "bf16" in row and "256×64" in row  # the training dtype, not the fp32 masters
         t.keys("q")
         assert t.exit_code() == 0
-    finally:
-        t.close()

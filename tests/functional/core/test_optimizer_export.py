@@ -173,3 +173,46 @@ def test_a_truncated_rank_is_refused(real_ckpt_copy, tmp_path):
     with pytest.raises(ExportError, match="problems an export cannot work around"):
         export(bad, tmp_path / "out", component="optimizer")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
+    """The README's worked example, from the folder holding the HF Trainer + ZeRO-2 bf16 `checkpoint-2`: the
+    command as written, its stderr line and stdout block as shown (only the seconds may differ), the printed
+    code run as printed, and what the README says `sd` and `config` then hold."""
+    import re
+    import shutil
+
+    from tests.snippets import snippet_after
+
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    block = text[text.index("$ ckpt-tui export checkpoint-2 --component optimizer --out optim/\n"):]
+    command, said, *shown = block[:block.index("```")].splitlines()
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", tmp_path / "checkpoint-2")
+    r = ckpt_tui(*command.split()[2:], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert said in r.stderr.splitlines()
+
+    def seconds(s: str) -> str:
+        return re.sub(r" in [0-9.]+ s ", " in N s ", s)
+
+    assert [seconds(x) for x in r.stdout.splitlines()] == [seconds(x) for x in shown]
+    check = snippet_after(r.stdout) + (
+        "\nimport json as _j, sys as _s\n"
+        "_s.stdout.write(_j.dumps({'keys': sorted(sd), 'shape': list(sd['model.embed_tokens.weight.master'].shape),"
+        " 'dtype': str(sd['model.embed_tokens.weight.master'].dtype),"
+        " 'config': {k: config[k] for k in ('step', 'zero_stage')}, 'opt': [config['optimizer']['type'], config['optimizer']['params']['lr']],"
+        " 'groups': [(len(g['params']), sorted(k for k in ('lr', 'betas', 'eps', 'weight_decay') if k in g))"
+        " for g in config['param_groups']]}))\n")
+    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    names = sorted({k.rsplit(".", 1)[0] for k in got["keys"]})
+    assert len(names) == 21 and len(got["keys"]) == 63
+    assert all(f"{n}.{s}" in got["keys"] for n in names for s in ("exp_avg", "exp_avg_sq", "master"))
+    assert got["shape"] == [256, 64] and got["dtype"] == "torch.float32"
+    assert got["config"] == {"step": 2, "zero_stage": 2} and got["opt"] == ["Adam", 0.001]
+    assert got["groups"] == [[21, ["betas", "eps", "lr", "weight_decay"]]]
+    # the names are the model export's
+    r = ckpt_tui("export", "checkpoint-2", "--out", "model/", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(load_file(tmp_path / "model" / "model.safetensors")) == names

@@ -269,9 +269,7 @@ CASES = [
     Rule("shard-missing-zero3-model-states", Corrupt("ds-zero3-bf16", rm(f"{TAG}/zero_pp_rank_1_mp_rank_00_model_states.pt")),
          "shard-missing", "error", TAG, ("zero_pp_rank_1_mp_rank_00_model_states.pt",)),
     Rule("shard-missing-zero2-model-states", Corrupt("ds-zero2-bf16", rm(f"{TAG}/mp_rank_00_model_states.pt")),
-         "shard-missing", "error", TAG, ("mp_rank_00_model_states.pt",),
-         marks=(pytest.mark.xfail(strict=True, reason="without the model-states file the tag's world size is "
-                                  "unknown and no finding says the file is missing"),)),
+         "shard-missing", "error", TAG, ("mp_rank_00_model_states.pt", "saved by 2 data-parallel rank(s)")),
     Rule("shard-missing-universal-fp32", Corrupt("universal-zero2", rm("global_step2_universal/zero/lm_head.weight/fp32.pt")),
          "shard-missing", "error", "global_step2_universal", ("lm_head.weight",)),
     Rule("shard-missing-verl-rank", Corrupt("verl-fsdp2", rm(f"{VERL}/model_world_size_2_rank_1.pt"), VERL),

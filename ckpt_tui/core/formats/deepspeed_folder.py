@@ -168,6 +168,8 @@ class DeepSpeedTag(FolderFormat):
         dp_present = sorted({k[0] for k in tf.optim_files})
         f["ranks_present"] = dp_present
         ws = f.get("dp_world_size")
+        if ws is None and tf.optim_files and isinstance(f.get("partition_count"), int):
+            ws = f["partition_count"]  # the model states, which record dp_world_size, are gone: the partitions say it
         mp = f.get("mp_world_size") or 1
         f["world_size"] = ws
         inline = tf.inline_optimizer is not None or (stage == 0 and not tf.optim_files)

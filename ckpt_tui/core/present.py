@@ -22,7 +22,9 @@ SEVERITY_COLOR = {"error": "red", "warning": "yellow", "info": "cyan"}
 ROLE_BADGE = {"model": "model", "optimizer": "optim", "model+optimizer": "model+optim", "rng": "rng",
               "scheduler": "sched", "trainer-state": "state", "training-args": "args", "config": "config",
               "tokenizer": "tok", "script": "script", "data-loader": "data", "marker": "marker",
-              "checkpoint": "ckpt", "run": "run", "scaler": "scaler", "backup": "backup"}
+              "checkpoint": "ckpt", "run": "run", "scaler": "scaler", "backup": "backup",
+              # verl's rank files: which of a rank's files holds the model, the optimizer, the scheduler + RNG
+              "model-shard": "model", "optimizer-shard": "optim", "extra-state": "sched+rng"}
 MAIN_ROLES = ("model", "optimizer", "model+optimizer")
 
 

@@ -210,8 +210,11 @@ async def test_tui_shows_the_verl_layout_and_its_parts():
         await wait_for(pilot, lambda: app.report is not None)
         summary = str(app.query_one("#summary").render())
         assert "verl (FSDP)" in summary and "FSDP2 (DTensor) rank files" in summary and "2 ranks" in summary
-        labels = " ".join(str(n.label) for n in app.query_one("#tree").root.children)
-        assert "model_world_size_2_rank_0.pt" in labels and "optim_world_size_2_rank_1.pt" in labels
+        labels = {str(n.label).split()[0]: str(n.label) for n in app.query_one("#tree").root.children}
+        # each rank file says what it holds
+        assert labels["model_world_size_2_rank_0.pt"].split()[1] == "model"
+        assert labels["optim_world_size_2_rank_1.pt"].split()[1] == "optim"
+        assert labels["extra_state_world_size_2_rank_0.pt"].split()[1] == "sched+rng"
 
 
 def test_one_rank_file_alone_is_refused_not_exported_as_a_shard(tmp_path):

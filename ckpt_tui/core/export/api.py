@@ -363,6 +363,10 @@ def _optimizer_plan(node: Node, source: Source, config: dict, model_names: list[
         source.notes.append(prefix.note)
     plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size, stem="optimizer")
     plan.prefix = prefix
+    if dtype in ("bf16", "fp16"):
+        plan.notes.append(f"--dtype {dtype} casts the optimizer state too: every master, exp_avg and exp_avg_sq "
+                            f"is written in {dtype}, losing the precision a resumed run needs (--dtype keep writes "
+                            "them as the run kept them)")
     config["dtype"] = dtype
     plan.extra_files = [(CONFIG_FILE, json.dumps(config, indent=2) + "\n")]
     return plan

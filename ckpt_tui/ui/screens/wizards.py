@@ -269,6 +269,12 @@ class ExportWizard(PlannedWizard):
                 if td in ("bfloat16", "float16"):
                     short = "bf16" if td == "bfloat16" else "fp16"
                     note += f"; the run trained in {short}, so --dtype {short} halves the size"
+            if self.component() == "both":
+                note += (" (the model's; the optimizer state is written as stored: a resumed run needs its "
+                         "precision)")
+            elif self.component() == "optimizer":
+                note = ("the optimizer state's masters and Adam moments are fp32: keep writes them as stored; "
+                        "bf16/fp16 lose the precision a resumed run needs")
             self.query_one("#dtype-note", Static).update("Output dtype of floating-point tensors: " + note + ".")
         super().enter_step(name)
 
@@ -374,7 +380,9 @@ class ExportWizard(PlannedWizard):
             return plan, "\n".join(said + [plan.to_plan().describe()])
         # both: the two plans of one checkpoint, written side by side into OUT (core.export.both)
         pm, said_m = plan_export(o["src"], out, **kw)
-        po, said_o = plan_export(o["src"], out, component="optimizer", **kw)
+        # the optimizer state as stored, whatever the model's dtype: bf16 moments would not resume the run
+        po, said_o = plan_export(o["src"], out, component="optimizer", dtype="keep",
+                                 max_shard_size=o["max_shard_size"])
         return (pm, po), "\n".join(
             ["Both into one folder: each export is written and verified into a hidden folder beside it, then the "
              "optimizer's files join the model's and the folder is renamed into place.", "", "The model:"]

@@ -216,3 +216,12 @@ def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
     r = ckpt_tui("export", "checkpoint-2", "--out", "model/", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(load_file(tmp_path / "model" / "model.safetensors")) == names
+
+
+def test_a_half_precision_dtype_says_it_casts_the_optimizer_state(real_ckpt, tmp_path):
+    """--dtype bf16 with --component optimizer does what it says and says what it costs; keep writes fp32."""
+    res = export(real_ckpt("ds-zero2-bf16"), tmp_path / "out", component="optimizer", dtype="bf16")
+    assert any("casts the optimizer state too" in n and "written in bf16" in n for n in res.notes), res.notes
+    assert {t.dtype for t in load_file(tmp_path / "out" / "optimizer.safetensors").values()} == {torch.bfloat16}
+    plan, _ = plan_export(real_ckpt("ds-zero2-bf16"), tmp_path / "keep", component="optimizer")
+    assert not any("casts the optimizer state" in n for n in plan.notes)

@@ -18,14 +18,17 @@ from tests.functional.ui.test_state import open_export_wizard
 from tests.snippets import run_load_snippet, snippet_after
 
 
-async def choose(pilot, wiz, ident: str, out: str) -> None:
-    """On the first step, highlight ``ident``, then walk to the plan with ``out`` as the output folder."""
+async def choose(pilot, wiz, ident: str, out: str, dtype: str = "keep") -> None:
+    """On the first step, highlight ``ident``, then walk to the plan with ``out`` as the output folder and
+    ``dtype`` picked on the dtype step."""
     ol = wiz.query_one("#source-list", OptionList)
     ol.highlighted = [c[0] for c in wiz.candidates].index(ident)
     await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))
     wiz.query_one("#out", Input).value = out
     for step in (2, 3, 4):
         await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step) or wiz.step == step)
+        if step == 2:
+            wiz.query_one("#dtype-list", OptionList).highlighted = ["keep", "fp32", "bf16", "fp16"].index(dtype)
     await wait_for(pilot, lambda: wiz.plan is not None or wiz.plan_error != "", timeout=60)
     assert wiz.plan is not None, wiz.plan_error
 
@@ -79,3 +82,26 @@ async def test_optimizer_only_and_not_offered_without_one(real_ckpt, real_ckpt_c
     async with app.run_test(size=(120, 40)) as pilot:
         wiz = await open_export_wizard(pilot, app)
         assert OPTIMIZER not in [c[0] for c in wiz.candidates] and wiz.optimizer_at is None
+
+
+async def test_both_in_bf16_keeps_the_optimizer_state_as_stored(real_ckpt, tmp_path, monkeypatch):
+    """bf16 chosen for "both" halves the model; the fp32 masters and Adam moments are written as stored (bf16
+    moments would not resume the run), and the dtype step says so before the user picks."""
+    import torch
+    from safetensors.torch import load_file
+
+    src = tmp_path / "checkpoint-2"
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", src)
+    monkeypatch.chdir(tmp_path)
+    app = make_app(src)
+    async with app.run_test(size=(120, 60)) as pilot:
+        wiz = await open_export_wizard(pilot, app)
+        await choose(pilot, wiz, BOTH, str(tmp_path / "both"), dtype="bf16")
+        assert "the optimizer state is written as stored" in str(wiz.query_one("#dtype-note").render())
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: message_shown(app, "Load it with:"), timeout=120)
+    model = load_file(tmp_path / "both" / "model.safetensors")
+    optim = load_file(tmp_path / "both" / "optimizer.safetensors")
+    assert {t.dtype for t in model.values()} == {torch.bfloat16}
+    assert {t.dtype for t in optim.values()} == {torch.float32} and any(k.endswith(".master") for k in optim)
+    assert json.loads((tmp_path / "both" / "optimizer_config.json").read_text())["dtype"] == "keep"

@@ -173,3 +173,12 @@ def run_load_snippet(snippet: str, cwd: Path, fixture_name: str, wrap: str | Non
     a from_pretrained snippet. Asserts it loads every tensor, equal, with no missing or unexpected
     key; returns the report ({"exported", "missing", "unexpected", "unequal", "from_pretrained"})."""
     return run_load_snippets([(snippet, cwd, fixture_name, wrap)])[0]
+
+
+def run_printed(code: str, cwd: Path, expr: str):
+    """Run ``code`` (printed by a command, as printed) in a fresh Python in ``cwd``, then return the JSON
+    value of ``expr`` evaluated after it (``expr`` names what the code bound: ``sd``, ``config``...)."""
+    check = code + f"\nimport json as _j, sys as _s\n_s.stdout.write('\\n' + _j.dumps({expr}))\n"
+    p = subprocess.run([sys.executable, "-c", check], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])

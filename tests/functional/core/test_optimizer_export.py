@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -149,19 +147,13 @@ def test_cli_writes_it(real_ckpt, tmp_path):
 def test_the_printed_load_code_runs_as_printed(real_ckpt, tmp_path, shard):
     """The "Load it with" code an optimizer export prints, run exactly as printed from the folder the
     export ran in: `sd` holds every exported tensor, `config` the step and the param groups."""
-    from tests.snippets import snippet_after
+    from tests.snippets import run_printed, snippet_after
 
     args = ["export", str(real_ckpt("ds-zero2-bf16")), "--out", "out", "--component", "optimizer"]
     r = ckpt_tui(*args, *(["--max-shard-size", shard] if shard else []), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    code = snippet_after(r.stdout)
-    check = code + (
-        "\nimport json as _j, sys as _s\n"
-        "_s.stdout.write(_j.dumps({'keys': sorted(sd), 'step': config['step'], "
-        "'groups': len(config['param_groups'])}))\n")
-    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    got = run_printed(snippet_after(r.stdout), tmp_path,
+                      "{'keys': sorted(sd), 'step': config['step'], 'groups': len(config['param_groups'])}")
     assert got["keys"] == sorted(load_optimizer_export(tmp_path / "out")) and any(k.endswith(".exp_avg_sq") for k in got["keys"])
     assert got["step"] == 2 and got["groups"] >= 1
 
@@ -182,7 +174,7 @@ def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
     import re
     import shutil
 
-    from tests.snippets import snippet_after
+    from tests.snippets import run_printed, snippet_after
 
     text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     block = text[text.index("$ ckpt-tui export checkpoint-2 --component optimizer --out optim/\n"):]
@@ -196,16 +188,13 @@ def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
         return re.sub(r" in [0-9.]+ s ", " in N s ", s)
 
     assert [seconds(x) for x in r.stdout.splitlines()] == [seconds(x) for x in shown]
-    check = snippet_after(r.stdout) + (
-        "\nimport json as _j, sys as _s\n"
-        "_s.stdout.write(_j.dumps({'keys': sorted(sd), 'shape': list(sd['model.embed_tokens.weight.master'].shape),"
-        " 'dtype': str(sd['model.embed_tokens.weight.master'].dtype),"
-        " 'config': {k: config[k] for k in ('step', 'zero_stage')}, 'opt': [config['optimizer']['type'], config['optimizer']['params']['lr']],"
-        " 'groups': [(len(g['params']), sorted(k for k in ('lr', 'betas', 'eps', 'weight_decay') if k in g))"
-        " for g in config['param_groups']]}))\n")
-    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    master = "sd['model.embed_tokens.weight.master']"
+    got = run_printed(snippet_after(r.stdout), tmp_path,
+                      f"{{'keys': sorted(sd), 'shape': list({master}.shape), 'dtype': str({master}.dtype),"
+                      " 'config': {k: config[k] for k in ('step', 'zero_stage')},"
+                      " 'opt': [config['optimizer']['type'], config['optimizer']['params']['lr']],"
+                      " 'groups': [(len(g['params']), sorted(k for k in ('lr', 'betas', 'eps', 'weight_decay') if k in g))"
+                      " for g in config['param_groups']]}")
     names = sorted({k.rsplit(".", 1)[0] for k in got["keys"]})
     assert len(names) == 21 and len(got["keys"]) == 63
     assert all(f"{n}.{s}" in got["keys"] for n in names for s in ("exp_avg", "exp_avg_sq", "master"))

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -189,7 +187,7 @@ def test_verify_an_optimizer_export(real_ckpt, real_ckpt_copy, tmp_path):
 
 def test_cli_and_the_printed_load_code_run_as_printed(real_ckpt, tmp_path):
     """The README's example, and the "Load it with" code it prints, run exactly as printed."""
-    from tests.snippets import snippet_after
+    from tests.snippets import run_printed, snippet_after
 
     readme = (ROOT / "README.md").read_text()
     line = "ckpt-tui export checkpoint-2 --component optimizer --out optim/"
@@ -200,13 +198,8 @@ def test_cli_and_the_printed_load_code_run_as_printed(real_ckpt, tmp_path):
     r = ckpt_tui(*line.split()[1:], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "verified ✓" in r.stdout and "optimizer_config.json" in r.stdout
-    code = snippet_after(r.stdout)
-    check = code + ("\nimport json as _j, sys as _s\n"
-                    "_s.stdout.write(_j.dumps({'keys': sorted(sd), 'step': config['step'], "
-                    "'groups': len(config['param_groups'])}))\n")
-    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    got = run_printed(snippet_after(r.stdout), tmp_path,
+                      "{'keys': sorted(sd), 'step': config['step'], 'groups': len(config['param_groups'])}")
     assert got["keys"] == sorted(load_optimizer_export(tmp_path / "optim")) and got["step"] == 2 and got["groups"] == 2
     r = ckpt_tui("verify", "optim", "--against", "checkpoint-2", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("✓"), r.stdout + r.stderr

@@ -5,8 +5,6 @@ folder, and the done dialog shows the load code of each, which runs as shown."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 from textual.widgets import Input, OptionList
 
@@ -15,7 +13,7 @@ from ckpt_tui.ui.screens.dialogs import MessageDialog
 from ckpt_tui.ui.screens.wizards import BOTH, OPTIMIZER
 from tests.functional.ui.test_app import message_shown, press_and_wait, screen_text, step_ready, wait_for
 from tests.functional.ui.test_state import open_export_wizard
-from tests.snippets import run_load_snippet, snippet_after
+from tests.snippets import run_load_snippet, run_printed, snippet_after
 
 
 async def choose(pilot, wiz, ident: str, out: str, dtype: str = "keep") -> None:
@@ -33,11 +31,15 @@ async def choose(pilot, wiz, ident: str, out: str, dtype: str = "keep") -> None:
     assert wiz.plan is not None, wiz.plan_error
 
 
-async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path, monkeypatch):
-    src = tmp_path / "checkpoint-2"
-    shutil.copytree(real_ckpt("hf-fsdp2") / "checkpoint-2", src)
+def app_on_checkpoint_2(real_ckpt, fixture: str, tmp_path, monkeypatch):
+    """The app on a copy of ``fixture``'s ``checkpoint-2``, opened from the folder holding it."""
+    shutil.copytree(real_ckpt(fixture) / "checkpoint-2", tmp_path / "checkpoint-2")
     monkeypatch.chdir(tmp_path)
-    app = make_app(src)
+    return make_app(tmp_path / "checkpoint-2")
+
+
+async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path, monkeypatch):
+    app = app_on_checkpoint_2(real_ckpt, "hf-fsdp2", tmp_path, monkeypatch)
     async with app.run_test(size=(120, 60)) as pilot:
         wiz = await open_export_wizard(pilot, app)
         ids = [c[0] for c in wiz.candidates]
@@ -64,10 +66,7 @@ async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path,
     assert len(parts) == 3  # the model's code, then the optimizer's
     optim_code = snippet_after("Load it with:\n" + parts[2])
     run_load_snippet(snippet_after(shown), tmp_path, "hf-fsdp2")
-    check = optim_code + "\nimport json as _j\nprint(_j.dumps({'n': len(sd), 'step': config['step']}))\n"
-    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"n": 42, "step": 2}
+    assert run_printed(optim_code, tmp_path, "{'n': len(sd), 'step': config['step']}") == {"n": 42, "step": 2}
 
 
 async def test_optimizer_only_and_not_offered_without_one(real_ckpt, real_ckpt_copy, tmp_path):
@@ -90,10 +89,7 @@ async def test_both_in_bf16_keeps_the_optimizer_state_as_stored(real_ckpt, tmp_p
     import torch
     from safetensors.torch import load_file
 
-    src = tmp_path / "checkpoint-2"
-    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", src)
-    monkeypatch.chdir(tmp_path)
-    app = make_app(src)
+    app = app_on_checkpoint_2(real_ckpt, "hf-ds-zero2", tmp_path, monkeypatch)
     async with app.run_test(size=(120, 60)) as pilot:
         wiz = await open_export_wizard(pilot, app)
         await choose(pilot, wiz, BOTH, str(tmp_path / "both"), dtype="bf16")

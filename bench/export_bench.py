@@ -11,6 +11,8 @@ Tools per checkpoint kind:
          ``accelerate merge-weights CKPT/pytorch_model_fsdp_0 X``,
          ``python -m torch.distributed.checkpoint.format_utils dcp_to_torch CKPT/pytorch_model_fsdp_0 X.pt``,
          ``cp -r CKPT/pytorch_model_fsdp_0 X`` (the floor: the same bytes, no format change).
+  DCP optimizer (``fsdp-optim-*``: ``optimizer_0/``): ours optimizer (``--component optimizer --no-verify``),
+         ours optimizer+verify, ``dcp_to_torch CKPT/optimizer_0 X.pt``.
   ZeRO:  ours, ours+verify, ``python CKPT/zero_to_fp32.py CKPT X --safe_serialization``; the optimizer
          state: ours optimizer (``--component optimizer --no-verify``), ours optimizer+verify.
 
@@ -52,6 +54,8 @@ BIN = Path(PY).parent
 CKPTS = {  # name -> kind
     "fsdp-1g": "dcp",
     "fsdp-4g": "dcp",
+    "fsdp-optim-1g": "dcp-optim",
+    "fsdp-optim-2g": "dcp-optim",
     "ds-zero2": "zero",
     "ds-zero3": "zero",
 }
@@ -96,6 +100,11 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
                                                "--nproc_per_node", "2", "--no-python", PY, "-c",
                                                "import ckpt_tui.cli.export, ckpt_tui.core.export.api, "
                                                "ckpt_tui.core.export.distributed"], "none")
+    elif kind == "dcp-optim":  # the optimizer state of an HF Trainer / Accelerate FSDP checkpoint (optimizer_0/)
+        t = {"ours optimizer": (ours + ["--component", "optimizer", "--no-verify"], "dir"),
+             "ours optimizer+verify": (ours + ["--component", "optimizer"], "dir"),
+             "dcp_to_torch": ([PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch",
+                               str(ckpt / "optimizer_0"), "{out}.pt"], "file")}
     else:
         t["zero_to_fp32"] = ([PY, str(ckpt / "zero_to_fp32.py"), str(ckpt), "{out}", "--safe_serialization"], "dir")
         # the optimizer state (fp32 masters, exp_avg, exp_avg_sq per parameter: 3x the fp32 model)
@@ -175,7 +184,8 @@ def main() -> None:
         if not (ckpt / ".done").exists():
             raise SystemExit(f"{ckpt} missing: run python bench/make_big.py {name}")
         kind = CKPTS[name]
-        size = _du(ckpt / "pytorch_model_fsdp_0") if kind == "dcp" else _du(ckpt)
+        size = (_du(ckpt / "pytorch_model_fsdp_0") if kind == "dcp" else _du(ckpt / "optimizer_0")
+                if kind == "dcp-optim" else _du(ckpt))
         for tool, (argv, out_kind) in tools(kind, ckpt).items():
             if want_tools and tool not in want_tools:
                 continue

@@ -9,6 +9,10 @@ Checkpoints (cached under ``bench/out/data/<NAME>/``, skipped when ``<NAME>/.don
   (``ModuleWrapPolicy``) and built on ``meta`` then materialised one at a time with a per-layer
   seed (so the 4.3 GB model never exists twice per rank), ``SHARDED_STATE_DICT``,
   ``dcp.save({"model": sd}, checkpoint_id=<ckpt>/pytorch_model_fsdp_0)`` (HF Trainer layout).
+- ``fsdp-optim-1g`` / ``fsdp-optim-2g``: the same FSDP1 model of 16 / 32 Linears after one ``torch.optim.Adam``
+  step, saved as the HF Trainer / Accelerate do: the model in ``pytorch_model_fsdp_0/`` and
+  ``FSDP.optim_state_dict`` (SHARDED_STATE_DICT) by ``dcp.save({"optimizer": osd})`` in ``optimizer_0/``
+  (exp_avg + exp_avg_sq: 2.1 / 4.3 GB).
 - ``ds-zero2`` / ``ds-zero3``: 8 x ``nn.Linear(4096, 4096)`` (134M params), DeepSpeed engine,
   bf16, Adam (torch_adam), 2 ranks, one forward/backward/step, ``engine.save_checkpoint``.
 
@@ -36,6 +40,8 @@ DIM = 4096
 CKPTS: dict[str, tuple[str, int]] = {
     "fsdp-1g": ("fsdp", 16),
     "fsdp-4g": ("fsdp", 64),
+    "fsdp-optim-1g": ("fsdp-optim", 16),
+    "fsdp-optim-2g": ("fsdp-optim", 32),
     "ds-zero2": ("zero2", 8),
     "ds-zero3": ("zero3", 8),
 }
@@ -61,7 +67,7 @@ def _model(layers: int, bias: bool, device: str = "cpu"):
     return Stack()
 
 
-def _fsdp_worker(out: Path, layers: int) -> None:
+def _fsdp_worker(out: Path, layers: int, optim: bool = False) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -89,9 +95,18 @@ def _fsdp_worker(out: Path, layers: int) -> None:
         auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
         param_init_fn=init_fn,
     )
+    opt = None
+    if optim:  # one Adam step, so every parameter has its exp_avg and exp_avg_sq
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(1, DIM, generator=torch.Generator().manual_seed(SEED + dist.get_rank()))
+        model(x).pow(2).mean().backward()
+        opt.step()
     with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         sd = model.state_dict()
+        osd = FSDP.optim_state_dict(model, opt) if opt is not None else None
     dcp.save({"model": sd}, checkpoint_id=str(out / "pytorch_model_fsdp_0"))
+    if osd is not None:  # as accelerate's save_fsdp_optimizer writes it
+        dcp.save({"optimizer": osd}, checkpoint_id=str(out / "optimizer_0"))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -133,8 +148,8 @@ def _ds_worker(out: Path, layers: int, stage: int) -> None:
 
 def _worker(name: str, out: Path) -> None:
     kind, layers = CKPTS[name]
-    if kind == "fsdp":
-        _fsdp_worker(out, layers)
+    if kind.startswith("fsdp"):
+        _fsdp_worker(out, layers, optim=kind == "fsdp-optim")
     else:
         _ds_worker(out, layers, int(kind[-1]))
 
@@ -144,9 +159,9 @@ def _worker(name: str, out: Path) -> None:
 
 def _complete(name: str, d: Path) -> bool:
     kind, _ = CKPTS[name]
-    if kind == "fsdp":
-        m = d / "pytorch_model_fsdp_0"
-        return (m / ".metadata").is_file() and len(list(m.glob("*.distcp"))) == 2
+    if kind.startswith("fsdp"):
+        dirs = [d / "pytorch_model_fsdp_0"] + ([d / "optimizer_0"] if kind == "fsdp-optim" else [])
+        return all((m / ".metadata").is_file() and len(list(m.glob("*.distcp"))) == 2 for m in dirs)
     tag = (d / "latest").read_text().strip() if (d / "latest").is_file() else None
     return bool(tag) and (d / "zero_to_fp32.py").is_file() and len(list((d / tag).glob("*optim_states.pt"))) == 2
 

@@ -1,6 +1,6 @@
 """``ckpt-tui export`` against the peers, side by side, on real checkpoints built on CPU.
 
-    python bench/make_big.py                       # once: ~6.6 GB under bench/out/data/ (cached)
+    python bench/make_big.py                       # once: ~16 GB under bench/out/data/ (cached)
     python bench/export_bench.py [--runs 3] [--only fsdp-1g ...] [--tools ours,accelerate,...]
 
 Checkpoints (from ``bench/make_big.py``): FSDP1 DCP ``fsdp-1g`` / ``fsdp-4g`` (HF Trainer layout,

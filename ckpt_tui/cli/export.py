@@ -128,8 +128,10 @@ def _report(res, said, out, as_json) -> None:
         sys.exit(EXIT_OK)
     ver = {True: "verified ✓ (every tensor re-read and compared bit-exact)", False: "verification FAILED",
            None: "not verified (--no-verify)"}[res.verified]
+    # an optimizer export's tensors are per-parameter states: their elements are not the model's parameters
+    unit = "values" if res.files and all(f.startswith("optimizer") for f in res.files) else "params"
     click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
-               f"{param_count(res.params)} params to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
+               f"{param_count(res.params)} {unit} to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
     for n in res.notes:
         if not n.startswith(("the model is", "exporting the newest", "exporting the optimizer state of")):
             click.echo(f"  note: {n}")

@@ -172,7 +172,7 @@ def print_report(rep, show_all: bool) -> None:
         elif n.format == "deepspeed-zero" and deepspeed_layout(f):
             extra.append(deepspeed_layout(f))
         if f.get("world_size"):
-            extra.append(f"{f['world_size']} ranks")
+            extra.append(f"{f['world_size']} rank{'s' if f['world_size'] != 1 else ''}")
         weights = n.format != "deepspeed-universal" and (n.is_dir or n.role in ("model", "model+optimizer"))
         if f.get("param_count") and weights:
             extra.append(f"{param_count(f['param_count'])} params")

@@ -192,6 +192,8 @@ def test_output_is_get_state_dicts_form_and_inspects_as_combined_dcp(real_ckpt, 
     assert (rep.inventory.layout, node.format, node.role) == ("dcp", "dcp", "model+optimizer")
     assert rep.inventory.components == {"model": ".", "optimizer": "."}
     assert rep.findings == []  # nothing to suggest, so no peer command that could fail on it
+    r = cli("inspect", "out", cwd=tmp_path)
+    assert r.returncode == 0 and "out/  model+optim  dcp" in r.stdout and "(1 rank, " in r.stdout, r.stdout
 
 
 def test_bounded_files_load_the_same(real_ckpt, tmp_path, monkeypatch):

@@ -326,7 +326,8 @@ def _label_frameworks(root: Node, layout: str) -> None:
                 c.role = "checkpoint"
             _label_frameworks_children(c, sub)
         elif c.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "verl-fsdp"):
-            c.framework = fw
+            # a run's checkpoint that is itself one format (torchtitan's step-N, Megatron's iter_N): its own layout's
+            c.framework = FRAMEWORK.get(classify(c)[0]) if layout == "run-folder" else fw
 
 
 def _label_frameworks_children(node: Node, layout: str) -> None:

@@ -126,6 +126,10 @@ def test_torchtitan_run_full_and_model_only(real_ckpt):
     assert [(c["path"], c["step"], c["layout"]) for c in inv.checkpoints] == [
         ("step-2", 2, "torchtitan"), ("step-1", 1, "torchtitan")]
     assert "unsafe-pickle" not in codes(rep)
+    # each checkpoint of the run names its framework (the details pane's framework row)
+    assert {inv.node(c).framework for c in ("step-1", "step-2")} == {"torchtitan"}
+    meg = inspect(real_ckpt("megatron-dist")).inventory  # the run folder above megatron's checkpoints/
+    assert meg.node("checkpoints/iter_0000010").framework == "Megatron-Core (torch_dist)"
     full = inspect(run / "step-1")
     assert full.inventory.framework == "torchtitan"
     assert full.inventory.components == {"model": ".", "optimizer": "."}

@@ -60,6 +60,7 @@ CKPTS = {  # name -> kind
     "ds-zero3": "zero",
 }
 LARGER = {"dcp": "fsdp-4g", "zero": "ds-zero3"}
+SIZED = {"dcp": "pytorch_model_fsdp_0", "dcp-optim": "optimizer_0"}  # kind -> the folder whose bytes the row counts
 
 
 def _exe(name: str) -> str:
@@ -184,8 +185,7 @@ def main() -> None:
         if not (ckpt / ".done").exists():
             raise SystemExit(f"{ckpt} missing: run python bench/make_big.py {name}")
         kind = CKPTS[name]
-        size = (_du(ckpt / "pytorch_model_fsdp_0") if kind == "dcp" else _du(ckpt / "optimizer_0")
-                if kind == "dcp-optim" else _du(ckpt))
+        size = _du(ckpt / SIZED.get(kind, ""))
         for tool, (argv, out_kind) in tools(kind, ckpt).items():
             if want_tools and tool not in want_tools:
                 continue

@@ -259,24 +259,25 @@ class ExportWizard(PlannedWizard):
         if name == "output":
             self._space()
         elif name == "dtype":
-            node = self.report.inventory.node(self.model_source())
-            td = None
-            if node is not None:
-                td = node.facts.get("train_dtype")
-            note = "keep writes the tensors as stored"
-            if node is not None and node.format == "deepspeed-zero":
-                note = "DeepSpeed keeps fp32 master weights: keep writes fp32"
-                if td in ("bfloat16", "float16"):
-                    short = "bf16" if td == "bfloat16" else "fp16"
-                    note += f"; the run trained in {short}, so --dtype {short} halves the size"
-            if self.component() == "both":
-                note += (" (the model's; the optimizer state is written as stored: a resumed run needs its "
-                         "precision)")
-            elif self.component() == "optimizer":
-                note = ("the optimizer state's masters and Adam moments are fp32: keep writes them as stored; "
-                        "bf16/fp16 lose the precision a resumed run needs")
-            self.query_one("#dtype-note", Static).update("Output dtype of floating-point tensors: " + note + ".")
+            self.query_one("#dtype-note", Static).update(f"Output dtype of floating-point tensors: {self._dtype_note()}.")
         super().enter_step(name)
+
+    def _dtype_note(self) -> str:
+        """What --dtype does to what is being exported (the dtype step's text)."""
+        if self.component() == "optimizer":
+            return ("the optimizer state's masters and Adam moments are fp32: keep writes them as stored; "
+                    "bf16/fp16 lose the precision a resumed run needs")
+        node = self.report.inventory.node(self.model_source())
+        note = "keep writes the tensors as stored"
+        if node is not None and node.format == "deepspeed-zero":
+            note = "DeepSpeed keeps fp32 master weights: keep writes fp32"
+            td = node.facts.get("train_dtype")
+            if td in ("bfloat16", "float16"):
+                short = "bf16" if td == "bfloat16" else "fp16"
+                note += f"; the run trained in {short}, so --dtype {short} halves the size"
+        if self.component() == "both":
+            note += " (the model's; the optimizer state is written as stored: a resumed run needs its precision)"
+        return note
 
     def _space(self) -> None:
         out = Path(self.query_one("#out", Input).value).expanduser()

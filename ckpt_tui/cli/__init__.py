@@ -95,6 +95,9 @@ def main(argv=None) -> None:
     except Exception as e:  # never a traceback unless asked
         if debug:
             raise
-        click.echo(f"ckpt-tui: internal error: {type(e).__name__}: {e} (run with --debug for details)", err=True)
+        from ..core.safetext import visible
+
+        click.echo(visible(f"ckpt-tui: internal error: {type(e).__name__}: {e} (run with --debug for details)"),
+                   err=True)
         sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_OK)

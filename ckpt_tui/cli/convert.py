@@ -12,7 +12,7 @@ import click
 
 from ..core.errors import EXIT_OK
 from .options import json_option, path_argument, path_option
-from .output import conversion_plan, emit_json, local_only, run_core
+from .output import conversion_plan, echo, emit_json, local_only, run_core
 
 
 @click.command("convert", short_help="Carry a DeepSpeed ZeRO run over to torch FSDP2/DDP (torch DCP).")
@@ -63,8 +63,8 @@ def convert_cmd(src, to, out, tag, strip_prefix, keep_prefix, dry_run, as_json):
     if as_json:
         emit_json({"result": res.to_json()})
         sys.exit(EXIT_OK)
-    click.echo(f"Wrote {plan.shown(res.out)} ({res.tensors} tensors, {res.files} files) in {res.seconds:.1f} s — "
-               "verified ✓ (read back with torch's dcp.load, bit-exact vs the source)")
-    click.echo("")
-    click.echo(res.instructions)
+    echo(f"Wrote {plan.shown(res.out)} ({res.tensors} tensors, {res.files} files) in {res.seconds:.1f} s — "
+         "verified ✓ (read back with torch's dcp.load, bit-exact vs the source)")
+    echo("")
+    echo(res.instructions)
     sys.exit(EXIT_OK)

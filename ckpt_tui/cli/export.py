@@ -8,7 +8,7 @@ import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from .options import json_option, path_argument, path_option, trust_pickles_option
-from .output import emit_json, fail, run_core
+from .output import echo, emit_json, fail, run_core
 
 
 @click.command("export", short_help="Export the model weights to safetensors.")
@@ -106,12 +106,12 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     if quiet:
         sys.exit(EXIT_OK)
     for line in said:
-        click.echo(f"ckpt-tui: {line}", err=True)
+        echo(f"ckpt-tui: {line}", err=True)
     if dry_run:
         if as_json:
             emit_json({"plan": plan.to_plan().to_json()})
         else:
-            click.echo(plan.to_plan().describe())
+            echo(plan.to_plan().describe())
         sys.exit(EXIT_OK)
     res = run_core(lambda **kw: execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw),
                    as_json=as_json, cleanup="the partial output was removed, the source is untouched")
@@ -130,14 +130,14 @@ def _report(res, said, out, as_json) -> None:
            None: "not verified (--no-verify)"}[res.verified]
     # an optimizer export's tensors are per-parameter states: their elements are not the model's parameters
     unit = "values" if res.files and all(f.startswith("optimizer") for f in res.files) else "params"
-    click.echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
-               f"{param_count(res.params)} {unit} to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
+    echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
+         f"{param_count(res.params)} {unit} to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
     for n in res.notes:
         if not n.startswith(("the model is", "exporting the newest", "exporting the optimizer state of")):
-            click.echo(f"  note: {n}")
-    click.echo("Load it with:")
+            echo(f"  note: {n}")
+    echo("Load it with:")
     for line in res.load_code.splitlines():
-        click.echo(f"  {line}" if line else "")
+        echo(f"  {line}" if line else "")
     sys.exit(EXIT_OK)
 
 
@@ -214,17 +214,17 @@ def verify_cmd(out, against, strip_prefix, keep_prefix, trust_pickles, as_json):
         emit_json({"result": res.to_json()})
     else:
         mark = "✓" if res.ok else "✖"
-        click.echo(f"{mark} {res.compared} tensors compared with {res.reference}: "
-                   f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export")
+        echo(f"{mark} {res.compared} tensors compared with {res.reference}: "
+             f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export")
         if res.note:
-            click.echo(f"  note: {res.note}")
+            echo(f"  note: {res.note}")
         for n in res.mismatches[:20]:
-            click.echo(f"  mismatch: {n}")
+            echo(f"  mismatch: {n}")
         for n in res.missing_in_output[:20]:
-            click.echo(f"  missing: {n}")
+            echo(f"  missing: {n}")
         if res.not_in_reference:
-            click.echo(f"  {len(res.not_in_reference)} exported tensor(s) the reference does not produce "
-                       f"(e.g. {res.not_in_reference[0]}): not checked")
+            echo(f"  {len(res.not_in_reference)} exported tensor(s) the reference does not produce "
+                 f"(e.g. {res.not_in_reference[0]}): not checked")
     sys.exit(EXIT_OK if res.ok else EXIT_FINDINGS)
 
 
@@ -243,17 +243,17 @@ def diff_cmd(a, b, trust_pickles, as_json):
         emit_json({"result": res.to_json()})
     else:
         for n in res.only_a:
-            click.echo(f"- only in A: {n}")
+            echo(f"- only in A: {n}")
         for n in res.only_b:
-            click.echo(f"+ only in B: {n}")
+            echo(f"+ only in B: {n}")
         for c in res.changed:
-            click.echo(f"~ {c['name']}: {c['a']['dtype']}{c['a']['shape']} -> {c['b']['dtype']}{c['b']['shape']}")
+            echo(f"~ {c['name']}: {c['a']['dtype']}{c['a']['shape']} -> {c['b']['dtype']}{c['b']['shape']}")
         diffs = sorted(((v, k) for k, v in res.max_abs.items() if v != 0), reverse=True, key=lambda x: (x[0] == x[0], x[0]))
         for v, k in diffs[:30]:
-            click.echo(f"≠ {k}: max |a-b| = {v:.6g}")
+            echo(f"≠ {k}: max |a-b| = {v:.6g}")
         same = sum(1 for v in res.max_abs.values() if v == 0)
-        click.echo(f"{same} identical, {len(diffs)} differ, {len(res.only_a)} only in A, {len(res.only_b)} only in B, "
-                   f"{len(res.changed)} shape/dtype changes")
+        echo(f"{same} identical, {len(diffs)} differ, {len(res.only_a)} only in A, {len(res.only_b)} only in B, "
+             f"{len(res.changed)} shape/dtype changes")
     sys.exit(EXIT_OK if res.identical else EXIT_FINDINGS)
 
 
@@ -266,8 +266,10 @@ def stats_cmd(path, trust_pickles, as_json):
     memory — find a diverged run without loading the model. Exit 1 if any NaN/Inf."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from ..core.analysis import stats
+    from ..core.safetext import visible
 
     rows = run_core(lambda **kw: stats(path, trust_pickles=trust_pickles, **kw), as_json=as_json, label="reading")
     bad = [r for r in rows if r.nan or r.inf]
@@ -280,8 +282,8 @@ def stats_cmd(path, trust_pickles, as_json):
         fmt = lambda v: "" if v is None else f"{v:.4g}"
         for r in rows:
             style = "red" if (r.nan or r.inf) else None
-            table.add_row(r.name, r.dtype, fmt(r.min), fmt(r.max), fmt(r.mean), fmt(r.std), str(r.nan), str(r.inf),
+            table.add_row(Text(visible(r.name)), Text(visible(r.dtype)), fmt(r.min), fmt(r.max), fmt(r.mean), fmt(r.std), str(r.nan), str(r.inf),
                           style=style)
         Console(soft_wrap=False).print(table)
-        click.echo(f"{len(rows)} tensors; {len(bad)} with NaN or Inf" + (f" (first: {bad[0].name})" if bad else ""))
+        echo(f"{len(rows)} tensors; {len(bad)} with NaN or Inf" + (f" (first: {bad[0].name})" if bad else ""))
     sys.exit(EXIT_FINDINGS if bad else EXIT_OK)

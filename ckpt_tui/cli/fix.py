@@ -7,8 +7,9 @@ import sys
 import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from ..core.safetext import visible
 from .options import json_option, path_argument, trust_pickles_option
-from .output import emit_json, fail, local_only
+from .output import echo, emit_json, fail, local_only
 
 
 def _interactive() -> bool:
@@ -65,18 +66,19 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         results = []
         for r in reps:
             if not as_json:
-                click.echo(("[dry run] " if dry_run else "") + r.plan.describe())
+                echo(("[dry run] " if dry_run else "") + r.plan.describe())
             if dry_run or not r.can_apply:
                 continue
-            if not yes and not click.confirm(f"Apply `{r.id}` to {rep.inventory.shown(r.path)}?", default=False, err=True):
-                click.echo(f"ckpt-tui: skipped {r.id} at {rep.inventory.shown(r.path)}", err=True)
+            ask = visible(f"Apply `{r.id}` to {rep.inventory.shown(r.path)}?")
+            if not yes and not click.confirm(ask, default=False, err=True):
+                echo(f"ckpt-tui: skipped {r.id} at {rep.inventory.shown(r.path)}", err=True)
                 continue
             res = r.apply(on_progress=None, cancel=None)
             results.append(res)
             if not as_json:
-                click.echo(("✓ " if res.ok else "✖ ") + res.message)
+                echo(("✓ " if res.ok else "✖ ") + res.message)
             elif not res.ok:
-                click.echo(f"ckpt-tui: {r.id} at {rep.inventory.shown(r.path)}: {res.message}", err=True)
+                echo(f"ckpt-tui: {r.id} at {rep.inventory.shown(r.path)}: {res.message}", err=True)
         after = inspect(path, trust_pickles=trust_pickles) if results else rep
     except KeyboardInterrupt:
         fail("interrupted (a repair stopped before its rename leaves the original untouched)", EXIT_INTERRUPTED)
@@ -86,14 +88,14 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         fail(str(e), EXIT_USAGE)
     except OSError as e:
         fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}", EXIT_FINDINGS)
-    failed = any(not x.ok for x in results)
+    failed = any(not x.ok for x in results) or any(r.refused for r in reps)  # refused: a symbolic link on the way
     errors = [f for f in after.findings if f.severity == "error"]
     if only:  # --only: the findings that fix addresses, not the checkpoint's other errors (said, not counted)
         others = [f for f in errors if only not in (f.code, f.fix)]
         errors = [f for f in errors if only in (f.code, f.fix)]
         if others and not as_json:
-            click.echo(f"ckpt-tui: {len(others)} other error(s) remain in {after.inventory.shown()} (not "
-                       f"addressed by --only {only}): see `ckpt-tui inspect {after.inventory.shown()}`", err=True)
+            echo(f"ckpt-tui: {len(others)} other error(s) remain in {after.inventory.shown()} (not "
+                 f"addressed by --only {only}): see `ckpt-tui inspect {after.inventory.shown()}`", err=True)
     if dry_run:  # what would remain: the errors no listed repair can fix
         fixed = {(r.code, r.path) for r in reps if r.can_apply}
         errors = [f for f in errors if (f.code, f.path) not in fixed]
@@ -104,8 +106,8 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
                   ensure_ascii=False)
     else:
         if not reps:
-            click.echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)
+            echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)
         for f in errors:
-            click.echo(f"ckpt-tui: {'would still be' if dry_run else 'still'} an error: {f.code} at "
-                       f"{after.inventory.shown(f.path)}", err=True)
+            echo(f"ckpt-tui: {'would still be' if dry_run else 'still'} an error: {f.code} at "
+                 f"{after.inventory.shown(f.path)}", err=True)
     sys.exit(EXIT_FINDINGS if failed or errors else EXIT_OK)

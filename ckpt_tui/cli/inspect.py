@@ -10,7 +10,7 @@ import click
 from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 from ..core.storage import StorageError, check, is_url
 from .options import TRUST_PICKLES_HELP, json_option, path_argument, trust_pickles_option
-from .output import emit_json, fail, inspect_or_fail, print_report
+from .output import echo, emit_json, fail, inspect_or_fail, print_report
 
 
 @click.command("inspect", short_help="Say what a checkpoint is and what is wrong with it.")
@@ -89,9 +89,9 @@ def tensors_cmd(path, as_json, limit):
     inv = rep.inventory
     node, note = listable(inv, inv.root)  # what the TUI's tensor table shows for the same node
     if node is None:
-        click.echo(f"ckpt-tui: {note or f'{inv.shown()} holds no tensors ckpt-tui can list ({inv.summary})'}", err=True)
+        echo(f"ckpt-tui: {note or f'{inv.shown()} holds no tensors ckpt-tui can list ({inv.summary})'}", err=True)
     elif note:
-        click.echo(f"ckpt-tui: listing {note}", err=True)
+        echo(f"ckpt-tui: listing {note}", err=True)
     rows = []
     try:
         for i, t in enumerate(list_tensors(node, inv.parsed) if node is not None else ()):
@@ -106,18 +106,21 @@ def tensors_cmd(path, as_json, limit):
         sys.exit(EXIT_OK)
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from ..core.safetext import visible
 
     table = Table(box=None, pad_edge=False)
     for col in ("name", "shape", "dtype", "size"):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for t in rows:
         dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
-        table.add_row(t.name, shape_text(t.shape), dtype, naturalsize(t.nbytes))
+        table.add_row(Text(visible(t.name)), shape_text(t.shape), Text(visible(dtype)), naturalsize(t.nbytes))  # never markup
     Console(soft_wrap=False).print(table)
     total = sum(t.nbytes for t in rows)
     click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")
     upcast = [t for t in rows if t.upcast_from]
     if upcast:
-        click.echo(f"{len(upcast)} frozen tensor(s) have no fp32 master: listed in the dtype an export writes with "
-                   f"--dtype keep, upcast from the {short_dtype(upcast[0].upcast_from)} they are stored in")
+        echo(f"{len(upcast)} frozen tensor(s) have no fp32 master: listed in the dtype an export writes with "
+             f"--dtype keep, upcast from the {short_dtype(upcast[0].upcast_from)} they are stored in")
     sys.exit(EXIT_OK)

@@ -3,6 +3,10 @@ a progress bar, the ``--json`` document, and the human inspection report.
 
 Exit codes: 0 ok · 1 findings of severity error, or the operation failed · 2 unreadable path or
 bad usage · 130 interrupted. rich is imported only when something is drawn (``--help`` stays light).
+
+Every string that came from a checkpoint (names, paths, ``latest``, messages quoting them) is printed through
+:func:`echo` / :func:`fail` or, in what Rich draws, :func:`esc`: control characters and bidi controls shown as
+escapes (``core.safetext.visible``), Rich markup escaped. ``--json`` escapes C1 and bidi controls too.
 """
 
 from __future__ import annotations
@@ -14,11 +18,26 @@ import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ..core.layout import deepspeed_layout
+from ..core.safetext import json_safe, visible
 from ..core.types import SCHEMA_VERSION
 
 
+def echo(msg: object = "", *, err: bool = False) -> None:
+    """``click.echo`` of text that may quote a checkpoint: its control characters shown as escapes (newlines
+    and tabs kept), so nothing in it reaches the terminal as a sequence."""
+    click.echo(visible(msg, lines=True), err=err)
+
+
+def esc(text: object) -> str:
+    """``text`` for Rich markup: control characters shown as escapes, then Rich's markup escaped (``[red]`` and
+    ``[link=…]`` in a name print as written)."""
+    from rich.markup import escape
+
+    return escape(visible(text))
+
+
 def fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
-    click.echo(f"ckpt-tui: {msg}", err=True)
+    echo(f"ckpt-tui: {msg}", err=True)
     sys.exit(code)
 
 
@@ -36,7 +55,9 @@ def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
 
     ``indent``/``ensure_ascii`` are per command as released (inspect and fix keep non-ASCII, the
     tensor listings indent by 1): changing them would change the bytes scripts already parse."""
-    click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=indent, ensure_ascii=ensure_ascii))
+    # json.dumps escapes C0 but leaves C1 (U+009B is a CSI), bidi controls and U+2028/2029 raw: json_safe escapes them
+    click.echo(json_safe(json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=indent,
+                                    ensure_ascii=ensure_ascii)))
 
 
 def _progress(as_json: bool, unit: str):
@@ -76,7 +97,7 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
         def on_progress(p):
             step = label or p.label or "working"
             if step not in tasks:
-                tasks[step] = bar.add_task(step[:40], total=p.total)
+                tasks[step] = bar.add_task(esc(step[:40]), total=p.total)  # a label may name a file
             bar.update(tasks[step], completed=p.done, total=p.total)
 
         try:
@@ -109,14 +130,14 @@ def conversion_plan(make, refusal: type, *, dry_run: bool, as_json: bool):
     except (OSError, ValueError) as e:
         fail(f"cannot plan the conversion: {e}", EXIT_FINDINGS)
     for line in plan.said:
-        click.echo(f"ckpt-tui: {line}", err=True)
+        echo(f"ckpt-tui: {line}", err=True)
     for w in plan.warnings:
-        click.echo(f"ckpt-tui: warning: {w}", err=True)
+        echo(f"ckpt-tui: warning: {w}", err=True)
     if dry_run:
         if as_json:
             emit_json({"plan": plan.to_json()})
         else:
-            click.echo(plan.to_plan().describe())
+            echo(plan.to_plan().describe())
         sys.exit(EXIT_OK)
     return plan
 
@@ -135,8 +156,8 @@ def inspect_or_fail(path: str, trust: bool):
 def print_report(rep, show_all: bool) -> None:
     """The inspection as a tree with badges and findings, then the findings in full."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.padding import Padding
+    from rich.text import Text
     from rich.tree import Tree
 
     from ..core.present import (
@@ -150,38 +171,38 @@ def print_report(rep, show_all: bool) -> None:
     )
 
     inv = rep.inventory
-    con = Console(highlight=False)
+    con = Console(highlight=False, emoji=False)  # a name's :smile: is text too
     by_path: dict[str, list] = {}
     for f in rep.findings:
         by_path.setdefault(f.path, []).append(f)
 
     def label(n) -> str:
-        name = escape(n.abspath.name if n.path == "." else n.name) + ("/" if n.is_dir else "")
+        name = esc(n.abspath.name if n.path == "." else n.name) + ("/" if n.is_dir else "")
         bits = [f"[bold]{name}[/]" if n.is_dir else name]
         badge = role_badge(n.role)
         if badge:
             bits.append(f"[reverse] {badge} [/]")
         if n.format not in ("dir", "unknown", "text", "json", "python"):
-            bits.append(f"[dim]{n.format}[/]")
+            bits.append(f"[dim]{esc(n.format)}[/]")
         if n.size:
             bits.append(naturalsize(n.size))
         f = n.facts
         extra = []
         if n.format == "deepspeed-universal":
-            extra.append(universal_summary(f))
+            extra.append(esc(universal_summary(f)))
         elif n.format == "deepspeed-zero" and deepspeed_layout(f):
-            extra.append(deepspeed_layout(f))
+            extra.append(esc(deepspeed_layout(f)))
         if f.get("world_size"):
             extra.append(f"{f['world_size']} rank{'s' if f['world_size'] != 1 else ''}")
         weights = n.format != "deepspeed-universal" and (n.is_dir or n.role in ("model", "model+optimizer"))
         if f.get("param_count") and weights:
             extra.append(f"{param_count(f['param_count'])} params")
         if f.get("dtypes") and weights:
-            extra.append("/".join(short_dtype(d) for d in f["dtypes"][:3]))
+            extra.append(esc("/".join(short_dtype(d) for d in f["dtypes"][:3])))
         if extra:
             bits.append("[dim](" + ", ".join(extra) + ")[/]")
         for fd in by_path.get(n.path, []):
-            bits.append(f"[{SEVERITY_COLOR[fd.severity]}]{GLYPH[fd.severity]} {fd.code}[/]")
+            bits.append(f"[{SEVERITY_COLOR[fd.severity]}]{GLYPH[fd.severity]} {esc(fd.code)}[/]")
         return " ".join(bits)
 
     def add(tree, n, depth):
@@ -190,7 +211,7 @@ def print_report(rep, show_all: bool) -> None:
             # one line (its label has the summary); only what has a finding is listed below it
             for c in n.walk():
                 if c is not n and c.path in by_path:
-                    tree.add(f"{label(c)} [dim]{escape(c.path[len(n.path) + 1:] if n.path != '.' else c.path)}[/]")
+                    tree.add(f"{label(c)} [dim]{esc(c.path[len(n.path) + 1:] if n.path != '.' else c.path)}[/]")
             nparams = n.facts.get("param_folders", 0)
             tree.add(f"[dim]{nparams} parameter folder{'s' if nparams != 1 else ''} in zero/; --all lists them[/]")
             return
@@ -216,19 +237,21 @@ def print_report(rep, show_all: bool) -> None:
 
     root = Tree(label(inv.root))
     add(root, inv.root, 0)
-    con.print(f"[bold]{escape(inv.summary)}[/]")
+    con.print(f"[bold]{esc(inv.summary)}[/]")
     con.print(root)
     if inv.checkpoints:
         con.print("\n[bold]Checkpoints[/] (newest first)")
         for ck in inv.checkpoints:
             mark = "[green]✔ complete[/]" if ck["complete"] else "[red]✖ incomplete[/]"
-            con.print(f"  {escape(ck['path'])}  step {ck['step']}  {ck['layout']}  {mark}")
+            con.print(f"  {esc(ck['path'])}  step {esc(ck['step'])}  {esc(ck['layout'])}  {mark}")
     if rep.findings:
         con.print("\n[bold]Findings[/]")
         for f in rep.findings:
-            fix = f"  [dim](fix: {f.fix})[/]" if f.fix else ""
-            con.print(f"[{SEVERITY_COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{f.code}[/] "
-                      f"[dim]{escape(inv.shown(f.path))}[/]")
-            con.print(Padding(f"{escape(f.message)}{fix}", (0, 0, 0, 4), expand=False))
+            message = Text(visible(f.message, lines=True))  # plain text: never markup
+            if f.fix:
+                message.append(f"  (fix: {visible(f.fix)})", style="dim")
+            con.print(f"[{SEVERITY_COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{esc(f.code)}[/] "
+                      f"[dim]{esc(inv.shown(f.path))}[/]")
+            con.print(Padding(message, (0, 0, 0, 4), expand=False))
     else:
         con.print("\n[green]✔ no problems found[/]")

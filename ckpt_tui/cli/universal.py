@@ -12,7 +12,7 @@ import click
 
 from ..core.errors import EXIT_OK
 from .options import json_option, path_argument, path_option, trust_pickles_option
-from .output import conversion_plan, emit_json, local_only, run_core
+from .output import conversion_plan, echo, emit_json, local_only, run_core
 
 
 @click.command("universal", short_help="Convert DeepSpeed ZeRO to a universal checkpoint.")
@@ -63,15 +63,15 @@ def universal_cmd(src, out, tag, dry_run, export_frozen, target_stage, trust_pic
         sys.exit(EXIT_OK)
     v = res.verification
     if res.frozen_only:
-        click.echo(f"{plan.shown(res.out)} is already a complete universal checkpoint: not converted again")
+        echo(f"{plan.shown(res.out)} is already a complete universal checkpoint: not converted again")
     else:
-        click.echo(f"Wrote {plan.shown(res.out)} ({res.files} files) in {res.seconds:.1f} s — verified ✓ "
-                   f"({v.checked} parameters; fp32 bit-exact vs the source masters)")
+        echo(f"Wrote {plan.shown(res.out)} ({res.files} files) in {res.seconds:.1f} s — verified ✓ "
+             f"({v.checked} parameters; fp32 bit-exact vs the source masters)")
     if res.frozen_file:
-        click.echo(f"Frozen parameters/buffers written to {plan.shown(res.frozen_file)}")
+        echo(f"Frozen parameters/buffers written to {plan.shown(res.frozen_file)}")
     for w in res.verification.notes:
-        click.echo(f"  note: {w}")
-    click.echo("")
-    click.echo(res.instructions)
+        echo(f"  note: {w}")
+    echo("")
+    echo(res.instructions)
     sys.exit(EXIT_OK)
 

@@ -6,15 +6,24 @@
 - ``stamp`` / ``snapshot`` / ``changed``: did the source change while we read it (size, mtime,
   inode, device)?
 - ``check_writable`` / ``check_space`` / ``check_output_folder``: output preflight (folder exists and
-  is writable, not read-only, enough free space, output empty, not inside the source). They raise
-  :class:`OutputError`, an ``OSError`` with the matching errno and a ``kind``; each writer says it
-  in its own words.
+  is writable, not read-only, enough free space, output empty, not a source, holding none and not
+  inside one: :func:`source_conflict`). They raise :class:`OutputError`, an ``OSError`` with the
+  matching errno and a ``kind``; each writer says it in its own words.
+- ``create_new`` / ``copy_new``: every file a writer creates is new (``O_CREAT|O_EXCL|O_NOFOLLOW``):
+  nothing is ever written through a symbolic link planted under its name.
+- ``regular_inside``: a side file (config, tokenizer) is copied only when it is a regular file whose
+  real path lies inside the folder it was found in.
+- ``owned_temp`` / ``sweep_stale``: a temp folder holds a lock for as long as its run lives; the next
+  run removes those whose lock nobody holds (killed runs'), never a live run's.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import shutil
+import stat as _stat
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,12 +61,57 @@ def fsync_dir(folder, *, best_effort: bool = False) -> None:
         os.close(fd)
 
 
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def create_new(path, mode: int = 0o644) -> int:
+    """Open a new file ``path`` for writing (``O_CREAT|O_EXCL|O_NOFOLLOW``): FileExistsError where any
+    entry, a symbolic link above all, already has that name. Returns the descriptor."""
+    return os.open(path, NEW_FILE, mode)
+
+
 def write_synced(path, data: Union[bytes, str]) -> None:
     """Write ``data`` to ``path`` (a new file inside a private temp folder) and fsync it."""
-    with open(path, "wb") as fh:
+    with os.fdopen(create_new(path), "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def copy_new(src, dst) -> None:
+    """Copy the regular file ``src`` (its last component not followed if it is a link) into the new file
+    ``dst`` (see :func:`create_new`), fsynced."""
+    # not O_NONBLOCK: an open that waits (a lease, a hierarchical store) must wait, not fail; the caller
+    # checked that ``src`` is a regular file (a FIFO would block here)
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(src))
+        with os.fdopen(create_new(dst), "wb") as out:
+            while True:
+                data = os.read(fd, 1 << 20)
+                if not data:
+                    break
+                out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    finally:
+        os.close(fd)
+
+
+def regular_inside(path, folder) -> Optional[str]:
+    """Why ``path`` (found in ``folder``) may not be copied out of a checkpoint, or None: it must be a
+    regular file whose real path lies inside ``folder``'s (a symbolic link to a file elsewhere, a
+    private file above all, is refused)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "it cannot be read"
+    if not _stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if os.path.islink(path) and not _under(real_path(path), real_path(folder)):
+        return "it is a symbolic link to a file outside its folder"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,10 +151,25 @@ def atomic_path(dest) -> Iterator[Path]:
 
 
 def atomic_write(dest, data: Union[bytes, str]) -> Path:
-    """Write ``data`` to ``dest`` atomically (see :func:`atomic_path`). Returns ``dest``."""
-    with atomic_path(dest) as tmp:
-        write_synced(tmp, data)
-    return Path(dest)
+    """Write ``data`` to ``dest`` atomically (as :func:`atomic_path`, through the descriptor of the new
+    temp file: never reopened by name). Returns ``dest``."""
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        _umask_mode(fd)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+        fsync_dir(dest.parent, best_effort=True)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return dest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,18 +219,32 @@ def changed(before: dict, after: dict) -> list[str]:
 
 class OutputError(OSError):
     """An output cannot be written there. ``kind``: missing · read-only · not-writable · no-space ·
-    not-a-folder · not-empty · inside-source; ``errno`` matches it; ``free``/``need`` for no-space."""
+    not-a-folder · not-empty · inside-source; ``errno`` matches it; ``free``/``need`` for no-space;
+    ``relation`` ("is", "inside", "holds") and ``source`` for inside-source (see :func:`source_conflict`)."""
 
     ERRNO = {"missing": errno.ENOENT, "read-only": errno.EROFS, "not-writable": errno.EACCES,
              "no-space": errno.ENOSPC, "not-a-folder": errno.ENOTDIR, "not-empty": errno.ENOTEMPTY,
              "inside-source": errno.EINVAL}
 
-    def __init__(self, kind: str, path, *, free: Optional[int] = None, need: Optional[int] = None):
+    def __init__(self, kind: str, path, *, free: Optional[int] = None, need: Optional[int] = None,
+                 relation: str = "inside", source=None):
         super().__init__(self.ERRNO[kind], os.strerror(self.ERRNO[kind]), str(path))
         self.kind = kind
         self.path = Path(path)
         self.free = free
         self.need = need
+        self.relation = relation
+        self.source = source
+
+    def source_text(self, out=None, source=None) -> str:
+        """An inside-source refusal in words: ``out`` (default: the path) and the source it is, holds or
+        lies inside (``source``: it as the user can type it)."""
+        out = self.path if out is None else out
+        src = self.source if source is None else source
+        return {"is": f"the output folder {out} is the source {src}",
+                "inside": f"the output folder {out} is inside the source {src}",
+                "holds": f"the output folder {out} holds the source {src} (--overwrite would delete it)",
+                }[self.relation] + ": ckpt-tui never writes into or removes a source; choose --out outside it"
 
 
 def free_bytes(folder) -> int:
@@ -196,6 +279,38 @@ def check_space(folder, need: int) -> None:
         raise OutputError("no-space", folder, free=free, need=need)
 
 
+def real_path(p) -> Path:
+    """``p`` absolute with every symbolic link resolved (what does not exist yet kept as written)."""
+    return Path(os.path.realpath(os.fspath(p)))
+
+
+def _under(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def source_conflict(out, *, folders: Iterable = (), files: Iterable = ()) -> Optional[tuple[str, str]]:
+    """Why a command reading ``folders`` (the checkpoint, its tag, its components: OUT may not be one,
+    hold one or lie inside one) and ``files`` (every file it reads or copies: OUT may not be one or
+    hold one) may not write the output folder ``out``, compared as real paths: (relation, source) with
+    relation "is", "inside" or "holds" -- or None. An ``--overwrite`` of OUT removes what it holds."""
+    o = real_path(out)
+    folders = [f for f in folders if f is not None and not is_url(f)]
+    files = [f for f in files if f is not None and not is_url(f)]
+    reals = [(str(f), real_path(f)) for f in folders]
+    for shown, r in reals:
+        if o == r:
+            return "is", shown
+    for shown, r in reals:
+        if _under(o, r):
+            return "inside", shown
+    for f in [*folders, *files]:
+        # the link itself and what it points to: removing either loses the source
+        for r in {real_path(f), real_path(os.path.dirname(os.path.abspath(f))) / os.path.basename(f)}:
+            if _under(r, o):
+                return "holds", str(f)
+    return None
+
+
 def inside(path, root) -> bool:
     """Is ``path`` ``root`` or below it (symlinks resolved)?"""
     try:
@@ -214,13 +329,100 @@ def check_output_folder(out, *, overwrite: bool = False) -> None:
         raise OutputError("not-empty", out)
 
 
-def preflight_output(out, *, need: int = 0, source=None, overwrite: bool = False) -> None:
-    """Everything a writer of a new output folder checks before it starts, in this order: not inside
-    ``source``; absent or empty (see :func:`check_output_folder`); its parent exists and is
-    writable; ``need`` bytes free there. Raises :class:`OutputError`."""
+def check_sources(out, *, folders: Iterable = (), files: Iterable = ()) -> None:
+    """OutputError("inside-source") where ``out`` is, holds or lies inside a source (:func:`source_conflict`)."""
+    got = source_conflict(out, folders=folders, files=files)
+    if got is not None:
+        raise OutputError("inside-source", out, relation=got[0], source=got[1])
+
+
+def preflight_output(out, *, need: int = 0, source=None, overwrite: bool = False, folders: Iterable = (),
+                     files: Iterable = ()) -> None:
+    """Everything a writer of a new output folder checks before it starts, in this order: not a source,
+    holding none and not inside one (``source`` and ``folders``: folders it reads; ``files``: files it
+    reads, see :func:`source_conflict`); absent or empty (see :func:`check_output_folder`); its parent
+    exists and is writable; ``need`` bytes free there. Raises :class:`OutputError`."""
     out = Path(out)
-    if source is not None and not is_url(source) and inside(out, source):
-        raise OutputError("inside-source", out)
+    check_sources(out, folders=[source, *folders], files=files)
     check_output_folder(out, overwrite=overwrite)
     check_writable(out.parent)
     check_space(out.parent, need)
+
+
+# ---------------------------------------------------------------------------------------------
+# temp folders that say whose they are
+
+OWNER_FILE = ".ckpt-tui-owner"  # inside a temp folder: flock'ed by the run that made it, for its life
+_owned: dict[str, int] = {}
+
+
+def _take(path, create: bool) -> Optional[int]:
+    """A descriptor of the lock file ``path`` with an exclusive flock on it, or None where another process
+    holds it. Never through a symbolic link; nothing is written to it."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def owned_temp(folder, prefix: str) -> Path:
+    """Sweep the stale temp folders ``prefix*`` in ``folder`` (:func:`sweep_stale`), then create ours
+    (``mkdtemp``) holding its owner lock until :func:`remove_temp`."""
+    sweep_stale(folder, prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+    try:
+        fd = _take(tmp / OWNER_FILE, create=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _owned[str(tmp)] = fd  # type: ignore[assignment]
+    return tmp
+
+
+def remove_temp(tmp) -> None:
+    """Remove a folder of :func:`owned_temp` and let go of its lock."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    fd = _owned.pop(str(tmp), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def sweep_stale(folder, prefix: str) -> list[Path]:
+    """Remove the folders ``prefix*`` in ``folder`` that are provably ours and dead: real folders (not
+    links) of this user holding an owner lock (:data:`OWNER_FILE`) that nobody holds -- a killed run's.
+    A live run holds its lock, a folder without one is not known to be ours: both are left. Returns what
+    was removed."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for n in names:
+        p = Path(folder) / n
+        if str(p) in _owned:
+            continue
+        try:
+            st = os.lstat(p)
+            if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = _take(p / OWNER_FILE, create=False)
+        except OSError:
+            continue
+        if fd is None:  # its run is alive
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not p.exists():
+            removed.append(p)
+    return removed

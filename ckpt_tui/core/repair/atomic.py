@@ -17,7 +17,7 @@ import stat as _stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
-from ..fsutil import OutputError, Stamp, check_space, check_writable, fsync_dir, stamp
+from ..fsutil import OutputError, Stamp, check_space, check_writable, create_new, fsync_dir, stamp
 from ..names import BACKUP_SUFFIX  # the scan names backups by it too
 from ..progress import check_cancel, report
 
@@ -57,6 +57,40 @@ def _os_error(e: OSError, what: str) -> RepairError:
     if e.errno == errno.ENOSPC:
         return RepairError(f"{what}: no space left on the device. Nothing was changed.")
     return RepairError(f"{what}: {e.strerror or e}. Nothing was changed.")
+
+
+def link_on_path(root: Path, target: Path) -> Optional[Path]:
+    """The first symbolic link among the entries from ``root`` (exclusive: the folder the user named) down
+    to ``target`` (inclusive), or None. A repair through one would change the file it points to: another
+    checkpoint's, or anyone's."""
+    root, target = Path(os.path.abspath(root)), Path(os.path.abspath(target))
+    try:
+        parts = target.relative_to(root).parts
+    except ValueError:
+        return target  # not below the checkpoint at all: treated as a link out of it
+    p = root
+    for part in parts:
+        p = p / part
+        try:
+            if _stat.S_ISLNK(os.lstat(p).st_mode):
+                return p
+        except FileNotFoundError:
+            return None
+    return None
+
+
+def refuse_links(root: Path, target: Path) -> None:
+    """RepairError where a symbolic link lies between ``root`` and ``target`` (:func:`link_on_path`)."""
+    link = link_on_path(root, target)
+    if link is not None:
+        raise RepairError(link_refusal(link))
+
+
+def link_refusal(link: Path, shown: Optional[str] = None) -> str:
+    """Why a repair refuses the symbolic link ``link`` (``shown``: it as the user can type it)."""
+    return (f"{shown or link} is a symbolic link (to {os.path.realpath(link)}): a repair through it would change "
+            "what it points to, not this checkpoint. Nothing was changed; repair the checkpoint it points to "
+            "there, or replace the link with a copy")
 
 
 def preflight(folder: Path, needed: int) -> None:
@@ -131,14 +165,17 @@ def backup_state(target: Path) -> str:
 
 def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: bool, needed: int,
                  watch: tuple[Path, ...] = (), verify: Optional[Callable[[Path], None]] = None,
-                 on_progress=None, cancel=None, label: str = "") -> Optional[Path]:
+                 on_progress=None, cancel=None, label: str = "", root: Optional[Path] = None) -> Optional[Path]:
     """Write ``target`` anew through ``write(fileobj)``: temp file beside it, fsync, checks, backup by
     hard link, ``os.replace``, fsync of the folder. ``verify(tmp)`` re-reads the written temp file
     before anything is replaced (raise to abort). ``watch``: files (besides the target) whose
-    change during the write aborts it. Returns the backup path (or None). On any error nothing is
-    changed: the temp file is removed, and a backup link this call made is removed again."""
+    change during the write aborts it. ``root``: the checkpoint the user named; a symbolic link
+    between it and ``target`` (the target itself included) is refused (without ``root``: the target
+    itself). Returns the backup path (or None). On any error nothing is changed: the temp file is
+    removed, and a backup link this call made is removed again."""
     target = Path(target)
     folder = target.parent
+    refuse_links(root if root is not None else folder, target)
     preflight(folder, needed)
     cleanup_leftovers(target)
     watched = (target, *watch)
@@ -154,7 +191,7 @@ def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: boo
     fd = None
     try:
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = create_new(tmp)
         except OSError as e:
             raise _os_error(e, str(folder)) from None
         with os.fdopen(fd, "wb") as f:

@@ -12,7 +12,7 @@ from ..fsutil import stamp
 from ..names import step_of
 from ..progress import report
 from ..types import MODEL_ROLES, Finding, Node, Plan, PlanStep, user_path
-from .atomic import RepairError, backup_path, replace_file
+from .atomic import RepairError, backup_path, link_on_path, link_refusal, replace_file
 from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
 from .run import Repair
 
@@ -73,6 +73,17 @@ def _cannot(rep, f: Finding, rid: str, why: str, notes: tuple[str, ...] = ()) ->
                   root=rep.inventory.path, can_apply=False)
 
 
+def _link(rep, f: Finding, rid: str, target: Path) -> Optional[Repair]:
+    """The repair that refuses, saying why, where a symbolic link lies between the checkpoint and the file
+    it would write (a symlinked tag folder, `latest`, DCP folder or the file itself); else None."""
+    link = link_on_path(rep.inventory.path, target)
+    if link is None:
+        return None
+    r = _cannot(rep, f, rid, link_refusal(link, _rel(rep.inventory, link)))
+    r.refused = True
+    return r
+
+
 # ------------------------------------------------------------------ universal_checkpoint_info
 
 
@@ -81,6 +92,9 @@ def _universal_info(rep, f: Finding) -> Repair:
     node = inv.node(f.path)
     root = inv.path
     target = (node.abspath if node else root / f.path) / "mp_rank_00_model_states.pt"
+    link = _link(rep, f, "universal-info", target)
+    if link is not None:
+        return link
     if not target.is_file():
         return _cannot(rep, f, "universal-info", f"{target} does not exist")
     with open(target, "rb") as fh:
@@ -110,11 +124,13 @@ def _universal_info(rep, f: Finding) -> Repair:
     )
     title = f"add universal_checkpoint_info to {_rel(inv, target)}"
     r = Repair("universal-info", f.code, f.path, title, Plan(title, steps, notes), root=root)
-    r.action = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel, lambda x: _rel(inv, x))
+    r.action = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel, lambda x: _rel(inv, x),
+                                                                 root=root)
     return r
 
 
-def _apply_universal_info(target: Path, on_progress, cancel, show=str) -> tuple[bool, str, Optional[Path], list[Path]]:
+def _apply_universal_info(target: Path, on_progress, cancel, show=str,
+                          root: Optional[Path] = None) -> tuple[bool, str, Optional[Path], list[Path]]:
     if not target.is_file():
         raise RepairError(f"{target} no longer exists")
     with open(target, "rb") as src:
@@ -157,7 +173,7 @@ def _apply_universal_info(target: Path, on_progress, cancel, show=str) -> tuple[
                     raise RepairError("verification failed: the re-read top-level dict is not the old one plus the key")
 
         bak = replace_file(target, write, backup=True, needed=size + len(new) - len(pkl) + 4096, verify=verify,
-                           on_progress=on_progress, cancel=cancel, label="verified")
+                           on_progress=on_progress, cancel=cancel, label="verified", root=root)
     return True, f"added {UCI_KEY} = {UCI_VALUE!r} to {show(target)}; the original is kept as {show(bak)}", bak, [target]
 
 
@@ -203,6 +219,9 @@ def _latest(rep, f: Finding) -> Repair:
                                                                  or step_of(c.name) is not None)]
     complete = [c for c in tags if _complete(rep, c)]
     target = parent.abspath / name
+    link = _link(rep, f, "latest", target)
+    if link is not None:
+        return link
     if not complete:
         why = "no complete tag folder here" + (f" (incomplete: {', '.join(t.name for t in tags[:4])})" if tags else "")
         return _cannot(rep, f, "latest", why)
@@ -230,11 +249,11 @@ def _latest(rep, f: Finding) -> Repair:
     title = f"point {_rel(inv, target)} at {best.name}"
     r = Repair("latest", f.code, f.path, title, Plan(title, tuple(steps), tuple(notes)), root=root)
     r.action = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel,
-                                                        lambda x: _rel(inv, x))
+                                                        lambda x: _rel(inv, x), root=root)
     return r
 
 
-def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel, show=str):
+def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel, show=str, root: Optional[Path] = None):
     if not tagdir.is_dir():
         raise RepairError(f"{tagdir} no longer exists")
     if target.is_file():
@@ -245,7 +264,7 @@ def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel,
             raise RepairError(f"{target}: {e.strerror}") from None
     data = content.encode()
     bak = replace_file(target, lambda fh: fh.write(data), backup=True, needed=len(data) + 4096,
-                       on_progress=on_progress, cancel=cancel)
+                       on_progress=on_progress, cancel=cancel, root=root)
     msg = f"{show(target)} now names {content}" + (f"; the old file is kept as {show(bak)}" if bak else "")
     return True, msg, bak, [target]
 
@@ -293,6 +312,9 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     root = inv.path
     node = inv.node(f.path)
     folder = node.abspath if node else root / f.path
+    link = _link(rep, f, "dcp-metadata", folder / ".metadata.tmp") or _link(rep, f, "dcp-metadata", folder / ".metadata")
+    if link is not None:
+        return link
     ok, why = check_metadata_tmp(folder, inv.trust_pickles)
     target = folder / ".metadata"
     tmp = folder / ".metadata.tmp"
@@ -308,11 +330,11 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     title = f"rebuild {_rel(inv, target)} from .metadata.tmp"
     r = Repair("dcp-metadata", f.code, f.path, title, Plan(title, steps, (why,)), root=root)
     trust = inv.trust_pickles
-    r.action = lambda on_progress, cancel: _apply_dcp(folder, trust, on_progress, cancel)
+    r.action = lambda on_progress, cancel: _apply_dcp(folder, trust, on_progress, cancel, root=root)
     return r
 
 
-def _apply_dcp(folder: Path, trust: bool, on_progress, cancel):
+def _apply_dcp(folder: Path, trust: bool, on_progress, cancel, root: Optional[Path] = None):
     target = folder / ".metadata"
     tmp = folder / ".metadata.tmp"
     if target.is_file():
@@ -330,7 +352,7 @@ def _apply_dcp(folder: Path, trust: bool, on_progress, cancel):
             raise RepairError("verification failed: the written .metadata differs from .metadata.tmp")
 
     replace_file(target, lambda fh: fh.write(data), backup=False, needed=len(data) + 4096, watch=(tmp,),
-                 verify=verify, on_progress=on_progress, cancel=cancel)
+                 verify=verify, on_progress=on_progress, cancel=cancel, root=root)
     return True, f"wrote .metadata ({len(data)} bytes) from .metadata.tmp ({why})", None, [target]
 
 

@@ -46,6 +46,7 @@ class Repair(JsonFields):
     root: Path = field(repr=False, default=Path("."))
     writes: bool = True  # False: advice only (e.g. "run ckpt-tui export")
     can_apply: bool = True  # False: the plan explains why it cannot be done
+    refused: bool = False  # it would apply, but ckpt-tui refuses it (a symbolic link on the way): a failure
     # (on_progress, cancel) -> (changed, message, backup, written); set by the repair's planner
     action: Optional[Callable] = field(default=None, repr=False)
     trust_pickles: bool = False

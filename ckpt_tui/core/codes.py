@@ -48,6 +48,8 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
     FindingCode("universal-info-missing", ("warning", "info"),
                 "ZeRO-1/2 states lack universal_checkpoint_info: ds_to_universal refuses them", "universal-info"),
     FindingCode("shard-missing", ("error",), "a rank file named in .metadata or implied by the world size is absent"),
+    FindingCode("dcp-chunk-gap", ("error",), "a DCP tensor whose chunks leave part of it unwritten (export refuses it)"),
+    FindingCode("dcp-chunk-overlap", ("warning",), "a DCP tensor whose chunks overlap (exported as torch reads them)"),
     FindingCode("world-size-mismatch", ("error", "warning"), "rank files from another world size are mixed in"),
     FindingCode("megatron-files-missing", ("error",), "Megatron-Core torch_dist without metadata.json or common.pt"),
     FindingCode("latest-dangling", ("error",), "`latest` names a tag that is not there", "latest"),

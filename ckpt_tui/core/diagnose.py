@@ -178,6 +178,20 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                            f"`{inv.shown(p + '/.metadata')}` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
                            "Copy them from the nodes that wrote them (each rank writes its own); without them the "
                            "tensors they hold cannot be loaded."))
+    meta = f"`{inv.shown(p + '/' + ((f.get('metadata_files') or ['.metadata'])[0]))}`"
+    if f.get("chunk_gaps"):
+        names = ", ".join(f["chunk_gaps"])
+        out.append(Finding("dcp-chunk-gap", "error", p,
+                           f"{meta} gives tensors chunks that leave part of them unwritten ({names}): no file holds "
+                           "those values, and torch's DCP loader would leave them as whatever memory held. A rank's "
+                           "chunk records are missing from the metadata; use an earlier complete checkpoint."
+                           + _sibling_hint(inv, n)))
+    if f.get("chunk_overlaps"):
+        names = ", ".join(f["chunk_overlaps"])
+        out.append(Finding("dcp-chunk-overlap", "warning", p,
+                           f"{meta} gives tensors chunks that overlap ({names}): two records hold the same "
+                           "elements, and which one a load keeps is the loader's order. ckpt-tui exports them as "
+                           "torch's DCP loader reads them; compare the result with what you expect."))
     lost = _megatron_files_missing(inv, n)
     if lost:
         them = "it" if len(lost) == 1 else "them"

@@ -96,6 +96,8 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     containers: list[str]  # top-level state-dict keys, most frequent first ("model", "optimizer", ...)
     bytes_entries: int  # non-tensor (pickled bytes) entries
     split_dims: list[int]  # dimensions along which tensors are split into chunks
+    chunk_gaps: list[str]  # tensors whose chunks leave part of them unwritten (the first 8)
+    chunk_overlaps: list[str]  # tensors whose chunks overlap (the first 8)
     tensor_parallel: int  # Megatron-Core torch_dist: tensor-parallel size, from how the tensors are split
     stacked_layers: int  # Megatron-Core torch_dist: layers stacked along a leading dimension (decoder.layers.…)
 

@@ -79,6 +79,7 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
     outputs = output_tensors(folder, info, strip_prefix)
     if not outputs:
         raise FormatError("this DCP folder holds no model tensors (only optimizer or other state)")
+    refuse_gaps(info, {k for k, _, _ in outputs})
     notes = []
     stacked = {k for k, _, layer in outputs if layer is not None}
     if stacked:
@@ -87,6 +88,25 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
                      "checkpoint's keys (megatron's local layer spec loads its input_layernorm/pre_mlp_layernorm from "
                      "self_attention.linear_qkv.layer_norm_*/mlp.linear_fc1.layer_norm_*)")
     return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general), notes=notes)
+
+
+def refuse_gaps(info: dcpfmt.DcpInfo, keys) -> None:
+    """FormatError where a tensor of ``keys`` has chunks that leave part of it unwritten: torch's loader would fill
+    that part from ``torch.empty``, so no export or reference read of it is ever right."""
+    gaps = [k for k in info.chunk_gaps if k in keys]
+    if gaps:
+        raise FormatError(f".metadata gives {len(gaps)} tensor(s) chunks that leave part of them unwritten "
+                          f"({', '.join(gaps[:8])}): no file holds those values (dcp-chunk-gap)")
+
+
+def _checked_storage(key: str, st: dict) -> dict:
+    """A storage entry whose offset and length are non-negative integers (torch's reader would seek or read a
+    negative length: a traceback, not a message)."""
+    off, length = st.get("offset"), st.get("length")
+    if type(off) is not int or type(length) is not int or off < 0 or length < 0:
+        raise FormatError(f".metadata places a chunk of {key!r} at a negative or non-integer offset or length "
+                          f"({off!r}, {length!r}) in {st.get('relative_path')!r}: the metadata is corrupt")
+    return st
 
 
 def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: bool = False) -> list[SourceTensor]:
@@ -108,9 +128,19 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: boo
         for idx, st in (_d(meta).get("storage_data") or {}).items():
             di = _d(idx)
             if di.get("fqn") in keys:
-                storage[(di["fqn"], tuple(di.get("offset") or ()))] = _d(st)
+                storage[(di["fqn"], tuple(di.get("offset") or ()))] = _checked_storage(di["fqn"], _d(st))
     tensors = []
     by_name = {t.name: t for t in info.tensors}
+    for key in keys:  # what torch will read: the general reader's records, checked again
+        offs = [tuple(_d(c).get("offsets") or ()) for c in chunks.get(key, [])]
+        sizes = [tuple(_d(c).get("sizes") or ()) for c in chunks.get(key, [])]
+        try:
+            gap, _ = dcpfmt.chunk_cover(by_name[key].shape, offs, sizes)
+        except FormatError as e:
+            raise FormatError(f".metadata: tensor {key!r}: {e}") from None
+        if gap:
+            raise FormatError(f".metadata gives tensor {key!r} chunks that leave part of it unwritten: no file holds "
+                              "those values (dcp-chunk-gap)")
     stacks: dict = {}  # the one stacked tensor loaded whole by the general path, for its layers in turn
     for key, out_name, layer in outputs:
         ti = by_name[key]
@@ -287,6 +317,13 @@ def _general_loader(folder: Path, key: str, ti, planner_data: Optional[bool] = N
     return lambda: load_one(folder, key, ti, planner_data).contiguous()
 
 
+def _torch_failed(key: str, e: Exception) -> FormatError:
+    """torch's DCP loader failed on ``key``: one line (its CheckpointException carries every rank's traceback)."""
+    first = str(e).strip().splitlines()
+    last = [ln for ln in first if ln and not ln.startswith((" ", "Traceback"))][-1:] or first[:1]
+    return FormatError(f"torch's DCP loader could not read {key!r}: {type(e).__name__}: {' '.join(last)[:300]}")
+
+
 def load_one(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
     """One whole tensor of a DCP folder, read by torch's own DCP loader.
 
@@ -300,12 +337,17 @@ def load_one(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
     if planner_data is None:
         planner_data = bool(dcpfmt.read(folder).planner_data)
     reader = FileSystemReader(str(folder))
-    if not planner_data:
-        sd = {key: torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))}
-        _load_state_dict(sd, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
-        return sd[key]
-    sd = {}
-    _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
+    try:
+        if not planner_data:
+            sd = {key: torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))}
+            _load_state_dict(sd, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+            return sd[key]
+        sd = {}
+        _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # CheckpointException, OSError, ValueError, RuntimeError...: a message, not a traceback
+        raise _torch_failed(key, e) from None
     # the loaded dict is nested again: walk it by the key's structure
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 

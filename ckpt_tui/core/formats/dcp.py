@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import accumulate, product, repeat
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,6 +53,10 @@ class DcpInfo:
     # tensor -> (distinct chunk offsets, the most of them sharing one offset[:1]), where read folded (one .metadata)
     chunk_layout: dict[str, tuple[int, int]] = field(default_factory=dict)
     chunk_count: int = 0  # chunk records in all
+    chunk_gaps: list[str] = field(default_factory=list)  # tensors whose chunks leave part of them unwritten
+    chunk_overlaps: list[str] = field(default_factory=list)  # tensors whose chunks overlap
+    # rank-local metadata files: tensor -> its distinct (offsets, sizes) over the files, checked once all are read
+    merged_chunks: dict[str, set] = field(default_factory=dict)
 
     @property
     def keys(self) -> list[str]:
@@ -213,6 +217,8 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
             continue
         if up.unsafe:  # a finding: let the general reader decide what it can still read
             break
+        if facts is not None and facts.negative:
+            raise FormatError("storage data with a negative offset or length")
         _check_metadata(up.obj)
         return up.obj, up.unsafe, size, (states, files)
     return (*_general(data), size, None)
@@ -229,7 +235,64 @@ def read(folder: Path) -> DcpInfo:
     with gc_paused():
         for src in sources:
             _read_one(info, src, merge=len(sources) > 1)
+    for t in info.tensors:  # rank-local files list a replicated tensor's chunk once per rank: distinct ones count
+        recs = info.merged_chunks.get(t.name)
+        if recs is not None:
+            _note_cover(info, t, [r[0] for r in recs], [r[1] for r in recs])
+    info.merged_chunks.clear()
     return info
+
+
+def _note_cover(info: DcpInfo, t: TensorInfo, offsets: list, sizes: list) -> None:
+    try:
+        gap, overlap = chunk_cover(t.shape, offsets, sizes)
+    except FormatError as e:
+        raise FormatError(f"tensor {t.name!r}: {e}") from None
+    _note(info, t.name, gap, overlap)
+
+
+def _note(info: DcpInfo, name: str, gap: bool, overlap: bool) -> None:
+    if gap:
+        info.chunk_gaps.append(name)
+    if overlap:
+        info.chunk_overlaps.append(name)
+
+
+def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
+    """The tiling check of one tensor's folded chunk records (:data:`ChunkSummary`)."""
+    recs = fold.records()
+    if len(recs) == 2:  # read the ordinary way: tuples
+        offsets, sizes = recs
+        if merge:
+            info.merged_chunks.setdefault(t.name, set()).update(zip(offsets, sizes))
+        else:
+            _note_cover(info, t, offsets, sizes)
+        return
+    first, rest, sizes = recs  # the rewritten records' tokens: each distinct token decoded once
+    nd, n = len(t.shape), len(first)
+    heads = {tok: dcp_stream.decode_ints(tok) for tok in set(first)}
+    tails = {tok: dcp_stream.decode_ints(tok) for tok in set(rest)}
+    sized = {tok: dcp_stream.decode_ints(tok) for tok in set(sizes)}
+    if (set(map(len, heads.values())) - {min(nd, 1)} or set(map(len, tails.values())) - {max(nd - 1, 0)}
+            or set(map(len, sized.values())) - {nd}):
+        raise FormatError(f"tensor {t.name!r}: a chunk whose offsets or sizes are not of the tensor's {nd} "
+                          "dimensions")
+
+    def column(tokens: list, table: dict, j: int) -> list:
+        vals = {v[j] for v in table.values()}
+        if len(vals) == 1:
+            return [vals.pop()] * n
+        return list(map(operator.itemgetter(j), map(table.__getitem__, tokens)))
+
+    ocols = ([column(first, heads, 0)] + [column(rest, tails, j) for j in range(nd - 1)]) if nd else []
+    scols = [column(sizes, sized, j) for j in range(nd)]
+    if merge:
+        info.merged_chunks.setdefault(t.name, set()).update(zip(zip(*ocols), zip(*scols)) if nd else [((), ())] * n)
+        return
+    try:
+        _note(info, t.name, *cover_columns(t.shape, n, ocols, scols))
+    except FormatError as e:
+        raise FormatError(f"tensor {t.name!r}: {e}") from None
 
 
 def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
@@ -253,6 +316,8 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
                 numel *= d
             ti = TensorInfo(key, size, dtype, numel * ITEMSIZE.get(dtype, 1))
             chunks = _get(md, "chunks") or []
+            if isinstance(chunks, ChunkSummary):
+                _fold_cover(info, ti, chunks, merge)
             if isinstance(chunks, ChunkSummary) and not merge:
                 info.chunk_layout[key] = (chunks.distinct, chunks.per_first)
                 info.chunk_dims |= chunks.split_dims
@@ -265,14 +330,21 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
                 chunks.release()  # freed tensor by tensor, not all at once at the end (GIL)
             else:
                 offsets = info.chunk_offsets.setdefault(key, [])
+                mine: tuple[list, list] = ([], [])
                 for ch in chunks:
                     offs = tuple(_get(ch, "offsets") or ())
                     sizes = tuple(_get(ch, "sizes") or ())
                     offsets.append(offs)
+                    mine[0].append(offs)
+                    mine[1].append(sizes)
                     info.chunk_count += 1
                     for d, (o, s) in enumerate(zip(offs, sizes)):
                         if len(size) > d and (o != 0 or s != size[d]):
                             info.chunk_dims.add(d)
+                if merge:
+                    info.merged_chunks.setdefault(key, set()).update(zip(*mine))
+                else:
+                    _note_cover(info, ti, *mine)
             if key not in seen:
                 seen.add(key)
                 info.tensors.append(ti)
@@ -300,9 +372,13 @@ def storage_ends(states: list, files: dict[str, int]) -> None:
         if not isinstance(d, dict) or d.get("relative_path") is None:
             continue
         try:
-            end = int(d.get("offset") or 0) + int(d.get("length") or 0)
+            offset, length = int(d.get("offset") or 0), int(d.get("length") or 0)
         except (TypeError, ValueError):
             raise FormatError("storage data with a non-numeric offset or length") from None
+        if offset < 0 or length < 0:
+            raise FormatError(f"storage data with a negative offset or length ({offset}, {length}) in "
+                              f"{d['relative_path']!r}")
+        end = offset + length
         rel = str(d["relative_path"])
         if end > files.get(rel, -1):
             files[rel] = end
@@ -319,8 +395,11 @@ def storage_ends_fast(states: list, files: dict[str, int], step: int = 65_536) -
         if set(map(type, part)) != {dict}:
             return False
         rels = list(map(dict.get, part, repeat("relative_path", n)))
-        ends = list(map(operator.add, map(dict.get, part, repeat("offset", n), repeat(0, n)),
-                        map(dict.get, part, repeat("length", n), repeat(0, n))))
+        offs = list(map(dict.get, part, repeat("offset", n), repeat(0, n)))
+        lens = list(map(dict.get, part, repeat("length", n), repeat(0, n)))
+        if set(map(type, offs)) - {int} or set(map(type, lens)) - {int} or min(offs) < 0 or min(lens) < 0:
+            return False  # the one-at-a-time pass says what is wrong
+        ends = list(map(operator.add, offs, lens))
         if not _ends_in_order(rels, ends, last):
             return False
     _merge_ends(last, files)
@@ -342,6 +421,89 @@ def _merge_ends(last: dict, files: dict) -> None:
     for rel, end in last.items():
         if end > files.get(rel, -1):
             files[rel] = end
+
+
+MAX_COVER_CELLS = 1 << 22  # the most grid cells the tiling check paints for one tensor of an irregular layout
+
+
+def chunk_cover(shape: tuple, offsets: list, sizes: list) -> tuple[bool, bool]:
+    """(a gap, an overlap) of the chunks ``offsets[i]``/``sizes[i]`` (tuples) over a tensor of ``shape``: do they
+    tile it exactly? Raises FormatError for a chunk that is not of the tensor's rank, not of non-negative integers,
+    or reaches outside the tensor. Near-linear for the layouts frameworks write (a split along one dimension, or a
+    grid over several)."""
+    nd = len(shape)
+    if set(map(len, offsets)) - {nd} or set(map(len, sizes)) - {nd} or len(offsets) != len(sizes):
+        raise FormatError(f"a chunk whose offsets or sizes are not of the tensor's {nd} dimensions")
+    return cover_columns(shape, len(offsets), [list(map(operator.itemgetter(d), offsets)) for d in range(nd)],
+                         [list(map(operator.itemgetter(d), sizes)) for d in range(nd)])
+
+
+def cover_columns(shape: tuple, n: int, ocols: list, scols: list) -> tuple[bool, bool]:
+    """:func:`chunk_cover` over the chunks' coordinates by dimension: ``ocols[d][i]`` chunk i's offset along d."""
+    nd = len(shape)
+    whole = 1
+    for d in shape:
+        whole *= d
+    ends = []
+    for d in range(nd):
+        o, z = ocols[d], scols[d]
+        if n and (set(map(type, o)) - {int} or set(map(type, z)) - {int} or min(o) < 0 or min(z) < 0):
+            raise FormatError("a chunk with a negative or non-integer offset or size")
+        e = list(map(operator.add, o, z))
+        if n and max(e) > shape[d]:
+            raise FormatError(f"a chunk reaching outside its tensor (to {max(e)} along dimension {d} of "
+                              f"{shape[d]})")
+        ends.append(e)
+    if whole == 0:
+        return False, False
+    vol = [1] * n
+    for z in scols:
+        vol = list(map(operator.mul, vol, z))
+    keep = [i for i, v in enumerate(vol) if v]  # an empty chunk covers nothing (torch.chunk's tail ranks)
+    if len(keep) != n:
+        ocols = [[c[i] for i in keep] for c in ocols]
+        scols = [[c[i] for i in keep] for c in scols]
+        ends = [[c[i] for i in keep] for c in ends]
+    m = len(keep)
+    if not m:
+        return True, False
+    split = [d for d in range(nd) if max(ocols[d]) != 0 or min(scols[d]) != shape[d]]
+    if not split:  # every chunk is the whole tensor
+        return False, m > 1
+    if len(split) == 1:
+        d = split[0]
+        pairs = sorted(zip(ocols[d], ends[d]))
+        starts = [p[0] for p in pairs]
+        reach = list(accumulate((p[1] for p in pairs), max))
+        gap = starts[0] > 0 or reach[-1] < shape[d] or any(map(operator.gt, starts[1:], reach))
+        return gap, any(map(operator.lt, starts[1:], reach))
+    # a grid: the cells between every chunk boundary along each split dimension
+    bounds = [sorted(set(ocols[d]) | set(ends[d]) | {0, shape[d]}) for d in split]
+    index = [{b: i for i, b in enumerate(bs)} for bs in bounds]
+    cells = 1
+    for bs in bounds:
+        cells *= len(bs) - 1
+    lo = [list(map(ix.__getitem__, ocols[d])) for ix, d in zip(index, split)]
+    hi = [list(map(ix.__getitem__, ends[d])) for ix, d in zip(index, split)]
+    if all(list(map(operator.sub, h, lo_)) == [1] * m for h, lo_ in zip(hi, lo)):  # each chunk one cell
+        distinct = len(set(zip(*lo)))
+        return distinct < cells, distinct < m
+    if cells > MAX_COVER_CELLS:
+        raise FormatError(f"a chunk layout too irregular to check ({m} chunks over {cells} grid cells)")
+    seen: dict = {}
+    painted = 0
+    for box in zip(*lo, *hi):
+        k = len(split)
+        spans = [range(box[j], box[k + j]) for j in range(k)]
+        size = 1
+        for r in spans:
+            size *= len(r)
+        painted += size
+        if painted > MAX_COVER_CELLS:
+            raise FormatError(f"a chunk layout too irregular to check ({m} chunks over {cells} grid cells)")
+        for cell in product(*spans):
+            seen[cell] = seen.get(cell, 0) + 1
+    return len(seen) < cells, painted > len(seen)
 
 
 # Megatron-Core torch_dist: a transformer block's layers are saved as one tensor per parameter with a leading layer

@@ -85,6 +85,10 @@ class DcpFolder(FolderFormat):
             f["param_count"] = 0
         if info.chunk_dims:
             f["split_dims"] = sorted(info.chunk_dims)
+        if info.chunk_gaps:
+            f["chunk_gaps"] = info.chunk_gaps[:8]
+        if info.chunk_overlaps:
+            f["chunk_overlaps"] = info.chunk_overlaps[:8]
         if node.child("metadata.json") is not None and dcpfmt.is_megatron_dist(node.abspath):
             tp = dcpfmt.megatron_tensor_parallel(info)
             if tp:
@@ -107,12 +111,14 @@ class DcpFolder(FolderFormat):
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
-        from ..export.dcp_source import load_one, output_tensors
+        from ..export.dcp_source import load_one, output_tensors, refuse_gaps
 
         info = dcpfmt.read(node.abspath)
         by_name = {t.name: t for t in info.tensors}
+        outputs = output_tensors(node.abspath, info, strip_prefix)
+        refuse_gaps(info, {k for k, _, _ in outputs})
         loaded: dict = {}
-        for key, name, layer in output_tensors(node.abspath, info, strip_prefix):
+        for key, name, layer in outputs:
             if key not in loaded:
                 loaded.clear()
                 loaded[key] = load_one(node.abspath, key, by_name[key], bool(info.planner_data))

@@ -175,10 +175,14 @@ class StreamFacts:
         self.runs: list = []
         self.ends: dict[bytes, int] = {}  # path token -> furthest end
         self.refs: set[bytes] = set()  # reference tokens whose path the unpickler resolves
+        self.negative = False  # an entry with a negative offset or length (corrupt: the reader says so)
 
     def add_storage(self, paths: list, offsets: list, lengths: list) -> list[int]:
         """Fold one frame's entries; the indexes of the entries to patch: the first of each new reference."""
-        ends = list(map(operator.add, _ints(offsets), _ints(lengths)))
+        offsets, lengths = _ints(offsets), _ints(lengths)
+        if min(offsets, default=0) < 0 or min(lengths, default=0) < 0:
+            self.negative = True
+        ends = list(map(operator.add, offsets, lengths))
         last = dict(zip(paths, ends))
         if any(map(operator.gt, ends, map(last.__getitem__, paths))):  # a path's last entry is not its furthest
             last = {}
@@ -221,7 +225,7 @@ class ChunkFold:
 
     def __init__(self, size: tuple, first: list, rest: list, sizes: list):
         self.count = len(first)
-        self._first, self._rest = first, rest
+        self._first, self._rest, self._sizes = first, rest, sizes
         nd = len(size)
         firsts = set(first)
         uniq = None
@@ -262,8 +266,12 @@ class ChunkFold:
         """The distinct offsets, decoded (merging rank-local metadata files needs them)."""
         return {decode_ints(f) + decode_ints(r) for f, r in set(zip(self._first, self._rest))}
 
+    def records(self) -> tuple[list, list, list]:
+        """The records' (first offset, other offsets, sizes) tokens, in order (the tiling check decodes them)."""
+        return self._first, self._rest, self._sizes
+
     def release(self) -> None:
-        self._first = self._rest = []
+        self._first = self._rest = self._sizes = []
 
 
 # ---- the rewrite -------------------------------------------------------------------------------------------------

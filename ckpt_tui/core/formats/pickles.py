@@ -614,6 +614,7 @@ class TupleFold:
                     if nd > d and (a != 0 or b != size[d]):
                         dims.add(d)
         self.count, self.offsets, self.distinct, self.split_dims = len(offs), uniq, len(uniq), dims
+        self._records = (offs, sizes)  # every record's offsets and sizes, in order (the tiling check)
         if not uniq:
             self.per_first = 0
         elif nd == 0 or set(map(len, uniq)) != {nd}:
@@ -622,8 +623,12 @@ class TupleFold:
             firsts = list(map(_FIRST0, uniq))
             self.per_first = 1 if len(set(firsts)) == len(firsts) else max(Counter(firsts).values())
 
+    def records(self) -> tuple[list, list]:
+        return self._records
+
     def release(self) -> None:
         self.offsets = set()
+        self._records = ([], [])
 
 
 ChunkSummary = (ChunkFold, TupleFold)  # a tensor's chunk records, folded

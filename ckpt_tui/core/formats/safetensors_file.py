@@ -62,15 +62,18 @@ class SafetensorsFiles(FileFormat):
         return strip_names(safetensors_source(node.abspath), strip_prefix)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         from ..export.file_sources import safetensors_source
 
         files = sorted({r.path for t in safetensors_source(node.abspath).tensors for r in (t.ranges or ())})
         for f in files:
-            with safe_open(f, framework="pt") as st:
-                for k in st.keys():
-                    yield k, st.get_tensor(k)
+            try:
+                with safe_open(f, framework="pt") as st:
+                    for k in st.keys():
+                        yield k, st.get_tensor(k)
+            except SafetensorError as e:  # a message, never "internal error" (the header check above agrees)
+                raise FormatError(f"{f}: the safetensors library refuses it: {e}") from None
 
 
 class HfModelFolder(FolderFormat):

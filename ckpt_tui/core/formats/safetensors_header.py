@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from math import prod
+from operator import itemgetter, mul, sub
 from pathlib import Path
+from typing import Optional
 
 from ..dtypes import FROM_ST_CODE
 from ..storage import as_path, open_read
@@ -34,7 +38,22 @@ class SafetensorsHeader:
         return 8 + self.header_len
 
 
+# Every dtype the safetensors library (0.8) knows, and its bits per element: a header naming another is refused by
+# the library, so it is corrupt here too. The ones ckpt-tui has no torch dtype for (FROM_ST_CODE) are valid headers
+# it cannot list (kind "unreadable", not "corrupt").
+ST_BITS: dict[str, int] = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
+_U64 = 1 << 64  # the library reads offsets and dims as usize: a JSON int, 0 <= x < 2**64
+_FIELDS = ("dtype", "shape", "data_offsets")
+_NEG_ZERO = -0.0  # what "-0" parses to here: a float, as the library's JSON reader sees it
+
+
 def read_header(path: Path) -> SafetensorsHeader:
+    """The header, validated as strictly as the safetensors library's own reader (``safe_open``): a header it
+    would refuse raises FormatError, so nothing it cannot read is ever exported or verified."""
     path = as_path(path)
     size = storage_size(path)
     if size < 8:
@@ -46,53 +65,190 @@ def read_header(path: Path) -> SafetensorsHeader:
         if 8 + n > size:
             raise FormatError(f"header says {n} bytes of JSON but the file has only {size - 8}", "truncated")
         raw = f.read(n)
+    header = _parse(raw)
+    if "__metadata__" in header:
+        metadata = header.pop("__metadata__")
+        if metadata is None:
+            metadata = {}
+        elif not isinstance(metadata, dict) or set(map(type, metadata.values())) - {str}:
+            raise FormatError("__metadata__ is not a map of strings to strings (safetensors refuses it)")
+    else:
+        metadata = {}
+    tensors, offsets = _tensors(header, size - 8 - n)
+    return SafetensorsHeader(path, size, n, tensors, offsets, metadata)
+
+
+def _parse(raw: bytes) -> dict:
+    """The JSON header as the library's reader (serde_json) takes it: UTF-8 only, no NaN/Infinity, ``-0`` a float,
+    a tensor's field or ``__metadata__`` given twice refused (any other duplicate key: the last one wins, in both)."""
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(f"header is not UTF-8: {e}") from None
+    kw: dict = {"parse_constant": _no_constant}
+    if b"-0" in raw:
+        kw["parse_int"] = _int_or_neg_zero
+    try:
+        header = json.loads(text, **kw)
+        if isinstance(header, dict) and not _no_duplicates_possible(raw, header):
+            dups: dict[int, set] = {}
+            header = json.loads(text, object_pairs_hook=lambda pairs: _pairs(pairs, dups), **kw)
+            _check_duplicates(header, dups)
+    except (json.JSONDecodeError, RecursionError) as e:
         raise FormatError(f"header is not valid JSON: {e}") from None
     if not isinstance(header, dict):
         raise FormatError("header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise FormatError("__metadata__ is not a JSON object")
-    data_len = size - 8 - n
-    tensors: list[TensorInfo] = []
-    offsets: dict[str, tuple[int, int]] = {}
-    spans = []
-    for name, entry in header.items():
+    if b"\\u" in raw:  # an escape can make a lone surrogate, which the library's reader refuses
         try:
-            dt = entry["dtype"]
-            shape = tuple(int(x) for x in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise FormatError(f"header entry {name!r} lacks dtype/shape/data_offsets") from None
-        if dt not in FROM_ST_CODE:
-            raise FormatError(f"tensor {name!r} has unknown dtype {dt!r}")
-        tname, item = FROM_ST_CODE[dt]
-        if any(d < 0 for d in shape) or begin < 0 or end < begin:
-            raise FormatError(f"tensor {name!r} has a negative shape or inverted offsets")
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel * item != end - begin:
-            raise FormatError(f"tensor {name!r}: shape {list(shape)} × {dt} needs {numel * item} bytes, "
-                              f"offsets give {end - begin}")
-        if end > data_len:
-            raise FormatError(f"tensor {name!r} ends at byte {end} of the data block, which has {data_len}: "
-                              "the file is truncated", "truncated")
-        spans.append((begin, end, name))
-        tensors.append(TensorInfo(name, shape, tname, end - begin))
-        offsets[name] = (begin, end)
-    spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            raise FormatError(f"tensors {n0!r} and {n1!r} overlap in the data block")
-    end = max((e for _, e, _ in spans), default=0)
+            json.dumps(header, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise FormatError("header holds a string with a lone UTF-16 surrogate escape") from None
+    return header
+
+
+def _no_constant(name: str):
+    raise FormatError(f"header is not valid JSON: {name} is not a JSON number")
+
+
+def _int_or_neg_zero(text: str):
+    return _NEG_ZERO if text == "-0" else int(text)
+
+
+def _no_duplicates_possible(raw: bytes, header: dict) -> bool:
+    """Each field named once per entry and ``__metadata__`` at most once, by counting the names in the text (any
+    other spelling, a name inside a string or a duplicate tensor name: read again with the duplicate check)."""
+    n = len(header) - ("__metadata__" in header)
+    return (raw.count(b'"dtype"') == raw.count(b'"shape"') == raw.count(b'"data_offsets"') == n
+            and raw.count(b'"__metadata__"') <= 1)
+
+
+def _pairs(pairs: list, dups: dict) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set = set()
+        dups[id(d)] = {k for k, _ in pairs if k in seen or seen.add(k)}
+    return d
+
+
+def _check_duplicates(header: dict, dups: dict) -> None:
+    if "__metadata__" in dups.get(id(header), ()):
+        raise FormatError("header names __metadata__ twice (safetensors refuses it)")
+    for name, e in header.items():
+        if name != "__metadata__" and isinstance(e, dict) and dups.get(id(e), set()) & set(_FIELDS):
+            raise FormatError(f"header entry {name!r} names a field twice (safetensors refuses it)")
+
+
+def _entry(name: str, e) -> tuple:
+    """(dtype, shape, data_offsets) of one entry: an object with those fields (others ignored) or, as the library
+    also reads it, an array of the three."""
+    if isinstance(e, dict):
+        try:
+            return e["dtype"], e["shape"], e["data_offsets"]
+        except KeyError:
+            pass
+    elif isinstance(e, list) and len(e) == 3:
+        return tuple(e)
+    raise FormatError(f"header entry {name!r} lacks dtype/shape/data_offsets")
+
+
+def _is_u64(x) -> bool:
+    return type(x) is int and 0 <= x < _U64
+
+
+def _check_entry(name: str, e) -> tuple:
+    """One entry checked alone, with a message naming what is wrong (the slow path, taken only for a header the
+    fast checks refused, or one in another form)."""
+    dt, shape, offs = _entry(name, e)
+    if type(dt) is not str or dt not in ST_BITS:
+        raise FormatError(f"tensor {name!r} has unknown dtype {dt!r}")
+    if type(shape) is not list or not all(map(_is_u64, shape)):
+        raise FormatError(f"tensor {name!r} has a shape that is not a list of non-negative integers: {shape!r}")
+    if type(offs) is not list or len(offs) != 2 or not all(map(_is_u64, offs)):
+        raise FormatError(f"tensor {name!r} has data_offsets that are not two non-negative integers: {offs!r}")
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel >= _U64:
+            raise FormatError(f"tensor {name!r}: shape {shape} overflows the element count")
+    bits = numel * ST_BITS[dt]
+    begin, end = offs
+    if bits >= _U64 or bits % 8:
+        raise FormatError(f"tensor {name!r}: shape {shape} × {dt} is not a whole number of bytes")
+    if end < begin:
+        raise FormatError(f"tensor {name!r} has inverted offsets {offs}")
+    if bits // 8 != end - begin:
+        raise FormatError(f"tensor {name!r}: shape {shape} × {dt} needs {bits // 8} bytes, offsets give {end - begin}")
+    return dt, shape, begin, end
+
+
+def _columns(header: dict) -> Optional[tuple[list, list, list, list]]:
+    """(dtypes, shapes, begins, ends) of every entry in C-level passes, or None where any entry is not plainly valid
+    (then each is checked alone, for the message)."""
+    entries = list(header.values())
+    if set(map(type, entries)) - {dict}:
+        return None
+    try:
+        dtypes = list(map(itemgetter("dtype"), entries))
+        shapes = list(map(itemgetter("shape"), entries))
+        offs = list(map(itemgetter("data_offsets"), entries))
+    except KeyError:
+        return None
+    if (set(map(type, dtypes)) - {str} or set(dtypes) - set(ST_BITS) or set(map(type, shapes)) - {list}
+            or set(map(type, offs)) - {list} or set(map(len, offs)) - {2}):
+        return None
+    begins = list(map(itemgetter(0), offs))
+    ends = list(map(itemgetter(1), offs))
+    dims = list(chain.from_iterable(shapes))
+    ints = begins + ends + dims
+    if ints and (set(map(type, ints)) - {int} or min(ints) < 0 or max(ints) >= _U64):
+        return None
+    numels = list(map(prod, shapes))
+    if numels and max(numels) >= _U64 or 0 in numels and any(max(s, default=0) >= 1 << 32 for s in shapes):
+        return None  # an element count past usize, or (with a 0 dimension) one that may overflow on the way
+    bits = list(map(mul, numels, map(ST_BITS.__getitem__, dtypes)))
+    lengths = list(map(sub, ends, begins))
+    if bits and max(bits) >= _U64 or list(map(mul, lengths, repeat(8))) != bits:
+        return None  # also a sub-byte dtype's partial last byte, and inverted offsets (a negative length)
+    return dtypes, shapes, begins, ends
+
+
+def _tensors(header: dict, data_len: int) -> tuple[list[TensorInfo], dict[str, tuple[int, int]]]:
+    names = list(header)
+    cols = _columns(header)
+    if cols is None:
+        checked = [_check_entry(name, e) for name, e in header.items()]
+        cols = tuple(map(list, zip(*checked))) if checked else ([], [], [], [])  # type: ignore[assignment]
+    dtypes, shapes, begins, ends = cols
+    # the library sorts the tensors by (begin, end): each must start where the one before it ended
+    order = sorted(range(len(names)), key=list(zip(begins, ends)).__getitem__)
+    starts = [begins[i] for i in order]
+    stops = [ends[i] for i in order]
+    if starts and starts[0] != 0 or starts[1:] != stops[:-1]:
+        at = next(k for k in range(len(order)) if starts[k] != (stops[k - 1] if k else 0))
+        name, before = names[order[at]], names[order[at - 1]] if at else None
+        if before is not None and starts[at] < stops[at - 1]:
+            raise FormatError(f"tensors {before!r} and {name!r} overlap in the data block")
+        what = f"after {before!r} ends at byte {stops[at - 1]}" if before is not None else "at the start"
+        raise FormatError(f"the data block has a hole {what}: {name!r} starts at byte {starts[at]}")
+    end = stops[-1] if stops else 0
+    if end > data_len:
+        raise FormatError(f"tensor {names[order[-1]]!r} ends at byte {end} of the data block, which has {data_len}: "
+                          "the file is truncated", "truncated")
     if end != data_len:
         # safetensors requires the tensors to cover the data block exactly ("incomplete buffer")
         raise FormatError(f"the tensors cover {end} bytes of a {data_len}-byte data block: the header length or "
                           "the offsets are wrong")
-    return SafetensorsHeader(path, size, n, tensors, offsets, metadata)
+    unread = set(dtypes) - set(FROM_ST_CODE)
+    if unread:
+        raise FormatError(f"dtype {', '.join(sorted(unread))} (valid safetensors) has no torch dtype ckpt-tui reads",
+                          "unreadable")
+    tnames = list(map(_TORCH_NAME.__getitem__, dtypes))
+    lengths = list(map(sub, ends, begins))
+    tensors = list(map(TensorInfo, names, map(tuple, shapes), tnames, lengths))
+    return tensors, dict(zip(names, zip(begins, ends)))
+
+
+_TORCH_NAME = {code: name for code, (name, _) in FROM_ST_CODE.items()}
 
 
 def read_index(path: Path) -> dict:

@@ -13,6 +13,7 @@ from textual.app import App, SystemCommand
 
 from ..core.storage import as_path
 from .actions import ACTIONS, bindings
+from .format import visible
 from .screens.dialogs import ConfirmDialog, HelpScreen
 from .screens.main import MainScreen
 
@@ -79,7 +80,7 @@ class CkptApp(App):
             return
         why = self.main.why_not(a.action)
         if why:
-            self.notify(f"{a.label}: not now — {why}.", severity="warning")
+            self.notify(visible(f"{a.label}: not now — {why}."), severity="warning", markup=False)
         else:
             self.run_action(a.action, self.main)
 

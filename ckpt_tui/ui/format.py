@@ -1,16 +1,34 @@
 """The TUI's styling of what core/present.py spells: severity styles, badge colours, node labels, fact rows.
-Severity is a glyph as well as a colour."""
+Severity is a glyph as well as a colour.
+
+Text from a checkpoint (names, paths, ``latest``, messages quoting them) is never parsed as Textual or Rich
+markup, so no ``[@click=…]`` action and no link can come from a file: it is shown as :func:`plain` Content or a
+:func:`plain_text` Text, its control characters as escapes (``core.safetext.visible``). Our own styling is spans
+of those objects."""
 
 from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
+from textual.content import Content
 
 from ..core.layout import deepspeed_layout
 from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
+from ..core.safetext import visible
 
-__all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst", "middle_ellipsis"]
+__all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst", "middle_ellipsis",
+           "plain", "plain_text", "visible"]
+
+
+def plain(text: object, *, lines: bool = True) -> Content:
+    """``text`` as Content that is never markup, its control characters shown as escapes (newlines kept)."""
+    return Content(visible(text, lines=lines))
+
+
+def plain_text(text: object, style: str = "", *, lines: bool = False) -> Text:
+    """``text`` as a Rich Text (never markup), its control characters shown as escapes."""
+    return Text(visible(text, lines=lines), style=style)
 
 SEV_STYLE = {sev: color if sev == "info" else f"bold {color}" for sev, color in SEVERITY_COLOR.items()}
 BADGE_STYLE = {"model": "bold black on green", "optimizer": "bold black on magenta",
@@ -26,7 +44,7 @@ GAP = Style(italic=True)
 def node_label(node, findings=()) -> Text:
     """``▲ MODEL name/ 1.6 MB`` or ``name badge 1.6 MB``: one plain space between the parts, each part a
     styled span of one Text (a tree line never wraps: no non-breaking spaces)."""
-    name = (node.abspath.name if node.path == "." else node.name) + ("/" if node.is_dir else "")
+    name = visible(node.abspath.name if node.path == "." else node.name) + ("/" if node.is_dir else "")
     sev = worst(findings)
     badge = role_badge(node.role)
     main = node.role in MAIN_ROLES

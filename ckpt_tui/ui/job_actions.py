@@ -99,9 +99,7 @@ class JobActions:
                                                                         cancel=cancel))
 
     def _done_export(self, worker, info) -> None:
-        from textual.content import Content
-
-        from .format import size
+        from .format import plain, size
 
         results = worker.result if isinstance(worker.result, tuple) else (worker.result,)
         parts = []
@@ -112,7 +110,7 @@ class JobActions:
                          f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}"
                          f"\n\n{notes}\n\nLoad it with:\n{code}")
         body = "\n\n".join(parts)
-        self.app.push_screen(MessageDialog("Export finished ✔", Content(body)))  # literal: code has [brackets]
+        self.app.push_screen(MessageDialog("Export finished ✔", plain(body)))  # never markup: code has [brackets]
 
     # ------------------------------------------------------------------ universal
     def universal_choice(self) -> tuple[Optional[object], str]:
@@ -178,10 +176,10 @@ class JobActions:
                                                                                      cancel=cancel))
 
     def _done_resume(self, worker, info) -> None:
-        from textual.content import Content
+        from .format import plain
 
         r = worker.result
-        self.app.push_screen(MessageDialog("Ready to resume under torch FSDP2 ✔", Content(r.instructions)))  # literal
+        self.app.push_screen(MessageDialog("Ready to resume under torch FSDP2 ✔", plain(r.instructions)))  # literal
 
     # ------------------------------------------------------------------ stats
     def action_stats(self) -> None:

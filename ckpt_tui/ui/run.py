@@ -25,8 +25,10 @@ def run_app(app, *, debug: bool = False) -> int:
     if err is None:  # Textual set a non-zero return code without an exception we saw
         print(f"ckpt-tui: the terminal UI stopped with exit code {app.return_code}", file=sys.stderr)
         return EXIT_FINDINGS
+    from ..core.safetext import visible
+
     first = (str(err).strip().splitlines() or [""])[0]
-    print(f"ckpt-tui: the terminal UI stopped on an error: {type(err).__name__}: {first}", file=sys.stderr)
+    print(visible(f"ckpt-tui: the terminal UI stopped on an error: {type(err).__name__}: {first}"), file=sys.stderr)
     if not debug:
         log = write_crash_log(err)
         where = f"the full log is in {log} (--debug shows it here)" if log else "run with --debug to see the traceback"

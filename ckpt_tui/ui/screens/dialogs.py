@@ -17,9 +17,16 @@ from textual.widgets import Button, Static
 from ...core.codes import CODES
 from ...core.present import GLYPH
 from ..actions import ACTIONS
+from ..format import plain, visible
 
 # rows a dialog's frame takes besides its scrolled body: border 2, padding 2, title 2, buttons 4
 FRAME_ROWS = 10
+
+
+def shown(body):
+    """A dialog's title or body: a str (which may quote a checkpoint) as plain Content, never markup; a Content
+    or Text the caller built is kept."""
+    return plain(body) if isinstance(body, str) else body
 
 
 class Dialog(ModalScreen):
@@ -49,10 +56,10 @@ class ConfirmDialog(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.title_text, classes="title")
+            yield Static(shown(self.title_text), classes="title")
             if self.body:
                 with VerticalScroll():
-                    yield Static(self.body)
+                    yield Static(shown(self.body))
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.no} (n)", id="no")
                 yield Button(f"{self.yes} (y)", id="yes", variant="primary")
@@ -80,9 +87,9 @@ class MessageDialog(Dialog):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.title_text, classes="title")
+            yield Static(shown(self.title_text), classes="title")
             with VerticalScroll():
-                yield Static(self.body)
+                yield Static(shown(self.body))
             with Horizontal(classes="buttons"):
                 yield Button("Close (enter)", id="close", variant="primary")
 
@@ -120,7 +127,7 @@ class HelpScreen(Dialog):
             why = self.why_not.get(a.id)
             text = Text(a.help)
             if why:
-                text.append(f" — not now: {why}", style="italic")
+                text.append(f" — not now: {visible(why)}", style="italic")
             keys.add_row(a.key_display or a.key, text)
         keys.add_row("j / k", "Down / up in the tree, tables and this help")
         keys.add_row("enter", "Open a folder, or jump to a finding's file")

@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Static
 
 from ...core.present import GLYPH
 from ...core.types import SEVERITY_RANK
+from ..format import plain, plain_text
 
 
 class FindingsScreen(ModalScreen):
@@ -29,7 +30,7 @@ class FindingsScreen(ModalScreen):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(f" Findings ({len(self.findings)}) — enter: go to the file · x: fix · esc: close")
+            yield Static(plain(f" Findings ({len(self.findings)}) — enter: go to the file · x: fix · esc: close"))
             yield DataTable(cursor_type="row", id="findings-table")
             yield Static("", id="finding-message")
 
@@ -37,13 +38,14 @@ class FindingsScreen(ModalScreen):
         t = self.query_one(DataTable)
         t.add_columns("", "severity", "code", "path", "fix")
         for i, f in enumerate(self.findings):
-            t.add_row(GLYPH[f.severity], f.severity, f.code, f.path, f.fix or "", key=str(i))
+            # every cell a Text: a DataTable parses a str cell as markup, and a path is the file's name
+            t.add_row(*(plain_text(c) for c in (GLYPH[f.severity], f.severity, f.code, f.path, f.fix or "")), key=str(i))
         t.focus()
         self._show(0)
 
     def _show(self, i: int) -> None:
         if self.findings:
-            self.query_one("#finding-message", Static).update(self.findings[i].message)
+            self.query_one("#finding-message", Static).update(plain(self.findings[i].message))  # never markup
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show(event.cursor_row)

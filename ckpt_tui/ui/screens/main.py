@@ -16,7 +16,6 @@ from typing import Optional
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.content import Content
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -28,6 +27,7 @@ from ...core.report import Report
 from ...core.storage import is_url
 from ...core.types import MODEL_ROLES, Node
 from ..actions import bindings
+from ..format import plain
 from ..job_actions import JobActions, by_severity
 from ..jobs import JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
@@ -66,7 +66,7 @@ class MainScreen(JobActions, Screen):
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
-        yield Static(f"Scanning {self.path} …", id="summary")
+        yield Static(plain(f"Scanning {self.path} …"), id="summary")
         with Horizontal(id="main"):
             yield CheckpointTree(id="tree")
             with Vertical(id="right"):
@@ -121,7 +121,7 @@ class MainScreen(JobActions, Screen):
         if info is not None and info.kind == "scan" and self.report is None:
             # the scan's own progress, in the summary line until the facts replace it: the files analysed, then
             # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded
-            self.query_one("#summary", Static).update(Content(f"Scanning {self.path} … {progress_text(msg.progress)}"))
+            self.query_one("#summary", Static).update(plain(f"Scanning {self.path} … {progress_text(msg.progress)}"))
             return
         row = self.query_one(JobsPanel).row(msg.worker)
         if row is not None:
@@ -147,7 +147,7 @@ class MainScreen(JobActions, Screen):
         elif end == "failed":
             self.app.push_screen(MessageDialog(f"{info.title} failed", error_text(worker), error=True))
         elif end == "cancelled":
-            self.notify(f"{info.title}: cancelled. {info.cleanup_note}".strip())
+            self.notify(plain(f"{info.title}: cancelled. {info.cleanup_note}".strip()).plain, markup=False)
         elif end == "done":
             getattr(self, f"_done_{info.kind}")(worker, info)
 
@@ -194,7 +194,7 @@ class MainScreen(JobActions, Screen):
 
     def _scan_done(self, worker: Worker, end: str) -> None:
         if end == "failed":
-            self.query_one("#summary", Static).update(f"✖ {error_text(worker)}")
+            self.query_one("#summary", Static).update(plain(f"✖ {error_text(worker)}"))
             self.app.push_screen(MessageDialog("Cannot open this path", error_text(worker), error=True))
         elif end == "done":
             # the inventory is long-lived: move it out of the GC's way, so later collections (which run
@@ -206,7 +206,7 @@ class MainScreen(JobActions, Screen):
         self._tensor_cache = {}
         self._shown_component = "unset"
         if report is None:
-            self.query_one("#summary", Static).update(f"Scanning {self.path} …")
+            self.query_one("#summary", Static).update(plain(f"Scanning {self.path} …"))
             return
         inv = report.inventory
         by_path: dict[str, list] = {}
@@ -214,7 +214,7 @@ class MainScreen(JobActions, Screen):
             by_path.setdefault(f.path, []).append(f)
         counts = {s: sum(1 for f in report.findings if f.severity == s) for s in GLYPH}
         marks = "  ".join(f"{g} {counts[s]}" for s, g in GLYPH.items() if counts[s])
-        self.query_one("#summary", Static).update(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
+        self.query_one("#summary", Static).update(plain(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems")))
         tree = self.query_one(CheckpointTree)
         tree.load(inv.root, by_path)
         target = inv.model_path()

@@ -18,7 +18,7 @@ from ...core.facts import DeepSpeedZeroFacts
 from ...core.fsutil import OutputError, check_output_folder, free_bytes
 from ...core.storage import is_url
 from ...core.types import user_path
-from ..format import size
+from ..format import plain, size, visible
 
 
 class Wizard(ModalScreen):
@@ -97,7 +97,7 @@ class Wizard(ModalScreen):
     def action_next(self) -> None:
         err = self.validate_step(self.STEPS[self.step])
         if err:
-            self.notify(err, severity="error")
+            self.notify(visible(err), severity="error", markup=False)  # it may name a path
             return
         if self.step == len(self.STEPS) - 1:
             self.dismiss(self.result())
@@ -167,8 +167,8 @@ class PlannedWizard(Wizard):
 
     def _planned(self, plan, text, err) -> None:
         self.plan, self.plan_error = plan, err
-        self.query_one("#plan-head", Static).update(self.READY if plan else f"{self.FAILED}: {err}")
-        self.query_one("#plan-text", Static).update(text if plan else "")
+        self.query_one("#plan-head", Static).update(plain(self.READY if plan else f"{self.FAILED}: {err}"))
+        self.query_one("#plan-text", Static).update(plain(text if plan else ""))  # a plan names files: never markup
         nxt = self.query_one("#next", Button)
         nxt.disabled = not self.can_run()
         if plan is None:
@@ -229,7 +229,7 @@ class ExportWizard(PlannedWizard):
                          " pick another if you want." + (" Or its optimizer state (optimizer.safetensors + "
                                                          "optimizer_config.json), or both."
                                                          if self.optimizer_at is not None else ""), classes="explain")
-            ol = OptionList(*[Option(desc if p in (OPTIMIZER, BOTH) else f"{p}  —  {desc}", id=p)
+            ol = OptionList(*[Option(plain(desc if p in (OPTIMIZER, BOTH) else f"{p}  —  {desc}"), id=p)
                               for p, desc in self.candidates], id="source-list")
             yield ol
         with Vertical(id="output", classes="pane"):
@@ -286,19 +286,19 @@ class ExportWizard(PlannedWizard):
         try:
             free = free_bytes(parent)
         except OSError as e:
-            line.update(f"Cannot check free space: {e.strerror}")
+            line.update(plain(f"Cannot check free space: {e.strerror}"))
             return
         src = self.source()
         need = self.output_bytes.get(src)
         if need is None:
-            line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — sizing the export…")
+            line.update(plain(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — sizing the export…"))
             self._size_worker(src)
         elif isinstance(need, str):
-            line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — {need}")
+            line.update(plain(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — {need}"))
         else:
             ok = "enough" if free > need else "NOT ENOUGH"
-            line.update(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — the export writes "
-                        f"about {size(need)} ({ok}).")
+            line.update(plain(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — the export writes "
+                              f"about {size(need)} ({ok})."))
 
     @work(thread=True, exclusive=True, group="sizing", exit_on_error=False)
     def _size_worker(self, src: str) -> None:
@@ -427,7 +427,7 @@ class TagConversionWizard(PlannedWizard):
         why = self.why(f)
         out = self.default_out(_abs(self.report, self.tag_path))
         with Vertical(id="why", classes="pane"):
-            yield Static(why, classes="explain")
+            yield Static(plain(why), classes="explain")  # it quotes the tag's path
         with Vertical(id="output", classes="pane"):
             yield Static(self.OUT_HELP, classes="explain")
             yield Input(value=self.report.inventory.user_form(out), id="out")
@@ -491,7 +491,7 @@ class RepairWizard(Wizard):
     def panes(self) -> ComposeResult:
         with Vertical(id="diff", classes="pane"):
             with VerticalScroll():  # the plan's description begins with the repair's title
-                yield Static(self.repair.plan.describe())
+                yield Static(plain(self.repair.plan.describe()))  # it quotes the file: never markup
         with Vertical(id="confirm", classes="pane"):
             yield Static("The original is kept as a backup (named in the plan above); the new file is written to a "
                          "temp name, fsynced and moved into place. Afterwards ckpt-tui re-inspects the checkpoint."

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Input, Static
 
 from ...core.codes import fix_key
 from ...core.present import GLYPH, shape_text, short_dtype, size
-from ..format import SEV_STYLE, fact_rows, middle_ellipsis
+from ..format import SEV_STYLE, fact_rows, middle_ellipsis, plain_text, visible
 
 MAX_ROWS = 100
 
@@ -34,18 +34,18 @@ class Facts(Static):
         t.add_column(style="dim", no_wrap=True)
         t.add_column()
         for k, v in fact_rows(node):
-            t.add_row(k, v)
-        parts = [Text(node.path if node.path != "." else node.abspath.name, style="bold")]
+            t.add_row(k, plain_text(v))  # a fact's value may come from the file: never markup
+        parts = [plain_text(node.path if node.path != "." else node.abspath.name, "bold")]
         for f in findings:  # what is wrong comes first
             line = Text()
             line.append(f"{GLYPH[f.severity]} {f.severity} ", style=SEV_STYLE[f.severity])
-            line.append(f.code, style="bold")
+            line.append(visible(f.code), style="bold")
             if f.path != node.path:
-                line.append(f" in {f.path}", style="bold")
+                line.append(f" in {visible(f.path)}", style="bold")
             if f.fix:
                 line.append(f"  press {fix_key(f.fix)}: {f.fix}", style="reverse")
             parts.append(line)
-            parts.append(Text(f.message))
+            parts.append(plain_text(f.message, lines=True))
             parts.append(Text(""))
         parts.append(t)
         self.update(Group(*parts))
@@ -96,7 +96,8 @@ class TensorTable(Vertical):
 
     def _cells(self, r) -> dict:
         dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
-        cells = {"name": r.name, "size": Text(size(r.nbytes)), "dtype": Text(dtype), "shape": Text(shape_text(r.shape))}
+        cells = {"name": visible(r.name), "size": Text(size(r.nbytes)), "dtype": plain_text(dtype),
+                 "shape": Text(shape_text(r.shape))}
         if self._with_stats:
             st = self.stats.get(r.name)
             fmt = lambda v: "" if v is None else f"{v:.3g}"
@@ -188,7 +189,7 @@ class TensorTable(Vertical):
         count = f"{matches:,}/{len(self.rows):,} match '{text}'" if text else f"{matches:,} tensors"
         if matches > len(shown):
             count += f" ({len(shown)} shown)"
-        self.query_one("#tensor-count", Static).update(Text(count + (f" — {note}" if note else "")))
+        self.query_one("#tensor-count", Static).update(plain_text(count + (f" — {note}" if note else "")))
         self.last_filter_ms = (time.perf_counter() - t0) * 1000
 
     def on_input_changed(self, event: Input.Changed) -> None:

@@ -13,7 +13,7 @@ from textual.reactive import reactive
 from textual.widgets import ProgressBar, Static
 
 from ...core.progress import Progress, RateMeter
-from ..format import size
+from ..format import plain, size
 
 OUTCOME_TEXT = {"running": "", "done": "✔ done", "failed": "✖ failed", "cancelling": "■ cancelling…",
                 "cancelled": "■ cancelled"}
@@ -39,7 +39,7 @@ class JobRow(Horizontal):
         self._rate = RateMeter()
 
     def compose(self) -> ComposeResult:
-        yield Static(self.info.title[:17], classes="title")
+        yield Static(plain(self.info.title[:17], lines=False), classes="title")
         kw = {"clock": self.clock} if self.clock is not None else {}
         yield ProgressBar(total=None, show_eta=True, show_percentage=True, **kw)
         yield Static("starting…", classes="status")
@@ -51,7 +51,7 @@ class JobRow(Horizontal):
             self.query_one(ProgressBar).update(total=p.total, progress=p.done)
         if self.outcome == "running":
             now = self.clock.time if self.clock is not None else time.monotonic()
-            self.query_one(".status", Static).update(progress_text(p, self._rate.update(p, now)))
+            self.query_one(".status", Static).update(plain(progress_text(p, self._rate.update(p, now)), lines=False))
 
     def watch_outcome(self, outcome: str) -> None:
         p = self.progress
@@ -59,7 +59,7 @@ class JobRow(Horizontal):
             self.query_one(ProgressBar).update(total=p.total, progress=p.total)
         if outcome != "running":
             note = self.info.cleanup_note if outcome == "cancelled" else ""
-            self.query_one(".status", Static).update(f"{OUTCOME_TEXT[outcome]} {note}".strip())
+            self.query_one(".status", Static).update(plain(f"{OUTCOME_TEXT[outcome]} {note}".strip(), lines=False))
 
 
 def progress_text(p: Progress, rate: Optional[float] = None) -> str:

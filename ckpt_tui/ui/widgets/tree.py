@@ -16,7 +16,7 @@ from textual.widgets import Tree
 
 from ...core.present import universal_summary
 from ...core.types import Node
-from ..format import node_label
+from ..format import node_label, plain_text, visible
 
 MAX_CHILDREN = 400
 COLLAPSED = ("dcp", "deepspeed-universal")  # folders not opened at start (many shards, a folder per parameter)
@@ -93,7 +93,7 @@ class CheckpointTree(Tree[Node]):
         label = node_label(node, self._subtree_findings(node))
         if node.format == "deepspeed-universal":
             label.append(" ")
-            label.append(universal_summary(node.facts), style="dim")
+            label.append(visible(universal_summary(node.facts)), style="dim")
         return label
 
     def _fill(self, tnode, node: Node) -> None:
@@ -109,7 +109,7 @@ class CheckpointTree(Tree[Node]):
                 child = tnode.add_leaf(label, data=c)
             self._by_path[c.path] = child
         if len(kids) > MAX_CHILDREN:
-            tnode.add_leaf(f"… {len(kids) - MAX_CHILDREN} more (use `ckpt-tui inspect --all`)")
+            tnode.add_leaf(plain_text(f"… {len(kids) - MAX_CHILDREN} more (use `ckpt-tui inspect --all`)"))
 
     def on_tree_node_expanded(self, event: Tree.NodeExpanded) -> None:
         if event.node.data is not None:

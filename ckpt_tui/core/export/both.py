@@ -19,7 +19,16 @@ from typing import Optional
 from ..fsutil import OutputError, fsync_dir, preflight_output
 from ..progress import OnProgress
 from .plan import ExportPlan
-from .write import ExportError, ExportResult, execute, preflight
+from .write import (
+    ExportError,
+    ExportResult,
+    OutputLock,
+    check_out_vs_sources,
+    execute,
+    preflight,
+    refusal,
+    sweep_beside,
+)
 
 
 def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = True,
@@ -33,8 +42,13 @@ def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = Tru
     if clash & theirs:
         raise ExportError(f"the model and optimizer exports would both write {sorted(clash & theirs)[0]}")
     need = model.output_bytes + optimizer.output_bytes + (2 << 20)
+    for plan in (model, optimizer):  # OUT is neither's source, holds none and lies in none
+        try:
+            check_out_vs_sources(plan)
+        except OutputError as e:
+            raise ExportError(refusal(e, plan)) from None
     try:
-        preflight_output(out, need=need, source=model.source.path)
+        preflight_output(out, need=need)
     except OutputError as e:
         preflight(model, False)  # says why, as a single export would
         from ..units import naturalsize
@@ -44,7 +58,10 @@ def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = Tru
     pid = os.getpid()
     stage_m = out.parent / f".{out.name}.model-{pid}"
     stage_o = out.parent / f".{out.name}.optimizer-{pid}"
+    lock = OutputLock(out)  # held throughout: the staging folders beside OUT are ours alone
+    lock.acquire()
     try:
+        sweep_beside(out)  # what killed runs into OUT left (their staging folders too)
         rm = execute(dataclasses.replace(model, out=stage_m), verify=verify, on_progress=on_progress, cancel=cancel)
         ro = execute(dataclasses.replace(optimizer, out=stage_o), verify=verify, on_progress=on_progress,
                      cancel=cancel)
@@ -60,6 +77,7 @@ def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = Tru
     finally:
         shutil.rmtree(stage_m, ignore_errors=True)
         shutil.rmtree(stage_o, ignore_errors=True)
+        lock.release()
     rm.out = ro.out = out
     ro.notes = ro.notes + [f"written beside the model's files in {out.name}/"]
     return rm, ro

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE, ST_CODE, short_dtype
-from ..storage import as_path
+from ..fsutil import regular_inside
+from ..storage import as_path, is_url
 from ..types import Plan, PlanStep, in_user_form, numel
 from .prefix import PrefixChoice
 from .sources import Source, SourceTensor
@@ -74,6 +75,7 @@ class ExportPlan:
     prefix: Optional[PrefixChoice] = None  # the wrapper prefix decision (Lightning)
     stem: str = "model"  # output files: <stem>.safetensors, or shards + <stem>.safetensors.index.json
     extra_files: list[tuple[str, str]] = field(default_factory=list)  # (name in out, text): written beside them
+    not_copied: list[tuple[str, Path, str]] = field(default_factory=list)  # side files refused: (name, folder, why)
 
     @property
     def index_name(self) -> str:
@@ -115,6 +117,7 @@ class ExportPlan:
         steps += [PlanStep("write", name, None, len(text.encode())) for name, text in self.extra_files]
         steps += [PlanStep("copy", name, self.shown(p), p.stat().st_size) for p, name in self.copies]
         notes = list(self.notes)
+        notes += [f"{name} in {self.shown(d)} was not copied: {why}" for name, d, why in self.not_copied]
         notes += [f"tied: {a} is {b} (written once, as save_pretrained does)" for a, b in self.dropped_tied]
         if self.missing_config:
             notes.append("no " + ", ".join(self.missing_config) + " found: " + _missing_text(self.missing_config))
@@ -214,6 +217,25 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
     return plan
 
 
+SIDE_JSON_MAX = 16 << 20  # what the inspector reads of a JSON file
+
+
+def side_file_problem(p: Path, folder: Path) -> Optional[str]:
+    """Why the side file ``p`` (config, tokenizer), found in ``folder``, is not copied into an export, or
+    None: only a regular file whose real path lies inside ``folder`` (a symbolic link to a file elsewhere,
+    someone's private file, is not); a ``.json`` one must be JSON, as the inspector reads it."""
+    why = regular_inside(p, folder)
+    if why is not None or p.suffix != ".json":
+        return why
+    try:
+        if p.stat().st_size > SIDE_JSON_MAX:
+            return "it is larger than a config file can be"
+        json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return "it is not valid JSON (corrupt)"
+    return None
+
+
 def _find_configs(plan: ExportPlan, dirs: list[Path], config_path: Optional[Path]) -> None:
     found: dict[str, Path] = {}
     if config_path is not None:
@@ -228,7 +250,12 @@ def _find_configs(plan: ExportPlan, dirs: list[Path], config_path: Optional[Path
     for d in dirs:
         for name in CONFIG_FILES:
             p = as_path(d) / name
-            if name not in found and p.is_file():
-                found[name] = p
+            if name in found or not p.is_file():
+                continue
+            why = None if is_url(p) else side_file_problem(p, Path(d))
+            if why is not None:  # never copied: said, and a later folder's may still be taken
+                plan.not_copied.append((name, Path(d), why))
+                continue
+            found[name] = p
     plan.copies = [(p, name) for name, p in found.items()]
     plan.missing_config = [n for n in ("config.json",) if n not in found]

@@ -10,6 +10,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,18 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
-from ..fsutil import OutputError, changed, free_bytes, fsync_dir, fsync_file, preflight_output, snapshot, write_synced
+from ..fsutil import (
+    OutputError,
+    changed,
+    check_sources,
+    copy_new,
+    create_new,
+    free_bytes,
+    fsync_dir,
+    preflight_output,
+    snapshot,
+    write_synced,
+)
 from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
 from ..storage import as_path, is_url, read_chunks
@@ -161,7 +173,7 @@ def write_file(f: OutFile, path: Path, counter, cancel) -> None:
     """Write one output file (header, then every tensor's bytes) at ``path`` (must not exist), fsynced."""
     hdr = header_bytes(f)
     fds: dict[str, int] = {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = create_new(path)
     try:
         os.write(fd, hdr)
         off = len(hdr)
@@ -177,25 +189,58 @@ def write_file(f: OutFile, path: Path, counter, cancel) -> None:
             os.close(x)
 
 
+def source_folders(plan: ExportPlan) -> list[Path]:
+    """The folders an export reads from, which OUT may not be, hold or lie inside: SRC as given, the
+    component and every folder between them (a run's checkpoint), and a DeepSpeed tag's checkpoint (the
+    folder holding `latest`)."""
+    comp = Path(plan.source.path) if not is_url(plan.source.path) else None
+    if comp is None:
+        return []
+    comp = comp.absolute()
+    folders = [comp] if comp.is_dir() else []
+    if plan.src_given and not is_url(plan.src_given):
+        src = Path(plan.src_given).absolute()
+        if src.is_dir():
+            folders.append(src)
+        if src in comp.parents:
+            folders += [p for p in comp.parents if src in p.parents]
+    if comp.is_dir() and (comp.parent / "latest").is_file():
+        folders.append(comp.parent)
+    return list(dict.fromkeys(folders))
+
+
+def check_out_vs_sources(plan: ExportPlan, out: Optional[Path] = None) -> None:
+    """OutputError("inside-source") where OUT (``out``, default the plan's) is, holds or lies inside what
+    the export reads (:func:`source_folders`, every file read or copied)."""
+    check_sources(plan.out if out is None else out, folders=source_folders(plan),
+                  files=[*source_files(plan), *(p for p, _ in plan.copies)])
+
+
+def refusal(e: OutputError, plan: ExportPlan) -> str:
+    """What the output preflight found, said for an export."""
+    out, parent = plan.out, plan.out.parent
+    if e.kind == "no-space":
+        from ..units import naturalsize
+
+        return f"no space left on {parent}: the export needs {naturalsize(e.need)}, {naturalsize(e.free)} is free"
+    if e.kind == "inside-source":
+        return e.source_text(plan.out_given or out, plan.shown(e.source))
+    return {
+        "missing": f"{parent} does not exist; create it first",
+        "read-only": f"no write permission in {parent}",
+        "not-writable": f"no write permission in {parent}",
+        "not-a-folder": f"{out} exists and is not a folder",
+        "not-empty": f"{out} is not empty; choose another --out or pass --overwrite",
+    }[e.kind]
+
+
 def preflight(plan: ExportPlan, overwrite: bool) -> None:
     out = plan.out
-    parent = out.parent
     try:
-        preflight_output(out, need=plan.output_bytes + (1 << 20), source=plan.source.path, overwrite=overwrite)
+        check_out_vs_sources(plan)
+        preflight_output(out, need=plan.output_bytes + (1 << 20), overwrite=overwrite)
     except OutputError as e:
-        if e.kind == "no-space":
-            from ..units import naturalsize
-
-            raise ExportError(f"no space left on {parent}: the export needs {naturalsize(e.need)}, "
-                              f"{naturalsize(e.free)} is free") from None
-        raise ExportError({
-            "missing": f"{parent} does not exist; create it first",
-            "read-only": f"no write permission in {parent}",
-            "not-writable": f"no write permission in {parent}",
-            "not-a-folder": f"{out} exists and is not a folder",
-            "not-empty": f"{out} is not empty; choose another --out or pass --overwrite",
-            "inside-source": "the output folder is inside the source checkpoint; choose a folder outside it",
-        }[e.kind]) from None
+        raise ExportError(refusal(e, plan)) from None
 
 
 def source_files(plan: ExportPlan) -> list[Path]:
@@ -209,36 +254,108 @@ def source_files(plan: ExportPlan) -> list[Path]:
 
 class OutputLock:
     """The lock beside OUT (``.OUT.ckpt-tui.lock``) that one exporter into OUT holds, and the temp
-    folders (``.OUT.tmp-PID``) only the holder may create or sweep."""
+    folders (``.OUT.tmp-PID``) only the holder may create or sweep. The lock file is created with
+    ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a killed run's is reused, never through a symbolic link) and
+    nothing is ever written to it."""
 
     def __init__(self, out: Path):
         self.out = out
         self.path = out.parent / f".{out.name}.ckpt-tui.lock"
-        self.fh = None
+        self.fd: Optional[int] = None
 
     def acquire(self) -> None:
-        self.fh = open(self.path, "w")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another "
-                              "--out") from None
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(100):
+            try:
+                try:
+                    fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    fd = os.open(self.path, flags)  # a killed run's lock file
+            except FileNotFoundError:  # its holder removed it meanwhile
+                continue
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EMLINK):
+                    raise ExportError(f"{self.path} is a symbolic link: ckpt-tui never writes through one; remove "
+                                      "it (someone else may have planted it) or choose another --out") from None
+                raise
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                raise ExportError(f"{self.path} is not a regular file: remove it or choose another --out")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another "
+                                  "--out") from None
+            try:
+                now = os.lstat(self.path)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                self.fd = fd
+                return
+            os.close(fd)  # the holder let go and removed it between our open and our flock: again
+        raise ExportError(f"cannot take the lock {self.path}: it keeps changing")
 
     def new_temp(self) -> Path:
-        """Sweep the temp folders of killed runs (we hold the lock) and create ours."""
-        out = self.out
-        for old in out.parent.glob(f".{out.name}.tmp-*"):
-            shutil.rmtree(old, ignore_errors=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        """Sweep what killed runs into OUT left beside it (we hold the lock, so none of it is a live
+        run's: temp folders, the staging folders of a "both" export and their own temp and lock files,
+        an old OUT being replaced) and create our temp folder."""
+        sweep_beside(self.out)
+        tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
         tmp.mkdir()
         return tmp
 
     def release(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
+        if self.fd is None:
+            return
         try:
-            os.unlink(self.path)
+            st, now = os.fstat(self.fd), os.lstat(self.path)
+            if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+# what an export into OUT leaves beside it when killed: its temp folder, the staging folders of the TUI's
+# "both" (each an export of its own: with their lock and temp), the old OUT an --overwrite was replacing
+LEFTOVER_PATTERNS = (".{}.tmp-*", ".{}.model-*", ".{}.optimizer-*", "..{}.model-*", "..{}.optimizer-*", ".{}.old-*")
+
+
+def leftovers(out: Path) -> list[Path]:
+    """What killed exports into ``out`` left beside it (see LEFTOVER_PATTERNS), real entries only."""
+    import glob
+
+    found = []
+    for pat in LEFTOVER_PATTERNS:
+        found += [Path(p) for p in glob.glob(os.path.join(glob.escape(str(out.parent)),
+                                                          pat.format(glob.escape(out.name))))]
+    return sorted(set(found))
+
+
+def sweep_beside(out: Path) -> None:
+    """Remove :func:`leftovers` of ``out`` (the caller holds OUT's lock): folders by rmtree (which never
+    follows a link), a stale lock file or anything else by unlink."""
+    for old in leftovers(out):
+        try:
+            if old.name.endswith(".ckpt-tui.lock"):  # a staging folder's lock: removed once nobody holds it
+                fd = os.open(old, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(old)
+                except BlockingIOError:
+                    pass
+                finally:
+                    os.close(fd)
+            elif old.name.startswith(f".{out.name}.old-") and not os.path.lexists(out):
+                os.replace(old, out)  # killed between the two renames of an --overwrite: the old OUT comes back
+            elif os.path.isdir(old) and not os.path.islink(old):
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.unlink(old)
         except OSError:
             pass
 
@@ -254,8 +371,7 @@ def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
         if is_url(src):
             write_synced(tmp / name, as_path(src).read_bytes())
         else:
-            shutil.copyfile(src, tmp / name)
-        fsync_file(tmp / name)
+            copy_new(os.path.realpath(src), tmp / name)  # checked by the plan: a regular file of the checkpoint
 
 
 def check_unchanged(before, watched: list[Path]) -> None:

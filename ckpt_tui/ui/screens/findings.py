@@ -38,8 +38,9 @@ class FindingsScreen(ModalScreen):
         t = self.query_one(DataTable)
         t.add_columns("", "severity", "code", "path", "fix")
         for i, f in enumerate(self.findings):
-            # every cell a Text: a DataTable parses a str cell as markup, and a path is the file's name
-            t.add_row(*(plain_text(c) for c in (GLYPH[f.severity], f.severity, f.code, f.path, f.fix or "")), key=str(i))
+            # the path as a Text: a DataTable parses a str cell as markup, and a path is the file's name (the
+            # glyph, severity, code and fix id are the registry's own words)
+            t.add_row(GLYPH[f.severity], f.severity, f.code, plain_text(f.path), f.fix or "", key=str(i))
         t.focus()
         self._show(0)
 

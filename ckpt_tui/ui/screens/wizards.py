@@ -19,6 +19,7 @@ from ...core.fsutil import OutputError, check_output_folder, free_bytes
 from ...core.storage import is_url
 from ...core.types import user_path
 from ..format import plain, size, visible
+from ..widgets.safe_input import SafeInput
 
 
 class Wizard(ModalScreen):
@@ -235,7 +236,7 @@ class ExportWizard(PlannedWizard):
         with Vertical(id="output", classes="pane"):
             yield Static("A new folder. Files are written to a hidden temp folder beside it and moved into place "
                          "only when complete and verified; the checkpoint is never modified.", classes="explain")
-            yield Input(value=inv.user_form(_default_out(inv)), id="out")
+            yield SafeInput(value=inv.user_form(_default_out(inv)), id="out")
             yield Static("", id="space")
         with Vertical(id="dtype", classes="pane"):
             yield Static("", id="dtype-note", classes="explain")
@@ -430,7 +431,7 @@ class TagConversionWizard(PlannedWizard):
             yield Static(plain(why), classes="explain")  # it quotes the tag's path
         with Vertical(id="output", classes="pane"):
             yield Static(self.OUT_HELP, classes="explain")
-            yield Input(value=self.report.inventory.user_form(out), id="out")
+            yield SafeInput(value=self.report.inventory.user_form(out), id="out")
         yield from self.confirm_pane()
 
     def plan_inputs(self):

@@ -79,7 +79,7 @@ def hostile(tmp_path_factory, real_ckpt):
     crash = tmp / "crash" / "checkpoint-2"  # `latest` holding a lone closing tag: MarkupError where parsed
     shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", crash)
     (crash / "latest").write_text("[/]")
-    st = tmp / "st"
+    st = tmp / f"st{FILE_SEQ}"  # the export wizard's default output folder is named after it
     st.mkdir()
     shutil.copy(ck / "model.safetensors", st / "model.safetensors")
     rewrite_safetensors(st / "model.safetensors", {"lm_head.weight": TENSOR_A, "model.norm.weight": TENSOR_B})
@@ -286,6 +286,13 @@ async def test_tui_tensor_names_and_export_wizard(hostile, which):
         await wait_for(pilot, lambda: type(app.screen).__name__ == "ExportWizard")
         await pilot.pause(0.1)
         assert_screen_clean(app, "export wizard")
+        wizard = app.screen
+        await wait_for(pilot, lambda: app.focused is not None and app.focused.id == "source-list")
+        await pilot.press("enter")  # the output step: an input holding the folder named after the checkpoint
+        await wait_for(pilot, lambda: wizard.step == 1 and app.focused is not None and app.focused.id == "out")
+        await pilot.pause(0.1)
+        text = assert_screen_clean(app, "export wizard, output step")
+        assert "safetensors" in text
     assert app.crash is None
 
 

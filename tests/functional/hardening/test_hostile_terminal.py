@@ -37,6 +37,7 @@ CLICK = "[@click=app.screenshot('victim.txt','.')]CLICKME[/]"
 MARKUP = "[red]RED[/red][link=file:///etc/passwd]LINK[/link]"
 FILE_SEQ = SEQ.replace("/", "")  # no `/` in a file name
 FILE_NAME = f"notes{FILE_SEQ}[red]RED[bold]B.txt"
+S3_NAME = f"notes{FILE_SEQ}[red]RED[@click=app.bell]B.json"  # an object key
 TENSOR_A = f"model.evil{SEQ}.weight"
 TENSOR_B = f"model.{MARKUP}{CLICK}.weight"
 
@@ -331,3 +332,30 @@ def test_tmux_pane_title_clipboard_and_bytes_unchanged(hostile, tmp_path):
     assert "PWNED-TITLE" in raw  # the log holds what the app drew ...
     for seq in ("\x1b]0;PWNED", "\x1b]52;", "\x1b]8;;https://evil", "\x9b", "\u202e", "\x1b[2J\x1b]8"):
         assert seq not in raw, f"{seq!r} reached the pane"  # ... and none of the sequences raw
+
+
+# ------------------------------------------------------------------ object storage
+
+def test_s3_keys_are_shown_visibly(real_ckpt, tmp_path):
+    """A key in a bucket is a name like any other: inspect (text and --json) of the URL shows it visibly."""
+    pytest.importorskip("s3fs", reason="the s3 extra is not installed (pip install 'ckpt-tui[s3]')")
+    pytest.importorskip("boto3", reason="boto3 is not installed (the test extra)")
+    from tests.functional.storage.conftest import MotoServer
+
+    server = MotoServer(tmp_path / "moto_server.log")
+    try:
+        s3 = server.client()
+        s3.create_bucket(Bucket="hostile")
+        server.upload("hostile", real_ckpt("fsdp2-dcp"), "run")
+        key = f"run/{S3_NAME}"
+        s3.put_object(Bucket="hostile", Key=key, Body=b"{}")
+        env = dict(server.env, COLUMNS="400", NO_COLOR="1")
+        for args in (("inspect", "s3://hostile/run"), ("inspect", "--json", "s3://hostile/run")):
+            r = subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, timeout=120, env=env)
+            out = assert_clean(r.stdout + r.stderr, " ".join(args))
+            if "--json" in args:
+                assert S3_NAME in set(strings_of(json.loads(r.stdout)))
+            else:
+                assert visible(S3_NAME) in out
+    finally:
+        server.stop()

@@ -130,16 +130,17 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     source's names get the prefix decision of export (a Lightning checkpoint loses its one
     LightningModule attribute prefix): ``strip_prefix`` / ``keep_prefix`` as given to export."""
     if is_url(against):  # the reference loaders read local files: a temp copy of the source, removed after
-        import shutil
         import tempfile
 
-        tmp = tempfile.mkdtemp(prefix="ckpt-tui-verify-")
+        from .fsutil import owned_temp, remove_temp
+
+        tmp = owned_temp(tempfile.gettempdir(), "ckpt-tui-verify-")  # a killed verify's is swept by the next
         try:
             local = download(against, Path(tmp), cancel)
             return verify(out, str(local), trust_pickles=trust_pickles, strip_prefix=strip_prefix,
                           keep_prefix=keep_prefix, on_progress=on_progress, cancel=cancel)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_temp(tmp)
 
     if is_optimizer_export(Path(out)):
         return verify_optimizer(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix,

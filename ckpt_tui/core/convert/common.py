@@ -6,13 +6,12 @@ the verified result moved into place. Each raises its own error class (``error``
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..export.write import ExportError
-from ..fsutil import OutputError, changed, fsync_dir
+from ..fsutil import OutputError, changed, fsync_dir, owned_temp
 from ..jsondoc import JsonFields
 
 
@@ -51,7 +50,8 @@ def output_refusal(e: OutputError, out: Path, source: str, need_why: str = "") -
     """What the output preflight found, said for a conversion; ``source``: what the output may not be
     inside ("the checkpoint …"), ``need_why``: said after the space it needs."""
     if e.kind == "inside-source":
-        return f"the output {out} is inside {source}; the source is never modified: choose --out elsewhere"
+        rel = {"is": "is", "inside": "is inside", "holds": "holds"}[e.relation]
+        return f"the output {out} {rel} {source}; the source is never modified: choose --out elsewhere"
     if e.kind in ("not-a-folder", "not-empty"):
         return f"{out} already exists and is not empty; remove it or choose --out"
     if e.kind == "missing":
@@ -62,9 +62,11 @@ def output_refusal(e: OutputError, out: Path, source: str, need_why: str = "") -
 
 
 def temp_beside(out: Path, prefix: str, error: type) -> Path:
-    """A private temp folder beside ``out`` (on its filesystem: the result moves into place by rename)."""
+    """A private temp folder beside ``out`` (on its filesystem: the result moves into place by rename),
+    holding its owner lock until ``fsutil.remove_temp``; the temp folders of killed runs there are swept
+    first (``fsutil.owned_temp``)."""
     try:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+        return owned_temp(out.parent, prefix)
     except OSError as e:
         raise error(f"cannot create a temp folder in {out.parent}: {e.strerror or e}") from None
 

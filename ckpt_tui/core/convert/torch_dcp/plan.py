@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ...export.sources import SourceTensor
 from ...export.write import ExportError
-from ...fsutil import OutputError, preflight_output
+from ...fsutil import OutputError, preflight_output, regular_inside
 from ...jsondoc import as_json
 from ...types import Plan, PlanStep, in_user_form
 from .. import common
@@ -235,7 +235,11 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     ck = tag_dir.parent
     for f in sorted(ck.iterdir()) if ck.is_dir() else []:
         if f.is_file() and CARRIED_RE.match(f.name):
-            carried.append(f)
+            why = regular_inside(f, ck)
+            if why is None:
+                carried.append(f)
+            else:  # never copied out of the checkpoint through a link
+                not_carried.append(f"{f.name}: {why}, so it was not copied")
     if any(f.name.startswith("rng_state") for f in carried):
         warnings.append(f"rng_state_*.pth are per rank of the {zt.world}-rank run: copied as they are; at another "
                         "world size ranks without a file start from fresh RNG state")

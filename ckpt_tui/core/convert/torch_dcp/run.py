@@ -10,7 +10,7 @@ the folder is moved into place with ``os.replace``. Cancel or failure removes th
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import time
 import warnings
 from contextlib import contextmanager
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...export.sources import SourceTensor
-from ...fsutil import OutputError, check_output_folder, fsync_dir, fsync_file, snapshot
+from ...fsutil import OutputError, check_output_folder, copy_new, fsync_dir, fsync_file, remove_temp, snapshot
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
 from ..common import check_unchanged, move_into_place, temp_beside
@@ -249,8 +249,7 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
     try:
         n, nbytes = _save(plan, inner, on_progress, cancel)
         for f in plan.carried:
-            shutil.copyfile(f, inner / f.name)
-            fsync_file(inner / f.name)
+            copy_new(os.path.realpath(f), inner / f.name)  # a regular file of the checkpoint (checked by the plan)
         (inner / NOTE_FILE).write_text(json.dumps(note(plan), indent=2) + "\n")
         fsync_file(inner / NOTE_FILE)
         fsync_dir(inner, best_effort=True)
@@ -261,7 +260,7 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
         files = sum(1 for _ in inner.iterdir())
         move_into_place(inner, out, TorchDcpError)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_temp(tmp)
     return TorchDcpResult(out=out, seconds=time.monotonic() - t0, tensors=n, nbytes=nbytes, files=files,
                           carried=[f.name for f in plan.carried], not_carried=list(plan.not_carried),
                           instructions=instructions(plan), warnings=list(plan.warnings))

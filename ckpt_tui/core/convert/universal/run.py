@@ -11,7 +11,6 @@ result.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ...fsutil import OutputError, atomic_write, check_output_folder, snapshot
+from ...fsutil import OutputError, atomic_write, check_output_folder, remove_temp, snapshot
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
 from ..common import check_unchanged, move_into_place, temp_beside
@@ -166,8 +165,8 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
         _kill_group(proc)  # pool workers left behind, if any
         if rc != 0:
             tail = _tail(log_file)
-            if own_log:
-                shutil.copyfile(log_file, keep_log_on_failure)
+            if own_log:  # a new file renamed into place: never written through a link planted under that name
+                atomic_write(keep_log_on_failure, Path(log_file).read_bytes())
             raise UniversalError(f"DeepSpeed's converter failed (exit {rc}): {tail}"
                                  + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})"))
         report(on_progress, total, total, "files", "converting")
@@ -189,14 +188,10 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_temp(tmp)
         raise
-    final_log = None
-    if own_log:
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        final_log = log_file
-        shutil.rmtree(tmp, ignore_errors=True)
+    final_log = None if own_log else log_file
+    remove_temp(tmp)
     frozen_file = None
     if export_frozen_params and (plan.frozen or plan.buffers):
         export_frozen(plan.tag_dir, plan.frozen_file)

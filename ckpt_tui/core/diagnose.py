@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Optional, cast
+from contextvars import ContextVar
+from typing import Callable, Optional, TypeVar, cast
 
 from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
 from .dtypes import short_dtype
@@ -21,12 +22,30 @@ from .storage import is_url
 from .types import SEVERITY_RANK, Finding, Inventory, Node, numel, user_path
 from .units import param_count
 
+_T = TypeVar("_T")
+# what one diagnose() call has already worked out about the tree (keyed by kind and node path), so a question
+# asked once per file (is the checkpoint beside it intact?) costs one walk of the tree, not one per file
+_MEMO: ContextVar[Optional[dict]] = ContextVar("diagnose_memo", default=None)
+
+
+def _memo(key: tuple, compute: Callable[[], _T]) -> _T:
+    memo = _MEMO.get()
+    if memo is None:  # called outside diagnose (a repair's plan): nothing to share
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
 
 def diagnose(inv: Inventory) -> list[Finding]:
     out: list[Finding] = []
     root = inv.root
-    for n in root.walk():
-        out.extend(_node_findings(inv, n))
+    token = _MEMO.set({"root": root})
+    try:
+        for n in root.walk():
+            out.extend(_node_findings(inv, n))
+    finally:
+        _MEMO.reset(token)
     if inv.layout == "unknown" and not any(f.severity == "error" for f in out):
         out.append(Finding("not-a-checkpoint", "error", ".",
                            f"{inv.shown()} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
@@ -49,9 +68,14 @@ def _read_only(f: Finding) -> Finding:
 
 def mark_complete(inv: Inventory, findings: list[Finding]) -> None:
     """Set ``complete`` on each checkpoint of a run folder: no error finding inside it."""
+    broken = set()  # every folder at or above an error: one pass over the findings, not one per checkpoint
+    for f in findings:
+        if f.severity == "error":
+            parts = f.path.split("/")
+            broken.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    errors_at_root = any(f.severity == "error" for f in findings)
     for ck in inv.checkpoints:
-        node = inv.node(ck["path"])
-        ck["complete"] = not any(f.severity == "error" and node.contains(f.path) for f in findings)
+        ck["complete"] = not (errors_at_root if ck["path"] == "." else ck["path"] in broken)
 
 
 def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
@@ -138,22 +162,48 @@ def last_complete_sibling(inv: Inventory, n: Node) -> Optional[str]:
     if mine is None:
         return None
     parent = mine.rsplit("/", 1)[0] if "/" in mine else "."
+    newest = _memo(("intact", parent), lambda: _two_newest_intact(inv, parent))
+    return next((path for _, path in newest if path != mine), None)
+
+
+def _two_newest_intact(inv: Inventory, parent: str) -> list[tuple[int, str]]:
+    """The two newest checkpoints in ``parent`` with no sign of breakage, newest first: the newest other
+    than any one of them is among these two (one question per folder, not per checkpoint in it)."""
     pnode = inv.node(parent)
     if pnode is None:
-        return None
+        return []
     cands = []
     for c in pnode.children:
-        if c.is_dir and c.path != mine and step_of(c.name) is not None and not _has_breakage(c):
-            cands.append((step_of(c.name), c.path))
-    return max(cands)[1] if cands else None
+        step = step_of(c.name) if c.is_dir else None
+        if step is not None and not _has_breakage(c):
+            cands.append((step, c.path))
+    return sorted(cands, reverse=True)[:2]
 
 
 def _has_breakage(n: Node) -> bool:
-    for x in n.walk():
-        f = x.facts
-        if f.get("error_kind") in ("truncated", "corrupt") or f.get("metadata_missing") or f.get("missing_files"):
-            return True
-    return False
+    """Is a file or folder at or below ``n`` truncated, corrupt or missing files? (Within diagnose: from one
+    walk of the whole tree.)"""
+    memo = _MEMO.get()
+    if memo is None:
+        return any(_broken_here(x) for x in n.walk())
+    if "breakage" not in memo:
+        memo["breakage"] = broken = set()
+
+        def visit(x: Node) -> bool:
+            bad = _broken_here(x)
+            for c in x.children:
+                bad = visit(c) or bad
+            if bad:
+                broken.add(id(x))
+            return bad
+
+        visit(memo["root"])
+    return id(n) in memo["breakage"]
+
+
+def _broken_here(x: Node) -> bool:
+    f = x.facts
+    return bool(f.get("error_kind") in ("truncated", "corrupt") or f.get("metadata_missing") or f.get("missing_files"))
 
 
 def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:

@@ -91,10 +91,28 @@ def hostile(tmp_path_factory, real_ckpt):
     return {"tmp": tmp, "ck": ck, "crash": crash, "st": st, "dcp": dcp, "orig": real_ckpt("hf-ds-zero2")}
 
 
-def cli(*args, cwd=None):
-    env = dict(os.environ, COLUMNS="400", NO_COLOR="1")  # wide: a name is never folded across lines
+class Ran:
+    def __init__(self, returncode, stdout: bytes, stderr: bytes):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def cli(*args):
+    """The command in this process (click's runner: the bytes it writes to stdout and stderr, its exit code);
+    wide, so a name is never folded across lines. An exception is raised, never hidden."""
+    from click.testing import CliRunner
+
+    from ckpt_tui.cli import main_group
+
+    r = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"}).invoke(main_group, [str(a) for a in args],
+                                                                  catch_exceptions=False)
+    return Ran(r.exit_code, r.stdout_bytes, r.stderr_bytes)
+
+
+def cli_process(*args):
+    """The command as its own process, as a user runs it."""
+    env = dict(os.environ, COLUMNS="400", NO_COLOR="1")
     return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, timeout=300,
-                          env=env, cwd=cwd)
+                          env=env)
 
 
 def assert_clean(out: bytes, what: str) -> str:
@@ -116,7 +134,7 @@ def test_sanitiser_shows_every_control_visibly():
 
 def test_cli_text_shows_names_visibly_and_never_as_markup(hostile):
     ck, st, dcp, tmp = hostile["ck"], hostile["st"], hostile["dcp"], hostile["tmp"]
-    r = cli("inspect", ck)
+    r = cli_process("inspect", ck)  # as its own process once: what a user's terminal gets
     out = assert_clean(r.stdout + r.stderr, "inspect")
     assert visible(FILE_NAME) in out  # the file name, shown with its escapes, its brackets literal
     assert "CLICKME[/]" in out and "[@click=" in out
@@ -154,7 +172,7 @@ def test_cli_text_shows_names_visibly_and_never_as_markup(hostile):
 
 
 def test_cli_error_messages_quoting_a_path_are_visible(hostile):
-    r = cli("inspect", hostile["tmp"] / f"missing{FILE_SEQ}[red]R")
+    r = cli_process("inspect", hostile["tmp"] / f"missing{FILE_SEQ}[red]R")
     out = assert_clean(r.stdout + r.stderr, "a missing path")
     assert r.returncode == 2 and "[red]R" in out
 

@@ -115,7 +115,9 @@ def tensors_cmd(path, as_json, limit):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for t in rows:
         dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
-        table.add_row(Text(visible(t.name)), shape_text(t.shape), Text(visible(dtype)), naturalsize(t.nbytes))  # never markup
+        # every cell from the header as a Text: a str cell is Rich markup
+        table.add_row(Text(visible(t.name)), Text(visible(shape_text(t.shape))), Text(visible(dtype)),
+                      naturalsize(t.nbytes))
     Console(soft_wrap=False).print(table)
     total = sum(t.nbytes for t in rows)
     click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")

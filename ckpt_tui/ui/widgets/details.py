@@ -97,7 +97,7 @@ class TensorTable(Vertical):
     def _cells(self, r) -> dict:
         dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
         cells = {"name": visible(r.name), "size": Text(size(r.nbytes)), "dtype": plain_text(dtype),
-                 "shape": Text(shape_text(r.shape))}
+                 "shape": plain_text(shape_text(r.shape))}
         if self._with_stats:
             st = self.stats.get(r.name)
             fmt = lambda v: "" if v is None else f"{v:.3g}"

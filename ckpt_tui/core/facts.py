@@ -48,7 +48,7 @@ class TensorFacts(TypedDict, total=False):
 class PickleFacts(NodeFacts, total=False):
     """A pickle read through the restricted unpickler."""
 
-    unsafe_globals: list[str]  # globals outside the allowlist the pickle names (never called)
+    unsafe_globals: list[str]  # globals outside the allowlist the pickle names (never called; torch files: first 64)
 
 
 class TorchFileFacts(PickleFacts, total=False):
@@ -60,9 +60,10 @@ class TorchFileFacts(PickleFacts, total=False):
 class TorchZipFacts(TorchFileFacts, TensorFacts, total=False):
     """``torch-zip``: a torch.save file (``.bin``, ``.pt``, ``.ckpt``, Trainer/Accelerate state files)."""
 
-    keys: list[str]  # its top-level dict keys (first 12)
+    keys: list[str]  # its top-level dict keys (first 12; each at most 200 characters, a longer one cut ending "…")
+    keys_total: int  # how many top-level keys it has, when there are more than the 12 listed
     weights_under: str  # the key the state dict sits under ("state_dict", "module", ...)
-    tied: list[list[str]]  # groups of tensor names viewing one storage (first 16)
+    tied: list[list[str]]  # groups of tensor names viewing one storage (first 16 groups, first 16 names of each)
     global_step: int  # top-level global_step (Lightning)
     iteration: int  # top-level iteration (Megatron)
     epoch: int  # top-level epoch (Lightning)

@@ -4,7 +4,9 @@ range, checked against ``torch.load``."""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, cast
+import reprlib
+from itertools import islice
+from typing import Any, Iterator, Optional, cast
 
 from ..facts import TorchFileFacts, TorchZipFacts
 from ..types import Node, Parsed, TensorInfo
@@ -12,6 +14,17 @@ from . import torchfile
 from .format import FileFormat, set_tensor_facts
 from .pickles import iter_tensors
 from .torchfile import TorchFile, pick_state_dict
+
+# The facts of one torch file are bounded whatever it holds: a pickle stores an object once and refers to it
+# again in two bytes, so a 470 kB file can hold keys whose text is 20 MB each (a tuple repeating one long string)
+MAX_KEYS = 12  # top-level keys the `keys` fact lists (`keys_total` counts them all when there are more)
+MAX_KEY_CHARS = 200  # characters of each key, tensor name or class name a fact quotes (longer: cut, ending "…")
+MAX_TIED = 16  # groups of tied tensors the `tied` fact lists, and names listed per group
+MAX_UNSAFE = 64  # globals `unsafe_globals` lists (sorted)
+
+_REPR = reprlib.Repr()  # a key that is not a string: its repr built to a bounded size, never in full
+_REPR.maxstring = _REPR.maxother = MAX_KEY_CHARS
+_REPR.maxlong = 60
 
 # (test, role) in order: Trainer/Accelerate state files by name, then any torch extension
 _NAMED = (
@@ -27,12 +40,22 @@ _NAMED = (
 )
 
 
+def fact_text(k: Any) -> str:
+    """A key or name as a fact quotes it: a string as it is, anything else as a bounded repr (a tuple key
+    that repeats one long string is never built in full), at most MAX_KEY_CHARS characters."""
+    try:
+        text = k if isinstance(k, str) else _REPR.repr(k)
+    except ValueError:  # an int of more than 4,300 digits has no str()
+        text = f"<{type(k).__name__}>"
+    return text if len(text) <= MAX_KEY_CHARS else text[:MAX_KEY_CHARS - 1] + "…"
+
+
 def read_torch_file(node: Node) -> TorchFile:
     """Read ``node``'s structure and record what every torch file gets: unsafe globals, pickle kind."""
     tf = torchfile.read(node.abspath)
     f = cast(TorchFileFacts, node.facts)
     if tf.unsafe:
-        f["unsafe_globals"] = sorted(tf.unsafe)
+        f["unsafe_globals"] = [fact_text(g) for g in sorted(tf.unsafe)[:MAX_UNSAFE]]
     f["pickle"] = "zip" if tf.is_zip else "legacy"
     return tf
 
@@ -101,7 +124,9 @@ class TorchSave(TorchFileFormat):
         obj = read_torch_file(node).obj
         f = cast(TorchZipFacts, node.facts)
         if isinstance(obj, dict):
-            f["keys"] = [str(k) for k in list(obj.keys())[:12]]
+            f["keys"] = [fact_text(k) for k in islice(obj.keys(), MAX_KEYS)]
+            if len(obj) > MAX_KEYS:
+                f["keys_total"] = len(obj)
             sd, wrapper = pick_state_dict(obj)
             if wrapper:
                 f["weights_under"] = wrapper
@@ -115,7 +140,7 @@ class TorchSave(TorchFileFormat):
                         by_storage.setdefault((t.storage.key, t.offset, t.shape), []).append(n)
                 tied = [v for v in by_storage.values() if len(v) > 1]
                 if tied:
-                    f["tied"] = tied[:16]
+                    f["tied"] = [[fact_text(n) for n in names[:MAX_TIED]] for names in tied[:MAX_TIED]]
             for k in ("global_step", "iteration", "epoch"):
                 if isinstance(obj.get(k), int):
                     f[k] = obj[k]
@@ -125,4 +150,4 @@ class TorchSave(TorchFileFormat):
             if node.role == "model" and "state" in obj and "param_groups" in obj:
                 node.role = "optimizer"
         elif obj is not None:
-            f["object"] = getattr(obj, "_qualname", type(obj).__name__)
+            f["object"] = fact_text(getattr(obj, "_qualname", type(obj).__name__))

@@ -171,6 +171,36 @@ def test_cli_text_shows_names_visibly_and_never_as_markup(hostile):
     assert "[/]" in out
 
 
+def test_cli_in_a_terminal_writes_only_its_own_styles(hostile):
+    """On a terminal (a pty) Rich styles the report: every escape sequence in it is one of those (SGR), none
+    came from the checkpoint."""
+    import pty
+
+    main, sub = pty.openpty()
+    env = dict(os.environ, COLUMNS="400", TERM="xterm-256color")
+    env.pop("NO_COLOR", None)
+    p = subprocess.Popen([sys.executable, "-m", "ckpt_tui", "inspect", str(hostile["ck"])], stdin=sub, stdout=sub,
+                         stderr=sub, env=env)
+    os.close(sub)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the pty closed: the command ended
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert p.wait(60) == 1  # latest-dangling is an error
+    text = out.decode("utf-8")
+    assert "\x1b[" in text  # styled: it knew it was on a terminal
+    rest = re.sub(r"\x1b\[[0-9;]*m", "", text).replace("\r\n", "\n")
+    bad = sorted({repr(c) for c in RAW.findall(rest)})
+    assert not bad, f"raw control characters {bad} reach the terminal:\n{rest[-3000:]}"
+    assert visible(FILE_NAME) in rest
+
+
 def test_cli_error_messages_quoting_a_path_are_visible(hostile):
     r = cli_process("inspect", hostile["tmp"] / f"missing{FILE_SEQ}[red]R")
     out = assert_clean(r.stdout + r.stderr, "a missing path")

@@ -88,6 +88,7 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
     from ..core.formats import FormatError
     from ..core.progress import Cancelled
     from ..core.scan import ScanError
+    from ..core.storage import StorageError
 
     cancel = threading.Event()
     after = f"; {cleanup}" if cleanup else ""
@@ -107,7 +108,7 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
             fail("interrupted" + after, EXIT_INTERRUPTED)
         except Cancelled:
             fail("cancelled" + after, EXIT_INTERRUPTED)
-        except ScanError as e:
+        except (ScanError, StorageError) as e:  # StorageError: a URL that cannot be used (verify's download)
             fail(str(e), EXIT_USAGE)
         except (ExportError, FormatError, ValueError) as e:
             fail(str(e), EXIT_FINDINGS)

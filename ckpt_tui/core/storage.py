@@ -232,7 +232,12 @@ class RemotePath:
             entries = self.fs.ls(self.key, detail=True)
             names = []
             for e in entries:
-                child = self / e["name"].rstrip("/").rsplit("/", 1)[-1]
+                full = e["name"].rstrip("/")
+                if full == self.key:
+                    continue
+                if not full.startswith(self.key + "/"):
+                    raise StorageError(f"{self}: the listing returned {full!r}, which is not below it")
+                child = self / key_parts(self, full[len(self.key) + 1:])[-1]
                 if child.key == self.key:
                     continue
                 _info[str(child)] = e
@@ -252,6 +257,19 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         with self.open() as f:
             return f.read()
+
+
+def key_parts(root: "RemotePath", rel: str) -> list[str]:
+    """The segments of the key ``rel`` below ``root``, or StorageError where it would leave the prefix or fold
+    a folder into itself: an empty segment (``ckpt//x``, a leading ``/``), ``.`` or ``..``. Such a key, a file
+    placed there by anyone who can write the bucket, is refused for the listing and for a download alike."""
+    parts = rel.split("/")
+    bad = next((p for p in parts if p in ("", ".", "..")), None)
+    if bad is not None:
+        what = "an empty segment" if bad == "" else f"a `{bad}` segment"
+        raise StorageError(f"{root}: the object key {(root.key + '/' + rel)!r} has {what}: ckpt-tui refuses keys that "
+                           "would leave the prefix or nest a folder into itself; remove or rename that object")
+    return parts
 
 
 def listing(root: RemotePath) -> None:
@@ -280,10 +298,10 @@ def listing(root: RemotePath) -> None:
     kids: dict[str, dict[str, None]] = {str(root): {}}
     _info.setdefault(str(root), {"name": root.key, "type": "directory", "size": 0})
     for name, info in found.items():
-        key = name.strip("/")
+        key = name.rstrip("/")
         if not key.startswith(root.key + "/"):
             continue
-        parts = key[len(root.key) + 1:].split("/")
+        parts = key_parts(root, key[len(root.key) + 1:])
         folder = root
         for i, part in enumerate(parts):
             kids.setdefault(str(folder), {})[part] = None
@@ -494,12 +512,25 @@ def download(url, dest: Path, cancel=None) -> Path:
         d = stack.pop()
         for c in d.iterdir():
             (stack if c.is_dir() else files).append(c)
-    target = Path(dest) / root.name
+    name = root.name
+    if name in ("", ".", "..") or "/" in name:
+        raise StorageError(f"{root}: not a name a local folder can have")
+    target = Path(dest) / name
+    base = Path(os.path.realpath(dest))
     for f in files:
         check_cancel(cancel)
-        local = target if f == root else target / f.key[len(root.key) + 1:]
+        if f == root:
+            local = target
+        elif not f.key.startswith(root.key + "/"):
+            raise StorageError(f"{f}: not below {root}")
+        else:
+            local = target.joinpath(*key_parts(root, f.key[len(root.key) + 1:]))
         local.parent.mkdir(parents=True, exist_ok=True)
-        with open(local, "wb") as out:
+        if base not in Path(os.path.realpath(local.parent)).parents and Path(os.path.realpath(local.parent)) != base:
+            raise StorageError(f"{f}: would be written outside {dest}")
+        # a new file (O_EXCL|O_NOFOLLOW): never through a link, never a file written twice
+        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as out:
             for chunk in read_chunks(f, 0, f.stat().st_size, cancel=cancel):
                 out.write(chunk)
     return target

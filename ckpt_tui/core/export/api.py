@@ -304,6 +304,7 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
         plan, said = _plan_optimizer(src, out, dtype=dtype, max_shard_size=max_shard_size, strip_prefix=strip_prefix,
                                      keep_prefix=keep_prefix, tag=tag, trust_pickles=trust_pickles)
         plan.out_given, plan.src_given = str(out), os.fspath(src)
+        _refuse_source_out(plan)
         return plan, said
     report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
                                         why="the checkpoint has problems an export cannot work around")
@@ -311,7 +312,19 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
                  strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, trust_pickles=trust_pickles,
                  from_module_states=from_module_states)
     plan.out_given, plan.src_given = str(out), os.fspath(src)
+    _refuse_source_out(plan)
     return plan, said
+
+
+def _refuse_source_out(plan: ExportPlan) -> None:
+    """Refuse now (the dry run and the TUI's wizard say it too) an OUT that is, holds or lies inside a source."""
+    from ..fsutil import OutputError
+    from .write import check_out_vs_sources, refusal
+
+    try:
+        check_out_vs_sources(plan)
+    except OutputError as e:
+        raise ExportError(refusal(e, plan)) from None
 
 
 def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_prefix=None, keep_prefix=False,

@@ -433,3 +433,15 @@ def test_a_folder_not_provably_ours_is_never_swept(tmp_path):
     assert sweep_stale(tmp_path, ".ckpt-tui-universal-") == []
     assert (tmp_path / ".ckpt-tui-universal-nolock" / "data").exists() and (tmp_path / "target" / "data").exists()
     assert json.dumps(sorted(os.listdir(tmp_path)))
+
+
+def test_an_overwrite_killed_between_its_renames_gets_the_old_out_back(world):
+    """A kill -9 between `OUT -> .OUT.old-PID` and `.OUT.tmp-PID -> OUT` leaves no OUT: the next export into OUT
+    puts the old one back (never sweeps it) and, without --overwrite, does not replace it."""
+    tmp, run, ck = world
+    old = tmp / ".merged.old-999999"
+    old.mkdir()
+    (old / "mine.txt").write_text("the user's old output\n")
+    code, _, err = cli("export", "hf-ds-zero2/checkpoint-2", "--out", "merged")
+    assert code == 1 and "appeared and is not empty" in err, err
+    assert (tmp / "merged" / "mine.txt").read_text() == "the user's old output\n" and not old.exists()

@@ -14,6 +14,7 @@ from typing import Optional
 from .export.api import ExportError, screened_model, source_for
 from .export.prefix import choose
 from .export.sources import strip_names
+from .formats import screen
 from .formats.format import NotExportable
 from .formats.registry import format_of
 from .jsondoc import JsonFields
@@ -58,12 +59,14 @@ def _output_tensors(out: Path, stem: Optional[str] = None) -> dict[str, tuple[Pa
     return res
 
 
-def _reference(node, strip_prefix: Optional[str]):
-    """Yields (name, tensor) from the reference loader of the node's format, a tensor at a time."""
+def _reference(node, strip_prefix: Optional[str], trust_pickles: bool = False):
+    """Yields (name, tensor) from the reference loader of the node's format, a tensor at a time, once every file
+    that loader reads passed the screen as it will read them (screen.require: a ScreenError otherwise)."""
     fmt = format_of(node)
     try:
         if fmt is None:
             raise NotExportable(f"no reference loader for {node.format}")
+        screen.require(screen.loader_files(node), trust_pickles=trust_pickles, loader=reference_name(node))
         yield from fmt.reference_tensors(node, strip_prefix)
     except NotExportable as e:
         raise ExportError(str(e)) from None
@@ -155,7 +158,7 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     aliases = {t.name for t in strip_names(source, strip_prefix).tensors if t.tied_to}
     # stripped here: not every reference loader applies it
     refs = ((n[len(strip_prefix):] if strip_prefix and n.startswith(strip_prefix) else n, ref)
-            for n, ref in _reference(node, None))
+            for n, ref in _reference(node, None, trust_pickles))
     seen = compare_each(refs, outs, res, cancel=cancel, on_progress=on_progress, not_missing=aliases)
     res.not_in_reference = sorted(set(outs) - seen)
     # tied aliases the reference returns twice are written once: not a miss
@@ -232,6 +235,7 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
         from .export.torch_optim import find_optimizer_state
 
         res.reference = "torch.load" + ("" if trust_pickles else "(weights_only=True)")
+        screen.require([plan.source.path], trust_pickles=trust_pickles, loader="torch.load")
         obj = torch.load(plan.source.path, map_location="cpu", mmap=True, weights_only=not trust_pickles)
         sd, _, _ = find_optimizer_state(obj)
         state = sd["state"]
@@ -244,12 +248,17 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
         from .export.dcp_optim import reference_tensors
 
         res.reference = "torch DCP loader"
+        screen.require(screen.dcp_metadata_files(plan.source.path), trust_pickles=trust_pickles,
+                       loader="torch's DCP reader")
         for name, t in reference_tensors(plan.source.path):
             yield (name[len(strip):] if strip and name.startswith(strip) else name), t
     elif kind == "verl-optimizer":
         from .export.verl_source import optimizer_reference_tensors
 
         res.reference = "torch.load of every rank's optim file, joined as verl's model merger joins shards"
+        folder = Path(plan.source.path)
+        screen.require(sorted(folder.glob("optim_world_size_*_rank_*.pt")), trust_pickles=trust_pickles,
+                       loader="torch.load")
         shapes = {t.name: tuple(t.shape) for f in plan.files for t in f.tensors}
         yield from optimizer_reference_tensors(plan.source.path, cfg, shapes)
     else:

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-from ..formats import FormatError
+from ..formats import FormatError, screen
 from ..formats import dcp as dcpfmt
 from ..formats.pickles import Record, Stub, safe_loads
 from ..formats.torchfile import FileWindow
@@ -261,7 +261,6 @@ def state_tensor_keys(info: dcpfmt.DcpInfo) -> dict[str, str]:
 def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
     """(``<fqn>.<state>``, tensor) of the optimizer state of DCP ``folder``, read by torch's own DCP
     loader a batch of at most ``batch_bytes`` at a time (``ckpt-tui verify``)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -273,7 +272,7 @@ def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
 
     def load(keys):
         sd: dict = {}
-        _load_state_dict(sd, storage_reader=FileSystemReader(str(folder)),
+        _load_state_dict(sd, storage_reader=screen.dcp_reader(folder),  # metadata screened, unpickled by us
                          planner=_EmptyStateDictLoadPlanner(keys=set(keys)), no_dist=True)
         flat, _ = flatten_state_dict(sd)
         for k in keys:

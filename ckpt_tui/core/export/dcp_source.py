@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE
-from ..formats import FormatError
+from ..formats import FormatError, screen
 from ..formats import dcp as dcpfmt
 from ..formats.pickles import Record, Stub, TensorRef, safe_loads
 from ..formats.torchfile import storage_offsets
@@ -330,13 +330,12 @@ def load_one(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
     Megatron-Core's writer leaves ``planner_data`` out of ``.metadata`` (torch's key-filtering planner then
     fails): there the tensor is loaded into a pre-allocated tensor of its full shape by the default planner."""
     import torch
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     if planner_data is None:
         planner_data = bool(dcpfmt.read(folder).planner_data)
-    reader = FileSystemReader(str(folder))
+    reader = screen.dcp_reader(folder)  # the metadata screened, and unpickled by ckpt-tui, not by torch
     try:
         if not planner_data:
             sd = {key: torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))}

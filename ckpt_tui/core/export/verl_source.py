@@ -321,9 +321,12 @@ def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple
     mesh_log = logging.getLogger("torch.distributed.device_mesh")  # unpickled before any process group: harmless
     level = mesh_log.level
     mesh_log.setLevel(logging.ERROR)
+    files = [folder / f"optim_world_size_{world}_rank_{r}.pt" for r in range(world)]
+    from ..formats import screen
+
+    screen.require(files, loader="torch.load")  # each exact file, as torch.load reads it, before it unpickles
     try:
-        sds = [torch.load(folder / f"optim_world_size_{world}_rank_{r}.pt", map_location="cpu", weights_only=False)
-               for r in range(world)]
+        sds = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
     finally:
         mesh_log.setLevel(level)
     for g_ref, g_cfg in zip(sds[0]["param_groups"], cfg["param_groups"]):

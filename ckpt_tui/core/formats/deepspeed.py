@@ -16,7 +16,7 @@ from ..facts import DeepSpeedZeroFacts
 from ..storage import as_path
 from ..types import TensorInfo, numel
 from . import torchfile
-from .pickles import Stub, TensorRef, iter_tensors
+from .pickles import Stub, TensorRef, iter_tensors, name_part
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -93,7 +93,7 @@ def classify_files(names) -> TagFacts:
 def module_param_names(module: dict, buffer_names) -> list[str]:
     """The parameters of a model-states ``module`` in ``named_parameters()`` order: its state_dict order
     without the buffers and without a second name of one storage view (tied weights)."""
-    buffers = {str(b) for b in buffer_names or ()}
+    buffers = {name_part(b) for b in buffer_names or ()}
     seen: set = set()
     out = []
     for name, t in iter_tensors(module):
@@ -148,8 +148,13 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
     for k_src, k_dst in (("dp_world_size", "dp_world_size"), ("mp_world_size", "mp_world_size"),
                          ("global_steps", "global_step"), ("ds_version", "ds_version"),
                          ("global_samples", "global_samples")):
-        if obj.get(k_src) is not None and not isinstance(obj.get(k_src), Stub):
-            f[k_dst] = obj[k_src]
+        v = obj.get(k_src)
+        # facts of the type DeepSpeed writes, or none: a value of another type (a graph of shared dicts, a huge
+        # string) is not carried into the report
+        if k_src == "ds_version" and isinstance(v, str) and len(v) <= 64:
+            f[k_dst] = v
+        elif k_src != "ds_version" and isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= 63:
+            f[k_dst] = v
     cfg = obj.get("ds_config")
     if isinstance(cfg, dict):
         zo = cfg.get("zero_optimization") or {}
@@ -166,22 +171,23 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
         for group in shapes:
             if isinstance(group, dict):
                 for n, s in group.items():
-                    tf.param_shapes[str(n)] = tuple(int(x) for x in s)
+                    tf.param_shapes[name_part(n)] = tuple(int(x) for x in s)
     frozen = obj.get("frozen_param_shapes")
     if isinstance(frozen, dict):
         tf.frozen_recorded = True
         for n, s in frozen.items():
-            tf.frozen_shapes[str(n)] = tuple(int(x) for x in s)
+            tf.frozen_shapes[name_part(n)] = tuple(int(x) for x in s)
     frags = obj.get("frozen_param_fragments")
     if isinstance(frags, dict):
         for n, t in frags.items():
             if isinstance(t, TensorRef):
-                tf.frozen_dtypes[str(n)] = t.dtype
+                tf.frozen_dtypes[name_part(n)] = t.dtype
     shared = obj.get("shared_params")
     if isinstance(shared, dict) and shared:
-        f["shared_params"] = {str(k): str(v) for k, v in shared.items()}
+        f["shared_params"] = {name_part(k): name_part(v) for k, v in shared.items()}
     module = obj.get("module")
-    buffer_names = obj.get("buffer_names") or []
+    names = obj.get("buffer_names")
+    buffer_names = {b for b in names if isinstance(b, str)} if isinstance(names, (list, tuple)) else set()
     if isinstance(module, dict):
         for name, t in iter_tensors(module):
             tf.module_dtypes.add(t.dtype)
@@ -225,9 +231,10 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
             f["optimizer_kind"] = "bf16-optimizer"
     else:
         # DeepSpeed's BF16_Optimizer (bf16 without ZeRO-1/2/3 flat groups) stores fp32 groups differently
-        f["optimizer_kind"] = "bf16-optimizer" if "fp32_groups_flat" in str(list(osd.keys())) else "unknown"
-    if osd.get("ds_version") and "ds_version" not in f:
-        f["ds_version"] = str(osd.get("ds_version"))
+        flat = any(isinstance(k, str) and "fp32_groups_flat" in k for k in osd)
+        f["optimizer_kind"] = "bf16-optimizer" if flat else "unknown"
+    if isinstance(osd.get("ds_version"), str) and "ds_version" not in f:
+        f["ds_version"] = name_part(osd.get("ds_version"))
 
 
 @dataclass
@@ -277,11 +284,11 @@ def optim_states(obj: Any, path: Path) -> OptimStates:
     maps = osd.get("param_slice_mappings")
     for group in maps if isinstance(maps, list) else []:
         for name, addr in (group.items() if isinstance(group, dict) else ()):
-            a = getattr(addr, "__dict__", {})
+            a = getattr(addr, "__dict__", None) or {}
             args = a.get("_args") or ()
             start, n = a.get("start", args[1] if len(args) > 1 else None), a.get("numel", args[0] if args else None)
             if isinstance(start, int) and isinstance(n, int):
-                st.slices[str(name)] = (start, n)
+                st.slices[name_part(name)] = (start, n)
     return st
 
 
@@ -356,7 +363,7 @@ def inline_param_shapes(obj: Any) -> Optional[list[tuple[int, ...]]]:
     state, out = opt["state"], []
     for g in opt["param_groups"]:
         for i in (g.get("params") or []) if isinstance(g, dict) else []:
-            s = state.get(i, state.get(str(i)))
+            s = state.get(i, state.get(name_part(i)))
             t = s.get("exp_avg") if isinstance(s, dict) else None
             if not isinstance(t, TensorRef):
                 return None

@@ -312,6 +312,7 @@ def zip_check(c: Node) -> None:
             for i in zf.infolist():
                 if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
                     raise FormatError(f"entry {i.filename} runs past the end of the file: truncated", "truncated")
+            torchfile.loader_record(zf.infolist())  # one data.pkl, where torch.load reads it
     except zipfile.BadZipFile:
         c.facts.update(NodeFacts(error="zip archive without its central directory: the file was cut short, "
                                        "most likely by an interrupted save", error_kind="truncated"))

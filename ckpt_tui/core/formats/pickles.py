@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import _compat_pickle
 import gc
+import hashlib
 import io
 import operator
+import os
 import pickle
+import threading
+import types
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +31,15 @@ from . import FormatError
 from .dcp_stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, encode_offsets, encode_sizes
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused
+
+# Bounded cost. An allowlisted callable builds at most this much from its arguments in one call, and all of them
+# together at most MAX_BUILT in one file; a pickle asking for more is refused before anything is allocated (a
+# FormatError: the file gets an error finding naming the call and the cap). Real checkpoints stay far below.
+MAX_ITEMS = 1 << 20  # items of a set / frozenset / OrderedDict / bytearray an allowlisted call builds (1,048,576)
+MAX_BYTES = 1 << 24  # bytes of a bytearray or an encoded string one call builds (16 MiB)
+MAX_DIMS = 1024  # entries of a torch.Size, a tensor's shape or stride, a DTensor's mesh or placements
+MAX_BUILT = 1 << 28  # what one file's allowlisted calls build in all, counted as bytes, 64 per item (256 MiB)
+MAX_NAME_CHARS = 1 << 26  # characters of the tensor names one walk of an object graph yields (64 M)
 
 # aliases torch accepts as attribute names
 _DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
@@ -63,6 +76,8 @@ class Stub:
 
     def __getitem__(self, k):  # for (unusual) subscripting during unpickle
         return self.__dict__.get(k)
+
+    __iter__ = None  # not iterable: set(stub) or torch.Size(stub) would otherwise call __getitem__ forever
 
     def __setitem__(self, k, v):
         self.__dict__[k] = v
@@ -229,16 +244,100 @@ class Unpickled:
     storages: dict[str, StorageRef] = field(default_factory=dict)
 
 
+_LOCAL = threading.local()  # the budget of the read running in this thread
+
+
+class BudgetExceeded(FormatError):
+    """A pickle asked an allowlisted callable for more than its cap (see MAX_ITEMS and friends)."""
+
+
+def _charge(n: int, cap: int, what: str, unit: str = "items", weight: int = 64) -> None:
+    """Refuse a call that would build ``n`` ``unit`` (over ``cap``, or over what is left of the file's MAX_BUILT)."""
+    if n > cap:
+        raise BudgetExceeded(f"the pickle asks {what} for {n:,} {unit}: over ckpt-tui's cap of {cap:,} "
+                             "(refused without allocating it)")
+    budget = getattr(_LOCAL, "budget", None)
+    if budget is not None:
+        budget[0] -= n * weight
+        if budget[0] < 0:
+            raise BudgetExceeded(f"the pickle's allowlisted calls build more than {MAX_BUILT:,} bytes in all "
+                                 f"(at {what}): refused")
+
+
+def _length(x, what: str) -> int:
+    """The number of items an argument yields, for the concrete containers an allowlisted call may take; any
+    other argument (an iterator, a stand-in) is refused."""
+    if isinstance(x, (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)):
+        try:
+            return len(x)
+        except OverflowError:
+            raise BudgetExceeded(f"the pickle asks {what} for a range of more than 2**63 items: refused") from None
+    raise FormatError(f"the pickle calls {what} with a {type(x).__name__}: refused")
+
+
+def _short(x) -> str:
+    """A value of the pickle as a short string, in time bounded whatever it is (a graph of shared tuples, a huge
+    int, a long string)."""
+    if isinstance(x, str):
+        return x if len(x) <= 256 else x[:256] + "..."
+    if isinstance(x, bool) or x is None or isinstance(x, float):
+        return repr(x)
+    if isinstance(x, int):
+        return str(x) if x.bit_length() <= 64 else "<int>"
+    if isinstance(x, (Stub, Record, type)):
+        return f"<{getattr(x, '_qualname', getattr(x, '__name__', '?'))}>"
+    return f"<{type(x).__name__}>"
+
+
+def _dims(v, what: str) -> tuple[int, ...]:
+    """A shape, stride or offsets argument: a tuple or list of at most MAX_DIMS ints."""
+    if not isinstance(v, (list, tuple)):
+        raise FormatError(f"the pickle gives {what} a {type(v).__name__}, not a tuple of ints: refused")
+    _charge(len(v), MAX_DIMS, what, weight=8)
+    return tuple(int(x) for x in v)
+
+
+def _torch_size(items=()):
+    """torch.Size(items): a tuple of at most MAX_DIMS ints."""
+    _charge(_length(items, "torch.Size"), MAX_DIMS, "torch.Size", weight=8)
+    return tuple(items)
+
+
+def _capped(kind: type, name: str):
+    def build(items=()):
+        _charge(_length(items, name), MAX_ITEMS, name)
+        return kind(items)
+
+    build.__name__ = build.__qualname__ = name.rsplit(".", 1)[-1]
+    return build
+
+
+def _bytearray(source=b"", encoding=None, errors=None):
+    """bytearray(source[, encoding]): from bytes or a string (copied), an int (zeros) or a list of ints, each at most
+    MAX_BYTES; nothing else."""
+    what = "bytearray"
+    if isinstance(source, int) and not isinstance(source, bool):
+        if source < 0:
+            raise FormatError("the pickle calls bytearray with a negative size")
+        _charge(source, MAX_BYTES, what, "bytes", 1)
+    else:
+        _charge(_length(source, what), MAX_BYTES if isinstance(source, (str, bytes, bytearray)) else MAX_ITEMS,
+                what, "items", 1 if isinstance(source, (str, bytes, bytearray)) else 64)
+    if encoding is None:
+        return bytearray(source)
+    return bytearray(source, str(encoding), str(errors) if errors is not None else "strict")
+
+
 def _dtype_name(x) -> str:
     if isinstance(x, str):
         return _DTYPE_ALIASES.get(x, x)
-    return str(x)
+    return _short(x)
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride=None, requires_grad=False, backward_hooks=None, metadata=None):
-    size = tuple(int(s) for s in size)
+    size = _dims(size, "a tensor's shape")
     dtype = storage.dtype if isinstance(storage, StorageRef) else "uint8"
-    st = tuple(int(x) for x in stride) if stride is not None else None
+    st = _dims(stride, "a tensor's stride") if stride is not None else None
     return TensorRef(storage if isinstance(storage, StorageRef) else None, int(storage_offset), size, dtype,
                      bool(requires_grad), st)
 
@@ -278,7 +377,15 @@ def _attrs(obj) -> dict:
 
 
 def _ints(v) -> tuple[int, ...]:
-    return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else ()
+    return _dims(v, "a shape or offsets") if isinstance(v, (list, tuple)) else ()
+
+
+def _items(v, what: str) -> list:
+    """A list argument walked by a stand-in (a mesh's axes, a tensor's shards): charged against the budget."""
+    if not isinstance(v, (list, tuple)):
+        return []
+    _charge(len(v), MAX_ITEMS, what)
+    return list(v)
 
 
 def _placement(p) -> tuple[str, Optional[int]]:
@@ -302,7 +409,7 @@ def _dtensor(shell, state) -> Any:
     mesh = _attrs(spec.get("mesh"))
     layout = _attrs(mesh.get("_layout"))
     mesh_shape: tuple[int, ...] = ()
-    for ax in layout.get("axes") or ():
+    for ax in _items(layout.get("axes"), "a device mesh's axes"):
         mesh_shape += _ints(_attrs(ax).get("shape"))
     if not mesh_shape and isinstance(mesh.get("mesh"), TensorRef):  # older torch: the rank tensor itself
         mesh_shape = mesh["mesh"].shape
@@ -311,7 +418,8 @@ def _dtensor(shell, state) -> Any:
     shape = _ints(meta[0]) if isinstance(meta, tuple) and meta else shell.shape
     coord = mesh.get("_coordinate_on_dim")
     return DTensorRef(local if isinstance(local, TensorRef) else None, shape or shell.shape, shell.dtype,
-                      tuple(_placement(p) for p in (spec.get("placements") or ())), mesh_shape,
+                      tuple(_placement(p) for p in _items(spec.get("placements"), "a DTensor's placements")),
+                      mesh_shape,
                       tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None,
                       _ints(coord) if isinstance(coord, (list, tuple)) else None)
 
@@ -328,21 +436,21 @@ def _sharded_tensor(shell, state) -> Any:
     if not isinstance(shell, TensorRef) or not isinstance(state, tuple) or len(state) < 2:
         return shell
     local = []
-    for sh in state[0] if isinstance(state[0], list) else ():
+    for sh in _items(state[0], "a ShardedTensor's local shards"):
         a = _attrs(sh)
         t = a.get("tensor")
         local.append(_shard_meta(a.get("metadata"), t if isinstance(t, TensorRef) else None))
     meta = _attrs(state[1])
-    shards = [_shard_meta(m) for m in meta.get("shards_metadata") or ()]
+    shards = [_shard_meta(m) for m in _items(meta.get("shards_metadata"), "a ShardedTensor's shards")]
     return ShardedTensorRef(local, shards, _ints(meta.get("size")) or shell.shape, shell.dtype)
 
 
 def _get_layout(name):
-    return str(name)
+    return _short(name)
 
 
 def _device(*args):
-    return "device(" + ",".join(str(a) for a in args) + ")"
+    return "device(" + ",".join(_short(a) for a in args[:4]) + ")"
 
 
 class _ODict(dict):
@@ -351,8 +459,10 @@ class _ODict(dict):
 
 def _codecs_encode(text, encoding="utf-8"):
     # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1"); nothing else is allowed
-    if not isinstance(text, str) or str(encoding).lower().replace("-", "") not in ("latin1", "utf8"):
+    if not isinstance(text, str) or not isinstance(encoding, str) or \
+            encoding.lower().replace("-", "") not in ("latin1", "utf8"):
         raise pickle.UnpicklingError("_codecs.encode with unexpected arguments")
+    _charge(len(text) * (1 if encoding.lower().startswith("l") else 4), MAX_BYTES, "_codecs.encode", "bytes", 1)
     return text.encode(encoding)
 
 
@@ -364,7 +474,7 @@ def _safe_getattr(obj, name):
 
 
 def _rebuild_wrapper_subclass(cls, dtype, size, stride=None, storage_offset=0, *rest):
-    return TensorRef(None, int(storage_offset or 0), tuple(int(x) for x in size), _dtype_name(dtype))
+    return TensorRef(None, int(storage_offset or 0), _dims(size, "a tensor's shape"), _dtype_name(dtype))
 
 
 def _reconstructor(cls, base, state=None):
@@ -448,21 +558,21 @@ FUNCTIONS = {
     "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
     "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
     "torch.nn.parameter.Parameter": _rebuild_parameter,
-    "torch.Size": tuple,
+    "torch.Size": _torch_size,
     "torch.serialization._get_layout": _get_layout,
     "torch.device": _device,
-    "collections.OrderedDict": _ODict,
+    "collections.OrderedDict": _ODict,  # each read gets its own subclass (_reader_functions)
     "_codecs.encode": _codecs_encode,
     "torch.Tensor": "torch.Tensor",
     "builtins.getattr": _safe_getattr,
     "__builtin__.getattr": _safe_getattr,
     "torch._utils._rebuild_wrapper_subclass": _rebuild_wrapper_subclass,
     "collections.defaultdict": lambda *a: {},
-    "builtins.set": set,
-    "builtins.frozenset": frozenset,
+    "builtins.set": _capped(set, "builtins.set"),
+    "builtins.frozenset": _capped(frozenset, "builtins.frozenset"),
     "builtins.slice": slice,
     "builtins.complex": complex,
-    "builtins.bytearray": bytearray,
+    "builtins.bytearray": _bytearray,
     "builtins.range": range,
     "copyreg._reconstructor": _reconstructor,
     "builtins.object": object,  # _reconstructor's base in protocols 0 and 1: inert
@@ -473,18 +583,49 @@ _TORCH_CONSTANTS = {"strided", "sparse_coo", "contiguous_format", "channels_last
 _PY2_MODULES = {"copy_reg": "copyreg", "__builtin__": "builtins"}
 
 
+def _fresh(f):
+    """A copy of an allowlisted callable for one read: a BUILD opcode can set attributes on what find_class returns
+    (``__defaults__`` of a function, any attribute of a class): on a copy, that stays in the file that did it."""
+    if isinstance(f, types.FunctionType):
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+        g.__kwdefaults__ = dict(f.__kwdefaults__) if f.__kwdefaults__ else None
+        g.__qualname__ = f.__qualname__
+        return g
+    if isinstance(f, type) and f.__module__ == __name__:  # our own stand-in classes (builtin types are immutable)
+        return type(f.__name__, (f,), {})
+    return f
+
+
+def _reader_functions() -> dict:
+    return {q: _fresh(f) for q, f in FUNCTIONS.items()}
+
+
 class RestrictedUnpickler(pickle.Unpickler):
+    """The allowlist unpickler. Each instance reads one file with its own copies of the allowlisted callables and
+    stand-in classes (nothing a file does to them reaches another file's read) and its own allocation budget."""
+
     def __init__(self, f, result: Unpickled, persistent: bool):
         super().__init__(f)
         self._result = result
         self._persistent = persistent
+        self._functions = _reader_functions()
+        self._stand_ins: dict = {}
+
+    def load(self):
+        outer = getattr(_LOCAL, "budget", None)
+        _LOCAL.budget = [MAX_BUILT]
+        try:
+            return super().load()
+        finally:
+            _LOCAL.budget = outer
 
     def find_class(self, module: str, name: str):
         if module in _PY2_MODULES:  # protocols 0-2 name copyreg and builtins the Python 2 way
             module, name = _compat_pickle.NAME_MAPPING.get((module, name), (_PY2_MODULES[module], name))
         q = f"{module}.{name}"
-        if q in FUNCTIONS:
-            return FUNCTIONS[q]
+        f = self._functions.get(q)
+        if f is not None:
+            return f
         if module == "torch":
             if name in _DTYPES:
                 return _dtype_name(name)
@@ -508,13 +649,131 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError("persistent id in a plain pickle")
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
             _, stype, key, _location, numel = pid[:5]
-            dtype = stype[1] if isinstance(stype, tuple) else "uint8"
+            if not isinstance(key, (str, int)) or isinstance(key, bool) or len(str(key)) > 256:
+                raise pickle.UnpicklingError("a storage key that is not a short string")
+            dtype = stype[1] if isinstance(stype, tuple) and len(stype) == 2 and isinstance(stype[1], str) \
+                else "uint8"
             ref = self._result.storages.get(str(key))
             if ref is None:
                 ref = StorageRef(dtype, str(key), int(numel))
                 self._result.storages[str(key)] = ref
             return ref
         raise pickle.UnpicklingError(f"unsupported persistent id {type(pid).__name__}")
+
+
+# DCP metadata classes torch's DCP reader needs as themselves (it reads their fields and methods): data-only
+# dataclasses and enums of torch's own, built by the C unpickler as NEWOBJ/REDUCE + BUILD.
+TORCH_METADATA_CLASSES = (
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.WriteItemType",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
+)
+
+
+class TorchMetadataUnpickler(RestrictedUnpickler):
+    """The allowlist unpickler, producing torch's own DCP metadata classes, dtypes, layouts and ``torch.Size``
+    (what torch's DCP reader needs) where the allowlist names them; everything else as for
+    :class:`RestrictedUnpickler`. For a file that passed the screen; it is the metadata ckpt-tui hands torch's
+    DCP reader instead of letting it ``pickle.load`` the file."""
+
+    def find_class(self, module: str, name: str):
+        import importlib
+
+        import torch
+
+        q = f"{module}.{name}"
+        if q in TORCH_METADATA_CLASSES:
+            return getattr(importlib.import_module(module), name)
+        if q == "torch.Size":
+            return lambda items=(): torch.Size(_torch_size(items))
+        if q == "torch.serialization._get_layout":
+            return lambda layout: _torch_layout(layout)
+        if module == "torch" and name in _DTYPES | _TORCH_CONSTANTS:
+            return getattr(torch, name)
+        return super().find_class(module, name)
+
+
+def _torch_layout(name):
+    import torch
+
+    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
+    if name not in layouts:
+        raise pickle.UnpicklingError(f"unknown layout {_short(name)}")
+    return layouts[name]
+
+
+def torch_metadata(data: bytes):
+    """torch's DCP ``Metadata`` of a screened ``.metadata``'s bytes, through :class:`TorchMetadataUnpickler`.
+    Raises FormatError where a global is outside the allowlist or the stream is unreadable."""
+    result = Unpickled(None)
+    try:
+        result.obj = TorchMetadataUnpickler(io.BytesIO(data), result, False).load()
+    except FormatError:
+        raise
+    except Exception as e:
+        raise FormatError(f"not a readable DCP metadata pickle: {type(e).__name__}: {e}") from None
+    if result.unsafe:
+        raise FormatError(f"the metadata names code outside the allowlist ({', '.join(sorted(result.unsafe)[:6])})")
+    return result.obj
+
+
+_CLEAN: set[bytes] = set()  # digests of pickles read in full by the restricted unpickler and found clean
+
+
+def _allowlist_key() -> str:
+    """What a clean verdict depends on: the allowlist and the caps (a change makes earlier verdicts void)."""
+    h = hashlib.sha256()
+    for names in (sorted(FUNCTIONS), sorted(STUB_GLOBALS), sorted(RECORD_GLOBALS), sorted(TUPLE_GLOBALS),
+                  sorted(_TORCH_CONSTANTS), [str(x) for x in (MAX_ITEMS, MAX_BYTES, MAX_DIMS, MAX_BUILT, 2)]):
+        h.update("\n".join(names).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _verdict_file(digest: bytes):
+    from ..userdirs import cache_home
+
+    return cache_home() / "screened" / _allowlist_key() / digest.hex()
+
+
+def screened_clean(data: bytes) -> bool:
+    """Were these exact bytes (by SHA-256) read in full by the restricted unpickler and found to name nothing outside
+    the allowlist, in this process or an earlier run (``$XDG_CACHE_HOME/ckpt-tui/screened/``)? Only then may a
+    faster, partial view of them (the DCP summary reader) stand in for the full read."""
+    digest = hashlib.sha256(data).digest()
+    if digest in _CLEAN:
+        return True
+    try:
+        known = _verdict_file(digest).is_file()
+    except OSError:
+        known = False
+    if known:
+        _CLEAN.add(digest)
+    return known
+
+
+def mark_screened_clean(data: bytes) -> None:
+    """Record that ``data`` was read in full by the restricted unpickler and named nothing outside the allowlist."""
+    digest = hashlib.sha256(data).digest()
+    _CLEAN.add(digest)
+    try:
+        path = _verdict_file(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.close(fd)
+        os.replace(tmp, path)
+    except OSError:  # a read-only or full cache folder: the verdict is kept for this process only
+        pass
 
 
 def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
@@ -548,10 +807,31 @@ def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
     return result
 
 
+def name_part(k) -> str:
+    """A dict key as a part of a tensor's dotted name (bounded, whatever the key is)."""
+    return k if isinstance(k, str) else _short(k)
+
+
 def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
-    """Yield (dotted name, TensorRef) for every tensor reachable through dicts/lists/tuples."""
+    """Yield (dotted name, TensorRef) for every tensor reachable through dicts/lists/tuples.
+
+    Each container is walked once, under the first name that reaches it (a container reached again, through a
+    shared reference or a cycle, is not walked again), so the cost is linear in the number of objects, never in
+    the number of paths (a pickle of dicts sharing their children has 2^depth paths). A tensor reached from two
+    containers (tied weights) is yielded under both names. Raises FormatError past MAX_NAME_CHARS of names."""
+    seen: set[int] = set()
+    chars = [MAX_NAME_CHARS]
+    yield from _walk(obj, prefix, depth, seen, chars)
+
+
+def _walk(obj: Any, prefix: str, depth: int, seen: set, chars: list):
     if depth > 64:
         return
+    if isinstance(obj, (TensorRef, DTensorRef, ShardedTensorRef)):
+        chars[0] -= len(prefix) + 1
+        if chars[0] < 0:
+            raise FormatError(f"the object graph names more than {MAX_NAME_CHARS:,} characters of tensor names: "
+                              "refused")
     if isinstance(obj, TensorRef):
         yield prefix, obj
     elif isinstance(obj, DTensorRef):  # the bytes this file holds: the rank's local tensor
@@ -561,12 +841,15 @@ def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
         held = [s.tensor for s in obj.local_shards if s.tensor is not None]
         for i, t in enumerate(held):
             yield (prefix if len(held) == 1 else f"{prefix}.{i}"), t
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from iter_tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+    elif isinstance(obj, (dict, list, tuple)):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        pairs = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for k, v in pairs:
+            if isinstance(v, (dict, list, tuple, TensorRef, DTensorRef, ShardedTensorRef)):
+                part = name_part(k)
+                yield from _walk(v, f"{prefix}.{part}" if prefix else part, depth + 1, seen, chars)
 
 
 class SummaryMismatch(Exception):

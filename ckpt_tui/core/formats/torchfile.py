@@ -91,11 +91,7 @@ def _read_zip(path: Path, size: int) -> TorchFile:
         raise FormatError(f"unreadable zip archive: {type(e).__name__}: {e}") from None
     with zf:
         infos = zf.infolist()
-        pkl = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
-        if not pkl:
-            raise FormatError("zip archive without data.pkl: not a torch.save file")
-        info = pkl[0]
-        prefix = info.filename[: -len("data.pkl")]
+        info, prefix = loader_record(infos)
         data_bytes = 0
         for i in infos:
             # local header (30 bytes + name + extra) + data must fit inside the file
@@ -117,6 +113,48 @@ def _read_zip(path: Path, size: int) -> TorchFile:
             raise FormatError(f"{len(missing)} tensor storage(s) named in data.pkl are missing from the archive "
                               f"(e.g. data/{missing[0]})")
         return TorchFile(path, size, up, True, data_bytes)
+
+
+def _raw_name(i: zipfile.ZipInfo) -> str:
+    """An entry's name as stored (zipfile cuts a name at its first NUL; torch's reader does not)."""
+    return i.orig_filename
+
+
+def loader_record(infos: list) -> tuple[zipfile.ZipInfo, str]:
+    """The ``data.pkl`` entry torch.load will unpickle, and the archive's folder (``P/``): torch's
+    PyTorchStreamReader takes ``P`` from the first entry's name (up to its first ``/``) and reads ``P/data.pkl``.
+    An archive where another reader could take another record is refused (FormatError): an entry outside ``P/``,
+    a name that appears twice, a second ``data.pkl`` anywhere, or a name with a NUL (zipfile and torch would read
+    different names). torch.save writes none of these, so no real file is refused."""
+    if not infos:
+        raise FormatError("zip archive without entries: not a torch.save file")
+    first = _raw_name(infos[0])
+    if "/" not in first:
+        raise FormatError(f"zip archive whose first entry {first!r} is in no folder: not a torch.save file "
+                          "(torch.load refuses it)")
+    prefix = first.split("/", 1)[0] + "/"
+    seen: set[str] = set()
+    pkls = []
+    for i in infos:
+        name = _raw_name(i)
+        if "\x00" in name or name != i.filename:
+            raise FormatError(f"zip entry name {name!r} holds a NUL byte: refused, readers would disagree on it")
+        if name in seen:
+            raise FormatError(f"zip archive names {name!r} twice: which copy a reader takes is its own choice, so "
+                              "the file is refused before anything unpickles it")
+        seen.add(name)
+        if not name.startswith(prefix):
+            raise FormatError(f"zip entry {name!r} lies outside the archive's folder {prefix!r}: refused (torch.save "
+                              "writes every entry there)")
+        if name == "data.pkl" or name.endswith("/data.pkl"):
+            pkls.append(i)
+    if not pkls:
+        raise FormatError("zip archive without data.pkl: not a torch.save file")
+    if len(pkls) > 1 or _raw_name(pkls[0]) != prefix + "data.pkl":
+        names = ", ".join(_raw_name(i) for i in pkls[:4])
+        raise FormatError(f"zip archive with {len(pkls)} data.pkl entries ({names}); torch.load reads only "
+                          f"{prefix}data.pkl: refused before anything unpickles it")
+    return pkls[0], prefix
 
 
 def _read_legacy(path: Path, size: int) -> TorchFile:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...export.sources import SourceTensor
+from ...formats import screen
 from ...fsutil import OutputError, check_output_folder, copy_new, fsync_dir, fsync_file, remove_temp, snapshot
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
@@ -177,7 +178,7 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
         items.append((("optimizer", "state", o.fqn, o.key), o.source))
     total = sum(s.nbytes for _, s in items)
     done = 0
-    reader = dcp.FileSystemReader(str(folder))
+    reader = screen.dcp_reader(folder)  # our own output, still screened: the metadata unpickled by ckpt-tui
     i = 0
     while i < len(items):
         batch, size = [], 0

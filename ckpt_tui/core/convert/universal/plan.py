@@ -118,7 +118,7 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     Raises ``ScanError`` for an unreadable path, :class:`UniversalError` where it cannot convert.
     """
     from ...export.deepspeed_source import MOE_RE, deepspeed_source
-    from ...formats import torchfile
+    from ...formats import FormatError, screen, torchfile
     from ...formats.deepspeed import LAYER_RE
 
     src = Path(src)
@@ -151,6 +151,10 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
         raise UniversalError(f"{unsafe[0].path} names code outside ckpt-tui's allowlist; DeepSpeed's converter "
                              "unpickles without restriction and would run it. Convert only a checkpoint you trust, "
                              "with --trust-pickles")
+    try:  # ds_to_universal torch.loads every rank's states file without restriction: each one screened first
+        screen.require(screen.tag_files(tag_dir), trust_pickles=trust_pickles, loader="DeepSpeed's ds_to_universal")
+    except (FormatError, OSError) as e:
+        raise UniversalError(str(e)) from None
     stage = f.get("zero_stage")
     if stage not in (1, 2, 3):
         raise UniversalError(f"unsupported ZeRO stage {stage!r} in {tag_dir} (universal conversion needs ZeRO-1/2/3)")

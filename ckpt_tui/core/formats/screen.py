@@ -1,0 +1,149 @@
+"""One screen for the bytes a reference loader will read.
+
+Before torch.load, torch's DCP ``FileSystemReader``, DeepSpeed's ``zero_to_fp32`` / ``ds_to_universal`` or
+verl's loader touches a file, that exact file passes the allowlist screen as that loader will parse it:
+
+- a torch zip: the record torch.load picks (``P/data.pkl``, ``P`` the first entry's folder), in an archive where
+  no other reader could pick another one (:func:`torchfile.loader_record`: no second ``data.pkl``, no duplicate
+  name, nothing outside ``P/``), read by the restricted unpickler;
+- a DCP ``.metadata``: the whole file as written, read by the restricted unpickler (:func:`dcp.screen_metadata`);
+  the fast reader (:mod:`dcp_stream`) gathers facts only and is never the screen.
+
+:func:`require` is what each loader call site asks first: every file it will read, each screened once per
+process while unchanged (its stat identity), refused with one clear message (:class:`ScreenError`) when a file is
+unreadable as that loader reads it, or names code outside the allowlist (unless the user trusts it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from . import FormatError
+
+_SCREENED: dict[tuple, frozenset] = {}  # (path, stat identity) -> the globals outside the allowlist its pickle names
+
+
+class ScreenError(FormatError):
+    """A file a reference loader would read did not pass the screen: nothing was handed to the loader."""
+
+
+def _identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def is_metadata(path: Path) -> bool:
+    from .dcp import RANK_META_RE
+
+    return path.name == ".metadata" or bool(RANK_META_RE.match(path.name))
+
+
+def screen_file(path) -> frozenset:
+    """The globals outside the allowlist that ``path``'s pickle names, read as its loader reads it (a DCP
+    ``.metadata`` or a torch file). Raises FormatError where it cannot be read that way, OSError."""
+    path = Path(path)
+    key = _identity(path)
+    hit = _SCREENED.get(key)
+    if hit is not None:
+        return hit
+    if is_metadata(path):
+        from .dcp import screen_metadata
+
+        unsafe = frozenset(screen_metadata(path))
+    else:
+        from . import torchfile
+
+        unsafe = frozenset(torchfile.read(path).unsafe)
+    if _identity(path) == key:  # unchanged while it was read
+        _SCREENED[key] = unsafe
+    return unsafe
+
+
+def require(paths: Iterable, *, trust_pickles: bool = False, loader: str = "the reference loader") -> None:
+    """Screen every file ``loader`` will read; raise :class:`ScreenError` naming each one that fails."""
+    problems = []
+    for p in paths:
+        p = Path(p)
+        try:
+            unsafe = screen_file(p)
+        except FormatError as e:
+            problems.append(f"{p}: {e}")
+            continue
+        except OSError as e:
+            problems.append(f"{p}: cannot read: {e.strerror or e}")
+            continue
+        if unsafe and not trust_pickles:
+            problems.append(f"{p}: unsafe-pickle: names code outside ckpt-tui's allowlist "
+                            f"({', '.join(sorted(unsafe)[:6])}); pass --trust-pickles only if you trust its source")
+    if problems:
+        raise ScreenError(f"refusing to hand these files to {loader}, which would unpickle them:\n  "
+                          + "\n  ".join(problems))
+
+
+def tag_files(tag_dir) -> list[Path]:
+    """Every torch file of a DeepSpeed tag folder (zero_to_fp32 and ds_to_universal read each of them)."""
+    tag_dir = Path(tag_dir)
+    return sorted(p for p in tag_dir.iterdir() if p.name.endswith(".pt") and p.is_file())
+
+
+def dcp_metadata_files(folder) -> list[Path]:
+    from .dcp import metadata_files
+
+    glob_meta, ranks = metadata_files(Path(folder))
+    return [glob_meta] if glob_meta else list(ranks)
+
+
+def loader_files(node) -> list[Path]:
+    """The files the reference loader of ``node``'s format reads (verify's), to screen first."""
+    fmt = node.format
+    path = Path(node.abspath)
+    if fmt == "dcp":
+        return dcp_metadata_files(path) if path.is_dir() else []
+    if fmt == "deepspeed-zero":
+        return tag_files(path)
+    if fmt == "deepspeed-universal":
+        zero = path / "zero"
+        return sorted(zero.glob("*/*.pt")) + sorted(zero.glob("*.pt")) if zero.is_dir() else []
+    if fmt == "verl-fsdp":
+        return sorted(p for p in path.iterdir() if p.name.endswith(".pt") and p.is_file())
+    if not path.is_dir() and fmt in ("torch-zip", "deepspeed-model-states", "deepspeed-optim-states"):
+        return [path]
+    return []  # safetensors: no pickle
+
+
+def dcp_reader(folder, *, trust_pickles: bool = False):
+    """torch's ``FileSystemReader`` for ``folder``, once its metadata files passed the screen, handed the
+    ``Metadata`` ckpt-tui unpickled itself (torch's own classes, through the allowlist) instead of letting it
+    ``pickle.load`` the file. With ``trust_pickles``: torch's reader as it is."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    folder = Path(folder)
+    require(dcp_metadata_files(folder), trust_pickles=trust_pickles, loader="torch's DCP reader")
+    if trust_pickles:
+        return FileSystemReader(str(folder))
+
+    class ScreenedReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            from .dcp import RANK_META_RE
+            from .pickles import torch_metadata
+
+            rank = kwargs.get("rank")
+            name = f"__{rank}.metadata" if rank is not None else ".metadata"
+            path = folder / name
+            if not path.is_file() or (rank is not None and not RANK_META_RE.match(name)):
+                path = folder / ".metadata"
+            with open(path, "rb") as f:  # these bytes, read by the allowlist unpickler, are what torch gets
+                data = f.read()
+            try:
+                meta = torch_metadata(data)
+            except FormatError as e:
+                raise ScreenError(f"refusing to hand {path} to torch's DCP reader: {e}") from None
+            if getattr(meta, "storage_meta", None) is None:
+                meta.storage_meta = StorageMeta()
+            meta.storage_meta.load_id = self.load_id
+            return meta
+
+    return ScreenedReader(str(folder))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..formats.deepspeed import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
-from ..formats.pickles import Stub, TensorRef
+from ..formats.pickles import Stub, TensorRef, name_part
 from ..storage import as_path, listdir
 from .deepspeed_source import (
     StatesFile,
@@ -93,7 +93,13 @@ def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
     return step_value(v, what, lambda ref: tag.tensor_bytes(rank, ref, what))
 
 
-def jsonable(v: Any) -> Any:
+def jsonable(v: Any, _left: Optional[list] = None) -> Any:
+    """``v`` (hyper-parameters from a pickle) as JSON values; at most 100,000 values in all (a graph of shared
+    lists would otherwise be copied once per path): ValueError beyond."""
+    left = _left if _left is not None else [100_000]
+    left[0] -= 1
+    if left[0] < 0:
+        raise ValueError("the optimizer's param groups hold more than 100,000 values: not written")
     if isinstance(v, Stub):
         v = v.value
     if v is None or isinstance(v, (bool, int, str)):
@@ -101,9 +107,9 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else str(v)
     if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
+        return [jsonable(x, left) for x in v]
     if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
+        return {name_part(k): jsonable(x, left) for k, x in v.items()}
     if isinstance(v, TensorRef):
         return f"<tensor {v.dtype} {list(v.shape)}>"
     return repr(v)

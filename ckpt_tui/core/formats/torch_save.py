@@ -76,19 +76,26 @@ def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bo
 
 def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
     """The reference: ``torch.load`` (unrestricted: only after the safety screen)."""
+    import pickle
+
     import torch
 
-    obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=False)
+    try:  # torch's own allowlist first (a plain state dict needs nothing more)
+        obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError:  # framework objects beside the weights: the file passed ckpt-tui's screen
+        obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=False)
     # the entry the export read (Lightning's `state_dict`, Megatron's `model`...), as the restricted
     # reader picks it: pick_state_dict looks for tensor references, which torch.load's output has not
     _, wrapper = pick_state_dict(torchfile.read(node.abspath).obj)
     sd = obj[wrapper] if wrapper else obj
     stack = [("", sd)]
+    seen = {id(sd)}  # each dict once: a graph of shared children is not walked per path
     while stack:
         prefix, d = stack.pop()
         for k, v in d.items():
             name = f"{prefix}{k}"
-            if isinstance(v, dict):
+            if isinstance(v, dict) and id(v) not in seen:
+                seen.add(id(v))
                 stack.append((name + ".", v))
             elif isinstance(v, torch.Tensor):
                 yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), v

@@ -416,3 +416,32 @@ def test_a_graph_of_shared_children_is_walked_once_per_object():
     from ckpt_tui.core.formats.pickles import iter_tensors, safe_loads
 
     assert list(iter_tensors(safe_loads(_dag(60)).obj)) == []
+
+
+def test_a_shared_graph_beside_the_weights_exports_and_verifies(real_ckpt, tmp_path):
+    """A real model's weights saved with a 60-level graph of shared dicts beside them (2^60 paths): inspect, export
+    and verify (torch.load, then its result walked) each visit every dict once and finish."""
+    import signal
+
+    import torch
+    from safetensors.torch import load_file
+
+    d: dict = {}
+    for _ in range(60):
+        d = {"a": d, "b": d}
+    p = tmp_path / "pytorch_model.bin"
+    torch.save({**load_file(real_ckpt("hf-ds-zero2") / "checkpoint-2" / "model.safetensors"), "graph": d}, p)
+
+    def too_long(*_):
+        raise TimeoutError("a walk per path")
+
+    old = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(120)
+    try:
+        code, out = cli("export", p, "--out", tmp_path / "o")
+        assert code == 0, out
+        code, out = cli("verify", tmp_path / "o", "--against", p)
+        assert code == 0 and "0 mismatched" in out, out
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -191,8 +191,9 @@ def write_file(f: OutFile, path: Path, counter, cancel) -> None:
 
 def source_folders(plan: ExportPlan) -> list[Path]:
     """The folders an export reads from, which OUT may not be, hold or lie inside: SRC as given, the
-    component and every folder between them (a run's checkpoint), and a DeepSpeed tag's checkpoint (the
-    folder holding `latest`)."""
+    component and every folder between them (a run's checkpoint). The folder above SRC (a tag's checkpoint,
+    the run) only may not be OUT or lie inside it: its files are read or copied (:func:`check_out_vs_sources`),
+    but a new folder beside SRC is where the TUI's and the advice's default outputs go."""
     comp = Path(plan.source.path) if not is_url(plan.source.path) else None
     if comp is None:
         return []
@@ -204,16 +205,16 @@ def source_folders(plan: ExportPlan) -> list[Path]:
             folders.append(src)
         if src in comp.parents:
             folders += [p for p in comp.parents if src in p.parents]
-    if comp.is_dir() and (comp.parent / "latest").is_file():
-        folders.append(comp.parent)
     return list(dict.fromkeys(folders))
 
 
 def check_out_vs_sources(plan: ExportPlan, out: Optional[Path] = None) -> None:
     """OutputError("inside-source") where OUT (``out``, default the plan's) is, holds or lies inside what
     the export reads (:func:`source_folders`, every file read or copied)."""
-    check_sources(plan.out if out is None else out, folders=source_folders(plan),
-                  files=[*source_files(plan), *(p for p, _ in plan.copies)])
+    folders = source_folders(plan)
+    above = [f.parent for f in folders]  # a tag's checkpoint, a checkpoint's run: OUT may not be or hold them
+    check_sources(plan.out if out is None else out, folders=folders,
+                  files=[*source_files(plan), *(p for p, _ in plan.copies), *above])
 
 
 def refusal(e: OutputError, plan: ExportPlan) -> str:

@@ -445,3 +445,20 @@ def test_an_overwrite_killed_between_its_renames_gets_the_old_out_back(world):
     code, _, err = cli("export", "hf-ds-zero2/checkpoint-2", "--out", "merged")
     assert code == 1 and "appeared and is not empty" in err, err
     assert (tmp / "merged" / "mine.txt").read_text() == "the user's old output\n" and not old.exists()
+
+
+def test_a_tag_given_as_src_protects_its_checkpoint_from_removal(world):
+    """SRC is the tag folder: OUT may not be (or hold) its checkpoint, whose `latest` and files it reads; a new
+    folder beside the tag, where `fix`'s advice and the TUI put the export, is allowed."""
+    tmp, run, ck = world
+    before = tree(tmp)
+    code, _, err = cli("export", "hf-ds-zero2/checkpoint-2/global_step2", "--out", "hf-ds-zero2/checkpoint-2",
+                       "--overwrite")
+    assert code == 1 and "holds the source" in err, err
+    assert changed_outside(before, tree(tmp)) == []
+    code, _, err = cli("export", "hf-ds-zero2/checkpoint-2/global_step2", "--out",
+                       "hf-ds-zero2/checkpoint-2/global_step2_exported")
+    assert code == 0, err
+    # only the new folder, and the mtime of the folder that holds it
+    assert changed_outside(before, tree(tmp), "hf-ds-zero2/checkpoint-2/global_step2_exported") == [
+        "hf-ds-zero2/checkpoint-2"]

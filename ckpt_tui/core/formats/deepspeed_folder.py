@@ -414,5 +414,5 @@ class DeepSpeedUniversal(FolderFormat):
         for d in sorted((node.abspath / "zero").iterdir()):
             p = d / "fp32.pt"
             if p.is_file():
-                obj = torch.load(p, weights_only=False)
+                obj = torch.load(p, weights_only=True)  # {"param": tensor} or the tensor: torch's allowlist reads it
                 yield d.name, (obj["param"] if isinstance(obj, dict) else obj)

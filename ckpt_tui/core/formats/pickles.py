@@ -62,14 +62,17 @@ class Stub:
 
     def __init__(self, *args, **kwargs):
         self.__dict__.setdefault("_args", args)
+        _charge(len(kwargs), MAX_ITEMS, "a stand-in's keyword arguments")
         self.__dict__.update(kwargs)
 
     def __setstate__(self, state):
         if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
             for part in state:
                 if isinstance(part, dict):
+                    _charge(len(part), MAX_ITEMS, "a stand-in's state")
                     self.__dict__.update(part)
         elif isinstance(state, dict):
+            _charge(len(state), MAX_ITEMS, "a stand-in's state")
             self.__dict__.update(state)
         else:
             self.__dict__["_state"] = state
@@ -150,7 +153,7 @@ class TupleRecord(tuple):
         return tuple.__new__(cls, args)
 
     def __repr__(self):
-        return f"<{self._qualname}{tuple(self)!r}>"
+        return f"<{self._qualname}({', '.join(_short(x) for x in self[:8])}{', ...' if len(self) > 8 else ''})>"
 
 
 def _tuple_record_class(qualname: str) -> type:

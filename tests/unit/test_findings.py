@@ -208,6 +208,45 @@ def unreadable_file(root: Path) -> None:
     os.chmod(root / "global_step2" / "mp_rank_00_model_states.pt", 0)
 
 
+def chunk_size(rel: str, delta: int) -> Callable[[Path], None]:
+    """One chunk record of the DCP ``.metadata`` at ``rel`` made ``delta`` rows longer or shorter along dim 0, by
+    rewriting the one byte of its BININT1 (no memo slot moves; no torch): -1 on a tensor's first chunk leaves a
+    gap, +1 on a first chunk that another follows makes them overlap."""
+    import pickletools
+
+    def edit(root: Path) -> None:
+        path = root / rel
+        data = bytearray(path.read_bytes())
+        memo: list = []
+        last = None  # the last string literal pushed (what MEMOIZE stores)
+        key = None  # "offsets" / "sizes": the field whose torch.Size comes next
+        recs: list = []  # per chunk record: [dim-0 offset, (dim-0 size, its BININT1 position)]
+        for op, arg, pos in pickletools.genops(bytes(data)):
+            name = op.name
+            if name in ("SHORT_BINUNICODE", "BINUNICODE"):
+                last = arg
+                key = arg if arg in ("offsets", "sizes") else None
+            elif name == "MEMOIZE":
+                memo.append(last)
+            elif name in ("BINGET", "LONG_BINGET") and memo[arg] in ("offsets", "sizes"):
+                key = memo[arg]
+            elif name == "BININT1" and key == "offsets":
+                recs.append([arg, None])
+                key = None
+            elif name == "BININT1" and key == "sizes" and recs and recs[-1][1] is None:
+                recs[-1][1] = (arg, pos)
+                key = None
+        recs = [r for r in recs if r[1] is not None]
+        for i, (off, (size, pos)) in enumerate(recs):
+            follows = i + 1 < len(recs) and recs[i + 1][0] == size
+            if off == 0 and 2 <= size < 250 and (delta < 0 or follows):
+                data[pos + 1] = size + delta
+                path.write_bytes(bytes(data))
+                return
+        raise AssertionError("no chunk record to edit")
+    return edit
+
+
 def fifo(root: Path) -> None:
     os.mkfifo(root / "events.pipe")
 
@@ -264,6 +303,11 @@ CASES = [
     # shard-missing
     Rule("shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".",
          ("__1_0.distcp",)),
+    # dcp-chunk-gap / dcp-chunk-overlap
+    Rule("dcp-chunk-gap", Corrupt("fsdp1-dcp", chunk_size(".metadata", -1)), "dcp-chunk-gap", "error", ".",
+         ("leave part of them unwritten", "torch's DCP loader")),
+    Rule("dcp-chunk-overlap", Corrupt("fsdp1-dcp", chunk_size(".metadata", +1)), "dcp-chunk-overlap", "warning", ".",
+         ("overlap", "as torch's DCP loader reads them")),
     Rule("shard-missing-deepspeed-optim", Corrupt("ds-zero2-bf16", rm(f"{TAG}/{OPTIM.format(1)}")), "shard-missing",
          "error", TAG, ("saved by 2 data-parallel rank(s)", OPTIM.format(1))),
     Rule("shard-missing-zero3-model-states", Corrupt("ds-zero3-bf16", rm(f"{TAG}/zero_pp_rank_1_mp_rank_00_model_states.pt")),

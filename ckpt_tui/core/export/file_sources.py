@@ -13,7 +13,7 @@ from typing import Optional
 from ..dtypes import ITEMSIZE
 from ..formats import FormatError, torchfile
 from ..formats import safetensors_header as stfmt
-from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef, iter_tensors
+from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef, gc_paused, iter_tensors
 from ..formats.torchfile import pick_state_dict
 from ..storage import as_path, open_read
 from .sources import ByteRange, Source, SourceTensor
@@ -107,9 +107,10 @@ def safetensors_source(path: Path) -> Source:
             files.append(fp)
     tensors = []
     for fp in files:
-        h = stfmt.read_header(fp)
-        for t in h.tensors:
-            b, e = h.offsets[t.name]
-            rng = (ByteRange(str(fp), h.data_start + b, e - b),) if e > b else ()
-            tensors.append(SourceTensor(t.name, t.shape, t.dtype, ranges=rng))
+        h = stfmt.read_header(fp)  # its columns, not a TensorInfo per tensor (a header of 10^6 tensors)
+        where, start = str(fp), h.data_start
+        with gc_paused():  # no cyclic GC passes over 10^6 new objects (none is a cycle)
+            for name, shape, dtype, b, e in zip(h.names, h.shapes, h.dtypes, h.begins, h.ends):
+                rng = (ByteRange(where, start + b, e - b),) if e > b else ()
+                tensors.append(SourceTensor(name, tuple(shape), dtype, ranges=rng))
     return Source("safetensors", path, tensors)

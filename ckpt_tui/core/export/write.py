@@ -246,7 +246,8 @@ def preflight(plan: ExportPlan, overwrite: bool) -> None:
 
 def source_files(plan: ExportPlan) -> list[Path]:
     """Every file the export reads (byte ranges; whole folder for tensors read by torch)."""
-    files = {as_path(r.path) for f in plan.files for t in f.tensors for r in (t.src.ranges or ())}
+    paths = {r.path for f in plan.files for t in f.tensors for r in (t.src.ranges or ())}  # a Path per file, not per range
+    files = set(map(as_path, paths))
     if any(t.src.ranges is None for f in plan.files for t in f.tensors):
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
         files |= {p for p in root.iterdir() if p.is_file()}
@@ -456,24 +457,40 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
     return result
 
 
-def _source_chunks(t: OutTensor, cancel=None):
-    """The tensor's bytes as the output should hold them (cast as planned), in pieces of at most BUF."""
+def _opened(path: str, fds: Optional[dict]) -> tuple[int, bool]:
+    """(a read fd for ``path``, whether the caller closes it): one kept in ``fds`` per file (its owner closes them
+    all), or a new one where ``fds`` is None."""
+    if fds is None:
+        return os.open(path, os.O_RDONLY), True
+    fd = fds.get(path)
+    if fd is None:
+        fd = fds[path] = os.open(path, os.O_RDONLY)
+    return fd, False
+
+
+def _source_chunks(t: OutTensor, cancel=None, fds: Optional[dict] = None):
+    """The tensor's bytes as the output should hold them (cast as planned), in pieces of at most BUF. ``fds``: the
+    source files' fds, opened once per file (a header of 10^6 tensors: not an open per tensor)."""
     s = t.src
     if s.ranges is not None and s.dtype == t.dtype:
         for r in s.ranges:
             if is_url(r.path):
                 yield from read_chunks(r.path, r.offset, r.length, BUF, cancel)
                 continue
-            with open(r.path, "rb") as f:
+            fd, own = _opened(r.path, fds)
+            try:
                 pos, left = r.offset, r.length
                 while left > 0:
                     check_cancel(cancel)
-                    data = os.pread(f.fileno(), min(left, BUF), pos)
+                    data = os.pread(fd, min(left, BUF), pos)
                     if not data:
                         raise ExportError(f"{r.path} ended early while verifying")
                     pos += len(data)
                     left -= len(data)
                     yield data
+            finally:
+                if own:
+                    os.close(fd)
         return
     import torch
 
@@ -507,28 +524,39 @@ def verify_files(plan: ExportPlan, folder: Path, on_progress=None, cancel=None,
     """Re-read every written tensor from disk and compare it bit-exact with the source (cast as
     planned), streamed in BUF-sized pieces: memory stays flat whatever the model size, and
     tensors whose dtype is kept are compared without torch. ``files``: only these (default: all)."""
-    from ..formats import safetensors_header as stfmt
-
     bad: list[str] = []
     files = plan.files if files is None else files
     counter = ByteCounter(sum(f.nbytes for f in files), on_progress, "verifying")
+    fds: dict[str, int] = {}  # the source files, each opened once
+    try:
+        _verify_files(files, folder, counter, cancel, fds, bad)
+    finally:
+        for x in fds.values():
+            os.close(x)
+    return bad
+
+
+def _verify_files(files: list, folder: Path, counter, cancel, fds: dict, bad: list) -> None:
+    from ..formats import safetensors_header as stfmt
+
     for f in files:
         h = stfmt.read_header(folder / f.name)
         if (h.metadata or {}).get("format") != "pt":
             bad.append(f"{f.name}: header metadata lacks format=pt")
-        infos = {x.name: x for x in h.tensors}
+        infos = dict(zip(h.names, zip(map(tuple, h.shapes), h.dtypes)))  # name -> (shape, dtype): no TensorInfo
+        offsets = h.offsets
         fd = os.open(folder / f.name, os.O_RDONLY)
         try:
             for t in f.tensors:
                 check_cancel(cancel)
                 info = infos.get(t.name)
-                if info is None or info.shape != tuple(t.shape) or info.dtype != t.dtype:
+                if info is None or info[0] != tuple(t.shape) or info[1] != t.dtype:
                     bad.append(t.name)
                     continue
-                pos = h.data_start + h.offsets[t.name][0]
-                end = h.data_start + h.offsets[t.name][1]
+                pos = h.data_start + offsets[t.name][0]
+                end = h.data_start + offsets[t.name][1]
                 ok = True
-                for chunk in _source_chunks(t, cancel):
+                for chunk in _source_chunks(t, cancel, fds):
                     got = os.pread(fd, len(chunk), pos)
                     if got != chunk:
                         ok = False
@@ -539,4 +567,3 @@ def verify_files(plan: ExportPlan, folder: Path, on_progress=None, cancel=None,
                     bad.append(t.name)
         finally:
             os.close(fd)
-    return bad

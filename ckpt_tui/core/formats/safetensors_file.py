@@ -10,7 +10,7 @@ from ..facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightInd
 from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 from . import safetensors_header as stfmt
-from .format import FileFormat, FolderFormat, set_tensor_facts
+from .format import FileFormat, FolderFormat
 
 
 class SafetensorsFiles(FileFormat):
@@ -29,7 +29,9 @@ class SafetensorsFiles(FileFormat):
     def analyze(self, node: Node, parsed: Parsed) -> None:
         if node.format == "safetensors":
             h = stfmt.read_header(node.abspath)
-            set_tensor_facts(node, h.tensors)
+            params, nbytes, dtypes, count = h.totals()  # set_tensor_facts, without a TensorInfo per tensor
+            cast(SafetensorsFacts, node.facts).update(SafetensorsFacts(param_count=params, tensor_bytes=nbytes,
+                                                                       dtypes=dtypes, tensor_count=count))
             if h.metadata:
                 cast(SafetensorsFacts, node.facts)["header_metadata"] = dict(list(h.metadata.items())[:8])
             return
@@ -110,8 +112,7 @@ class HfModelFolder(FolderFormat):
             have: dict[str, str] = {}
             for c in node.children:
                 if c.name.endswith(".safetensors") and "error" not in c.facts:
-                    for t in stfmt.read_header(c.abspath).tensors:
-                        have[t.name] = c.name
+                    have.update(dict.fromkeys(stfmt.read_header(c.abspath).names, c.name))
             wrong = [k for k, v in wm.items() if v not in missing and have.get(k) != v]
             unlisted = [k for k in have if k not in wm]
             bad_path = [v for v in set(wm.values()) if "/" in str(v) or str(v).startswith("..")]

@@ -410,3 +410,27 @@ def test_safetensors_dtype_the_library_knows_but_ckpt_tui_does_not_read(real_st,
     with pytest.raises(FormatError, match="F8_E8M0") as err:
         stfmt.read_header(path)
     assert err.value.kind == "unreadable"
+
+
+@pytest.mark.parametrize("gathered,protocol", [(True, 4), (False, 4), (True, 5), (True, 2)])
+@pytest.mark.parametrize("change", ["none", "drop", "duplicate"])
+def test_tiling_verdict_same_from_every_reader(tmp_path, monkeypatch, gathered, protocol, change):
+    """The folding reader (rewritten records' tokens, or tuples) and the general reader give the same gaps and
+    overlaps, over a 64-rank layout (dim-0 splits with empty tail chunks, a tensor-parallel split, a 0-d tensor)."""
+    from tests.functional.core.test_dcp_metadata_reader import general_read, write_many_chunks
+
+    folder = tmp_path / "dcp"
+    write_many_chunks(folder, gathered=gathered, protocol=protocol)
+    if change != "none":
+        meta = pickle.loads((folder / ".metadata").read_bytes())  # our own trusted file
+        for key in ("layers.0.tp", "emb.weight"):
+            chunks = meta.state_dict_metadata[key].chunks
+            if change == "drop":
+                del chunks[3]
+            else:
+                chunks.append(copy.deepcopy(chunks[5]))
+        (folder / ".metadata").write_bytes(pickle.dumps(meta, protocol=protocol))
+    fast, slow = dcpfmt.read(folder), general_read(folder, monkeypatch)
+    expect = [] if change == "none" else ["emb.weight", "layers.0.tp"]
+    assert sorted(fast.chunk_gaps) == sorted(slow.chunk_gaps) == (expect if change == "drop" else [])
+    assert sorted(fast.chunk_overlaps) == sorted(slow.chunk_overlaps) == (expect if change == "duplicate" else [])

@@ -188,7 +188,8 @@ class SafetensorsIndexFacts(WeightIndexFacts, TensorFacts, total=False):
 
 class JsonFacts(WeightIndexFacts, total=False):
     """``json``: what ckpt-tui reads from a few JSON files (others: no facts); a
-    ``pytorch_model.bin.index.json`` has the weight-index facts."""
+    ``pytorch_model.bin.index.json`` has the weight-index facts. Values copied from the file are bounded
+    (plain_files.bounded: strings of at most 1,024 characters, the first 32 items of a list)."""
 
     global_step: int  # trainer_state.json
     epoch: float  # trainer_state.json

@@ -4,7 +4,8 @@ scripts and text. Detected by name; markers and JSON add facts; they hold no ten
 from __future__ import annotations
 
 import json
-from typing import Optional, cast
+from itertools import islice
+from typing import Any, Optional, cast
 
 from ..facts import JsonFacts, NodeFacts, TextFacts
 from ..storage import open_read
@@ -14,6 +15,11 @@ from .format import FileFormat
 
 MAX_TEXT_BYTES = 4096
 MAX_JSON_BYTES = 16 * 1024 * 1024
+# a fact copied from a JSON file is bounded whatever the file says: strings cut to MAX_FACT_CHARS (ending "…"),
+# lists and objects to their first MAX_FACT_ITEMS, nesting to MAX_FACT_DEPTH
+MAX_FACT_CHARS = 1024
+MAX_FACT_ITEMS = 32
+MAX_FACT_DEPTH = 4
 MARKERS = ("latest", "latest_universal", "latest_checkpointed_iteration.txt")
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "vocab.txt", "spiece.model", "chat_template.jinja"}
@@ -53,6 +59,19 @@ class TextFiles(FileFormat):
         return None
 
 
+def bounded(v: Any, depth: int = 0) -> Any:
+    """``v`` (a value from a JSON document) cut to the sizes above."""
+    if isinstance(v, str):
+        return v if len(v) <= MAX_FACT_CHARS else v[:MAX_FACT_CHARS - 1] + "…"
+    if isinstance(v, (list, dict)) and depth >= MAX_FACT_DEPTH:
+        return "…"
+    if isinstance(v, list):
+        return [bounded(x, depth + 1) for x in v[:MAX_FACT_ITEMS]]
+    if isinstance(v, dict):
+        return {bounded(k): bounded(x, depth + 1) for k, x in islice(v.items(), MAX_FACT_ITEMS)}
+    return v
+
+
 def _json_facts(node: Node) -> None:
     f = cast(JsonFacts, node.facts)
     if node.size > MAX_JSON_BYTES:
@@ -68,15 +87,15 @@ def _json_facts(node: Node) -> None:
     if node.role == "trainer-state":
         for k in ("global_step", "epoch", "max_steps", "best_model_checkpoint"):
             if doc.get(k) is not None:
-                f[k] = doc[k]
+                f[k] = bounded(doc[k])
     elif node.name == "config.json":
         for k in ("model_type", "architectures", "torch_dtype", "dtype", "tie_word_embeddings"):
             if doc.get(k) is not None:
-                f[k] = doc[k]
+                f[k] = bounded(doc[k])
     elif node.name == "adapter_config.json":
-        f["peft_type"] = doc.get("peft_type")
+        f["peft_type"] = bounded(doc.get("peft_type"))
         node.role = "config"
     elif node.name == "metadata.json":
         for k in ("sharded_backend", "sharded_backend_version", "common_backend"):
             if k in doc:
-                f[k] = doc[k]
+                f[k] = bounded(doc[k])

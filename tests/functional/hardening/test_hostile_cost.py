@@ -121,3 +121,21 @@ def test_inspect_work_is_linear_in_files_and_findings(real_ckpt, tmp_path, build
         ta, tb = (_calls(lambda p=p: _print_text(reps[p])) for p in (small, large))
         assert tb <= 4.5 * ta, ("inspect", ta, tb, tb / ta)
     shutil.rmtree(large)
+
+
+def test_a_config_json_of_huge_values_has_bounded_facts(real_ckpt, tmp_path):
+    """The real config.json with `architectures` a list of 10,000 strings of 1,000 characters (10 MB, under the
+    16 MB a JSON file may have) and `model_type` one 1 MB string: the facts quote them cut, not in full."""
+    from ckpt_tui.core.formats.plain_files import MAX_FACT_CHARS, MAX_FACT_ITEMS
+
+    ck = tmp_path / "ck"
+    shutil.copytree(real_ckpt("hf-model-bin"), ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["architectures"] = ["A" * 1000] * 10_000
+    cfg["model_type"] = "m" * 1_000_000
+    (ck / "config.json").write_text(json.dumps(cfg))
+    facts = inspect(ck).inventory.node("config.json").facts
+    assert "error" not in facts, facts
+    assert len(facts["architectures"]) == MAX_FACT_ITEMS and facts["architectures"][0] == "A" * 1000
+    assert len(facts["model_type"]) == MAX_FACT_CHARS and facts["model_type"].endswith("…")
+    assert len(json.dumps(facts)) <= FACTS_CAP + MAX_FACT_ITEMS * 1010

@@ -39,6 +39,7 @@ MAX_ITEMS = 1 << 20  # items of a set / frozenset / OrderedDict / bytearray an a
 MAX_BYTES = 1 << 24  # bytes of a bytearray or an encoded string one call builds (16 MiB)
 MAX_DIMS = 1024  # entries of a torch.Size, a tensor's shape or stride, a DTensor's mesh or placements
 MAX_BUILT = 1 << 28  # what one file's allowlisted calls build in all, counted as bytes, 64 per item (256 MiB)
+BUILT_PER_BYTE = 16  # and this much more for each byte of the pickle (a 200 MB .metadata of 10^6 records)
 MAX_NAME_CHARS = 1 << 26  # characters of the tensor names one walk of an object graph yields (64 M)
 
 # aliases torch accepts as attribute names
@@ -616,7 +617,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     def load(self):
         outer = getattr(_LOCAL, "budget", None)
-        _LOCAL.budget = [MAX_BUILT]
+        # MAX_BUILT, plus BUILT_PER_BYTE for each byte of the stream (a large file of many small records may build
+        # more in all, in proportion to its size, never more per byte)
+        _LOCAL.budget = [MAX_BUILT + BUILT_PER_BYTE * max(0, int(getattr(self, "size_hint", 0) or 0))]
         try:
             return super().load()
         finally:
@@ -789,7 +792,9 @@ def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        result.obj = RestrictedUnpickler(io.BytesIO(data), result, persistent).load()
+        up = RestrictedUnpickler(io.BytesIO(data), result, persistent)
+        up.size_hint = len(data)
+        result.obj = up.load()
     except FormatError:
         raise
     except EOFError as e:
@@ -1058,6 +1063,7 @@ def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
     it with :func:`safe_loads` instead) or FormatError."""
     result = Unpickled(None)
     up = DcpSummaryUnpickler(f, result, facts.runs if facts is not None else None)
+    up.size_hint = sum(map(len, getattr(f, "_parts", ()) or ()))
     with gc_paused():
         try:
             result.obj = up.load()

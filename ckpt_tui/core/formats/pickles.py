@@ -722,8 +722,11 @@ def torch_metadata(data: bytes):
     """torch's DCP ``Metadata`` of a screened ``.metadata``'s bytes, through :class:`TorchMetadataUnpickler`.
     Raises FormatError where a global is outside the allowlist or the stream is unreadable."""
     result = Unpickled(None)
+    up = TorchMetadataUnpickler(io.BytesIO(data), result, False)
+    up.size_hint = len(data)
     try:
-        result.obj = TorchMetadataUnpickler(io.BytesIO(data), result, False).load()
+        with gc_paused():  # millions of acyclic records: the cyclic GC would walk them again and again
+            result.obj = up.load()
     except FormatError:
         raise
     except Exception as e:

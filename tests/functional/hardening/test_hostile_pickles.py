@@ -445,3 +445,25 @@ def test_a_shared_graph_beside_the_weights_exports_and_verifies(real_ckpt, tmp_p
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("name, rel", [("hf-fsdp1", "checkpoint-2/pytorch_model_fsdp_0"),
+                                       ("hf-fsdp1", "checkpoint-2/optimizer_0")])
+def test_dcps_reader_gets_the_metadata_ckpt_tui_unpickled(real_ckpt, name, rel):
+    """Defence in depth: torch's DCP reader is handed the Metadata ckpt-tui's allowlist unpickler built with torch's
+    own classes (equal to what pickle.load gives), and never unpickles the file itself."""
+    import torch.distributed.checkpoint.filesystem as fs
+
+    from ckpt_tui.core.formats import screen
+
+    folder = real_ckpt(name) / rel
+    want = pickle.loads((folder / ".metadata").read_bytes())  # our own trusted fixture
+    reader = screen.dcp_reader(folder)
+    real_load = fs.pickle.load
+    fs.pickle.load = None  # torch's reader may not call it
+    try:
+        got = reader.read_metadata()
+    finally:
+        fs.pickle.load = real_load
+    assert got.state_dict_metadata == want.state_dict_metadata and got.storage_data == want.storage_data
+    assert got.planner_data == want.planner_data and got.storage_meta.load_id == reader.load_id

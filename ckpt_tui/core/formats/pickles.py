@@ -995,7 +995,9 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         runs = [c for c in chunks if c.__class__ is int] if n != len(chunks) else []  # rewritten runs' numbers
         checks = [c for c in chunks if c.__class__ is tuple] if n + len(runs) != len(chunks) else []
         if checks:
-            if checks != [(chunk_cls, *CHUNK_CHECK)] or self.chunks_checked:
+            size_cls = self._functions.get("torch.Size")  # this read's own copy (CHUNK_CHECK says tuple)
+            want = (chunk_cls, *(size_cls if x is tuple else x for x in CHUNK_CHECK))
+            if checks != [want] or self.chunks_checked:
                 raise SummaryMismatch("the rewritten chunk records are not ChunkStorageMetadata")
             self.chunks_checked = True
         if n + len(runs) + len(checks) != len(chunks) or (runs and not self.chunks_checked):
@@ -1080,6 +1082,10 @@ def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
             classes = dict(up._classes)
             up._classes.clear()
             up._fold.clear()
+    if facts is not None and any(r is not None for r in facts.runs):
+        # a rewritten run its tensor never read: its records sat inside another opcode's argument (a string),
+        # where the rewrite may not reach; the stream is read as written instead
+        raise SummaryMismatch("a rewritten chunk run that no tensor read")
     storage = up.storage_states
     files = _compacted_storage(result.obj, facts, classes)
     # The unpickler's memo holds every object the stream built; freeing them is one long C call that holds the

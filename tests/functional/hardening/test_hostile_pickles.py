@@ -467,3 +467,48 @@ def test_dcps_reader_gets_the_metadata_ckpt_tui_unpickled(real_ckpt, name, rel):
         fs.pickle.load = real_load
     assert got.state_dict_metadata == want.state_dict_metadata and got.storage_data == want.storage_data
     assert got.planner_data == want.planner_data and got.storage_meta.load_id == reader.load_id
+
+
+def test_the_fast_reader_never_takes_records_from_inside_a_string(real_ckpt, tmp_path):
+    """A clean .metadata (no payload) with a string of chunk-record bytes: even when its bytes are known clean (the
+    fast reader allowed), its facts are those of the read as written: the records inside the string are data."""
+    from ckpt_tui.core.formats import dcp
+    from ckpt_tui.core.formats.pickles import mark_screened_clean
+
+    folder = tmp_path / "m"
+    shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2" / "pytorch_model_fsdp_0", folder)
+    meta = folder / ".metadata"
+    data = metadata_payload_after_string(meta.read_bytes(), tmp_path / "CANARY")
+    core = _open_canary_ops(tmp_path / "CANARY")
+    n = len(core)
+    clean = b"N0" * (n // 2) if n % 2 == 0 else b"K\x000" + b"N0" * ((n - 3) // 2)  # no-ops, no net stack effect
+    data = data.replace(core, clean, 1)  # the payload gone: a clean stream
+    assert b"builtins" not in data
+    want = dcp.read(folder)  # before: the original file
+    meta.write_bytes(data)
+    mark_screened_clean(data)
+    got = dcp.read(folder)
+    assert got.chunk_count == want.chunk_count and got.files == want.files and not got.unsafe
+    assert [t.name for t in got.tensors] == [t.name for t in want.tensors]
+
+
+def test_bytes_read_in_full_and_clean_get_the_fast_reader(real_ckpt, tmp_path, monkeypatch):
+    """The fast reader still serves inspect for bytes already screened in full (its rewritten chunk runs folded:
+    ChunkFold), and only for those: unknown bytes are read as written (TupleFold)."""
+    from ckpt_tui.core.formats import dcp, dcp_stream
+    from ckpt_tui.core.formats.pickles import TupleFold, mark_screened_clean
+
+    meta = tmp_path / ".metadata"
+    data = (real_ckpt("hf-fsdp1") / "checkpoint-2" / "pytorch_model_fsdp_0" / ".metadata").read_bytes()
+    meta.write_bytes(data)
+
+    def kinds():
+        obj = dcp.read_metadata_summary(meta)[0]
+        return {type(md.__dict__["chunks"]) for md in obj.__dict__["state_dict_metadata"].values()
+                if "chunks" in md.__dict__}
+
+    with monkeypatch.context() as m:
+        m.setattr(dcp, "screened_clean", lambda d: False)  # bytes never seen: the read as written
+        assert kinds() == {TupleFold}
+    mark_screened_clean(data)
+    assert kinds() == {dcp_stream.ChunkFold}

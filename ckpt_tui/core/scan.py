@@ -147,7 +147,7 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
             break
         name = e.name
         rel = name if node.path == "." else f"{node.path}/{name}"
-        child_path = Path(e.path)
+        child_path = node.abspath / name  # == Path(e.path), without parsing the whole path again per entry
         try:
             lst = e.stat(follow_symlinks=False)
         except OSError:

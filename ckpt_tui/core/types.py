@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 from .facts import Facts
-from .jsondoc import JsonFields
+from .jsondoc import JsonFields, jsonable
 from .storage import URL_RE
 
 SCHEMA_VERSION = 1
@@ -73,6 +73,12 @@ class Node(JsonFields):
     def kind(self) -> str:
         return "dir" if self.is_dir else "file"
 
+    def to_json(self) -> dict:
+        """``as_json`` of ``json_keys``, written out: one per file and folder of the tree (every field but the
+        facts is already a JSON value)."""
+        return {"path": self.path, "kind": "dir" if self.is_dir else "file", "format": self.format, "role": self.role,
+                "framework": self.framework, "size": self.size, "facts": jsonable(self.facts)}
+
     def child(self, name: str) -> Optional["Node"]:
         idx = self.__dict__.get("_index")
         if idx is None or len(idx) != len(self.children):
@@ -113,6 +119,11 @@ class Finding(JsonFields):
     message: str
     fix: Optional[str] = None
     command: Optional[str] = None  # the exact `ckpt-tui ...` line to run for it, from the user's folder
+
+    def to_json(self) -> dict:
+        """``as_json`` of every field, written out (one per finding; each is a string or None)."""
+        return {"code": self.code, "severity": self.severity, "path": self.path, "message": self.message,
+                "fix": self.fix, "command": self.command}
 
 
 def user_path(given: str, rel: str = ".") -> str:

@@ -139,3 +139,18 @@ def test_a_config_json_of_huge_values_has_bounded_facts(real_ckpt, tmp_path):
     assert len(facts["architectures"]) == MAX_FACT_ITEMS and facts["architectures"][0] == "A" * 1000
     assert len(facts["model_type"]) == MAX_FACT_CHARS and facts["model_type"].endswith("…")
     assert len(json.dumps(facts)) <= FACTS_CAP + MAX_FACT_ITEMS * 1010
+
+
+def test_nodes_and_findings_write_the_json_their_fields_declare(real_ckpt):
+    """Node.to_json and Finding.to_json are written out for speed (one per file): they must stay what as_json
+    of their declared keys gives."""
+    from ckpt_tui.core.jsondoc import as_json
+    from ckpt_tui.core.types import Finding, Node
+
+    rep = inspect(real_ckpt("hf-ds-zero2"))
+    assert rep.findings
+    for n in rep.inventory.nodes():
+        assert n.to_json() == as_json(n, Node.json_keys)
+        assert list(n.to_json()) == list(Node.json_keys)
+    for f in rep.findings:
+        assert f.to_json() == as_json(f, Finding.json_keys) and list(f.to_json()) == list(as_json(f))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass, field
-from itertools import accumulate, product, repeat
+from itertools import accumulate, compress, product, repeat
 from pathlib import Path
 from typing import Any, Optional
 
@@ -290,6 +290,26 @@ def _note(info: DcpInfo, name: str, gap: bool, overlap: bool) -> None:
         info.chunk_overlaps.append(name)
 
 
+_ONE_INT = {(0x4B, 2), (0x4D, 3), (0x4A, 5)}  # BININT1, BININT2, BININT: (opcode, token length)
+
+
+def _single_ints(toks: list) -> list:
+    """The int each token (one pickled int opcode) holds: read whole as little-endian numbers, the opcode their low
+    byte, where every one is a BININT1/BININT2/BININT of a value below 2**31; one at a time otherwise."""
+    whole = list(map(int.from_bytes, toks, repeat("little")))
+    if set(zip(map(operator.and_, whole, repeat(0xFF)), map(len, toks))) <= _ONE_INT:
+        vals = list(map(operator.rshift, whole, repeat(8)))
+        if max(vals, default=0) < 1 << 31:
+            return vals
+    out = []
+    for tok in toks:
+        v = dcp_stream.decode_ints(tok)
+        if len(v) != 1:
+            raise FormatError("a chunk's first offset is not one integer")
+        out.append(v[0])
+    return out
+
+
 def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
     """The tiling check of one tensor's folded chunk records (:data:`ChunkSummary`)."""
     recs = fold.records()
@@ -302,11 +322,12 @@ def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
         return
     first, rest, sizes = recs  # the rewritten records' tokens: each distinct token decoded once
     nd, n = len(t.shape), len(first)
-    heads = {tok: dcp_stream.decode_ints(tok) for tok in set(first)}
+    uniq = list(set(first))  # one per chunk where split on dim 0 (10^6 on a 405B layout): decoded in C-level passes
+    if not nd and set(uniq) - {b""}:
+        raise FormatError(f"tensor {t.name!r}: a chunk with offsets for a 0-d tensor")
     tails = {tok: dcp_stream.decode_ints(tok) for tok in set(rest)}
     sized = {tok: dcp_stream.decode_ints(tok) for tok in set(sizes)}
-    if (set(map(len, heads.values())) - {min(nd, 1)} or set(map(len, tails.values())) - {max(nd - 1, 0)}
-            or set(map(len, sized.values())) - {nd}):
+    if set(map(len, tails.values())) - {max(nd - 1, 0)} or set(map(len, sized.values())) - {nd}:
         raise FormatError(f"tensor {t.name!r}: a chunk whose offsets or sizes are not of the tensor's {nd} "
                           "dimensions")
 
@@ -316,13 +337,17 @@ def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
             return [vals.pop()] * n
         return list(map(operator.itemgetter(j), map(table.__getitem__, tokens)))
 
-    ocols = ([column(first, heads, 0)] + [column(rest, tails, j) for j in range(nd - 1)]) if nd else []
+    ocols = []
+    if nd:
+        head = dict(zip(uniq, _single_ints(uniq)))
+        ocols = [list(map(head.__getitem__, first)) if len(uniq) > 1 else [head[uniq[0]]] * n]
+        ocols += [column(rest, tails, j) for j in range(nd - 1)]
     scols = [column(sizes, sized, j) for j in range(nd)]
     if merge:
         info.merged_chunks.setdefault(t.name, set()).update(zip(zip(*ocols), zip(*scols)) if nd else [((), ())] * n)
         return
     try:
-        _note(info, t.name, *cover_columns(t.shape, n, ocols, scols))
+        _note(info, t.name, *cover_columns(t.shape, n, ocols, scols, ints=True))
     except FormatError as e:
         raise FormatError(f"tensor {t.name!r}: {e}") from None
 
@@ -470,8 +495,9 @@ def chunk_cover(shape: tuple, offsets: list, sizes: list) -> tuple[bool, bool]:
                          [list(map(operator.itemgetter(d), sizes)) for d in range(nd)])
 
 
-def cover_columns(shape: tuple, n: int, ocols: list, scols: list) -> tuple[bool, bool]:
-    """:func:`chunk_cover` over the chunks' coordinates by dimension: ``ocols[d][i]`` chunk i's offset along d."""
+def cover_columns(shape: tuple, n: int, ocols: list, scols: list, ints: bool = False) -> tuple[bool, bool]:
+    """:func:`chunk_cover` over the chunks' coordinates by dimension: ``ocols[d][i]`` chunk i's offset along d
+    (``ints``: every coordinate is known to be an int, as decoded from the pickled tokens)."""
     nd = len(shape)
     whole = 1
     for d in shape:
@@ -479,7 +505,7 @@ def cover_columns(shape: tuple, n: int, ocols: list, scols: list) -> tuple[bool,
     ends = []
     for d in range(nd):
         o, z = ocols[d], scols[d]
-        if n and (set(map(type, o)) - {int} or set(map(type, z)) - {int} or min(o) < 0 or min(z) < 0):
+        if n and (not ints and (set(map(type, o)) - {int} or set(map(type, z)) - {int}) or min(o) < 0 or min(z) < 0):
             raise FormatError("a chunk with a negative or non-integer offset or size")
         e = list(map(operator.add, o, z))
         if n and max(e) > shape[d]:
@@ -491,22 +517,23 @@ def cover_columns(shape: tuple, n: int, ocols: list, scols: list) -> tuple[bool,
     vol = [1] * n
     for z in scols:
         vol = list(map(operator.mul, vol, z))
-    keep = [i for i, v in enumerate(vol) if v]  # an empty chunk covers nothing (torch.chunk's tail ranks)
-    if len(keep) != n:
-        ocols = [[c[i] for i in keep] for c in ocols]
-        scols = [[c[i] for i in keep] for c in scols]
-        ends = [[c[i] for i in keep] for c in ends]
-    m = len(keep)
+    if 0 in vol:  # an empty chunk covers nothing (torch.chunk's tail ranks)
+        ocols = [list(compress(c, vol)) for c in ocols]
+        scols = [list(compress(c, vol)) for c in scols]
+        ends = [list(compress(c, vol)) for c in ends]
+    m = len(ends[0]) if nd else n
     if not m:
         return True, False
     split = [d for d in range(nd) if max(ocols[d]) != 0 or min(scols[d]) != shape[d]]
     if not split:  # every chunk is the whole tensor
         return False, m > 1
-    if len(split) == 1:
+    if len(split) == 1:  # a sweep along the one split dimension, its chunks in order of their start
         d = split[0]
-        pairs = sorted(zip(ocols[d], ends[d]))
-        starts = [p[0] for p in pairs]
-        reach = list(accumulate((p[1] for p in pairs), max))
+        starts, stops = ocols[d], ends[d]
+        if any(map(operator.gt, starts, starts[1:])):  # not written in order
+            order = sorted(range(m), key=starts.__getitem__)
+            starts, stops = [starts[i] for i in order], [stops[i] for i in order]
+        reach = list(accumulate(stops, max))
         gap = starts[0] > 0 or reach[-1] < shape[d] or any(map(operator.gt, starts[1:], reach))
         return gap, any(map(operator.lt, starts[1:], reach))
     # a grid: the cells between every chunk boundary along each split dimension

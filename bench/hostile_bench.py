@@ -55,19 +55,21 @@ def make(path: Path, n: int) -> Path:
     return path
 
 
-def timed(cmd: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS in MB, exit code) of ``cmd`` under ``/usr/bin/time -v``."""
+def timed(cmd: list[str]) -> tuple[float, float, int, int]:
+    """(wall seconds, CPU seconds (user + system), peak RSS in MB, exit code) of ``cmd`` under ``/usr/bin/time -v``
+    (the CPU time is the steadier figure on a shared machine)."""
     p = subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err = p.stderr
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", err).group(1)
     secs = 0.0
     for part in wall.split(":"):
         secs = secs * 60 + float(part)
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): (\S+)", err).group(1)) for k in ("User", "System"))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", err).group(1)) // 1024
     code = int(re.search(r"Exit status: (\d+)", err).group(1))
     if code not in (0, 1):
         raise RuntimeError(f"{' '.join(cmd)} exited {code}: {err[-3000:]}")
-    return secs, rss, code
+    return secs, cpu, rss, code
 
 
 def main() -> int:
@@ -82,21 +84,20 @@ def main() -> int:
     for n in (a.tensors // 10, a.tensors):
         (a.root / f"st-{n}").mkdir(exist_ok=True)
         f = make(a.root / f"st-{n}" / "model.safetensors", n)
-        wall, rss, code = timed([*cli, "inspect", str(f), "--json"])
-        rows.append((n, "inspect --json", wall, rss, code))
+        for what, extra in (("inspect", []), ("inspect --json", ["--json"])):
+            rows.append((n, what, *timed([*cli, "inspect", str(f), *extra])))
         if not a.skip_export:
             out = a.root / f"out-{n}"
             shutil.rmtree(out, ignore_errors=True)
-            wall, rss, code = timed([*cli, "export", str(f), "--out", str(out)])
-            rows.append((n, "export (verified)", wall, rss, code))
+            rows.append((n, "export (verified)", *timed([*cli, "export", str(f), "--out", str(out)])))
             shutil.rmtree(out, ignore_errors=True)
-    lines = ["| tensors | command | wall | peak RSS | exit |", "|---:|---|---:|---:|---:|"]
-    lines += [f"| {n:,} | `ckpt-tui {what}` | {w:.2f} s | {r:,} MB | {c} |" for n, what, w, r, c in rows]
-    by = {(n, what): w for n, what, w, _, _ in rows}
-    for what in ("inspect --json", "export (verified)"):
+    lines = ["| tensors | command | wall | CPU | peak RSS | exit |", "|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {n:,} | `ckpt-tui {what}` | {w:.2f} s | {u:.2f} s | {r:,} MB | {c} |" for n, what, w, u, r, c in rows]
+    by = {(n, what): u for n, what, _, u, _, _ in rows}
+    for what in ("inspect", "inspect --json", "export (verified)"):
         small, big = by.get((a.tensors // 10, what)), by.get((a.tensors, what))
         if small and big:
-            lines.append(f"\n{what}: {big / small:.1f}x the time for 10x the tensors")
+            lines.append(f"\n{what}: {big / small:.1f}x the CPU time for 10x the tensors")
     text = "\n".join(lines)
     print(text)
     OUT.mkdir(exist_ok=True)

@@ -252,8 +252,8 @@ def print_report(rep, show_all: bool) -> None:
             message = Text(visible(f.message, lines=True))  # plain text: never markup
             if f.fix:
                 message.append(f"  (fix: {visible(f.fix)})", style="dim")
-            batch.append(f"[{SEVERITY_COLOR[f.severity]}]{GLYPH[f.severity]} {f.severity:7s}[/] [bold]{esc(f.code)}[/] "
-                         f"[dim]{esc(inv.shown(f.path))}[/]")
+            batch.append(Text.assemble((f"{GLYPH[f.severity]} {f.severity:7s}", SEVERITY_COLOR[f.severity]), " ",
+                                       (visible(f.code), "bold"), " ", (visible(inv.shown(f.path)), "dim")))
             batch.append(Padding(message, (0, 0, 0, 4), expand=False))
             if i % 256 == 0 or i == len(rep.findings):
                 con.print(Group(*batch))

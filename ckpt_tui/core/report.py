@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from .diagnose import diagnose, mark_complete
+from .formats.pickles import gc_paused
 from .progress import OnProgress
 from .scan import OnNode, scan
 from .storage import bytes_fetched, is_url
@@ -25,6 +26,10 @@ class Report:
         return any(f.severity == "error" for f in self.findings)
 
     def to_json(self) -> dict:
+        with gc_paused():  # plain dicts and lists, one per file and finding: no cycle for a collection to find
+            return self._json()
+
+    def _json(self) -> dict:
         inv = self.inventory
         doc = {
             "schema_version": SCHEMA_VERSION,
@@ -49,6 +54,7 @@ def inspect(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnP
     before = bytes_fetched()
     inv = scan(path if remote else Path(path), on_node=on_node, on_progress=on_progress, cancel=cancel,
                trust_pickles=trust_pickles)
-    findings = diagnose(inv)
-    mark_complete(inv, findings)
+    with gc_paused():  # findings are plain data, one per broken file: collections would walk the tree again
+        findings = diagnose(inv)
+        mark_complete(inv, findings)
     return Report(inv, findings, bytes_fetched() - before if remote else None)

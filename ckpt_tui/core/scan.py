@@ -17,6 +17,7 @@ from typing import Callable, Optional, cast
 from .facts import NodeFacts, SpecialFacts
 from .formats import FormatError
 from .formats.format import Format
+from .formats.pickles import gc_paused
 from .formats.registry import classify_file, detect_folder
 from .layout import describe
 from .progress import Cancelled, OnProgress, check_cancel, progress_scope, report
@@ -65,7 +66,8 @@ def walk(path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
         raise ScanError(f"{path}: permission denied (cannot list the folder)")
     seen = {(st.st_dev, st.st_ino)}  # folders entered (loops) and hard-linked files counted (sizes)
     counter = [0]
-    _walk_dir(root, 0, seen, counter, on_node, cancel)
+    with gc_paused():  # names and sizes only, no cycles: a collection per 700 nodes would walk the tree again
+        _walk_dir(root, 0, seen, counter, on_node, cancel)
     return root
 
 

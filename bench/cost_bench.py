@@ -2,7 +2,7 @@
 ``ckpt-tui inspect`` (text and ``--json``), each measured with ``/usr/bin/time -v``, as a Markdown table.
 
     python bench/cost_bench.py [--work DIR] [--sizes 20000,200000] [--cases flat,beside,keys,pickles]
-                               [--pythonpath TREE] [--timeout 900]
+                               [--pythonpath TREE] [--timeout 900] [--modes text,json] [--repeat 1]
 
 Cases (built once under ``--work``, default ``$TMPDIR/ckpt-tui-cost-bench``):
 - ``flat``: a folder of N empty ``.bin`` files (each one ``file-truncated`` finding), for each N of ``--sizes``;
@@ -197,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="flat,beside,keys,pickles")
     ap.add_argument("--pythonpath", type=Path, help="run this tree's ckpt_tui instead of the installed one")
     ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--modes", default="text,json", help="text, json or both (flat only: the other cases are --json)")
+    ap.add_argument("--repeat", type=int, default=1, help="run each measurement this many times (a row each)")
     args = ap.parse_args(argv)
     if not Path("/usr/bin/time").exists():
         print("needs GNU time at /usr/bin/time (apt-get install time)", file=sys.stderr)
@@ -212,24 +214,27 @@ def main(argv=None) -> int:
              "| case | inspect | wall s | CPU s | peak RSS MB | exit | output |", "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
 
-    def run(case: str, path: Path, modes=(False, True), limit_as: bool = False, timeout: int = args.timeout) -> None:
+    flat_modes = tuple(m == "json" for m in args.modes.split(","))
+
+    def run(case: str, path: Path, modes=(True,), limit_as: bool = False, timeout: int = args.timeout) -> None:
         for as_json in modes:
-            row = _row(case, "--json" if as_json else "text", measure(path, as_json, env, min(timeout, args.timeout),
-                                                                      limit_as))
-            lines.append(row)
-            print(row, flush=True)
+            for _ in range(args.repeat):
+                row = _row(case, "--json" if as_json else "text",
+                           measure(path, as_json, env, min(timeout, args.timeout), limit_as))
+                lines.append(row)
+                print(row, flush=True)
 
     if "flat" in cases:
         for n in sizes:
-            run(f"{n:,} empty .bin files", build_flat(args.work, n))
+            run(f"{n:,} empty .bin files", build_flat(args.work, n), modes=flat_modes)
     if "beside" in cases:
         for n in sizes:
-            run(f"{n // 10:,} broken beside {n // 10:,} intact", build_beside(args.work, n), modes=(True,))
+            run(f"{n // 10:,} broken beside {n // 10:,} intact", build_beside(args.work, n))
     if "keys" in cases:
-        run("torch file: 12 huge + 200,000 keys", build_keys(args.work), modes=(True,))
+        run("torch file: 12 huge + 200,000 keys", build_keys(args.work))
     if "pickles" in cases:
         for label in PICKLES:
-            run(f"data.pkl: {label}", build_pickle(args.work, label), modes=(True,), limit_as=True, timeout=120)
+            run(f"data.pkl: {label}", build_pickle(args.work, label), limit_as=True, timeout=120)
     OUT.mkdir(exist_ok=True)
     (OUT / "cost.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -61,8 +61,10 @@ def _calls(fn) -> int:
 
 def _inspect_json(path):
     """What `ckpt-tui inspect --json` does: the scan, the findings and the JSON document."""
+    from ckpt_tui.core.jsondoc import write_json
+
     rep = inspect(path)
-    json.dumps(rep.to_json(), indent=2, ensure_ascii=False)
+    write_json(rep.to_json(), lambda piece: None, indent=2, ensure_ascii=False)
     return rep
 
 
@@ -154,3 +156,36 @@ def test_nodes_and_findings_write_the_json_their_fields_declare(real_ckpt):
         assert list(n.to_json()) == list(Node.json_keys)
     for f in rep.findings:
         assert f.to_json() == as_json(f, Finding.json_keys) and list(f.to_json()) == list(as_json(f))
+
+
+def test_the_streamed_json_is_the_bytes_json_dumps_writes(real_ckpt, tmp_path):
+    """emit_json writes the document in pieces (never one 120 MB string): the pieces join to json.dumps' text for
+    every kind of value, each indent and ensure_ascii, and json_safe per piece (pieces of 1 part, so every
+    boundary is tried) escapes C1, bidi and lone surrogates as it does on the whole text."""
+    from ckpt_tui.cli.output import emit_json
+    from ckpt_tui.core.jsondoc import write_json
+    from ckpt_tui.core.safetext import json_safe
+
+    hostile = "a\x1b[2J\x9b31m\u202e\u2028\udc80é"
+    doc = {"s": hostile, "n": [1, -2, 2.5, float("nan"), float("inf"), -float("inf"), True, False, None, 10 ** 30],
+           "e": [[], {}, (), [{}]], "k": {7: 1, 2.5: 2, True: 3, False: 0, None: 4, hostile: 5}, "t": (1, ("x",))}
+    doc["real"] = inspect(real_ckpt("hf-model-bin")).to_json()
+    for indent in (1, 2):
+        for ascii_ in (True, False):
+            want = json.dumps(doc, indent=indent, ensure_ascii=ascii_)
+            for chunk in (1, 7, 1 << 14):
+                pieces: list = []
+                write_json(doc, pieces.append, indent=indent, ensure_ascii=ascii_, chunk=chunk)
+                assert "".join(pieces) == want
+                assert "".join(json_safe(p) for p in pieces) == json_safe(want)
+    with pytest.raises(ValueError, match="Circular"):
+        loop: list = []
+        loop.append(loop)
+        write_json(loop, lambda p: None, indent=2, ensure_ascii=True)
+    with pytest.raises(TypeError):
+        write_json({"x": object()}, lambda p: None, indent=2, ensure_ascii=True)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        emit_json({"s": hostile}, ensure_ascii=False)
+    assert out.getvalue() == json_safe(json.dumps({"schema_version": 1, "s": hostile}, indent=2,
+                                                  ensure_ascii=False)) + "\n"

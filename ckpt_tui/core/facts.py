@@ -213,6 +213,18 @@ class BackupFacts(NodeFacts, total=False):
     backup_of_format: str  # that file's format, by its name ("deepspeed-model-states", ...)
 
 
+class LeftoverFacts(NodeFacts, total=False):
+    """``leftover``: a temp or staging file or folder a ckpt-tui writer made and a killed run left (leftovers.py;
+    never descended: its size is the sum of what is below)."""
+
+    leftover_of: str  # the command whose next run sweeps it ("ckpt-tui universal", "ckpt-tui export", ...)
+    leftover_kind: str  # temp-folder | staging-folder | old-output | lock | temp-file
+    leftover_held: bool  # a live run holds it (its lock or pid): leave it
+    leftover_out: str  # an export's: the OUT it was for; a repair's: the file it was rewriting
+    leftover_restores: str  # an --overwrite's old OUT whose OUT is gone: the next export renames it back to this
+    leftover_files: int  # files below the folder (counted up to 100,000)
+
+
 class TextFacts(NodeFacts, total=False):
     """``text``: a marker file (``latest``, ``latest_universal``, ``latest_checkpointed_iteration.txt``)."""
 
@@ -242,6 +254,7 @@ FACTS_BY_FORMAT: dict[str, type] = {
     "python": NodeFacts,
     "special": SpecialFacts,
     "backup": BackupFacts,
+    "leftover": LeftoverFacts,
     "unknown": NodeFacts,
 }
 

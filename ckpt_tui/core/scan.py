@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, cast
 
-from .facts import NodeFacts, SpecialFacts
+from .facts import LeftoverFacts, NodeFacts, SpecialFacts
 from .formats import FormatError
 from .formats.format import Format
 from .formats.pickles import gc_paused
 from .formats.registry import classify_file, detect_folder
 from .layout import describe
+from .leftovers import recognise, tree_size
 from .progress import Cancelled, OnProgress, check_cancel, progress_scope, report
 from .storage import RemotePath, StorageError, check, explain, is_url
 from .types import Inventory, Node, Parsed
@@ -163,6 +164,18 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
             node.children.append(child)
             _emit(on_node, "found", child)
             continue
+        left = None if is_link else recognise(node.abspath, name, stat.S_ISDIR(st.st_mode))
+        if left is not None:  # a killed run's temp or staging: one node, never descended (its partial files)
+            child = Node(rel, child_path, stat.S_ISDIR(st.st_mode), format="leftover", role="unknown")
+            if child.is_dir:
+                child.size, left["leftover_files"] = tree_size(child_path)
+            else:
+                child.size = st.st_size
+            cast(LeftoverFacts, child.facts).update(left)
+            node.children.append(child)
+            total += child.size
+            _emit(on_node, "found", child)
+            continue
         if stat.S_ISDIR(st.st_mode):
             child = Node(rel, child_path, True, format="dir")
             if is_link:
@@ -204,7 +217,7 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
 # ---------------------------------------------------------------- analysis
 
 def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
-    if node.format == "special":
+    if node.format in ("special", "leftover"):
         return
     if node.role == "unknown" and node.format == "unknown":
         return
@@ -228,6 +241,8 @@ def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
 
 
 def _analyze_dir(node: Node, parsed: Parsed) -> None:
+    if node.format == "leftover":
+        return
     if "error_kind" in node.facts and node.facts.get("error_kind") not in ("too-many",):
         return
     try:
@@ -253,7 +268,7 @@ def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProg
     parsed = Parsed()
     file_format: dict[str, Optional[Format]] = {}
     for n in nodes:
-        if not n.is_dir and n.format != "special":
+        if not n.is_dir and n.format not in ("special", "leftover"):
             file_format[n.path] = classify_file(n)
     done = [0]
 

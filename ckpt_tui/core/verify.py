@@ -136,8 +136,9 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
         import tempfile
 
         from .fsutil import owned_temp, remove_temp
+        from .leftovers import VERIFY_TEMP
 
-        tmp = owned_temp(tempfile.gettempdir(), "ckpt-tui-verify-")  # a killed verify's is swept by the next
+        tmp = owned_temp(tempfile.gettempdir(), VERIFY_TEMP)  # a killed verify's is swept by the next
         try:
             local = download(against, Path(tmp), cancel)
             return verify(out, str(local), trust_pickles=trust_pickles, strip_prefix=strip_prefix,

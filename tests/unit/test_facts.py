@@ -14,6 +14,7 @@ from .api import FACTS_BY_FORMAT, NodeFacts, inspect
 from .facts import undeclared
 
 WRITERS = [Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "scan.py",
+           Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "leftovers.py",  # the scan's leftover facts
            *sorted((Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "formats").glob("*.py"))]
 
 

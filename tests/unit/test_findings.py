@@ -251,6 +251,26 @@ def fifo(root: Path) -> None:
     os.mkfifo(root / "events.pipe")
 
 
+def killed_universal(root: Path) -> None:
+    """What a kill -9 of `ckpt-tui universal` leaves (fsutil.owned_temp's folder and owner lock, nobody holding it),
+    with a half-written copy of the tag inside: listed, never read (no file-truncated for it)."""
+    from ckpt_tui.core.fsutil import OWNER_FILE
+    from ckpt_tui.core.leftovers import UNIVERSAL_TEMP
+
+    tmp = root / f"{UNIVERSAL_TEMP}k1lled"
+    (tmp / "inner" / TAG).mkdir(parents=True)
+    (tmp / OWNER_FILE).write_bytes(b"")
+    trees.write_file("ds-zero2-bf16", f"{TAG}/mp_rank_00_model_states.pt", tmp / "inner" / TAG / "model.pt")
+    trees.truncate(tmp / "inner" / TAG / "model.pt", 100)
+
+
+def killed_export(root: Path) -> None:
+    """A kill -9 of an export into root/merged: its temp folder (a partial shard inside) and its lock beside."""
+    (root / ".merged.tmp-4242").mkdir()
+    (root / ".merged.tmp-4242" / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 20) + b"{")
+    (root / ".merged.ckpt-tui.lock").write_bytes(b"")
+
+
 VERL = "checkpoints/global_step_1/actor"  # verl's actor folder in the verl-fsdp2 fixture
 
 ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file")
@@ -403,6 +423,11 @@ CASES = [
     Rule("unreadable-permission", Corrupt("ds-zero2-bf16", unreadable_file), "unreadable", "error",
          f"{TAG}/mp_rank_00_model_states.pt", ("permission denied",), marks=(ROOT_READS_ALL,)),
     Rule("special-file-fifo", Corrupt("ds-zero2-bf16", fifo), "special-file", "warning", "events.pipe", ("fifo",)),
+    # leftover-temp
+    Rule("leftover-temp-universal", Corrupt("ds-zero2-bf16", killed_universal), "leftover-temp", "warning",
+         ".ckpt-tui-universal-k1lled", ("killed ckpt-tui universal", "rm -rf -- ds-zero2-bf16/.ckpt-tui-universal-k1lled")),
+    Rule("leftover-temp-export", Corrupt("ds-zero2-bf16", killed_export), "leftover-temp", "warning",
+         ".merged.tmp-4242", ("next ckpt-tui export into ds-zero2-bf16/merged", "rm -rf -- ds-zero2-bf16/.merged.tmp-4242")),
 ]
 
 # Where the code and the README's table disagree: (code, severity) -> why. The test below fails

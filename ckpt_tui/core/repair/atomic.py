@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
 from ..fsutil import OutputError, Stamp, check_space, check_writable, create_new, fsync_dir, stamp
+from ..leftovers import REPAIR_TEMP_MARK
 from ..names import BACKUP_SUFFIX  # the scan names backups by it too
 from ..progress import check_cancel, report
 
-TMP_MARK = ".ckpt-tui-tmp-"
+TMP_MARK = REPAIR_TEMP_MARK  # inspect lists a killed run's temp file by the same name (core/leftovers.py)
 FREE_MARGIN = 64 << 20  # leave this much free beyond what a write needs
 
 

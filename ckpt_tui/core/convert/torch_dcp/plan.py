@@ -15,11 +15,12 @@ from ...export.sources import SourceTensor
 from ...export.write import ExportError
 from ...fsutil import OutputError, preflight_output, regular_inside
 from ...jsondoc import as_json
+from ...leftovers import TORCH_DCP_TEMP
 from ...types import Plan, PlanStep, in_user_form
 from .. import common
 from ..common import TagPlan, resolve_tag
 
-TMP_PREFIX = ".ckpt-tui-torch-dcp-"
+TMP_PREFIX = TORCH_DCP_TEMP  # inspect lists a killed run's as a leftover by the same name (core/leftovers.py)
 NOTE_FILE = "conversion.json"  # what was carried over and what was not, beside the DCP files
 CARRIED_RE = re.compile(r"^(scheduler\.pt|rng_state(_\d+)?\.pth)$")
 # torch.optim.AdamW hyper-parameters a DeepSpeed param group may hold under the same name and meaning

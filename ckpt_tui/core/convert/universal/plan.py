@@ -14,13 +14,14 @@ from ...export.write import ExportError
 from ...facts import DeepSpeedZeroFacts
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import as_json
+from ...leftovers import UNIVERSAL_TEMP
 from ...types import Plan, PlanStep, in_user_form
 from .. import common
 from ..common import TagPlan, resolve_tag
 from .instructions import FROZEN_FILE
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
-TMP_PREFIX = ".ckpt-tui-universal-"
+TMP_PREFIX = UNIVERSAL_TEMP  # inspect lists a killed run's as a leftover by the same name (core/leftovers.py)
 STATE_FILES_Z12 = ("fp32", "exp_avg", "exp_avg_sq", "step")
 STATE_FILES_Z3 = ("fp32", "exp_avg", "exp_avg_sq")
 

@@ -1,0 +1,168 @@
+"""What a killed ckpt-tui run leaves is listed by inspect as a leftover, never read (issue 20, point 2: "every temp
+or staging folder any command makes is swept by the next run of that command, and listed by inspect as a
+leftover").
+
+Each leftover is made by the writer's own code in a process that is then killed with SIGKILL, on a real
+framework checkpoint (the shared fixtures, copied): a conversion's temp folder (``convert.common.temp_beside``,
+as ``ckpt-tui universal`` makes it, owner lock inside) and an export's temp folder and lock beside OUT
+(``export.write.OutputLock``). Half-written copies of real files are put inside. inspect (text and ``--json``)
+lists each one as ``leftover-temp`` with its size and no other finding (the partial files are not read); while
+the run is alive it says so (info) and gives no ``rm``; once it is dead the ``rm`` it prints, run as printed
+in a shell, removes exactly that and nothing else, and the next inspect is the pristine one again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.functional.hardening.test_hostile_writes import changed_outside, cli, tree
+
+ROOT = Path(__file__).resolve().parents[3]
+
+KILLED = r"""
+import sys
+from pathlib import Path
+
+kind, where, src = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+data = src.read_bytes()
+if kind == "universal":  # as convert_to_universal makes its temp folder beside the output
+    from ckpt_tui.core.convert.common import temp_beside
+    from ckpt_tui.core.convert.universal.plan import TMP_PREFIX, UniversalError
+
+    tmp = temp_beside(where / "global_step2_universal", TMP_PREFIX, UniversalError)
+    part = tmp / "inner" / "global_step2_universal" / "zero" / "model.embed_tokens.weight"
+    part.mkdir(parents=True)
+    (part / "fp32.pt").write_bytes(data[: len(data) // 2])  # a torch zip cut in half
+else:  # as an export into where/merged: its lock, then its temp folder
+    from ckpt_tui.core.export.write import OutputLock
+
+    lock = OutputLock(where / "merged")
+    lock.acquire()
+    tmp = lock.new_temp()
+    (tmp / "model.safetensors").write_bytes(data[: len(data) // 2])  # a shard cut in half
+print(tmp.name, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+@pytest.fixture
+def world(real_ckpt_copy, tmp_path, monkeypatch):
+    run = real_ckpt_copy("hf-ds-zero2")
+    (tmp_path / "sentinel.txt").write_text("keep me\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "killed.py").write_text(KILLED)
+    return tmp_path, run, run / "checkpoint-2"
+
+
+class Killable:
+    """The writer's own code in a process of its own, killed with SIGKILL (never asked to stop)."""
+
+    def __init__(self, tmp: Path, kind: str, where: Path, src: Path):
+        self.proc = subprocess.Popen([sys.executable, str(tmp / "killed.py"), kind, str(where), str(src)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=ROOT)
+        self.name = self.proc.stdout.readline().strip()  # written once the temp folder is there: no sleep
+        assert self.name, self.proc.stderr.read()
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()  # reaped: its locks are gone with it
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def inspect_json(path: str) -> dict:
+    code, out, err = cli("inspect", path, "--json")
+    assert code in (0, 1), err
+    return json.loads(out)
+
+
+def findings(doc: dict) -> set:
+    return {(f["code"], f["severity"], f["path"]) for f in doc["findings"]}
+
+
+def leftover_findings(doc: dict) -> list[dict]:
+    return [f for f in doc["findings"] if f["code"] == "leftover-temp"]
+
+
+def check_listed(given: str, doc: dict, pristine: set, names: list[str]) -> list[str]:
+    """Each of ``names`` (below ``given``) is one leftover-temp warning, one node with nothing below it, and the
+    report is otherwise the pristine one; returns the rm commands the findings print."""
+    left = leftover_findings(doc)
+    assert sorted(f["path"] for f in left) == sorted(names), left
+    assert findings(doc) - {(f["code"], f["severity"], f["path"]) for f in left} == pristine
+    nodes = {n["path"]: n for n in doc["nodes"]}
+    commands = []
+    for f in left:
+        assert f["severity"] == "warning" and "killed ckpt-tui" in f["message"], f
+        assert nodes[f["path"]]["format"] == "leftover" and nodes[f["path"]]["facts"]["leftover_held"] is False
+        assert nodes[f["path"]]["size"] > 0 or f["path"].endswith(".lock")
+        assert not [p for p in nodes if p.startswith(f["path"] + "/")], "a leftover is never descended"
+        m = re.search(r"`(rm (?:-rf )?-- [^`]+)`", f["message"])
+        assert m and m[1].endswith(f"{given}/{f['path']}"), f["message"]
+        commands.append(m[1])
+    return commands
+
+
+def run_as_printed(tmp: Path, commands: list[str], gone: list[Path]) -> None:
+    before = tree(tmp)
+    for c in commands:
+        r = subprocess.run(["bash", "-c", c], cwd=tmp, capture_output=True, text=True)
+        assert r.returncode == 0, (c, r.stderr)
+    assert not [p for p in gone if os.path.lexists(p)]
+    rel = [str(p.relative_to(tmp)) for p in gone]
+    after = tree(tmp)
+    parents = {str(p.parent.relative_to(tmp)) for p in gone}  # a folder's mtime moves when an entry goes
+    assert [c for c in changed_outside(before, after, *rel) if not (c in parents and after[c][0] == "dir")] == []
+
+
+def test_a_killed_conversions_temp_folder_is_listed_not_read_and_its_rm_removes_it(world):
+    tmp, run, ck = world
+    given = "hf-ds-zero2/checkpoint-2"
+    pristine = findings(inspect_json(given))
+    with Killable(tmp, "universal", ck, ck / "global_step2" / "mp_rank_00_model_states.pt") as w:
+        live = leftover_findings(inspect_json(given))  # its run is alive: it holds the owner lock
+        assert [(f["severity"], f["path"]) for f in live] == [("info", w.name)], live
+        assert "still running" in live[0]["message"] and "rm " not in live[0]["message"]
+        w.kill()
+    assert (ck / w.name / "inner").is_dir()  # what the kill left
+    doc = inspect_json(given)
+    commands = check_listed(given, doc, pristine, [w.name])
+    assert "next ckpt-tui universal writing its output in hf-ds-zero2/checkpoint-2" in leftover_findings(doc)[0][
+        "message"]
+    code, text, _ = cli("inspect", given)
+    flat = " ".join(text.split())  # the text report wraps its lines
+    assert f"leftover-temp {given}/{w.name}" in flat and commands[0] in flat
+    assert "file-truncated" not in flat and "file-corrupt" not in flat
+    run_as_printed(tmp, commands, [ck / w.name])
+    assert findings(inspect_json(given)) == pristine
+
+
+def test_a_killed_exports_temp_folder_and_lock_are_listed_and_their_rm_removes_them(world):
+    tmp, run, ck = world
+    given = "hf-ds-zero2"
+    pristine = findings(inspect_json(given))
+    with Killable(tmp, "export", run, ck / "model.safetensors") as w:
+        live = leftover_findings(inspect_json(given))
+        assert sorted((f["severity"], f["path"]) for f in live) == [("info", ".merged.ckpt-tui.lock"),
+                                                                     ("info", w.name)], live
+        w.kill()
+    doc = inspect_json(given)
+    commands = check_listed(given, doc, pristine, [w.name, ".merged.ckpt-tui.lock"])
+    assert all("next ckpt-tui export into hf-ds-zero2/merged" in f["message"] for f in leftover_findings(doc))
+    run_as_printed(tmp, commands, [run / w.name, run / ".merged.ckpt-tui.lock"])
+    assert findings(inspect_json(given)) == pristine

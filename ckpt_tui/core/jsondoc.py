@@ -122,8 +122,16 @@ def write_json(doc: Any, write: Callable[[str], Any], *, indent: int, ensure_asc
                         first = False
                     else:
                         out.append(sep)
-                    out.append(key(k) + ": ")
-                    value(x, level + 1)
+                    out.append((enc(k) if k.__class__ is str else key(k)) + ": ")
+                    # the common leaves written here, not through a call of value() each
+                    if x.__class__ is str:
+                        out.append(enc(x))
+                    elif x is None:
+                        out.append("null")
+                    elif x.__class__ is int:
+                        out.append(int.__repr__(x))
+                    else:
+                        value(x, level + 1)
                     if len(out) >= chunk:
                         write("".join(out))
                         out.clear()

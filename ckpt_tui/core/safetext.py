@@ -49,4 +49,6 @@ def json_safe(doc_text: str) -> str:
     """A JSON document (``json.dumps`` output, ``ensure_ascii=False``) with DEL, C1 controls, bidi controls,
     U+2028/2029 and lone surrogates written as ``\\uXXXX`` escapes (json.dumps escapes only C0). Outside strings
     JSON is ASCII, so each is inside a string, and the escape decodes to the same value."""
+    if doc_text.isascii() and "\x7f" not in doc_text:  # the common case: isascii is a flag of the str, O(1)
+        return doc_text
     return _JSON_UNSAFE.sub(_json_escape, doc_text)

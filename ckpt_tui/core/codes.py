@@ -65,9 +65,8 @@ CODES: dict[str, FindingCode] = {c.code: c for c in (
     FindingCode("not-a-checkpoint", ("error",), "nothing recognised"),
     FindingCode("unreadable", ("error", "warning"), "permission denied, symlink loop, too deep"),
     FindingCode("special-file", ("warning",), "a FIFO or device in the tree (never opened)"),
-    FindingCode("leftover-temp", ("warning", "info"),
-                "a temp or staging entry a killed ckpt-tui run left (listed, never read; the next run of its "
-                "command sweeps it); info while a live run holds it"),
+    FindingCode("leftover-temp", ("warning", "info"), "temp files a killed ckpt-tui run left (never read; its next run "
+                "sweeps them)"),
 )}
 
 

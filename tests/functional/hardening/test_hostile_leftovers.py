@@ -166,3 +166,21 @@ def test_a_killed_exports_temp_folder_and_lock_are_listed_and_their_rm_removes_t
     assert all("next ckpt-tui export into hf-ds-zero2/merged" in f["message"] for f in leftover_findings(doc))
     run_as_printed(tmp, commands, [run / w.name, run / ".merged.ckpt-tui.lock"])
     assert findings(inspect_json(given)) == pristine
+
+
+async def test_the_tui_lists_a_killed_runs_leftover_among_its_findings(world):
+    from ckpt_tui.ui.app import make_app
+    from ckpt_tui.ui.screens.findings import FindingsScreen
+    from tests.functional.ui.test_app import press_and_wait, wait_for
+
+    tmp, run, ck = world
+    with Killable(tmp, "universal", ck, ck / "global_step2" / "mp_rank_00_model_states.pt") as w:
+        w.kill()
+    app = make_app(ck)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        assert [n.format for n in app.report.inventory.nodes() if n.path.startswith(w.name)] == ["leftover"]
+        await press_and_wait(pilot, "f", lambda: isinstance(app.screen, FindingsScreen))
+        table = app.screen.query_one("DataTable")
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        assert [str(r[2]) for r in rows].count("leftover-temp") == 1, rows

@@ -184,3 +184,54 @@ async def test_the_tui_lists_a_killed_runs_leftover_among_its_findings(world):
         table = app.screen.query_one("DataTable")
         rows = [table.get_row_at(i) for i in range(table.row_count)]
         assert [str(r[2]) for r in rows].count("leftover-temp") == 1, rows
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    r = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(r.stdout)
+
+
+def test_an_overwrites_old_output_and_a_repairs_temp_file_are_listed_and_their_commands_run(world):
+    """What a kill -9 leaves between an --overwrite's two renames (the old OUT as ``.OUT.old-PID``, no OUT, the
+    lock) and during a repair's write (``.X.ckpt-tui-tmp-PID`` beside its target, made as repair.atomic makes it):
+    the old OUT's finding gives the ``mv`` that puts it back, the others their ``rm``; run as printed, they leave
+    OUT back in place and nothing else changed."""
+    from ckpt_tui.core.fsutil import create_new
+    from ckpt_tui.core.repair.atomic import tmp_prefix
+
+    tmp, run, ck = world
+    given = "hf-ds-zero2"
+    pid = dead_pid()
+    old = run / f".merged.old-{pid}"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes())
+    os.close(create_new(run / ".merged.ckpt-tui.lock"))  # as OutputLock.acquire makes it; never released
+    part = ck / f"{tmp_prefix(ck / 'latest')}{pid}"
+    fd = create_new(part)
+    os.write(fd, b"glob")  # half of "global_step2"
+    os.close(fd)
+    doc = inspect_json(given)
+    left = {f["path"]: f for f in leftover_findings(doc)}
+    assert sorted(left) == [".merged.ckpt-tui.lock", old.name, f"checkpoint-2/{part.name}"], left
+    assert all(f["severity"] == "warning" for f in left.values())
+    assert not [f for f in doc["findings"] if f["path"].startswith(old.name + "/")]
+    mv = re.search(r"`(mv -- [^`]+)`", left[old.name]["message"])
+    assert mv and mv[1] == f"mv -- {given}/{old.name} {given}/merged", left[old.name]["message"]
+    assert "rm " not in left[old.name]["message"]  # the user's previous output: put back, never removed
+    assert "next ckpt-tui fix that rewrites latest" in left[f"checkpoint-2/{part.name}"]["message"]
+    rms = [re.search(r"`(rm (?:-rf )?-- [^`]+)`", left[p]["message"])[1] for p in (".merged.ckpt-tui.lock",
+                                                                                f"checkpoint-2/{part.name}")]
+    assert rms == [f"rm -- {given}/.merged.ckpt-tui.lock", f"rm -- {given}/checkpoint-2/{part.name}"]
+    want = (ck / "model.safetensors").read_bytes()
+    before = tree(tmp)
+    for c in [mv[1], *rms]:
+        r = subprocess.run(["bash", "-c", c], cwd=tmp, capture_output=True, text=True)
+        assert r.returncode == 0, (c, r.stderr)
+    assert (run / "merged" / "model.safetensors").read_bytes() == want
+    assert not old.exists() and not part.exists() and not (run / ".merged.ckpt-tui.lock").exists()
+    moved = {f"{given}/merged", f"{given}/merged/model.safetensors"}
+    assert [c for c in changed_outside(before, tree(tmp), f"{given}/{old.name}", f"{given}/.merged.ckpt-tui.lock",
+                                         f"{given}/checkpoint-2/{part.name}")
+            if c not in moved and c not in (given, f"{given}/checkpoint-2")] == []
+    assert leftover_findings(inspect_json(given)) == []

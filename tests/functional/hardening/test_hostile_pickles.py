@@ -12,143 +12,24 @@ exits non-zero with a clear message and no traceback.
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from ckpt_tui.cli import main_group
-from ckpt_tui.core.formats import dcp_stream
-
-
-class Payload:
-    def __init__(self, canary):
-        self.canary = str(canary)
-
-    def __reduce__(self):
-        return (open, (self.canary, "w"))
-
-
-# ---- builders: a real file plus the smallest change ------------------------------------------------------------
-
-
-def _frame(piece: bytes) -> bytes:
-    return b"\x95" + len(piece).to_bytes(8, "little") + piece
-
-
-def _open_canary_ops(canary: Path) -> bytes:
-    """GLOBAL builtins.open, ("<canary>", "w"), REDUCE, POP: creates the canary when unpickled; no memo slot."""
-    p = str(canary).encode()
-    return b"cbuiltins\nopen\nX" + len(p).to_bytes(4, "little") + p + b"X\x01\x00\x00\x00w\x86R0"
-
-
-def metadata_payload_after_string(data: bytes, canary: Path) -> bytes:
-    """A real framed ``.metadata`` with one frame added after its first chunk record: a BINBYTES string holding
-    copies of that record, then the payload, then POP. Rewriting the records inside the string shortens it by
-    exactly the payload's length, so a reader of the rewritten stream sees the payload as the string's bytes;
-    pickle.load (and torch's DCP reader) runs it."""
-    spans = dcp_stream.frames(data)
-    first = dcp_stream.CHUNK_RE.search(data)
-    assert spans and first, "the fixture's .metadata is framed and has regular chunk records"
-    j = next(i for i, (lo, hi) in enumerate(spans) if lo <= first.end() <= hi)
-    lo, hi = spans[j]
-    core = _open_canary_ops(canary)
-
-    def build(n: int, pay: bytes) -> tuple[bytes, int]:
-        s = first.group(0) * n
-        mine = b"B" + len(s).to_bytes(4, "little") + s + pay + b"0"
-        pieces = ([data[a:b] for a, b in spans[:j]] + [data[lo:first.end()], mine, data[first.end():hi]]
-                  + [data[a:b] for a, b in spans[j + 1:]])
-        cand = data[:2] + b"".join(map(_frame, pieces))
-        out, *_ = dcp_stream.compact(cand)
-        return cand, len(mine) - len(out[2 + 2 * (j + 1)])  # how much the rewrite took out of the string
-
-    for n in range(1, 64):
-        _, k = build(n, core)
-        if k >= len(core) + 2:
-            pad = k - len(core)
-            fill = b"N0" * (pad // 2) if pad % 2 == 0 else b"K\x000" + b"N0" * ((pad - 3) // 2)
-            cand, k2 = build(n, core + fill)
-            assert k2 == k == len(core + fill)
-            return cand
-    raise AssertionError("no record count fits the payload")
-
-
-def _zip_entries(path: Path) -> list[tuple[str, bytes]]:
-    with zipfile.ZipFile(path) as zf:
-        return [(i.filename, zf.read(i)) for i in zf.infolist()]
-
-
-def _write_zip(path: Path, entries: list[tuple[str, bytes]]) -> None:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # duplicate names, on purpose
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
-            for name, data in entries:
-                zf.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
-
-
-def two_data_pkl(path: Path, canary: Path) -> None:
-    """Rewrite the real torch zip at ``path``: first ``P/sub/data.pkl`` (the file's own pickle, its storages under
-    ``P/sub/data/``: what a reader of the first ``*/data.pkl`` sees), then the file as torch.save writes it with a
-    payload added to its object: ``P/data.pkl``, the record torch.load picks (``P`` is the first entry's folder)."""
-    import torch
-
-    orig = _zip_entries(path)
-    prefix = orig[0][0].split("/", 1)[0]
-    benign = [(f"{prefix}/sub/{n[len(prefix) + 1:]}", d) for n, d in orig
-              if n == f"{prefix}/data.pkl" or n.startswith(f"{prefix}/data/")]
-    obj = torch.load(path, map_location="cpu", weights_only=False)  # our own trusted fixture, before the payload
-    obj["zz_hook"] = Payload(canary)
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    buf.seek(0)
-    with zipfile.ZipFile(buf) as zf:
-        hostile = [(prefix + "/" + i.filename.split("/", 1)[1], zf.read(i)) for i in zf.infolist()]
-    _write_zip(path, benign + hostile)
-
-
-# ---- fixtures -----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def canary(tmp_path):
-    return tmp_path / "CANARY"
-
-
-@pytest.fixture
-def dcp_hidden(real_ckpt, tmp_path, canary):
-    """hf-fsdp1's checkpoint-2 with its model .metadata's payload hidden after a chunk-record-like string."""
-    ck = tmp_path / "fsdp" / "checkpoint-2"
-    shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2", ck)
-    meta = ck / "pytorch_model_fsdp_0" / ".metadata"
-    meta.write_bytes(metadata_payload_after_string(meta.read_bytes(), canary))
-    return ck
-
-
-@pytest.fixture
-def zip_two_pkl(real_ckpt, tmp_path, canary):
-    """hf-ds-zero2's checkpoint-2 whose DeepSpeed model states hold two data.pkl, beside a plain torch file
-    (its model.safetensors re-saved as pytorch_model.bin) holding two data.pkl."""
-    import torch
-    from safetensors.torch import load_file
-
-    ck = tmp_path / "ds" / "checkpoint-2"
-    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ck)
-    two_data_pkl(ck / "global_step2" / "mp_rank_00_model_states.pt", canary)
-    single = tmp_path / "single"
-    single.mkdir()
-    torch.save(load_file(ck / "model.safetensors"), single / "pytorch_model.bin")
-    two_data_pkl(single / "pytorch_model.bin", canary)
-    return {"ds": ck, "single": single / "pytorch_model.bin"}
+from tests.functional.hardening.conftest import (  # the builders and fixtures live there, shared with the TUI's tests
+    Payload,
+    _open_canary_ops,
+    _write_zip,
+    _zip_entries,
+    metadata_payload_after_string,
+)
 
 
 def cli(*args) -> tuple[int, str]:

@@ -30,7 +30,8 @@ class DirFacts(NodeFacts, total=False):
     """``dir`` (and a scanned root folder of format ``unknown``): a folder holding safetensors shards, its
     index checked against them (safetensors_file.HfModelFolder)."""
 
-    index_missing_files: list[str]  # shard files the index names that are not here
+    # index_* facts: each name at most 200 characters (a longer one cut, ending "…")
+    index_missing_files: list[str]  # shard files the index names that are not here (first 32)
     index_missing_tensors: list[str]  # tensors the index maps to a file that does not hold them (first 32)
     index_unlisted_tensors: list[str]  # tensors the shards hold that the index leaves out (first 32)
     index_outside: list[str]  # index entries pointing outside the folder (first 8)
@@ -48,7 +49,7 @@ class TensorFacts(TypedDict, total=False):
 class PickleFacts(NodeFacts, total=False):
     """A pickle read through the restricted unpickler."""
 
-    unsafe_globals: list[str]  # globals outside the allowlist the pickle names (never called; torch files: first 64)
+    unsafe_globals: list[str]  # globals outside the allowlist the pickle names (never called; first 64, each cut to 200)
 
 
 class TorchFileFacts(PickleFacts, total=False):
@@ -94,7 +95,8 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     short_files: list[str]  # files shorter than .metadata places data in them
     unreferenced_files: list[str]  # shard files .metadata does not name (another world size)
     storage: str  # "safetensors" for DCP written in safetensors format
-    containers: list[str]  # top-level state-dict keys, most frequent first ("model", "optimizer", ...)
+    containers: list[str]  # top-level state-dict keys, most frequent first ("model", "optimizer", ...; first 64)
+    containers_total: int  # how many top-level keys there are, when more than the 64 listed
     bytes_entries: int  # non-tensor (pickled bytes) entries
     split_dims: list[int]  # dimensions along which tensors are split into chunks
     chunk_gaps: list[str]  # tensors whose chunks leave part of them unwritten (the first 8)
@@ -171,7 +173,7 @@ class DeepSpeedUniversalFacts(NodeFacts, TensorFacts, total=False):
 class SafetensorsFacts(NodeFacts, TensorFacts, total=False):
     """``safetensors``: one safetensors file, from its header."""
 
-    header_metadata: dict[str, str]  # the header's __metadata__ (first 8 entries)
+    header_metadata: dict[str, str]  # the header's __metadata__ (first 8 entries, each cut to 1,024 characters)
 
 
 class WeightIndexFacts(NodeFacts, total=False):

@@ -14,6 +14,11 @@ from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 from . import dcp as dcpfmt
 from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+from .plain_files import MAX_FACT_CHARS
+from .safetensors_header import read_header
+from .torch_save import MAX_UNSAFE, fact_text
+
+MAX_CONTAINERS = 64  # top-level containers the `containers` fact lists (`containers_total` counts them all)
 
 
 class DcpFiles(FileFormat):
@@ -52,7 +57,7 @@ class DcpFolder(FolderFormat):
             f.update(DcpFacts(error=f".metadata: {e.strerror or e}", error_kind="unreadable"))
             return
         if info.unsafe:
-            f["unsafe_globals"] = sorted(info.unsafe)
+            f["unsafe_globals"] = [fact_text(g) for g in sorted(info.unsafe)[:MAX_UNSAFE]]
         f.update(DcpFacts(metadata_files=info.metadata_files, metadata_bytes=info.metadata_bytes))
         if len(info.metadata_files) > 1 or (info.metadata_files and info.metadata_files[0] != ".metadata"):
             f["rank_local_metadata"] = True
@@ -78,7 +83,10 @@ class DcpFolder(FolderFormat):
             f["storage"] = "safetensors"
         role, containers, model_tensors = dcp_role(info)
         node.role = role
-        f.update(DcpFacts(containers=containers, tensor_count=len(info.tensors), bytes_entries=len(info.bytes_entries)))
+        f.update(DcpFacts(containers=[fact_text(c) for c in containers[:MAX_CONTAINERS]],
+                          tensor_count=len(info.tensors), bytes_entries=len(info.bytes_entries)))
+        if len(containers) > MAX_CONTAINERS:
+            f["containers_total"] = len(containers)
         set_tensor_facts(node, model_tensors, count=False)
         if role == "optimizer":  # its bytes and dtypes are the optimizer state's; it holds no model params
             set_tensor_facts(node, info.tensors, count=False)
@@ -147,8 +155,11 @@ class DcpSafetensorsFolder(FolderFormat):
         for c in sts:
             cf = cast(SafetensorsFacts, c.facts)
             try:
-                info = json.loads(cf["header_metadata"]["DCP_SHARDING_INFO"])
-            except (ValueError, TypeError):
+                raw = cf["header_metadata"]["DCP_SHARDING_INFO"]
+                if len(raw) >= MAX_FACT_CHARS:  # the fact quotes it cut: the header's own value
+                    raw = read_header(c.abspath).metadata["DCP_SHARDING_INFO"]
+                info = json.loads(raw)
+            except (ValueError, TypeError, KeyError, FormatError, OSError):
                 info = {}
             names |= set(info)
             for d in cf.get("dtypes") or []:
@@ -193,8 +204,8 @@ def merges_with_accelerate(node: Node) -> bool:
         return False
     if f.get("storage") == "safetensors" or f.get("bytes_entries"):
         return False
-    conts = f.get("containers") or []
-    return len(conts) == 1 or len(conts) == f.get("tensor_count")
+    n = f.get("containers_total") or len(f.get("containers") or [])
+    return n == 1 or n == f.get("tensor_count")
 
 
 def _role_from_name(name: str) -> Optional[str]:

@@ -15,7 +15,7 @@ from . import FormatError, torchfile
 from . import deepspeed as dsfmt
 from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from .pickles import TensorRef, iter_tensors
-from .torch_save import TorchFileFormat, read_torch_file
+from .torch_save import MAX_UNSAFE, TorchFileFormat, fact_text, read_torch_file
 
 
 class DeepSpeedStatesFiles(TorchFileFormat):
@@ -133,7 +133,7 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
         try:
             otf = torchfile.read(oc.abspath)
             if otf.unsafe:
-                cast(PickleFacts, oc.facts)["unsafe_globals"] = sorted(otf.unsafe)
+                cast(PickleFacts, oc.facts)["unsafe_globals"] = [fact_text(g) for g in sorted(otf.unsafe)[:MAX_UNSAFE]]
             dsfmt.analyze_optim_states(otf.obj, tf)
         except (FormatError, OSError) as e:
             _record(oc, e)

@@ -4,6 +4,7 @@ checked against ``safetensors.safe_open``."""
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Iterator, Optional, cast
 
 from ..facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightIndexFacts
@@ -11,6 +12,10 @@ from ..types import Node, Parsed, TensorInfo
 from . import FormatError
 from . import safetensors_header as stfmt
 from .format import FileFormat, FolderFormat
+from .plain_files import bounded
+from .torch_save import fact_text
+
+MAX_INDEX_NAMES = 32  # names an index_* fact lists (each cut to torch_save.MAX_KEY_CHARS)
 
 
 class SafetensorsFiles(FileFormat):
@@ -33,7 +38,9 @@ class SafetensorsFiles(FileFormat):
             cast(SafetensorsFacts, node.facts).update(SafetensorsFacts(param_count=params, tensor_bytes=nbytes,
                                                                        dtypes=dtypes, tensor_count=count))
             if h.metadata:
-                cast(SafetensorsFacts, node.facts)["header_metadata"] = dict(list(h.metadata.items())[:8])
+                # keys and values cut as a JSON file's facts are (DCP_SHARDING_INFO is read in full from the header)
+                cast(SafetensorsFacts, node.facts)["header_metadata"] = {
+                    bounded(k): bounded(v) for k, v in islice(h.metadata.items(), 8)}
             return
         # a weight index: model.safetensors.index.json, or pytorch_model.bin.index.json (format json)
         doc = stfmt.read_index(node.abspath)
@@ -105,7 +112,7 @@ class HfModelFolder(FolderFormat):
                                              dtypes=dts))
         missing = [x for x in wm_files if x not in names]
         if missing:
-            f["index_missing_files"] = missing
+            f["index_missing_files"] = [fact_text(x) for x in missing[:MAX_INDEX_NAMES]]
         try:
             doc = stfmt.read_index(ic.abspath)
             wm = doc["weight_map"]
@@ -117,10 +124,10 @@ class HfModelFolder(FolderFormat):
             unlisted = [k for k in have if k not in wm]
             bad_path = [v for v in set(wm.values()) if "/" in str(v) or str(v).startswith("..")]
             if wrong:
-                f["index_missing_tensors"] = wrong[:32]
+                f["index_missing_tensors"] = [fact_text(k) for k in wrong[:MAX_INDEX_NAMES]]
             if unlisted:
-                f["index_unlisted_tensors"] = unlisted[:32]
+                f["index_unlisted_tensors"] = [fact_text(k) for k in unlisted[:MAX_INDEX_NAMES]]
             if bad_path:
-                f["index_outside"] = sorted(bad_path)[:8]
+                f["index_outside"] = [fact_text(v) for v in sorted(bad_path)[:8]]
         except (FormatError, OSError):
             pass

@@ -189,3 +189,159 @@ def test_the_streamed_json_is_the_bytes_json_dumps_writes(real_ckpt, tmp_path):
         emit_json({"s": hostile}, ensure_ascii=False)
     assert out.getvalue() == json_safe(json.dumps({"schema_version": 1, "s": hostile}, indent=2,
                                                   ensure_ascii=False)) + "\n"
+
+
+def _many_long_globals(n: int = 100, width: int = 300) -> list:
+    """``n`` functions of a module, each named by ``width`` characters: a pickle of them names n globals outside
+    the allowlist (the screen records them, nothing calls them), each long."""
+    import sys
+    import types
+
+    mod = types.ModuleType("evil_" + "m" * 40)
+    sys.modules[mod.__name__] = mod
+    out = []
+    for i in range(n):
+        def fn():
+            return None
+        fn.__name__ = fn.__qualname__ = f"f{i:04d}_" + "x" * width
+        fn.__module__ = mod.__name__
+        setattr(mod, fn.__name__, fn)
+        out.append(fn)
+    return out
+
+
+def _assert_bounded_unsafe(facts: dict) -> None:
+    from ckpt_tui.core.formats.torch_save import MAX_UNSAFE
+
+    assert facts["unsafe_globals"], facts
+    assert len(facts["unsafe_globals"]) <= MAX_UNSAFE and all(len(g) <= MAX_KEY_CHARS for g in facts["unsafe_globals"])
+    assert len(json.dumps(facts)) <= FACTS_CAP
+
+
+def test_dcp_and_deepspeed_unsafe_globals_are_bounded(real_ckpt, tmp_path):
+    """A real DCP .metadata and a real DeepSpeed optimizer-states file each re-pickled with 100 functions of
+    300-character names beside their contents: unsafe_globals lists at most MAX_UNSAFE, each cut as torch files'
+    are, and the file is still flagged."""
+    import pickle
+
+    funcs = _many_long_globals()
+    dcp = tmp_path / "dcp"
+    shutil.copytree(real_ckpt("fsdp1-dcp"), dcp)
+    meta = pickle.loads((dcp / ".metadata").read_bytes())  # our own trusted fixture, before the change
+    meta.storage_meta = funcs
+    (dcp / ".metadata").write_bytes(pickle.dumps(meta))
+    ds = tmp_path / "checkpoint-2"
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ds)
+    opt = ds / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    sd = torch.load(opt, weights_only=False)
+    sd["extra"] = funcs
+    torch.save(sd, opt)
+    rep = inspect(dcp)
+    _assert_bounded_unsafe(rep.inventory.root.facts)
+    assert "unsafe-pickle" in {f.code for f in rep.findings}
+    rep = inspect(ds)
+    _assert_bounded_unsafe(rep.inventory.node("global_step2/" + opt.name).facts)
+    assert "unsafe-pickle" in {f.code for f in rep.findings}
+
+
+def test_dcp_containers_are_bounded_and_counted(real_ckpt, tmp_path):
+    """A real DCP .metadata with 5,000 more top-level entries (bytes entries, 300-character names): containers
+    lists the first MAX_CONTAINERS, each cut, containers_total counts them."""
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from ckpt_tui.core.formats.dcp_folder import MAX_CONTAINERS
+
+    dcp = tmp_path / "dcp"
+    shutil.copytree(real_ckpt("fsdp1-dcp"), dcp)
+    meta = pickle.loads((dcp / ".metadata").read_bytes())
+    before = len({k.split(".", 1)[0] for k in meta.state_dict_metadata})
+    for i in range(5000):
+        meta.state_dict_metadata[f"c{i:04d}" + "y" * 300] = BytesStorageMetadata()
+    (dcp / ".metadata").write_bytes(pickle.dumps(meta))
+    facts = inspect(dcp).inventory.root.facts
+    assert len(facts["containers"]) == MAX_CONTAINERS and all(len(c) <= MAX_KEY_CHARS for c in facts["containers"])
+    assert facts["containers_total"] == 5000 + before
+    assert len(json.dumps(facts)) <= FACTS_CAP
+    assert "containers_total" not in inspect(real_ckpt("fsdp1-dcp")).inventory.root.facts
+
+
+def _rewrite_safetensors_header(path, change) -> None:
+    """``path``'s JSON header changed by ``change(header)``, the tensor bytes after it as they were."""
+    b = path.read_bytes()
+    n = int.from_bytes(b[:8], "little")
+    header = json.loads(b[8:8 + n])
+    change(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b[8 + n:])
+
+
+def test_safetensors_header_metadata_values_are_bounded(real_ckpt, tmp_path):
+    """A real safetensors shard whose __metadata__ holds one 1,000,000-character value (and a long key): the fact
+    quotes it cut to MAX_FACT_CHARS."""
+    from ckpt_tui.core.formats.plain_files import MAX_FACT_CHARS
+
+    ck = tmp_path / "ck"
+    shutil.copytree(real_ckpt("hf-model-sharded"), ck)
+    shard = ck / "model-00001-of-00005.safetensors"
+    _rewrite_safetensors_header(shard, lambda h: h["__metadata__"].update({"big": "v" * 1_000_000,
+                                                                           "k" * 5000: "x"}))
+    facts = inspect(ck).inventory.node(shard.name).facts
+    assert "error" not in facts, facts
+    md = facts["header_metadata"]
+    assert md["format"] == "pt" and len(md["big"]) == MAX_FACT_CHARS and md["big"].endswith("…")
+    assert all(len(k) <= MAX_FACT_CHARS for k in md)
+    assert len(json.dumps(facts)) <= FACTS_CAP
+
+
+def test_safetensors_index_fact_names_are_bounded(real_ckpt, tmp_path):
+    """A real sharded model's index naming 40 tensors of 100,000-character names in a shard that does not hold
+    them, and 100 shard files of 300-character names that are not there: the index_* facts quote at most 32
+    names, each cut to MAX_KEY_CHARS."""
+    ck = tmp_path / "ck"
+    shutil.copytree(real_ckpt("hf-model-sharded"), ck)
+    idx = ck / "model.safetensors.index.json"
+    doc = json.loads(idx.read_text())
+    doc["weight_map"].update({f"t{i:02d}" + "n" * 100_000: "model-00001-of-00005.safetensors" for i in range(40)})
+    doc["weight_map"].update({f"x{i:03d}": f"m{i:03d}" + "f" * 300 + ".safetensors" for i in range(100)})
+    idx.write_text(json.dumps(doc))
+    rep = inspect(ck)
+    facts = rep.inventory.root.facts
+    for key in ("index_missing_tensors", "index_missing_files"):
+        assert 0 < len(facts[key]) <= 32 and all(len(n) <= MAX_KEY_CHARS for n in facts[key]), key
+    assert len(json.dumps({k: v for k, v in facts.items() if k.startswith("index_")})) <= FACTS_CAP
+    assert "index-mismatch" in {f.code for f in rep.findings} or rep.has_errors
+
+
+def test_a_long_dcp_sharding_info_is_still_read_in_full(real_ckpt, tmp_path):
+    """header_metadata quotes values cut, but a DCP-in-safetensors folder's DCP_SHARDING_INFO (over 1,024
+    characters in any real model: one entry per tensor) is read from the header in full: the real fixture with its
+    sharding info re-written with padding (the same JSON value) is the same DCP."""
+    from ckpt_tui.core.formats.plain_files import MAX_FACT_CHARS
+
+    ck = tmp_path / "ck"
+    shutil.copytree(real_ckpt("dcp-safetensors"), ck)
+    want = inspect(real_ckpt("dcp-safetensors")).inventory.node("sharded").facts
+    for shard in (ck / "sharded").glob("*.safetensors"):
+        def pad(h):
+            info = json.loads(h["__metadata__"]["DCP_SHARDING_INFO"])
+            h["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info, indent=64)
+            assert len(h["__metadata__"]["DCP_SHARDING_INFO"]) > MAX_FACT_CHARS
+        _rewrite_safetensors_header(shard, pad)
+    got = inspect(ck).inventory.node("sharded").facts
+    assert got["tensor_count"] == want["tensor_count"] > 0 and got.get("storage") == want.get("storage") == "safetensors"
+
+
+def test_tensor_names_under_a_huge_non_string_key_are_bounded(real_ckpt, tmp_path):
+    """The HF pytorch_model.bin's weights re-saved under a tuple key repeating one 1,000-character string 2,000
+    times (2 MB as text, stored once): the walk names them by a bounded part for that key, never str() of it."""
+    from ckpt_tui.core.formats import torchfile
+    from ckpt_tui.core.formats.pickles import iter_tensors
+
+    sd = torch.load(real_ckpt("hf-model-bin") / "pytorch_model.bin", weights_only=True)
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({(0,) + ("k" * 1000,) * 2000: sd}, path)
+    names = [n for n, _ in iter_tensors(torchfile.read(path).obj)]
+    assert len(names) == len(sd) and all(len(n) <= 300 for n in names), max(map(len, names))

@@ -159,8 +159,9 @@ def measure(path: Path, as_json: bool, env: dict, timeout: int, limit_as: bool =
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "ckpt_tui", "inspect", str(path), *(["--json"] if as_json else [])]
     with tempfile.TemporaryFile() as out:
         try:
+            # run from --pythonpath's tree: `python -m` puts the working folder first on sys.path, before PYTHONPATH
             p = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env, timeout=timeout,
-                               preexec_fn=_limit_as if limit_as else None)
+                               preexec_fn=_limit_as if limit_as else None, cwd=env.get("PYTHONPATH"))
         except subprocess.TimeoutExpired:
             return {"timeout": timeout}
         size = out.tell()

@@ -326,7 +326,7 @@ def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple
 
     screen.require(files, loader="torch.load")  # each exact file, as torch.load reads it, before it unpickles
     try:
-        sds = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
+        sds = [screen.torch_load(f, map_location="cpu") for f in files]
     finally:
         mesh_log.setLevel(level)
     for g_ref, g_cfg in zip(sds[0]["param_groups"], cfg["param_groups"]):

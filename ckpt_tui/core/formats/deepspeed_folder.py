@@ -255,7 +255,9 @@ class DeepSpeedTag(FolderFormat):
         import os
 
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from .screen import zero_to_fp32
+
+        get_fp32_state_dict_from_zero_checkpoint = zero_to_fp32().get_fp32_state_dict_from_zero_checkpoint
 
         layout = node.facts.get("ds_layout")
         if layout in ("zero-0", "pipeline", "bf16-optimizer"):  # zero_to_fp32 rejects these
@@ -272,21 +274,21 @@ def _beyond_reference(tag_dir, layout: str):
     zero_to_fp32's own ZeRO-1/2 reconstruction (only its zero_stage check skipped); stage 0 the module,
     each parameter replaced by FP16_UnfusedOptimizer's fp32 master of the same place; a pipeline's layer
     files, keys prefixed with their layer index."""
-    import torch
-    from deepspeed.utils import zero_to_fp32 as z
+    from .screen import torch_load, zero_to_fp32
 
+    z = zero_to_fp32()
     if layout == "bf16-optimizer":
         model_states = z.parse_model_states(z.get_model_state_files(str(tag_dir)))
-        optim = [torch.load(f, map_location="cpu", weights_only=False) for f in z.get_optim_files(str(tag_dir))]
+        optim = [torch_load(f, map_location="cpu") for f in z.get_optim_files(str(tag_dir))]
         groups = [o["optimizer_state_dict"]["single_partition_of_fp32_groups"] for o in optim]
         yield from z._get_fp32_state_dict_from_zero2_checkpoint(len(groups), groups, model_states, False, None).items()
         return
     if layout == "pipeline":
         for f in sorted(tag_dir.glob("layer_*-model_states.pt"), key=lambda p: int(dsfmt.LAYER_INDEX_RE.match(p.name).group(1))):
-            for k, t in torch.load(f, map_location="cpu", weights_only=False).items():
+            for k, t in torch_load(f, map_location="cpu").items():
                 yield dsfmt.layer_name(f.name, k), t
         return
-    sd = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    sd = torch_load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu")
     module, opt = sd["module"], sd.get("optimizer") or {}
     buffers = set(sd.get("buffer_names") or [])
     masters = [t for g in opt.get("fp32_groups") or [] for t in g]

@@ -147,3 +147,86 @@ def dcp_reader(folder, *, trust_pickles: bool = False):
             return meta
 
     return ScreenedReader(str(folder))
+
+
+def _admits(q: str) -> bool:
+    """Does ckpt-tui's own allowlist read the global ``q`` (as a stand-in or one of its safe functions)?"""
+    from .pickles import FUNCTIONS, RECORD_GLOBALS, STUB_GLOBALS, TUPLE_GLOBALS
+
+    return q in STUB_GLOBALS or q in RECORD_GLOBALS or q in TUPLE_GLOBALS or q in FUNCTIONS
+
+
+def _classes(names) -> list:
+    """The classes among ``names`` that can be imported here, for torch's ``safe_globals`` (functions stay out of
+    torch's unpickler: it then cannot read the file, which is read unrestricted below, screened twice)."""
+    import importlib
+
+    classes = []
+    for q in names:
+        module, _, name = q.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except Exception:  # noqa: BLE001 - a framework that is not installed here, or moved the class
+            continue
+        if isinstance(obj, type):
+            classes.append(obj)
+    return classes
+
+
+def torch_load(path, **kwargs):
+    """``torch.load`` of a file that passed the screen, with torch's own reader as a second, independent screen:
+    torch's ``weights_only`` unpickler reads it where it can — as it is (a plain state dict), else admitting the
+    framework classes ckpt-tui's allowlist admits (``torch.serialization.safe_globals``). Where torch lists a global
+    that ckpt-tui's allowlist does not admit, the two screens disagree: :class:`ScreenError`, nothing is loaded.
+    Only a file torch's restricted unpickler cannot read at all (numpy arrays, ShardedTensor), whose globals both
+    screens admit, is read unrestricted."""
+    import pickle
+
+    import torch
+
+    kwargs.pop("weights_only", None)
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError:
+        pass
+    try:
+        names = list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception as e:  # noqa: BLE001 - torch cannot even list them: nothing to cross-check, so nothing loads
+        raise ScreenError(f"refusing to load {path}: torch's own reader cannot list its globals ({e})") from None
+    outside = sorted(q for q in names if not _admits(q))
+    if outside:
+        raise ScreenError(f"refusing to load {path}: torch's own reader finds globals outside ckpt-tui's allowlist "
+                          f"({', '.join(outside[:6])}): unsafe-pickle") from None
+    classes = _classes(names)
+    if classes:
+        try:
+            with torch.serialization.safe_globals(classes):
+                return torch.load(path, weights_only=True, **kwargs)
+        except pickle.UnpicklingError:
+            pass
+    return torch.load(path, weights_only=False, **kwargs)
+
+
+class _TorchWithScreenedLoad:
+    """torch, as a module that reads its files through :func:`torch_load`: given to DeepSpeed's ``zero_to_fp32``
+    as its ``torch`` (it calls ``torch.load(..., weights_only=False)`` on every file of a tag)."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def load(self, f, map_location=None, *args, **kwargs):
+        return torch_load(f, map_location=map_location, **kwargs)
+
+
+def zero_to_fp32():
+    """DeepSpeed's ``zero_to_fp32`` module with its ``torch.load`` calls going through :func:`torch_load` (the files
+    it reads must have passed :func:`require` first)."""
+    import torch
+    from deepspeed.utils import zero_to_fp32 as z
+
+    if not isinstance(z.torch, _TorchWithScreenedLoad):
+        z.torch = _TorchWithScreenedLoad(torch)
+    return z

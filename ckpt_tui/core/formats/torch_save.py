@@ -76,14 +76,13 @@ def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bo
 
 def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
     """The reference: ``torch.load`` (unrestricted: only after the safety screen)."""
-    import pickle
-
     import torch
 
-    try:  # torch's own allowlist first (a plain state dict needs nothing more)
-        obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=True)
-    except pickle.UnpicklingError:  # framework objects beside the weights: the file passed ckpt-tui's screen
-        obj = torch.load(node.abspath, map_location="cpu", mmap=True, weights_only=False)
+    from .screen import torch_load
+
+    # torch's restricted unpickler wherever it can read the file (admitting the framework classes ckpt-tui's own
+    # allowlist admits); unrestricted only for what it cannot read, a file that passed ckpt-tui's screen
+    obj = torch_load(node.abspath, map_location="cpu", mmap=True)
     # the entry the export read (Lightning's `state_dict`, Megatron's `model`...), as the restricted
     # reader picks it: pick_state_dict looks for tensor references, which torch.load's output has not
     _, wrapper = pick_state_dict(torchfile.read(node.abspath).obj)

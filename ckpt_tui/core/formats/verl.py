@@ -111,6 +111,7 @@ class VerlFolder(FolderFormat):
         import torch
 
         from ..export.verl_source import world_of
+        from .screen import torch_load
 
         f = cast(VerlFacts, node.facts)
         if f.get("sharded_as") == "ShardedTensor":
@@ -125,8 +126,8 @@ class VerlFolder(FolderFormat):
         level = mesh_log.level  # the PGs were created": true and harmless here, not the user's concern
         mesh_log.setLevel(logging.ERROR)
         try:
-            sds = [torch.load(node.abspath / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", mmap=True,
-                              weights_only=False) for r in range(world)]
+            sds = [torch_load(node.abspath / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", mmap=True)
+                   for r in range(world)]
         finally:
             mesh_log.setLevel(level)
         for name in sds[0]:

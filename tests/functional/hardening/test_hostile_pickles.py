@@ -393,3 +393,74 @@ def test_bytes_read_in_full_and_clean_get_the_fast_reader(real_ckpt, tmp_path, m
         assert kinds() == {TupleFold}
     mark_screened_clean(data)
     assert kinds() == {dcp_stream.ChunkFold}
+
+
+# ---- defence in depth: torch's own reader as a second screen ----------------------------------------------------
+
+
+@pytest.fixture
+def ds_payload(real_ckpt, tmp_path, canary):
+    """hf-ds-zero2's checkpoint-2 whose DeepSpeed model states carry a payload beside the weights (re-saved by
+    torch), the way test_safe_loading.py builds it."""
+    import torch
+
+    ck = tmp_path / "ds" / "checkpoint-2"
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ck)
+    ms = ck / "global_step2" / "mp_rank_00_model_states.pt"
+    sd = torch.load(ms, weights_only=False)  # our own trusted fixture, before the payload
+    sd["client_state_extra"] = Payload(canary)
+    torch.save(sd, ms)
+    return ck
+
+
+def test_a_screen_that_missed_a_payload_is_caught_by_torchs_own_reader(ds_payload, real_ckpt, canary, tmp_path,
+                                                                       monkeypatch):
+    """Were ckpt-tui's screen ever to pass a payload (here: made to pass everything), the loaders still read the
+    file through torch's weights_only unpickler, which finds the global ckpt-tui's allowlist does not admit: verify
+    refuses, no canary. DeepSpeed's zero_to_fp32 reads every file of the tag this way too."""
+    from ckpt_tui.core.formats import pickles, screen
+
+    clean = tmp_path / "clean"
+    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", clean)
+    code, out = cli("export", clean, "--out", tmp_path / "o", "--no-verify")
+    assert code == 0, out
+    seeing = pickles.RestrictedUnpickler.find_class
+
+    def blind(self, module, name):  # the first screen fails open: it reads the global and reports nothing
+        found = seeing(self, module, name)
+        self._result.unsafe.clear()
+        return found
+
+    monkeypatch.setattr(pickles.RestrictedUnpickler, "find_class", blind)
+    monkeypatch.setattr(screen, "_SCREENED", {})
+    code, out = cli("verify", tmp_path / "o", "--against", ds_payload)
+    assert refused(code, out, "torch's own reader", "outside ckpt-tui's allowlist"), out
+    assert not canary.exists()
+    with pytest.raises(screen.ScreenError, match="io.open"):
+        screen.torch_load(ds_payload / "global_step2" / "mp_rank_00_model_states.pt", map_location="cpu")
+    assert not canary.exists()
+
+
+def test_torchs_restricted_reader_reads_real_deepspeed_files(real_ckpt, monkeypatch):
+    """On the files DeepSpeed writes (model states with ZeroStageEnum and LossScaler, optimizer states with
+    fragment_address), the second screen is torch's weights_only unpickler, never the unrestricted one: the
+    framework classes ckpt-tui's allowlist admits are the safe_globals torch is given."""
+    import torch
+
+    from ckpt_tui.core.formats import screen
+
+    real_load = torch.load
+    modes = []
+
+    def load(f, *a, weights_only=None, **k):
+        modes.append(weights_only)
+        return real_load(f, *a, weights_only=weights_only, **k)
+
+    monkeypatch.setattr(torch, "load", load)
+    tag = real_ckpt("ds-resume-zero2") / "checkpoint" / "global_step2"
+    files = sorted(tag.glob("*.pt"))
+    assert len(files) >= 2
+    for f in files:
+        modes.clear()
+        screen.torch_load(f, map_location="cpu")
+        assert modes[-1] is True and False not in modes, (f.name, modes)

@@ -355,6 +355,24 @@ def preflight_output(out, *, need: int = 0, source=None, overwrite: bool = False
 OWNER_FILE = ".ckpt-tui-owner"  # inside a temp folder: flock'ed by the run that made it, for its life
 _owned: dict[str, int] = {}
 
+PROBE_RETRIES = 50  # x 5 ms: how long a lock taken by a run waits out inspect's probe of it (leftovers.held)
+
+
+def flock_exclusive(fd: int) -> bool:
+    """An exclusive, non-blocking flock on ``fd``: True once held, False while another run holds it. inspect's
+    probe of a lock (a shared flock let go at once, :func:`ckpt_tui.core.leftovers.held`) is waited out: a run
+    holds its lock for its whole life, a probe for microseconds."""
+    import time
+
+    for attempt in range(PROBE_RETRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < PROBE_RETRIES:
+                time.sleep(0.005)
+    return False
+
 
 def _take(path, create: bool) -> Optional[int]:
     """A descriptor of the lock file ``path`` with an exclusive flock on it, or None where another process
@@ -364,10 +382,9 @@ def _take(path, create: bool) -> Optional[int]:
     try:
         if not _stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
+        if not flock_exclusive(fd):
+            os.close(fd)
+            return None
     except BaseException:
         os.close(fd)
         raise

@@ -25,6 +25,7 @@ from ..fsutil import (
     check_sources,
     copy_new,
     create_new,
+    flock_exclusive,
     free_bytes,
     fsync_dir,
     preflight_output,
@@ -284,12 +285,10 @@ class OutputLock:
             if not stat.S_ISREG(st.st_mode):
                 os.close(fd)
                 raise ExportError(f"{self.path} is not a regular file: remove it or choose another --out")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not flock_exclusive(fd):
                 os.close(fd)
                 raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another "
-                                  "--out") from None
+                                  "--out")
             try:
                 now = os.lstat(self.path)
             except FileNotFoundError:

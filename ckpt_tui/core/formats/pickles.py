@@ -491,6 +491,19 @@ def _reconstructor(cls, base, state=None):
 
 _DTYPES = set(ITEMSIZE) | set(_DTYPE_ALIASES)
 
+# torch.distributed.checkpoint's metadata classes: stand-ins for the allowlist reader, torch's own for DCP's reader
+DCP_METADATA_GLOBALS = (
+    "torch.distributed.checkpoint.metadata.Metadata",
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
+    "torch.distributed.checkpoint.metadata.TensorProperties",
+    "torch.distributed.checkpoint.metadata.MetadataIndex",
+    "torch.distributed.checkpoint.metadata.StorageMeta",
+    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+)
+
 # Framework classes read through inert stand-ins. Everything here is data only in real checkpoints.
 STUB_GLOBALS = {
     # DeepSpeed
@@ -507,15 +520,7 @@ STUB_GLOBALS = {
     "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
     "numpy.dtypes.UInt32DType", "numpy.dtypes.Float64DType", "numpy.dtypes.Int64DType",
     # torch.distributed.checkpoint metadata
-    "torch.distributed.checkpoint.metadata.Metadata",
-    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
-    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
-    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
-    "torch.distributed.checkpoint.metadata.TensorProperties",
-    "torch.distributed.checkpoint.metadata.MetadataIndex",
-    "torch.distributed.checkpoint.metadata.StorageMeta",
-    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
-    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    *DCP_METADATA_GLOBALS,
     "torch.distributed.checkpoint._extension.ExtensionRegistry",
     "torch.distributed.checkpoint.planner.WriteItemType",
     # FSDP LOCAL_STATE_DICT files hold ShardedTensors
@@ -670,15 +675,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 # DCP metadata classes torch's DCP reader needs as themselves (it reads their fields and methods): data-only
 # dataclasses and enums of torch's own, built by the C unpickler as NEWOBJ/REDUCE + BUILD.
 TORCH_METADATA_CLASSES = (
-    "torch.distributed.checkpoint.metadata.Metadata",
-    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
-    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
-    "torch.distributed.checkpoint.metadata.ChunkStorageMetadata",
-    "torch.distributed.checkpoint.metadata.TensorProperties",
-    "torch.distributed.checkpoint.metadata.MetadataIndex",
-    "torch.distributed.checkpoint.metadata.StorageMeta",
-    "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING",
-    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    *DCP_METADATA_GLOBALS,
     "torch.distributed.checkpoint.planner.SavePlan",
     "torch.distributed.checkpoint.planner.WriteItem",
     "torch.distributed.checkpoint.planner.WriteItemType",

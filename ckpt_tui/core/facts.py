@@ -180,7 +180,8 @@ class WeightIndexFacts(NodeFacts, total=False):
     """A weight index (``*.safetensors.index.json``, ``pytorch_model.bin.index.json``)."""
 
     tensor_count: int  # tensors its weight_map names
-    shard_files: list[str]  # the files its weight_map names
+    shard_files: list[str]  # the files its weight_map names (the first 1,024, each cut to 200 characters)
+    shard_files_total: int  # how many files it names, when the list above was cut
     total_size: int  # metadata.total_size
 
 

@@ -16,6 +16,7 @@ from .plain_files import bounded
 from .torch_save import fact_text
 
 MAX_INDEX_NAMES = 32  # names an index_* fact lists (each cut to torch_save.MAX_KEY_CHARS)
+MAX_SHARD_FILES = 1024  # files an index's shard_files lists (each cut as above; shard_files_total counts them)
 
 
 class SafetensorsFiles(FileFormat):
@@ -47,7 +48,10 @@ class SafetensorsFiles(FileFormat):
         wm = doc["weight_map"]
         f = cast(WeightIndexFacts, node.facts)
         f["tensor_count"] = len(wm)
-        f["shard_files"] = sorted({str(v) for v in wm.values()})
+        files = sorted({str(v) for v in wm.values()})
+        f["shard_files"] = [fact_text(x) for x in files[:MAX_SHARD_FILES]]
+        if len(files) > MAX_SHARD_FILES or any(len(x) > len(fact_text(x)) for x in files[:MAX_SHARD_FILES]):
+            f["shard_files_total"] = len(files)  # the list was cut: the folder check reads the index itself
         ts = (doc.get("metadata") or {}).get("total_size") if isinstance(doc.get("metadata"), dict) else None
         if ts is not None:
             f["total_size"] = ts
@@ -101,6 +105,11 @@ class HfModelFolder(FolderFormat):
         ic = idx[0]
         icf = cast(SafetensorsIndexFacts, ic.facts)
         wm_files = icf.get("shard_files") or []
+        if "shard_files_total" in icf:  # the fact was cut (a hostile index): the names in full, from the index
+            try:
+                wm_files = sorted({str(v) for v in stfmt.read_index(ic.abspath)["weight_map"].values()})
+            except (FormatError, OSError):
+                pass
         shards = [cast(SafetensorsFacts, c.facts) for c in node.children
                   if c.name in set(wm_files) and "param_count" in c.facts]
         if shards:

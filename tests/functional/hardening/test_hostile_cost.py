@@ -315,6 +315,29 @@ def test_safetensors_index_fact_names_are_bounded(real_ckpt, tmp_path):
     assert "index-mismatch" in {f.code for f in rep.findings} or rep.has_errors
 
 
+def test_an_index_naming_many_shard_files_has_bounded_facts_and_is_still_checked_in_full(real_ckpt, tmp_path):
+    """A real sharded model's index naming 5,000 more shard files (300-character names) that are not there: its
+    shard_files fact lists 1,024, each cut, with shard_files_total counting them; the folder check still reads the
+    names in full from the index (the real shards' facts are summed, the missing files found)."""
+    from ckpt_tui.core.formats.safetensors_file import MAX_SHARD_FILES
+
+    ck = tmp_path / "ck"
+    shutil.copytree(real_ckpt("hf-model-sharded"), ck)
+    want = inspect(real_ckpt("hf-model-sharded")).inventory.node("model.safetensors.index.json").facts
+    idx = ck / "model.safetensors.index.json"
+    doc = json.loads(idx.read_text())
+    doc["weight_map"].update({f"x{i:04d}": f"m{i:04d}" + "f" * 300 + ".safetensors" for i in range(5000)})
+    idx.write_text(json.dumps(doc))
+    rep = inspect(ck)
+    facts = rep.inventory.node("model.safetensors.index.json").facts
+    assert len(facts["shard_files"]) == MAX_SHARD_FILES and facts["shard_files_total"] == 5000 + len(want["shard_files"])
+    assert all(len(n) <= MAX_KEY_CHARS for n in facts["shard_files"])
+    assert len(json.dumps(facts)) <= MAX_SHARD_FILES * (MAX_KEY_CHARS + 4) + FACTS_CAP  # not 5,000 names of 312
+    assert facts["param_count"] == want["param_count"]  # the real shards, found by their full names
+    assert "index-mismatch" in {f.code for f in rep.findings}
+    assert "shard_files_total" not in want  # a real index: listed whole, no count
+
+
 def test_a_long_dcp_sharding_info_is_still_read_in_full(real_ckpt, tmp_path):
     """header_metadata quotes values cut, but a DCP-in-safetensors folder's DCP_SHARDING_INFO (over 1,024
     characters in any real model: one entry per tensor) is read from the header in full: the real fixture with its

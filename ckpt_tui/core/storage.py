@@ -75,7 +75,9 @@ def filesystem(protocol: str):
         opts = {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
                                   "retries": {"max_attempts": 1, "mode": "standard"}}}
     try:
-        fs = fsspec.filesystem(protocol, **opts)
+        # a new instance (fsspec's own cache is keyed by these options only: an instance made for an earlier
+        # AWS_ENDPOINT_URL in this process would be handed back, talking to that endpoint); one per process is ours
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
     except (ImportError, ValueError) as e:
         raise StorageError(f"{protocol}:// paths need an fsspec backend that is not installed ({e})") from None
     if hasattr(fs, "retries"):

@@ -283,7 +283,7 @@ def test_object_keys_that_leave_the_prefix_are_refused(hostile_s3, tmp_path, mon
         monkeypatch.setenv(k, v)
     from ckpt_tui.core import storage
 
-    storage._fs_cache.clear()
+    monkeypatch.setattr(storage, "_fs_cache", {})  # this server's filesystem, not left for later tests
     base = tmp_path / "tmp"
     base.mkdir()
     monkeypatch.setenv("TMPDIR", str(base))

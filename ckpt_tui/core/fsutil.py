@@ -83,20 +83,13 @@ def copy_new(src, dst) -> None:
     ``dst`` (see :func:`create_new`), fsynced."""
     # not O_NONBLOCK: an open that waits (a lease, a hierarchical store) must wait, not fail; the caller
     # checked that ``src`` is a regular file (a FIFO would block here)
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+    with os.fdopen(os.open(src, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)), "rb") as inp:
+        if not _stat.S_ISREG(os.fstat(inp.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(src))
         with os.fdopen(create_new(dst), "wb") as out:
-            while True:
-                data = os.read(fd, 1 << 20)
-                if not data:
-                    break
-                out.write(data)
+            shutil.copyfileobj(inp, out, 1 << 20)
             out.flush()
             os.fsync(out.fileno())
-    finally:
-        os.close(fd)
 
 
 def regular_inside(path, folder) -> Optional[str]:

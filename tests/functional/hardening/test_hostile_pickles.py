@@ -43,6 +43,16 @@ def cli(*args) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
+def exported(fixture: Path, tmp_path: Path) -> Path:
+    """A clean copy of ``fixture``'s checkpoint-2 exported (unverified) to ``tmp_path/o``: what verify compares a
+    hostile source with."""
+    clean = tmp_path / "clean"
+    shutil.copytree(fixture / "checkpoint-2", clean)
+    code, out = cli("export", clean, "--out", tmp_path / "o", "--no-verify")
+    assert code == 0, out
+    return tmp_path / "o"
+
+
 def refused(code: int, out: str, *words: str) -> bool:
     return code != 0 and "Traceback" not in out and all(w in out for w in words)
 
@@ -75,10 +85,7 @@ def test_hidden_dcp_payload_is_found_and_refused_by_every_command(dcp_hidden, ca
 
 
 def test_hidden_dcp_payload_never_reaches_dcp_loader_in_verify(dcp_hidden, real_ckpt, canary, tmp_path):
-    clean = tmp_path / "clean"
-    shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2", clean)
-    code, out = cli("export", clean, "--out", tmp_path / "o", "--no-verify")
-    assert code == 0, out
+    exported(real_ckpt("hf-fsdp1"), tmp_path)
     code, out = cli("verify", tmp_path / "o", "--against", dcp_hidden)
     assert refused(code, out, "unsafe-pickle"), out
     assert not canary.exists()
@@ -120,10 +127,7 @@ def test_two_data_pkl_is_refused_by_every_command(zip_two_pkl, canary, tmp_path)
 
 
 def test_two_data_pkl_never_reaches_torch_load_or_zero_to_fp32_in_verify(zip_two_pkl, real_ckpt, canary, tmp_path):
-    clean = tmp_path / "clean"
-    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", clean)
-    code, out = cli("export", clean, "--out", tmp_path / "o", "--no-verify")
-    assert code == 0, out
+    exported(real_ckpt("hf-ds-zero2"), tmp_path)
     for against in (zip_two_pkl["ds"], zip_two_pkl["single"]):
         code, out = cli("verify", tmp_path / "o", "--against", against)
         assert refused(code, out, "data.pkl"), out
@@ -167,10 +171,7 @@ def other_rank(real_ckpt, tmp_path, canary):
 
 
 def test_every_rank_file_is_screened_before_deepspeed_reads_it(other_rank, real_ckpt, canary, tmp_path):
-    clean = tmp_path / "clean"
-    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", clean)
-    code, out = cli("export", clean, "--out", tmp_path / "o", "--no-verify")
-    assert code == 0, out
+    exported(real_ckpt("hf-ds-zero2"), tmp_path)
     code, out = cli("verify", tmp_path / "o", "--against", other_rank)
     assert refused(code, out, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "open"), out
     assert not canary.exists()
@@ -420,10 +421,7 @@ def test_a_screen_that_missed_a_payload_is_caught_by_torchs_own_reader(ds_payloa
     refuses, no canary. DeepSpeed's zero_to_fp32 reads every file of the tag this way too."""
     from ckpt_tui.core.formats import pickles, screen
 
-    clean = tmp_path / "clean"
-    shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", clean)
-    code, out = cli("export", clean, "--out", tmp_path / "o", "--no-verify")
-    assert code == 0, out
+    exported(real_ckpt("hf-ds-zero2"), tmp_path)
     seeing = pickles.RestrictedUnpickler.find_class
 
     def blind(self, module, name):  # the first screen fails open: it reads the global and reports nothing

@@ -123,9 +123,9 @@ def _shared_dag(levels: int) -> bytes:
 
 
 PICKLES = {
-    "bytearray(2**31)": lambda: _call("builtins", "bytearray", _int(2 ** 31)),
-    "set(range(10**8))": lambda: _call("builtins", "set", _range(10 ** 8)),
-    "torch.Size(range(3*10**8))": lambda: _call("torch", "Size", _range(3 * 10 ** 8)),
+    "bytearray(2**31)": lambda: _call("builtins", "bytearray", _int(2**31)),
+    "set(range(10**8))": lambda: _call("builtins", "set", _range(10**8)),
+    "torch.Size(range(3*10**8))": lambda: _call("torch", "Size", _range(3 * 10**8)),
     "60 levels of shared dicts": lambda: _shared_dag(60),
 }
 
@@ -156,12 +156,29 @@ def _limit_as() -> None:
 
 def measure(path: Path, as_json: bool, env: dict, timeout: int, limit_as: bool = False) -> dict:
     """One ``/usr/bin/time -v ckpt-tui inspect`` run: wall and CPU seconds, peak RSS, exit code, output bytes."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "ckpt_tui", "inspect", str(path), *(["--json"] if as_json else [])]
+    cmd = [
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        "-m",
+        "ckpt_tui",
+        "inspect",
+        str(path),
+        *(["--json"] if as_json else []),
+    ]
     with tempfile.TemporaryFile() as out:
         try:
             # run from --pythonpath's tree: `python -m` puts the working folder first on sys.path, before PYTHONPATH
-            p = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, env=env, timeout=timeout,
-                               preexec_fn=_limit_as if limit_as else None, cwd=env.get("PYTHONPATH"))
+            p = subprocess.run(
+                cmd,
+                stdout=out,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                timeout=timeout,
+                preexec_fn=_limit_as if limit_as else None,
+                cwd=env.get("PYTHONPATH"),
+            )
         except subprocess.TimeoutExpired:
             return {"timeout": timeout}
         size = out.tell()
@@ -173,18 +190,26 @@ def measure(path: Path, as_json: bool, env: dict, timeout: int, limit_as: bool =
 
     h, _, rest = field("Elapsed (wall clock) time (h:mm:ss or m:ss)").rpartition(":")
     wall = float(rest) + sum(float(x) * 60 ** (i + 1) for i, x in enumerate(reversed(h.split(":"))) if x)
-    tail = [ln for ln in err.splitlines() if not ln.startswith("\t") and ln.strip()
-            and not ln.startswith("Command exited")]
-    return {"wall": wall, "cpu": float(field("User time (seconds)") or 0) + float(field("System time (seconds)") or 0),
-            "rss_mb": int(field("Maximum resident set size (kbytes)") or 0) / 1024, "rc": int(field("Exit status") or -1),
-            "out_bytes": size, "said": tail[-1][:120] if tail else ""}
+    tail = [
+        ln for ln in err.splitlines() if not ln.startswith("\t") and ln.strip() and not ln.startswith("Command exited")
+    ]
+    return {
+        "wall": wall,
+        "cpu": float(field("User time (seconds)") or 0) + float(field("System time (seconds)") or 0),
+        "rss_mb": int(field("Maximum resident set size (kbytes)") or 0) / 1024,
+        "rc": int(field("Exit status") or -1),
+        "out_bytes": size,
+        "said": tail[-1][:120] if tail else "",
+    }
 
 
 def _row(case: str, mode: str, r: dict) -> str:
     if "timeout" in r:
         return f"| {case} | {mode} | not done in {r['timeout']} s | | | | |"
-    return (f"| {case} | {mode} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['rss_mb']:.0f} | {r['rc']} | "
-            f"{_size(r['out_bytes'])}{' — ' + r['said'] if r['said'] else ''} |")
+    return (
+        f"| {case} | {mode} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['rss_mb']:.0f} | {r['rc']} | "
+        f"{_size(r['out_bytes'])}{' — ' + r['said'] if r['said'] else ''} |"
+    )
 
 
 def _size(n: int) -> str:
@@ -210,9 +235,13 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     cases = args.cases.split(",")
-    lines = [f"ckpt_tui from {args.pythonpath or 'this checkout'}; {platform.python_version()}, "
-             f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start", "",
-             "| case | inspect | wall s | CPU s | peak RSS MB | exit | output |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"ckpt_tui from {args.pythonpath or 'this checkout'}; {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at start",
+        "",
+        "| case | inspect | wall s | CPU s | peak RSS MB | exit | output |",
+        "|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
 
     flat_modes = tuple(m == "json" for m in args.modes.split(","))
@@ -220,8 +249,11 @@ def main(argv=None) -> int:
     def run(case: str, path: Path, modes=(True,), limit_as: bool = False, timeout: int = args.timeout) -> None:
         for as_json in modes:
             for _ in range(args.repeat):
-                row = _row(case, "--json" if as_json else "text",
-                           measure(path, as_json, env, min(timeout, args.timeout), limit_as))
+                row = _row(
+                    case,
+                    "--json" if as_json else "text",
+                    measure(path, as_json, env, min(timeout, args.timeout), limit_as),
+                )
                 lines.append(row)
                 print(row, flush=True)
 

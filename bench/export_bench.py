@@ -78,34 +78,89 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
     if kind == "dcp":
         m = ckpt / "pytorch_model_fsdp_0"
         t["accelerate merge-weights"] = ([_exe("accelerate"), "merge-weights", str(m), "{out}"], "dir")
-        t["dcp_to_torch"] = ([PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(m),
-                              "{out}.pt"], "file")
+        t["dcp_to_torch"] = (
+            [PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(m), "{out}.pt"],
+            "file",
+        )
         t["cp -r (floor)"] = (["cp", "-r", str(m), "{out}"], "dir")
         # split over processes (issue 14.1): 1GB shards so two ranks have files to share; each rank under its own
         # /usr/bin/time -v (torchrun --no-python) for its peak RSS
-        run2 = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--no-python",
-                "/usr/bin/time", "-v", PY, "-m", "ckpt_tui", "export", str(ckpt), "--out", "{out}",
-                "--max-shard-size", "1GB"]
+        run2 = [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "--no-python",
+            "/usr/bin/time",
+            "-v",
+            PY,
+            "-m",
+            "ckpt_tui",
+            "export",
+            str(ckpt),
+            "--out",
+            "{out}",
+            "--max-shard-size",
+            "1GB",
+        ]
         t["ours 1GB shards"] = (ours + ["--max-shard-size", "1GB", "--no-verify"], "dir")
         t["ours+verify 1GB shards"] = (ours + ["--max-shard-size", "1GB"], "dir")
         t["ours+verify 1GB --jobs 2"] = (ours + ["--max-shard-size", "1GB", "--jobs", "2"], "dir")
         t["ours 1GB torchrun 2 ranks"] = (run2 + ["--no-verify"], "dir")
         t["ours+verify 1GB torchrun 2 ranks"] = (run2, "dir")
-        t["torchrun start-up 2 ranks"] = ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                                           "2", "--no-python", "true"], "none")
-        t["ranks' import torch.distributed"] = ([PY, "-m", "torch.distributed.run", "--standalone",
-                                                 "--nproc_per_node", "2", "--no-python", PY, "-c",
-                                                 "import torch.distributed"], "none")
+        t["torchrun start-up 2 ranks"] = (
+            [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--no-python", "true"],
+            "none",
+        )
+        t["ranks' import torch.distributed"] = (
+            [
+                PY,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "--no-python",
+                PY,
+                "-c",
+                "import torch.distributed",
+            ],
+            "none",
+        )
         # what a rank loads before it works, now that it reaches the store without torch (issue 14)
-        t["ranks' import ckpt_tui export"] = ([PY, "-m", "torch.distributed.run", "--standalone",
-                                               "--nproc_per_node", "2", "--no-python", PY, "-c",
-                                               "import ckpt_tui.cli.export, ckpt_tui.core.export.api, "
-                                               "ckpt_tui.core.export.distributed"], "none")
+        t["ranks' import ckpt_tui export"] = (
+            [
+                PY,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "--no-python",
+                PY,
+                "-c",
+                "import ckpt_tui.cli.export, ckpt_tui.core.export.api, ckpt_tui.core.export.distributed",
+            ],
+            "none",
+        )
     elif kind == "dcp-optim":  # the optimizer state of an HF Trainer / Accelerate FSDP checkpoint (optimizer_0/)
-        t = {"ours optimizer": (ours + ["--component", "optimizer", "--no-verify"], "dir"),
-             "ours optimizer+verify": (ours + ["--component", "optimizer"], "dir"),
-             "dcp_to_torch": ([PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch",
-                               str(ckpt / "optimizer_0"), "{out}.pt"], "file")}
+        t = {
+            "ours optimizer": (ours + ["--component", "optimizer", "--no-verify"], "dir"),
+            "ours optimizer+verify": (ours + ["--component", "optimizer"], "dir"),
+            "dcp_to_torch": (
+                [
+                    PY,
+                    "-m",
+                    "torch.distributed.checkpoint.format_utils",
+                    "dcp_to_torch",
+                    str(ckpt / "optimizer_0"),
+                    "{out}.pt",
+                ],
+                "file",
+            ),
+        }
     else:
         t["zero_to_fp32"] = ([PY, str(ckpt / "zero_to_fp32.py"), str(ckpt), "{out}", "--safe_serialization"], "dir")
         # the optimizer state (fp32 masters, exp_avg, exp_avg_sq per parameter: 3x the fp32 model)
@@ -174,8 +229,14 @@ def main() -> None:
     args = ap.parse_args()
     if not Path("/usr/bin/time").exists():
         raise SystemExit("GNU time missing: apt-get install -y time")
-    env = dict(os.environ, PYTHONWARNINGS="ignore", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        PYTHONWARNINGS="ignore",
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     WORK.mkdir(parents=True, exist_ok=True)
     want_tools = set(args.tools.split(",")) if args.tools else None
 
@@ -211,14 +272,18 @@ def _med(r: dict, key: str) -> float:
 
 
 def render(results: list[dict], mach: dict, runs: int) -> str:
-    L = ["# ckpt-tui export vs peers", "",
-         f"Machine: {mach['nproc']} CPUs ({mach['cpu']}), {mach['ram_gb']} GB RAM, bench/out on {mach['fs']}; "
-         f"Python {mach['python']}, torch {mach['torch']}, deepspeed {mach['deepspeed']}, "
-         f"accelerate {mach['accelerate']}.",
-         f"Median of {runs} runs after one warm-up; page cache warm. `wall` = command; `+flush` = command + `sync` "
-         "(ours fsyncs itself, the peers do not). Ratio = tool / ours (ours = `--no-verify`).", "",
-         "| checkpoint | size | tool | wall s | +flush s | peak RSS MB | wall ratio | +flush ratio | output | MB/s |",
-         "|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    L = [
+        "# ckpt-tui export vs peers",
+        "",
+        f"Machine: {mach['nproc']} CPUs ({mach['cpu']}), {mach['ram_gb']} GB RAM, bench/out on {mach['fs']}; "
+        f"Python {mach['python']}, torch {mach['torch']}, deepspeed {mach['deepspeed']}, "
+        f"accelerate {mach['accelerate']}.",
+        f"Median of {runs} runs after one warm-up; page cache warm. `wall` = command; `+flush` = command + `sync` "
+        "(ours fsyncs itself, the peers do not). Ratio = tool / ours (ours = `--no-verify`).",
+        "",
+        "| checkpoint | size | tool | wall s | +flush s | peak RSS MB | wall ratio | +flush ratio | output | MB/s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     ours = {r["ckpt"]: r for r in results if r["tool"] == "ours"}
     for r in results:
         o = ours.get(r["ckpt"])
@@ -226,8 +291,10 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
         rss = statistics.median(x["rss_mb"] for x in r["runs"])
         wr = f"{w / _med(o, 'wall'):.2f}×" if o else "–"
         fr = f"{f / _med(o, 'flush'):.2f}×" if o else "–"
-        L.append(f"| {r['ckpt']} | {r['size'] / 1e9:.2f} GB | {r['tool']} | {w:.2f} | {f:.2f} | {rss:.0f} | "
-                 f"{wr} | {fr} | {r['runs'][0]['out_bytes'] / 1e9:.2f} GB | {r['runs'][0]['out_bytes'] / 1e6 / w:.0f} |")
+        L.append(
+            f"| {r['ckpt']} | {r['size'] / 1e9:.2f} GB | {r['tool']} | {w:.2f} | {f:.2f} | {rss:.0f} | "
+            f"{wr} | {fr} | {r['runs'][0]['out_bytes'] / 1e9:.2f} GB | {r['runs'][0]['out_bytes'] / 1e6 / w:.0f} |"
+        )
     L.append("")
     L.append("Under torchrun the peak RSS column is the launcher's; each rank's is in the split section below.")
 
@@ -236,8 +303,9 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
     for name, o in ours.items():
         v = next((r for r in results if r["ckpt"] == name and r["tool"] == "ours+verify"), None)
         if v:
-            L.append(f"- {name}: {_med(v, 'wall') - _med(o, 'wall'):+.2f} s "
-                     f"({_med(v, 'wall'):.2f} vs {_med(o, 'wall'):.2f})")
+            L.append(
+                f"- {name}: {_med(v, 'wall') - _med(o, 'wall'):+.2f} s ({_med(v, 'wall'):.2f} vs {_med(o, 'wall'):.2f})"
+            )
 
     # split over processes (issue 14.1)
     by = {(r["ckpt"], r["tool"]): r for r in results}
@@ -249,18 +317,28 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
         L += ["", f"Split over ranks, {name}, 1GB shards, with verification (median wall):", ""]
         s0 = _med(start, "wall") if start else 0.0
         net = _med(two, "wall") - s0
-        L.append(f"- 1 process {_med(one, 'wall'):.2f} s; torchrun 2 ranks {_med(two, 'wall'):.2f} s, minus the "
-                 f"launcher's start-up {s0:.2f} s = {net:.2f} s: {net / _med(one, 'wall'):.2f}× (target ≤ 0.7) "
-                 f"{'PASS' if net / _med(one, 'wall') <= 0.7 else 'MISS'}")
+        L.append(
+            f"- 1 process {_med(one, 'wall'):.2f} s; torchrun 2 ranks {_med(two, 'wall'):.2f} s, minus the "
+            f"launcher's start-up {s0:.2f} s = {net:.2f} s: {net / _med(one, 'wall'):.2f}× (target ≤ 0.7) "
+            f"{'PASS' if net / _med(one, 'wall') <= 0.7 else 'MISS'}"
+        )
         ranks = [x for r in two["runs"] for x in r["rank_rss_mb"]]
         if ranks:
-            L.append(f"- peak RSS per rank {min(ranks):.0f}–{max(ranks):.0f} MB "
-                     f"(launcher {max(x['rss_mb'] for x in two['runs']):.0f} MB)")
-        for tool in ("ours+verify 1GB --jobs 2", "ours 1GB shards", "ours 1GB torchrun 2 ranks",
-                     "ranks' import torch.distributed", "cp -r (floor)"):
+            L.append(
+                f"- peak RSS per rank {min(ranks):.0f}–{max(ranks):.0f} MB "
+                f"(launcher {max(x['rss_mb'] for x in two['runs']):.0f} MB)"
+            )
+        for tool in (
+            "ours+verify 1GB --jobs 2",
+            "ours 1GB shards",
+            "ours 1GB torchrun 2 ranks",
+            "ranks' import torch.distributed",
+            "cp -r (floor)",
+        ):
             if (name, tool) in by:
-                L.append(f"- {tool}: {_med(by[(name, tool)], 'wall'):.2f} s "
-                         f"(+flush {_med(by[(name, tool)], 'flush'):.2f} s)")
+                L.append(
+                    f"- {tool}: {_med(by[(name, tool)], 'wall'):.2f} s (+flush {_med(by[(name, tool)], 'flush'):.2f} s)"
+                )
 
     # targets
     L += ["", "Targets (issue):", ""]
@@ -271,8 +349,10 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
         if o and p:
             for key in ("wall", "flush"):
                 ratio = _med(o, key) / _med(p, key)
-                L.append(f"- {name} {key}: ours / {peer} = {ratio:.2f} (target ≤ {limit}) "
-                         f"{'PASS' if ratio <= limit else 'MISS'}")
+                L.append(
+                    f"- {name} {key}: ours / {peer} = {ratio:.2f} (target ≤ {limit}) "
+                    f"{'PASS' if ratio <= limit else 'MISS'}"
+                )
     rss = [(r["ckpt"], r["tool"], max(x["rss_mb"] for x in r["runs"])) for r in results if r["tool"].startswith("ours")]
     for name, tool, mx in rss:
         L.append(f"- {name} {tool} peak RSS {mx:.0f} MB (target ≤ 400) {'PASS' if mx <= 400 else 'MISS'}")

@@ -37,8 +37,11 @@ def make(path: Path, n: int) -> Path:
     pos = 0
     for i in range(n):
         size = 1 + i % 3
-        header[f"model.layers.{i // 8}.w{i % 8}.weight"] = {"dtype": "F32", "shape": [size],
-                                                            "data_offsets": [pos, pos + 4 * size]}
+        header[f"model.layers.{i // 8}.w{i % 8}.weight"] = {
+            "dtype": "F32",
+            "shape": [size],
+            "data_offsets": [pos, pos + 4 * size],
+        }
         pos += 4 * size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)

@@ -111,8 +111,10 @@ def _wall_rss(cmd: list[str], runs: int) -> tuple[float, float, list[float]]:
     return statistics.median(walls), statistics.median(rss), walls
 
 
-_PLAIN_PICKLE = ("import pickle, sys, torch.distributed.checkpoint.filesystem\n"
-                 "with open(sys.argv[1], 'rb') as f:\n    md = pickle.load(f)\n")
+_PLAIN_PICKLE = (
+    "import pickle, sys, torch.distributed.checkpoint.filesystem\n"
+    "with open(sys.argv[1], 'rb') as f:\n    md = pickle.load(f)\n"
+)
 
 
 def bench_405b(runs: int) -> list[str]:
@@ -171,8 +173,10 @@ def machine() -> str:
         mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
-    return (f"{os.cpu_count()} CPUs (nproc), {model}{mem}; {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}")
+    return (
+        f"{os.cpu_count()} CPUs (nproc), {model}{mem}; {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}"
+    )
 
 
 def _fmt_s(x: float) -> str:
@@ -198,8 +202,12 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", default=str(OUT / "scale"), help="where the synthetic layout is (built if absent)")
     ap.add_argument("--rebuild", action="store_true")
     ap.add_argument("--only-405b", action="store_true", help="only the llama-405B-shaped DCP section")
-    ap.add_argument("--with-405b", action="store_true", help="add the llama-405B-shaped DCP section "
-                    "(builds bench/out/scale405b once: ~1.5 min, ~3 GB of memory, 193 MB on disk)")
+    ap.add_argument(
+        "--with-405b",
+        action="store_true",
+        help="add the llama-405B-shaped DCP section "
+        "(builds bench/out/scale405b once: ~1.5 min, ~3 GB of memory, 193 MB on disk)",
+    )
     a = ap.parse_args(argv)
     if a.only_405b:
         text = "\n".join(bench_405b(a.runs))
@@ -239,8 +247,9 @@ def main(argv=None) -> int:
     rows1.append(("`python -c 'pass'` (interpreter floor)", t, "-"))
 
     t_insp, all_insp = _wall(cli + ["inspect", str(ckpt), "--json"], n)
-    p = subprocess.run([PY, "-c", _IO_PROBE, json.dumps(["inspect", str(ckpt), "--json"])],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [PY, "-c", _IO_PROBE, json.dumps(["inspect", str(ckpt), "--json"])], capture_output=True, text=True
+    )
     if p.returncode != 0:
         raise RuntimeError(f"I/O probe failed: {p.stderr[-3000:]}")
     io = json.loads(p.stdout.strip().splitlines()[-1])

@@ -118,10 +118,17 @@ def make(root: Path, ranks: int = 1024, layers: int = 126, *, force: bool = Fals
         for fqn, offs, sizes in plan:
             sdm[fqn].chunks.append(ChunkStorageMetadata(offsets=offs, sizes=sizes))
     for r in range(ranks):
-        res = pickle.loads(pickle.dumps([
-            (MetadataIndex(fqn=fqn, offset=torch.Size(o), index=idx),
-             _StorageInfo(relative_path=name, offset=off, length=length))
-            for fqn, o, idx, name, off, length in results[r]]))
+        res = pickle.loads(
+            pickle.dumps(
+                [
+                    (
+                        MetadataIndex(fqn=fqn, offset=torch.Size(o), index=idx),
+                        _StorageInfo(relative_path=name, offset=off, length=length),
+                    )
+                    for fqn, o, idx, name, off, length in results[r]
+                ]
+            )
+        )
         storage_data.update(res)
     del plans, results
     md = Metadata(state_dict_metadata=sdm, planner_data={fqn: (fqn,) for fqn, _ in tensors})
@@ -140,9 +147,13 @@ def make(root: Path, ranks: int = 1024, layers: int = 126, *, force: bool = Fals
 
 def describe(d: Path) -> dict:
     shards = sorted(d.glob("*.distcp"))
-    return {"path": str(d), "metadata_bytes": (d / ".metadata").stat().st_size, "shard_files": len(shards),
-            "declared_bytes": sum(p.stat().st_size for p in shards),
-            "allocated_bytes": sum(p.stat().st_blocks * 512 for p in d.iterdir())}
+    return {
+        "path": str(d),
+        "metadata_bytes": (d / ".metadata").stat().st_size,
+        "shard_files": len(shards),
+        "declared_bytes": sum(p.stat().st_size for p in shards),
+        "allocated_bytes": sum(p.stat().st_blocks * 512 for p in d.iterdir()),
+    }
 
 
 def main(argv=None) -> int:
@@ -160,10 +171,13 @@ def main(argv=None) -> int:
     print(json.dumps(info, indent=2))
     if a.check:
         from torch.distributed.checkpoint import FileSystemReader
+
         md = FileSystemReader(str(d)).read_metadata()
-        print(f"torch FileSystemReader: {len(md.state_dict_metadata)} tensors, "
-              f"{sum(len(m.chunks) for m in md.state_dict_metadata.values())} chunks, "
-              f"{len(md.storage_data)} storage entries, version {md.version}")
+        print(
+            f"torch FileSystemReader: {len(md.state_dict_metadata)} tensors, "
+            f"{sum(len(m.chunks) for m in md.state_dict_metadata.values())} chunks, "
+            f"{len(md.storage_data)} storage entries, version {md.version}"
+        )
     return 0
 
 

@@ -173,9 +173,21 @@ def build(name: str, data: Path) -> Path:
     if d.exists():
         shutil.rmtree(d)
     d.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).resolve()), "--worker", name, str(d)]
+    env = dict(
+        os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(Path(__file__).resolve()),
+        "--worker",
+        name,
+        str(d),
+    ]
     t = time.perf_counter()
     print(f"[make_big] {name}: {' '.join(cmd[2:])}", flush=True)
     rc = subprocess.run(cmd, env=env).returncode

@@ -70,9 +70,18 @@ def main() -> int:
                     _, wall, rss = timed([*exe, "export", url, "--out", str(out), *extra], server.env)
                     names = sorted(p.name for p in local.iterdir())
                     same = names == sorted(p.name for p in out.iterdir()) and all(
-                        filecmp.cmp(local / n, out / n, shallow=False) for n in names)
-                    rows.append((name, size, label, wall, rss, "bit-identical to the local export" if same
-                                 else "DIFFERS from the local export"))
+                        filecmp.cmp(local / n, out / n, shallow=False) for n in names
+                    )
+                    rows.append(
+                        (
+                            name,
+                            size,
+                            label,
+                            wall,
+                            rss,
+                            "bit-identical to the local export" if same else "DIFFERS from the local export",
+                        )
+                    )
                     shutil.rmtree(out)
                 shutil.rmtree(local)
         finally:

@@ -43,6 +43,7 @@ def _shapes(target_bytes: int, ranks: int, layers: Optional[int]) -> list[tuple[
     Few, large tensors (5 per layer) keep ``.metadata`` (which has ranks entries per tensor)
     at a few MB. Pass ``layers`` to fix the tensor count; the hidden size then scales.
     """
+
     def r(x: int) -> int:  # round up to a multiple of ranks
         return max(ranks, -(-x // ranks) * ranks)
 
@@ -82,8 +83,9 @@ def _shapes(target_bytes: int, ranks: int, layers: Optional[int]) -> list[tuple[
     return out
 
 
-def make_scale_layout(root: Path, ranks: int = 1024, target_bytes: int = 1 << 40, *,
-                      layers: Optional[int] = None, step: int = 1000) -> Path:
+def make_scale_layout(
+    root: Path, ranks: int = 1024, target_bytes: int = 1 << 40, *, layers: Optional[int] = None, step: int = 1000
+) -> Path:
     """Write ``root/checkpoint-{step}`` (see module doc) and return its path."""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -120,10 +122,12 @@ def make_scale_layout(root: Path, ranks: int = 1024, target_bytes: int = 1 << 40
             offsets = torch.Size((rank * rows, *([0] * len(rest))))
             chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=chunk_sizes))
             storage_data[MetadataIndex(fqn=fqn, offset=offsets)] = _StorageInfo(
-                relative_path=file_names[rank], offset=file_sizes[rank], length=length)
+                relative_path=file_names[rank], offset=file_sizes[rank], length=length
+            )
             file_sizes[rank] += length
         sdm[fqn] = TensorStorageMetadata(
-            properties=TensorProperties(dtype=torch.bfloat16), size=torch.Size(shape), chunks=chunks)
+            properties=TensorProperties(dtype=torch.bfloat16), size=torch.Size(shape), chunks=chunks
+        )
 
     md = Metadata(state_dict_metadata=sdm, planner_data=planner_data)
     # FileSystemWriter.finish: version, storage_data, storage_meta, then pickle.dump
@@ -139,10 +143,20 @@ def make_scale_layout(root: Path, ranks: int = 1024, target_bytes: int = 1 << 40
         with open(model_dir / name, "wb") as f:
             os.truncate(f.fileno(), size)
 
-    (ckpt / "trainer_state.json").write_text(json.dumps({
-        "global_step": step, "epoch": 1.0, "max_steps": 10 * step, "log_history": [],
-        "best_metric": None, "best_model_checkpoint": None, "is_world_process_zero": True,
-    }, indent=2))
+    (ckpt / "trainer_state.json").write_text(
+        json.dumps(
+            {
+                "global_step": step,
+                "epoch": 1.0,
+                "max_steps": 10 * step,
+                "log_history": [],
+                "best_metric": None,
+                "best_model_checkpoint": None,
+                "is_world_process_zero": True,
+            },
+            indent=2,
+        )
+    )
     return ckpt
 
 
@@ -171,9 +185,12 @@ def main(argv=None) -> int:
     print(json.dumps(info, indent=2))
     if a.check:
         from torch.distributed.checkpoint import FileSystemReader
+
         md = FileSystemReader(str(ckpt / "pytorch_model_fsdp_0")).read_metadata()
-        print(f"torch FileSystemReader: {len(md.state_dict_metadata)} tensors, "
-              f"{len(md.storage_data)} storage entries, version {md.version}")
+        print(
+            f"torch FileSystemReader: {len(md.state_dict_metadata)} tensors, "
+            f"{len(md.storage_data)} storage entries, version {md.version}"
+        )
     return 0
 
 

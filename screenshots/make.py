@@ -32,8 +32,11 @@ SIZE = (80, 24)  # the target terminal; `--size 100x30` to try another
 if "--size" in sys.argv:
     SIZE = tuple(int(v) for v in sys.argv[sys.argv.index("--size") + 1].split("x"))  # type: ignore[assignment]
 # 80x24 (the target) in screenshots/, 120x40 (a common SSH window) in screenshots/120x40/, others in /tmp
-HERE_OUT = HERE if SIZE == (80, 24) else (HERE / "120x40" if SIZE == (120, 40)
-                                          else Path(f"/tmp/ckpt-tui-shots/{SIZE[0]}x{SIZE[1]}"))
+HERE_OUT = (
+    HERE
+    if SIZE == (80, 24)
+    else (HERE / "120x40" if SIZE == (120, 40) else Path(f"/tmp/ckpt-tui-shots/{SIZE[0]}x{SIZE[1]}"))
+)
 
 
 def fresh_copy(src: Path, dest: Path) -> Path:

@@ -1,4 +1,5 @@
 """Shared pytest fixtures: real checkpoints written by the real frameworks (see tests/fixtures.py)."""
+
 from __future__ import annotations
 
 import shutil

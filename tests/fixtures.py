@@ -10,6 +10,7 @@ covering its generator's code (samples.group_hash), so a new or changed group re
 Each group is generated into a temp folder and os.replace'd into place under a file lock.
 The cached folders are shared: copy before modifying (real_ckpt_copy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -122,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         group_path(g, on_line=on_line)
         dt = time.perf_counter() - t0
         total += dt
-        print(f"{g:18} {len(samples.GROUPS[g].variants):2} variants  {dt:6.1f} s{'  (cached)' if cached else ''}",
-              flush=True)
+        print(
+            f"{g:18} {len(samples.GROUPS[g].variants):2} variants  {dt:6.1f} s{'  (cached)' if cached else ''}",
+            flush=True,
+        )
     print(f"{'total':18} {'':12} {total:6.1f} s")
     return 0
 

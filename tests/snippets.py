@@ -24,12 +24,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # fixture -> (architecture, attribute the model sits under in the object `model` names, or None)
-TINYLM = ("ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-fp32", "ds-zero1-frozen", "ds-zero2-frozen",
-          "ds-zero3-frozen", "ds-zero2-3ranks", "ds-zero3-3ranks", "universal", "universal-zero2", "fsdp1-dcp",
-          "fsdp2-dcp", "dcp-mixed", "fsdp-full", "dcp-ranklocal", "dcp-safetensors", "dcp-fs-safetensors",
-          "accelerate-save-state", "plain-pt", "plain-pt-optim", "plain-pt-optim-groups", "demo",
-          # Lightning: the default export strips the LightningModule's `model.`, so `model` is what it holds
-          "lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp", "lightning-file-optim")
+TINYLM = (
+    "ds-zero1-bf16",
+    "ds-zero2-bf16",
+    "ds-zero3-bf16",
+    "ds-zero2-fp32",
+    "ds-zero1-frozen",
+    "ds-zero2-frozen",
+    "ds-zero3-frozen",
+    "ds-zero2-3ranks",
+    "ds-zero3-3ranks",
+    "universal",
+    "universal-zero2",
+    "fsdp1-dcp",
+    "fsdp2-dcp",
+    "dcp-mixed",
+    "fsdp-full",
+    "dcp-ranklocal",
+    "dcp-safetensors",
+    "dcp-fs-safetensors",
+    "accelerate-save-state",
+    "plain-pt",
+    "plain-pt-optim",
+    "plain-pt-optim-groups",
+    "demo",
+    # Lightning: the default export strips the LightningModule's `model.`, so `model` is what it holds
+    "lightning-ds-zero2",
+    "lightning-ds-zero3",
+    "lightning-fsdp",
+    "lightning-file-optim",
+)
 LLAMA = ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-fsdp1", "hf-fsdp2", "hf-model-sharded", "hf-model-bin")
 MODELS: dict[str, tuple[str, str | None]] = {
     **{f: ("tinylm", None) for f in TINYLM},
@@ -50,7 +74,7 @@ MODELS: dict[str, tuple[str, str | None]] = {
     "lightning-file-two": ("tinylm+head", None),  # self.model = TinyLM(); self.head = nn.Linear(64, 8)
 }
 
-_RUNNER = r'''
+_RUNNER = r"""
 import ast, json, os, sys
 import torch
 from torch import nn
@@ -125,7 +149,7 @@ for case in json.loads(sys.stdin.read()):
         "unequal": sorted(k for k, v in exported.items() if k in sd and not torch.equal(sd[k], v.to(sd[k].dtype))),
     })
 print(json.dumps(results))
-'''
+"""
 
 
 def snippet_after(stdout: str, marker: str = "Load it with:") -> str:
@@ -154,14 +178,21 @@ def run_load_snippets(cases: list[tuple], allow_missing: dict[int, set[str]] | N
             wrap = case[3]
         payload.append({"snippet": snippet, "cwd": str(cwd), "arch": arch, "wrap": wrap})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(payload), capture_output=True, text=True,
-                       timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", _RUNNER], input=json.dumps(payload), capture_output=True, text=True, timeout=600, env=env
+    )
     assert r.returncode == 0, f"the snippet failed:\n{r.stderr[-4000:]}\n--- snippets ---\n" + "\n---\n".join(
-        p["snippet"] for p in payload)
+        p["snippet"] for p in payload
+    )
     reports = json.loads(r.stdout.strip().splitlines()[-1])
-    bad = [(case[2], rep) for i, (case, rep) in enumerate(zip(cases, reports))
-           if rep["unexpected"] or set(rep["missing"]) != allow_missing.get(i, set()) or rep["unequal"]
-           or not rep["exported"]]
+    bad = [
+        (case[2], rep)
+        for i, (case, rep) in enumerate(zip(cases, reports))
+        if rep["unexpected"]
+        or set(rep["missing"]) != allow_missing.get(i, set())
+        or rep["unequal"]
+        or not rep["exported"]
+    ]
     assert not bad, "snippets that did not load the export:\n" + "\n".join(f"{f}: {rep}" for f, rep in bad)
     return reports
 

@@ -29,8 +29,7 @@ class Tmux:
         self._tmux(*args, shell, check=True)
 
     def _tmux(self, *args: str, check: bool = False) -> str:
-        return subprocess.run(["tmux", "-L", self.name, *args], capture_output=True, text=True,
-                              check=check).stdout
+        return subprocess.run(["tmux", "-L", self.name, *args], capture_output=True, text=True, check=check).stdout
 
     def keys(self, *keys: str) -> None:
         for k in keys:

@@ -15,9 +15,23 @@ def torchrun(script, *args, nproc: int = 2, cwd=None, timeout: int = 400) -> lis
     ``RESULT {...}`` lines (asserting it succeeded)."""
     from ckpt_tui.samples import launch_env
 
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                        str(script), *map(str, args)], capture_output=True, text=True, env=launch_env(),
-                       timeout=timeout, cwd=cwd)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            str(script),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+        timeout=timeout,
+        cwd=cwd,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return [json.loads(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
 
@@ -87,8 +101,9 @@ class FileLease:
         while not self.blocked():
             if proc is not None and proc.poll() is not None:
                 err = proc.stderr.read() if getattr(proc, "stderr", None) else ""
-                raise AssertionError(f"the process ended (exit {proc.returncode}) before it opened "
-                                     f"{self.path.name}: {err}")
+                raise AssertionError(
+                    f"the process ended (exit {proc.returncode}) before it opened {self.path.name}: {err}"
+                )
             if time.monotonic() > end:
                 raise AssertionError(f"nothing opened {self.path.name} within {timeout:.0f} s")
             time.sleep(0.01)
@@ -130,8 +145,9 @@ def freeze(proc, timeout: float = 60.0) -> None:
 def ckpt_tui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The installed `ckpt-tui` command on this checkout (PYTHONPATH), run in ``cwd``."""
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(
+        os.environ, PYTHONPATH=str(root), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
     return subprocess.run(["ckpt-tui", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 

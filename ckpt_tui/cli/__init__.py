@@ -41,10 +41,26 @@ class _Group(click.Group):
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(cls=_Group, context_settings=CONTEXT, invoke_without_command=True,
-             subcommand_metavar="[PATH | COMMAND [ARGS]]",
-             commands=[help_cmd, inspect_cmd, open_cmd, tensors_cmd, demo_cmd, export_cmd, verify_cmd, diff_cmd,
-                       stats_cmd, universal_cmd, convert_cmd, fix_cmd])
+@click.group(
+    cls=_Group,
+    context_settings=CONTEXT,
+    invoke_without_command=True,
+    subcommand_metavar="[PATH | COMMAND [ARGS]]",
+    commands=[
+        help_cmd,
+        inspect_cmd,
+        open_cmd,
+        tensors_cmd,
+        demo_cmd,
+        export_cmd,
+        verify_cmd,
+        diff_cmd,
+        stats_cmd,
+        universal_cmd,
+        convert_cmd,
+        fix_cmd,
+    ],
+)
 @click.version_option(__version__, "--version", "-V", prog_name="ckpt-tui")
 @click.option("--debug", is_flag=True, help="Show a traceback when something fails (for bug reports).")
 @click.pass_context
@@ -97,7 +113,8 @@ def main(argv=None) -> None:
             raise
         from ..core.safetext import visible
 
-        click.echo(visible(f"ckpt-tui: internal error: {type(e).__name__}: {e} (run with --debug for details)"),
-                   err=True)
+        click.echo(
+            visible(f"ckpt-tui: internal error: {type(e).__name__}: {e} (run with --debug for details)"), err=True
+        )
         sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_OK)

@@ -17,16 +17,32 @@ from .output import conversion_plan, echo, emit_json, local_only, run_core
 
 @click.command("convert", short_help="Carry a DeepSpeed ZeRO run over to torch FSDP2/DDP (torch DCP).")
 @path_argument("src")
-@click.option("--to", "to", type=click.Choice(["torch-dcp"]), required=True,
-              help="The target format. torch-dcp: a torch.distributed.checkpoint folder that FSDP2 "
-                   "(fully_shard) and DDP runs load at any world size.")
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(["torch-dcp"]),
+    required=True,
+    help="The target format. torch-dcp: a torch.distributed.checkpoint folder that FSDP2 "
+    "(fully_shard) and DDP runs load at any world size.",
+)
 @path_option("--out", "out", required=True, help="Output folder. Must not exist or be empty, and not be inside SRC.")
-@click.option("--tag", default=None, help="DeepSpeed tag folder to convert instead of the one `latest` names "
-                                          "(needed when `latest` names no tag folder).")
-@click.option("--strip-prefix", default=None, metavar="PREFIX",
-              help="Remove PREFIX from every parameter name (e.g. `model.`), so the names match the model you load into.")
-@click.option("--keep-prefix", is_flag=True,
-              help="Keep a Lightning module's attribute prefix (stripped by default, as `export` does).")
+@click.option(
+    "--tag",
+    default=None,
+    help="DeepSpeed tag folder to convert instead of the one `latest` names "
+    "(needed when `latest` names no tag folder).",
+)
+@click.option(
+    "--strip-prefix",
+    default=None,
+    metavar="PREFIX",
+    help="Remove PREFIX from every parameter name (e.g. `model.`), so the names match the model you load into.",
+)
+@click.option(
+    "--keep-prefix",
+    is_flag=True,
+    help="Keep a Lightning module's attribute prefix (stripped by default, as `export` does).",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be done and write nothing.")
 @json_option("Print the plan or the result as one JSON document.")
 def convert_cmd(src, to, out, tag, strip_prefix, keep_prefix, dry_run, as_json):
@@ -55,16 +71,24 @@ def convert_cmd(src, to, out, tag, strip_prefix, keep_prefix, dry_run, as_json):
     local_only(src, "convert")
     from ..core.convert.torch_dcp import TorchDcpError, convert_to_torch_dcp, torch_dcp_plan
 
-    plan = conversion_plan(lambda: torch_dcp_plan(src, out, tag=tag, strip_prefix=strip_prefix,
-                                                  keep_prefix=keep_prefix),
-                           TorchDcpError, dry_run=dry_run, as_json=as_json)
-    res = run_core(lambda **kw: convert_to_torch_dcp(plan, **kw), as_json=as_json,
-                   cleanup="the partial output was removed, the source is untouched")
+    plan = conversion_plan(
+        lambda: torch_dcp_plan(src, out, tag=tag, strip_prefix=strip_prefix, keep_prefix=keep_prefix),
+        TorchDcpError,
+        dry_run=dry_run,
+        as_json=as_json,
+    )
+    res = run_core(
+        lambda **kw: convert_to_torch_dcp(plan, **kw),
+        as_json=as_json,
+        cleanup="the partial output was removed, the source is untouched",
+    )
     if as_json:
         emit_json({"result": res.to_json()})
         sys.exit(EXIT_OK)
-    echo(f"Wrote {plan.shown(res.out)} ({res.tensors} tensors, {res.files} files) in {res.seconds:.1f} s — "
-         "verified ✓ (read back with torch's dcp.load, bit-exact vs the source)")
+    echo(
+        f"Wrote {plan.shown(res.out)} ({res.tensors} tensors, {res.files} files) in {res.seconds:.1f} s — "
+        "verified ✓ (read back with torch's dcp.load, bit-exact vs the source)"
+    )
     echo("")
     echo(res.instructions)
     sys.exit(EXIT_OK)

@@ -13,8 +13,12 @@ from .output import fail, inspect_or_fail, print_report
 
 
 @click.command("demo", short_help="Build a real demo run once, then open it.")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Build it here instead of ~/.cache/ckpt-tui/demo.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Build it here instead of ~/.cache/ckpt-tui/demo.",
+)
 @click.option("--no-open", is_flag=True, help="Print the inspection instead of opening the TUI.")
 @click.option("--rebuild", is_flag=True, help="Build it again even if it is already there.")
 @click.option("--clean", is_flag=True, help="Remove the demo folder and stop.")
@@ -55,23 +59,26 @@ def demo_cmd(ctx, out, no_open, rebuild, clean):
         sys.exit(EXIT_OK)
 
     if demo_is_built(target) and not rebuild:
-        click.echo(f"Using the demo run built earlier in {target} "
-                   "(`ckpt-tui demo --clean` removes it).", err=True)
+        click.echo(f"Using the demo run built earlier in {target} (`ckpt-tui demo --clean` removes it).", err=True)
     else:
         t0 = time.monotonic()
 
         def step(msg: str) -> None:
             click.echo(f"  {time.monotonic() - t0:5.1f} s  {msg}", err=True)
 
-        click.echo(f"Building the demo run in {target}: real torch FSDP and DeepSpeed training on 2 CPU ranks, "
-                   "once (later runs reuse it).", err=True)
+        click.echo(
+            f"Building the demo run in {target}: real torch FSDP and DeepSpeed training on 2 CPU ranks, "
+            "once (later runs reuse it).",
+            err=True,
+        )
         step("starting 2 ranks with torchrun (each imports torch and DeepSpeed)")
         log = log_file("demo")
         with open(log, "w", encoding="utf-8") as lf:
+
             def on_line(line: str) -> None:  # the frameworks' chatter goes to the log, our steps to the user
                 lf.write(line + "\n")
                 if line.startswith(STEP_PREFIX):
-                    step(line[len(STEP_PREFIX):])
+                    step(line[len(STEP_PREFIX) :])
 
             try:
                 build_demo(target, on_line=on_line)

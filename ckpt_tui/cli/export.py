@@ -14,37 +14,80 @@ from .output import echo, emit_json, fail, run_core
 @click.command("export", short_help="Export the model weights to safetensors.")
 @path_argument("src")
 @path_option("--out", "out", required=True, help="Output folder (created; must be empty unless --overwrite).")
-@click.option("--dtype", type=click.Choice(["keep", "fp32", "bf16", "fp16"]), default="keep", show_default=True,
-              help="Output dtype of floating-point tensors. keep = as stored (DeepSpeed: the fp32 masters).")
-@click.option("--max-shard-size", default="50GB", show_default=True,
-              help="Split into model-0000k-of-0000n.safetensors + index above this size (as save_pretrained).")
+@click.option(
+    "--dtype",
+    type=click.Choice(["keep", "fp32", "bf16", "fp16"]),
+    default="keep",
+    show_default=True,
+    help="Output dtype of floating-point tensors. keep = as stored (DeepSpeed: the fp32 masters).",
+)
+@click.option(
+    "--max-shard-size",
+    default="50GB",
+    show_default=True,
+    help="Split into model-0000k-of-0000n.safetensors + index above this size (as save_pretrained).",
+)
 @click.option("--jobs", type=int, default=1, show_default=True, help="Write output shards in N parallel threads.")
-@click.option("--tag", default=None, help="DeepSpeed tag folder to export instead of the one `latest` names "
-                                          "(needed when `latest` names no tag folder).")
-@click.option("--from-module-states", is_flag=True,
-              help="DeepSpeed ZeRO-1/2: export the module weights of mp_rank_00_model_states.pt (training dtype, "
-                   "bf16/fp16: NOT the fp32 masters), for when an optimizer-states file is missing or corrupt.")
-@click.option("--component", type=click.Choice(["model", "optimizer"]), default="model", show_default=True,
-              help="The role to export: optimizer writes the Adam state per parameter (optimizer.safetensors: "
-                   "<name>.exp_avg, .exp_avg_sq, and .master where the run kept fp32 masters apart) and "
-                   "optimizer_config.json (step, param groups) of DeepSpeed ZeRO-1/2/3 tags, torch DCP optimizer "
-                   "folders (HF Trainer/Accelerate FSDP optimizer_0/, FSDP2 get_state_dict, torchtitan, Lightning "
-                   "FSDP) and torch files with an optimizer state dict (Lightning .ckpt, torch.save, Accelerate "
-                   "optimizer.bin); other sources: not supported yet.")
+@click.option(
+    "--tag",
+    default=None,
+    help="DeepSpeed tag folder to export instead of the one `latest` names (needed when `latest` names no tag folder).",
+)
+@click.option(
+    "--from-module-states",
+    is_flag=True,
+    help="DeepSpeed ZeRO-1/2: export the module weights of mp_rank_00_model_states.pt (training dtype, "
+    "bf16/fp16: NOT the fp32 masters), for when an optimizer-states file is missing or corrupt.",
+)
+@click.option(
+    "--component",
+    type=click.Choice(["model", "optimizer"]),
+    default="model",
+    show_default=True,
+    help="The role to export: optimizer writes the Adam state per parameter (optimizer.safetensors: "
+    "<name>.exp_avg, .exp_avg_sq, and .master where the run kept fp32 masters apart) and "
+    "optimizer_config.json (step, param groups) of DeepSpeed ZeRO-1/2/3 tags, torch DCP optimizer "
+    "folders (HF Trainer/Accelerate FSDP optimizer_0/, FSDP2 get_state_dict, torchtitan, Lightning "
+    "FSDP) and torch files with an optimizer state dict (Lightning .ckpt, torch.save, Accelerate "
+    "optimizer.bin); other sources: not supported yet.",
+)
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
-@click.option("--keep-prefix", is_flag=True,
-              help="Keep the LightningModule attribute prefix ('model.') that a Lightning export strips by default.")
-@path_option("--config", "config", default=None,
-             help="config.json (or a folder with config/tokenizer files) to copy into the output.")
+@click.option(
+    "--keep-prefix",
+    is_flag=True,
+    help="Keep the LightningModule attribute prefix ('model.') that a Lightning export strips by default.",
+)
+@path_option(
+    "--config",
+    "config",
+    default=None,
+    help="config.json (or a folder with config/tokenizer files) to copy into the output.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan (files, tensors, bytes) and write nothing.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder (atomically, at the end).")
 @click.option("--no-verify", is_flag=True, help="Skip re-reading every tensor and comparing it with the source.")
 @trust_pickles_option("Load pickles that name code outside the allowlist.")
 @json_option("Print the plan or the result as one JSON document.")
-def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, component, exclude_frozen,
-               strip_prefix, keep_prefix, config, dry_run,
-               overwrite, no_verify, trust_pickles, as_json):
+def export_cmd(
+    src,
+    out,
+    dtype,
+    max_shard_size,
+    jobs,
+    tag,
+    from_module_states,
+    component,
+    exclude_frozen,
+    strip_prefix,
+    keep_prefix,
+    config,
+    dry_run,
+    overwrite,
+    no_verify,
+    trust_pickles,
+    as_json,
+):
     """Export the model weights of SRC to safetensors in OUT, ready to load.
 
     SRC may be the checkpoint folder (checkpoint-2000/: the model component is
@@ -89,16 +132,43 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
     except ExportError as e:
         fail(str(e), EXIT_USAGE)
     if launch is not None and not dry_run:
-        _export_rank(launch, src, out, jobs, overwrite, no_verify, as_json,
-                     dict(dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                          strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
-                          trust_pickles=trust_pickles, from_module_states=from_module_states, component=component))
+        _export_rank(
+            launch,
+            src,
+            out,
+            jobs,
+            overwrite,
+            no_verify,
+            as_json,
+            dict(
+                dtype=dtype,
+                max_shard_size=max_shard_size,
+                exclude_frozen=exclude_frozen,
+                strip_prefix=strip_prefix,
+                keep_prefix=keep_prefix,
+                config=config,
+                tag=tag,
+                trust_pickles=trust_pickles,
+                from_module_states=from_module_states,
+                component=component,
+            ),
+        )
     quiet = launch is not None and launch.rank != 0  # a dry run under a launcher: rank 0 prints it
     try:
-        plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                                 strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
-                                 trust_pickles=trust_pickles, from_module_states=from_module_states,
-                                 component=component)
+        plan, said = plan_export(
+            src,
+            out,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            exclude_frozen=exclude_frozen,
+            strip_prefix=strip_prefix,
+            keep_prefix=keep_prefix,
+            config=config,
+            tag=tag,
+            trust_pickles=trust_pickles,
+            from_module_states=from_module_states,
+            component=component,
+        )
     except ScanError as e:
         fail(str(e), EXIT_USAGE)
     except (ExportError, FileNotFoundError, ValueError) as e:
@@ -113,8 +183,11 @@ def export_cmd(src, out, dtype, max_shard_size, jobs, tag, from_module_states, c
         else:
             echo(plan.to_plan().describe())
         sys.exit(EXIT_OK)
-    res = run_core(lambda **kw: execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw),
-                   as_json=as_json, cleanup="the partial output was removed, the source is untouched")
+    res = run_core(
+        lambda **kw: execute(plan, jobs=jobs, overwrite=overwrite, verify=not no_verify, **kw),
+        as_json=as_json,
+        cleanup="the partial output was removed, the source is untouched",
+    )
     _report(res, said, out, as_json)
 
 
@@ -126,12 +199,17 @@ def _report(res, said, out, as_json) -> None:
     if as_json:
         emit_json({"result": res.to_json()})
         sys.exit(EXIT_OK)
-    ver = {True: "verified ✓ (every tensor re-read and compared bit-exact)", False: "verification FAILED",
-           None: "not verified (--no-verify)"}[res.verified]
+    ver = {
+        True: "verified ✓ (every tensor re-read and compared bit-exact)",
+        False: "verification FAILED",
+        None: "not verified (--no-verify)",
+    }[res.verified]
     # an optimizer export's tensors are per-parameter states: their elements are not the model's parameters
     unit = "values" if res.files and all(f.startswith("optimizer") for f in res.files) else "params"
-    echo(f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
-         f"{param_count(res.params)} {unit} to {shell_path(out)} in {res.seconds:.1f} s — {ver}")
+    echo(
+        f"Wrote {len(res.files)} file(s), {naturalsize(res.bytes)}, {res.tensors} tensors, "
+        f"{param_count(res.params)} {unit} to {shell_path(out)} in {res.seconds:.1f} s — {ver}"
+    )
     for n in res.notes:
         if not n.startswith(("the model is", "exporting the newest", "exporting the optimizer state of")):
             echo(f"  note: {n}")
@@ -177,13 +255,13 @@ def _export_rank(launch, src, out, jobs, overwrite, no_verify, as_json, options)
 
     def run(**kw):
         try:
-            return execute_distributed(plan, group, jobs=jobs, overwrite=overwrite, verify=not no_verify,
-                                       dead_after=dead_after, **kw)
+            return execute_distributed(
+                plan, group, jobs=jobs, overwrite=overwrite, verify=not no_verify, dead_after=dead_after, **kw
+            )
         except ExportError as e:
             raise ExportError(f"rank {rank}: {e}") from None
 
-    res = run_core(run, as_json=as_json or rank != 0,
-                   cleanup="the partial output was removed, the source is untouched")
+    res = run_core(run, as_json=as_json or rank != 0, cleanup="the partial output was removed, the source is untouched")
     if rank == 0:
         _report(res, said, out, as_json)
     sys.exit(EXIT_OK)
@@ -207,15 +285,22 @@ def verify_cmd(out, against, strip_prefix, keep_prefix, trust_pickles, as_json):
 
     if keep_prefix and strip_prefix:
         fail("--keep-prefix and --strip-prefix contradict each other; give one", EXIT_USAGE)
-    res = run_core(lambda **kw: verify(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix,
-                                       keep_prefix=keep_prefix, **kw),
-                   as_json=as_json, unit="files", label="verifying")
+    res = run_core(
+        lambda **kw: verify(
+            out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix, keep_prefix=keep_prefix, **kw
+        ),
+        as_json=as_json,
+        unit="files",
+        label="verifying",
+    )
     if as_json:
         emit_json({"result": res.to_json()})
     else:
         mark = "✓" if res.ok else "✖"
-        echo(f"{mark} {res.compared} tensors compared with {res.reference}: "
-             f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export")
+        echo(
+            f"{mark} {res.compared} tensors compared with {res.reference}: "
+            f"{len(res.mismatches)} mismatched, {len(res.missing_in_output)} missing from the export"
+        )
         if res.note:
             echo(f"  note: {res.note}")
         for n in res.mismatches[:20]:
@@ -223,8 +308,10 @@ def verify_cmd(out, against, strip_prefix, keep_prefix, trust_pickles, as_json):
         for n in res.missing_in_output[:20]:
             echo(f"  missing: {n}")
         if res.not_in_reference:
-            echo(f"  {len(res.not_in_reference)} exported tensor(s) the reference does not produce "
-                 f"(e.g. {res.not_in_reference[0]}): not checked")
+            echo(
+                f"  {len(res.not_in_reference)} exported tensor(s) the reference does not produce "
+                f"(e.g. {res.not_in_reference[0]}): not checked"
+            )
     sys.exit(EXIT_OK if res.ok else EXIT_FINDINGS)
 
 
@@ -248,12 +335,16 @@ def diff_cmd(a, b, trust_pickles, as_json):
             echo(f"+ only in B: {n}")
         for c in res.changed:
             echo(f"~ {c['name']}: {c['a']['dtype']}{c['a']['shape']} -> {c['b']['dtype']}{c['b']['shape']}")
-        diffs = sorted(((v, k) for k, v in res.max_abs.items() if v != 0), reverse=True, key=lambda x: (x[0] == x[0], x[0]))
+        diffs = sorted(
+            ((v, k) for k, v in res.max_abs.items() if v != 0), reverse=True, key=lambda x: (x[0] == x[0], x[0])
+        )
         for v, k in diffs[:30]:
             echo(f"≠ {k}: max |a-b| = {v:.6g}")
         same = sum(1 for v in res.max_abs.values() if v == 0)
-        echo(f"{same} identical, {len(diffs)} differ, {len(res.only_a)} only in A, {len(res.only_b)} only in B, "
-             f"{len(res.changed)} shape/dtype changes")
+        echo(
+            f"{same} identical, {len(diffs)} differ, {len(res.only_a)} only in A, {len(res.only_b)} only in B, "
+            f"{len(res.changed)} shape/dtype changes"
+        )
     sys.exit(EXIT_OK if res.identical else EXIT_FINDINGS)
 
 
@@ -282,8 +373,17 @@ def stats_cmd(path, trust_pickles, as_json):
         fmt = lambda v: "" if v is None else f"{v:.4g}"
         for r in rows:
             style = "red" if (r.nan or r.inf) else None
-            table.add_row(Text(visible(r.name)), Text(visible(r.dtype)), fmt(r.min), fmt(r.max), fmt(r.mean), fmt(r.std), str(r.nan), str(r.inf),
-                          style=style)
+            table.add_row(
+                Text(visible(r.name)),
+                Text(visible(r.dtype)),
+                fmt(r.min),
+                fmt(r.max),
+                fmt(r.mean),
+                fmt(r.std),
+                str(r.nan),
+                str(r.inf),
+                style=style,
+            )
         Console(soft_wrap=False).print(table)
         echo(f"{len(rows)} tensors; {len(bad)} with NaN or Inf" + (f" (first: {bad[0].name})" if bad else ""))
     sys.exit(EXIT_FINDINGS if bad else EXIT_OK)

@@ -21,8 +21,13 @@ def _interactive() -> bool:
 
 @click.command("fix", short_help="Repair what inspect flags, with a backup and a dry run.")
 @path_argument()
-@click.option("--only", "only", default=None, metavar="ID",
-              help="Apply only this fix id (universal-info, latest, dcp-metadata) or finding code.")
+@click.option(
+    "--only",
+    "only",
+    default=None,
+    metavar="ID",
+    help="Apply only this fix id (universal-info, latest, dcp-metadata) or finding code.",
+)
 @click.option("--dry-run", is_flag=True, help="Print exactly what each repair would change; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed without a terminal).")
 @json_option("One JSON document (schema_version 1).")
@@ -61,8 +66,10 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
                 fail(f"unknown fix id {only!r}; ids: {', '.join(sorted(known))}", EXIT_USAGE)
         applicable = [r for r in reps if r.can_apply]
         if not dry_run and applicable and not yes and not _interactive():
-            fail("no terminal to ask for confirmation: pass --yes to apply the repairs (or --dry-run to see "
-                  "them)", EXIT_USAGE)
+            fail(
+                "no terminal to ask for confirmation: pass --yes to apply the repairs (or --dry-run to see them)",
+                EXIT_USAGE,
+            )
         results = []
         for r in reps:
             if not as_json:
@@ -94,20 +101,33 @@ def fix_cmd(path, only, dry_run, yes, as_json, trust_pickles):
         others = [f for f in errors if only not in (f.code, f.fix)]
         errors = [f for f in errors if only in (f.code, f.fix)]
         if others and not as_json:
-            echo(f"ckpt-tui: {len(others)} other error(s) remain in {after.inventory.shown()} (not "
-                 f"addressed by --only {only}): see `ckpt-tui inspect {after.inventory.shown()}`", err=True)
+            echo(
+                f"ckpt-tui: {len(others)} other error(s) remain in {after.inventory.shown()} (not "
+                f"addressed by --only {only}): see `ckpt-tui inspect {after.inventory.shown()}`",
+                err=True,
+            )
     if dry_run:  # what would remain: the errors no listed repair can fix
         fixed = {(r.code, r.path) for r in reps if r.can_apply}
         errors = [f for f in errors if (f.code, f.path) not in fixed]
         failed = any(not r.can_apply for r in reps)
     if as_json:
-        emit_json({"path": str(after.inventory.path), "dry_run": dry_run, "repairs": [r.to_json() for r in reps],
-                   "results": [x.to_json() for x in results], "findings": [f.to_json() for f in after.findings]},
-                  ensure_ascii=False)
+        emit_json(
+            {
+                "path": str(after.inventory.path),
+                "dry_run": dry_run,
+                "repairs": [r.to_json() for r in reps],
+                "results": [x.to_json() for x in results],
+                "findings": [f.to_json() for f in after.findings],
+            },
+            ensure_ascii=False,
+        )
     else:
         if not reps:
             echo("ckpt-tui: nothing to repair" + (f" for {only}" if only else ""), err=True)
         for f in errors:
-            echo(f"ckpt-tui: {'would still be' if dry_run else 'still'} an error: {f.code} at "
-                 f"{after.inventory.shown(f.path)}", err=True)
+            echo(
+                f"ckpt-tui: {'would still be' if dry_run else 'still'} an error: {f.code} at "
+                f"{after.inventory.shown(f.path)}",
+                err=True,
+            )
     sys.exit(EXIT_FINDINGS if failed or errors else EXIT_OK)

@@ -116,13 +116,16 @@ def tensors_cmd(path, as_json, limit):
     for t in rows:
         dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
         # every cell from the header as a Text: a str cell is Rich markup
-        table.add_row(Text(visible(t.name)), Text(visible(shape_text(t.shape))), Text(visible(dtype)),
-                      naturalsize(t.nbytes))
+        table.add_row(
+            Text(visible(t.name)), Text(visible(shape_text(t.shape))), Text(visible(dtype)), naturalsize(t.nbytes)
+        )
     Console(soft_wrap=False).print(table)
     total = sum(t.nbytes for t in rows)
     click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")
     upcast = [t for t in rows if t.upcast_from]
     if upcast:
-        echo(f"{len(upcast)} frozen tensor(s) have no fp32 master: listed in the dtype an export writes with "
-             f"--dtype keep, upcast from the {short_dtype(upcast[0].upcast_from)} they are stored in")
+        echo(
+            f"{len(upcast)} frozen tensor(s) have no fp32 master: listed in the dtype an export writes with "
+            f"--dtype keep, upcast from the {short_dtype(upcast[0].upcast_from)} they are stored in"
+        )
     sys.exit(EXIT_OK)

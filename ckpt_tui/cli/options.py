@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
-TRUST_PICKLES_HELP = ("Treat pickles that name code outside the allowlist as trusted (info, not error). "
-                      "Only for checkpoints whose origin you trust.")
+TRUST_PICKLES_HELP = (
+    "Treat pickles that name code outside the allowlist as trusted (info, not error). "
+    "Only for checkpoints whose origin you trust."
+)
 
 
 def json_option(help: str = "One JSON document."):

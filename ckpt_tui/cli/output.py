@@ -45,8 +45,11 @@ def local_only(path: str, command: str) -> None:
     from ..core.storage import is_url
 
     if is_url(path):
-        fail(f"{path}: `ckpt-tui {command}` works on a checkpoint on local disk (it writes beside it); "
-             "copy it to a local folder first", EXIT_USAGE)
+        fail(
+            f"{path}: `ckpt-tui {command}` works on a checkpoint on local disk (it writes beside it); "
+            "copy it to a local folder first",
+            EXIT_USAGE,
+        )
 
 
 def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
@@ -69,8 +72,12 @@ def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
     was = gc.isenabled()
     gc.disable()
     try:
-        write_json({"schema_version": SCHEMA_VERSION, **doc}, lambda piece: click.echo(json_safe(piece), nl=False),
-                   indent=indent, ensure_ascii=ensure_ascii)
+        write_json(
+            {"schema_version": SCHEMA_VERSION, **doc},
+            lambda piece: click.echo(json_safe(piece), nl=False),
+            indent=indent,
+            ensure_ascii=ensure_ascii,
+        )
         click.echo()
     finally:
         if was:
@@ -229,7 +236,7 @@ def print_report(rep, show_all: bool) -> None:
             # one line (its label has the summary); only what has a finding is listed below it
             for c in n.walk():
                 if c is not n and c.path in by_path:
-                    tree.add(f"{label(c)} [dim]{esc(c.path[len(n.path) + 1:] if n.path != '.' else c.path)}[/]")
+                    tree.add(f"{label(c)} [dim]{esc(c.path[len(n.path) + 1 :] if n.path != '.' else c.path)}[/]")
             nparams = n.facts.get("param_folders", 0)
             tree.add(f"[dim]{nparams} parameter folder{'s' if nparams != 1 else ''} in zero/; --all lists them[/]")
             return
@@ -269,8 +276,15 @@ def print_report(rep, show_all: bool) -> None:
             message = Text(visible(f.message, lines=True))  # plain text: never markup
             if f.fix:
                 message.append(f"  (fix: {visible(f.fix)})", style="dim")
-            batch.append(Text.assemble((f"{GLYPH[f.severity]} {f.severity:7s}", SEVERITY_COLOR[f.severity]), " ",
-                                       (visible(f.code), "bold"), " ", (visible(inv.shown(f.path)), "dim")))
+            batch.append(
+                Text.assemble(
+                    (f"{GLYPH[f.severity]} {f.severity:7s}", SEVERITY_COLOR[f.severity]),
+                    " ",
+                    (visible(f.code), "bold"),
+                    " ",
+                    (visible(inv.shown(f.path)), "dim"),
+                )
+            )
             batch.append(Padding(message, (0, 0, 0, 4), expand=False))
             if i % 256 == 0 or i == len(rep.findings):
                 con.print(Group(*batch))

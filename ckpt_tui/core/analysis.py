@@ -50,7 +50,7 @@ def _chunks(t: SourceTensor):
     if t.ranges is None:
         flat = to_torch(t).reshape(-1)
         for i in range(0, flat.numel(), CHUNK_ELEMS):
-            yield flat[i:i + CHUNK_ELEMS].to(torch.float64)
+            yield flat[i : i + CHUNK_ELEMS].to(torch.float64)
         return
     from .dtypes import ITEMSIZE
 
@@ -164,12 +164,22 @@ def diff(a, b, *, trust_pickles=False, on_progress: Optional[OnProgress] = None,
         check_cancel(cancel)
         x, y = ta[n], tb[n]
         if x.shape != y.shape:
-            res.changed.append({"name": n, "a": {"shape": list(x.shape), "dtype": x.dtype},
-                                "b": {"shape": list(y.shape), "dtype": y.dtype}})
+            res.changed.append(
+                {
+                    "name": n,
+                    "a": {"shape": list(x.shape), "dtype": x.dtype},
+                    "b": {"shape": list(y.shape), "dtype": y.dtype},
+                }
+            )
             continue
         if x.dtype != y.dtype:
-            res.changed.append({"name": n, "a": {"shape": list(x.shape), "dtype": x.dtype},
-                                "b": {"shape": list(y.shape), "dtype": y.dtype}})
+            res.changed.append(
+                {
+                    "name": n,
+                    "a": {"shape": list(x.shape), "dtype": x.dtype},
+                    "b": {"shape": list(y.shape), "dtype": y.dtype},
+                }
+            )
         m = 0.0
         for ca, cb in zip(_fixed_chunks(x), _fixed_chunks(y)):
             d = (ca - cb).abs()

@@ -56,10 +56,16 @@ def diagnose(inv: Inventory) -> list[Finding]:
     finally:
         _MEMO.reset(token)
     if inv.layout == "unknown" and not any(f.severity == "error" for f in out):
-        out.append(Finding("not-a-checkpoint", "error", ".",
-                           f"{inv.shown()} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
-                           "DeepSpeed model/optim states, no safetensors or torch state dict. Point ckpt-tui at a "
-                           "checkpoint folder (e.g. checkpoint-2000/) or a run folder that holds them."))
+        out.append(
+            Finding(
+                "not-a-checkpoint",
+                "error",
+                ".",
+                f"{inv.shown()} is not a checkpoint ckpt-tui recognises: no DCP .metadata/.distcp, no "
+                "DeepSpeed model/optim states, no safetensors or torch state dict. Point ckpt-tui at a "
+                "checkpoint folder (e.g. checkpoint-2000/) or a run folder that holds them.",
+            )
+        )
     if is_url(inv.given):  # object storage: repairs, universal and convert write beside the checkpoint
         out = [_read_only(f) for f in out]
     out.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
@@ -93,22 +99,48 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
     p = n.path
     where = f"`{inv.shown(p)}`"
     if f.get("special"):
-        out.append(Finding("special-file", "warning", p, f"{where} is a {f['special']}, not a file; it was skipped "
-                           "without being opened."))
+        out.append(
+            Finding(
+                "special-file",
+                "warning",
+                p,
+                f"{where} is a {f['special']}, not a file; it was skipped without being opened.",
+            )
+        )
     if n.format == "leftover":
         out.append(_leftover_finding(inv, n))
     kind = f.get("error_kind")
     if kind:
         msg = f.get("error", "")
         if kind == "truncated":
-            out.append(Finding("file-truncated", "error", p, f"{where} is truncated: {msg}. Copy it again from the "
-                               "source or fall back to an earlier complete checkpoint." + _sibling_hint(inv, n)))
+            out.append(
+                Finding(
+                    "file-truncated",
+                    "error",
+                    p,
+                    f"{where} is truncated: {msg}. Copy it again from the "
+                    "source or fall back to an earlier complete checkpoint." + _sibling_hint(inv, n),
+                )
+            )
         elif kind == "corrupt":
-            out.append(Finding("file-corrupt", "error", p, f"{where} is corrupt: {msg}. Copy it again from the "
-                               "source or fall back to an earlier complete checkpoint." + _sibling_hint(inv, n)))
+            out.append(
+                Finding(
+                    "file-corrupt",
+                    "error",
+                    p,
+                    f"{where} is corrupt: {msg}. Copy it again from the "
+                    "source or fall back to an earlier complete checkpoint." + _sibling_hint(inv, n),
+                )
+            )
         elif kind == "permission":
-            out.append(Finding("unreadable", "error", p, f"{where}: {msg}. Check its owner and mode (`ls -l`), or "
-                               "run as a user who can read it."))
+            out.append(
+                Finding(
+                    "unreadable",
+                    "error",
+                    p,
+                    f"{where}: {msg}. Check its owner and mode (`ls -l`), or run as a user who can read it.",
+                )
+            )
         elif kind in ("loop", "broken-link"):
             out.append(Finding("unreadable", "warning", p, f"{where}: {msg}."))
         elif kind in ("too-deep", "too-many", "too-large", "unreadable"):
@@ -116,9 +148,16 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
     if f.get("unsafe_globals"):
         g = ", ".join(f["unsafe_globals"][:6])
         sev = "info" if inv.trust_pickles else "error"
-        out.append(Finding("unsafe-pickle", sev, p, f"{where} is a pickle that names code outside ckpt-tui's allowlist "
-                           f"({g}). Loading it would run that code; ckpt-tui read it without running anything. "
-                           "If you trust where it came from, pass --trust-pickles."))
+        out.append(
+            Finding(
+                "unsafe-pickle",
+                sev,
+                p,
+                f"{where} is a pickle that names code outside ckpt-tui's allowlist "
+                f"({g}). Loading it would run that code; ckpt-tui read it without running anything. "
+                "If you trust where it came from, pass --trust-pickles.",
+            )
+        )
     if n.format == "dcp":
         out.extend(_dcp_findings(inv, n))
     elif n.format == "deepspeed-zero":
@@ -127,9 +166,16 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
         out.extend(_verl_findings(inv, n))
     elif n.format == "deepspeed-universal":
         if f.get("incomplete_params"):
-            out.append(Finding("shard-missing", "error", p, f"universal checkpoint `{inv.shown(p, slash=True)}` has "
-                               f"parameter folders without fp32.pt: {', '.join(f['incomplete_params'][:6])}. The "
-                               "conversion was interrupted; run it again."))
+            out.append(
+                Finding(
+                    "shard-missing",
+                    "error",
+                    p,
+                    f"universal checkpoint `{inv.shown(p, slash=True)}` has "
+                    f"parameter folders without fp32.pt: {', '.join(f['incomplete_params'][:6])}. The "
+                    "conversion was interrupted; run it again.",
+                )
+            )
     if n.is_dir:
         out.extend(_dir_findings(inv, n))
     if n.role == "marker" and not n.is_dir:
@@ -137,20 +183,40 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
     if not n.is_dir and n.role in ("model",) and n.format in ("safetensors", "torch-zip"):
         dts = [d for d in f.get("dtypes") or [] if d.startswith(("float", "bfloat"))]
         if len(dts) > 1:
-            out.append(Finding("mixed-dtypes", "info", p, f"{where} mixes floating dtypes ({', '.join(dts)}); an "
-                               "export must keep them as stored or cast deliberately."))
+            out.append(
+                Finding(
+                    "mixed-dtypes",
+                    "info",
+                    p,
+                    f"{where} mixes floating dtypes ({', '.join(dts)}); an "
+                    "export must keep them as stored or cast deliberately.",
+                )
+            )
         if f.get("tied"):
             pairs = "; ".join(" = ".join(t) for t in f["tied"][:3])
             export = _export_command(inv, p)
-            out.append(Finding("tied-weights", "info", p, f"{where} holds tensors that share storage ({pairs}). "
-                               "safetensors refuses shared tensors (\"Some tensors share memory\"): write each tied "
-                               f"tensor once, as transformers' save_pretrained does (`{export}` does).", "export",
-                               export))
+            out.append(
+                Finding(
+                    "tied-weights",
+                    "info",
+                    p,
+                    f"{where} holds tensors that share storage ({pairs}). "
+                    'safetensors refuses shared tensors ("Some tensors share memory"): write each tied '
+                    f"tensor once, as transformers' save_pretrained does (`{export}` does).",
+                    "export",
+                    export,
+                )
+            )
     return out
 
 
-_LEFTOVER_WHAT = {"temp-folder": "temp folder", "staging-folder": "staging folder", "old-output": "old output folder",
-                  "lock": "lock file", "temp-file": "temp file"}
+_LEFTOVER_WHAT = {
+    "temp-folder": "temp folder",
+    "staging-folder": "staging folder",
+    "old-output": "old output folder",
+    "lock": "lock file",
+    "temp-file": "temp file",
+}
 
 
 def _leftover_finding(inv: Inventory, n: Node) -> Finding:
@@ -166,8 +232,13 @@ def _leftover_finding(inv: Inventory, n: Node) -> Finding:
     size = naturalsize(n.size) + (f", {files:,} file{'s' if files != 1 else ''}" if n.is_dir else "")
     parent = p.rsplit("/", 1)[0] if "/" in p else "."
     if f.get("leftover_held"):
-        return Finding("leftover-temp", "info", p, f"{where} is the {what} of a {command} still running ({size}; it "
-                       "holds its lock): leave it, it goes when that run ends.")
+        return Finding(
+            "leftover-temp",
+            "info",
+            p,
+            f"{where} is the {what} of a {command} still running ({size}; it "
+            "holds its lock): leave it, it goes when that run ends.",
+        )
     if command == "ckpt-tui export":
         out = f.get("leftover_out", "")
         nxt = f"the next ckpt-tui export into {shell_path(inv.given, f'{parent}/{out}' if parent != '.' else out)}"
@@ -177,12 +248,22 @@ def _leftover_finding(inv: Inventory, n: Node) -> Finding:
         nxt = f"the next {command} writing its output in {shell_path(inv.given, parent)}"
     if f.get("leftover_restores"):
         back = shell_path(inv.given, f"{parent}/{f['leftover_restores']}" if parent != "." else f["leftover_restores"])
-        return Finding("leftover-temp", "warning", p, f"{where} is the previous output an --overwrite was replacing "
-                       f"when it was killed ({size}), and {back} is gone: {nxt} renames it back, or do it now: "
-                       f"`mv -- {shell_path(inv.given, p)} {back}`.")
+        return Finding(
+            "leftover-temp",
+            "warning",
+            p,
+            f"{where} is the previous output an --overwrite was replacing "
+            f"when it was killed ({size}), and {back} is gone: {nxt} renames it back, or do it now: "
+            f"`mv -- {shell_path(inv.given, p)} {back}`.",
+        )
     rm = f"rm -rf -- {shell_path(inv.given, p)}" if n.is_dir else f"rm -- {shell_path(inv.given, p)}"
-    return Finding("leftover-temp", "warning", p, f"{where} is a {what} a killed {command} left ({size}); "
-                   f"{'its partial files were' if n.is_dir else 'it was'} not read. {nxt[0].upper()}{nxt[1:]} sweeps it, or remove it now: `{rm}`.")
+    return Finding(
+        "leftover-temp",
+        "warning",
+        p,
+        f"{where} is a {what} a killed {command} left ({size}); "
+        f"{'its partial files were' if n.is_dir else 'it was'} not read. {nxt[0].upper()}{nxt[1:]} sweeps it, or remove it now: `{rm}`.",
+    )
 
 
 def _export_command(inv: Inventory, rel: str) -> str:
@@ -261,50 +342,89 @@ def _dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
         ranks = f.get("ranks_present") or []
         tmp = n.child(".metadata.tmp") is not None
         cmd = f"ckpt-tui fix {inv.shown(p)} --only dcp-metadata" if tmp else None
-        out.append(Finding("dcp-metadata-missing", "error", p,
-                           f"`{inv.shown(p, slash=True)}` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks "
-                           f"{_ranks(ranks)}) but no .metadata: the save was interrupted before rank 0 wrote it (or "
-                           ".metadata exists only on another node's disk). Nothing can load this folder; copy .metadata "
-                           "from the node that wrote it, or use an earlier complete checkpoint." + _sibling_hint(inv, n)
-                           + (f" A complete .metadata.tmp may survive (the final rename was interrupted): `{cmd}`."
-                              if tmp else ""),
-                           "dcp-metadata" if tmp else None, cmd))
+        out.append(
+            Finding(
+                "dcp-metadata-missing",
+                "error",
+                p,
+                f"`{inv.shown(p, slash=True)}` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks "
+                f"{_ranks(ranks)}) but no .metadata: the save was interrupted before rank 0 wrote it (or "
+                ".metadata exists only on another node's disk). Nothing can load this folder; copy .metadata "
+                "from the node that wrote it, or use an earlier complete checkpoint."
+                + _sibling_hint(inv, n)
+                + (
+                    f" A complete .metadata.tmp may survive (the final rename was interrupted): `{cmd}`." if tmp else ""
+                ),
+                "dcp-metadata" if tmp else None,
+                cmd,
+            )
+        )
     if f.get("missing_files"):
         miss = f["missing_files"]
-        out.append(Finding("shard-missing", "error", p,
-                           f"`{inv.shown(p + '/.metadata')}` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
-                           "Copy them from the nodes that wrote them (each rank writes its own); without them the "
-                           "tensors they hold cannot be loaded."))
+        out.append(
+            Finding(
+                "shard-missing",
+                "error",
+                p,
+                f"`{inv.shown(p + '/.metadata')}` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
+                "Copy them from the nodes that wrote them (each rank writes its own); without them the "
+                "tensors they hold cannot be loaded.",
+            )
+        )
     meta = f"`{inv.shown(p + '/' + ((f.get('metadata_files') or ['.metadata'])[0]))}`"
     if f.get("chunk_gaps"):
         names = ", ".join(f["chunk_gaps"])
-        out.append(Finding("dcp-chunk-gap", "error", p,
-                           f"{meta} gives tensors chunks that leave part of them unwritten ({names}): no file holds "
-                           "those values, and torch's DCP loader would leave them as whatever memory held. A rank's "
-                           "chunk records are missing from the metadata; use an earlier complete checkpoint."
-                           + _sibling_hint(inv, n)))
+        out.append(
+            Finding(
+                "dcp-chunk-gap",
+                "error",
+                p,
+                f"{meta} gives tensors chunks that leave part of them unwritten ({names}): no file holds "
+                "those values, and torch's DCP loader would leave them as whatever memory held. A rank's "
+                "chunk records are missing from the metadata; use an earlier complete checkpoint."
+                + _sibling_hint(inv, n),
+            )
+        )
     if f.get("chunk_overlaps"):
         names = ", ".join(f["chunk_overlaps"])
-        out.append(Finding("dcp-chunk-overlap", "warning", p,
-                           f"{meta} gives tensors chunks that overlap ({names}): two records hold the same "
-                           "elements, and which one a load keeps is the loader's order. ckpt-tui exports them as "
-                           "torch's DCP loader reads them; compare the result with what you expect."))
+        out.append(
+            Finding(
+                "dcp-chunk-overlap",
+                "warning",
+                p,
+                f"{meta} gives tensors chunks that overlap ({names}): two records hold the same "
+                "elements, and which one a load keeps is the loader's order. ckpt-tui exports them as "
+                "torch's DCP loader reads them; compare the result with what you expect.",
+            )
+        )
     lost = _megatron_files_missing(inv, n)
     if lost:
         them = "it" if len(lost) == 1 else "them"
-        out.append(Finding("megatron-files-missing", "error", p,
-                           f"`{inv.shown(p, slash=True)}` is a Megatron-Core torch_dist checkpoint without "
-                           f"{' and '.join(lost)}: rank 0 writes {them} beside .metadata, and megatron's "
-                           "dist_checkpointing.load refuses the folder without "
-                           f"{them} (metadata.json says it is a distributed checkpoint; common.pt holds the "
-                           "iteration, the args and every non-tensor state). Copy "
-                           f"{them} from rank 0's node, or use an earlier complete checkpoint."))
+        out.append(
+            Finding(
+                "megatron-files-missing",
+                "error",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a Megatron-Core torch_dist checkpoint without "
+                f"{' and '.join(lost)}: rank 0 writes {them} beside .metadata, and megatron's "
+                "dist_checkpointing.load refuses the folder without "
+                f"{them} (metadata.json says it is a distributed checkpoint; common.pt holds the "
+                "iteration, the args and every non-tensor state). Copy "
+                f"{them} from rank 0's node, or use an earlier complete checkpoint.",
+            )
+        )
     if f.get("unreferenced_files"):
         extra = f["unreferenced_files"]
-        out.append(Finding("world-size-mismatch", "warning", p,
-                           f"`{inv.shown(p, slash=True)}` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
-                           "left over from a save with a different world size. They are ignored on load; remove "
-                           "them to avoid confusion."))
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "warning",
+                p,
+                f"`{inv.shown(p, slash=True)}` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
+                "left over from a save with a different world size. They are ignored on load; remove "
+                "them to avoid confusion.",
+            )
+        )
     return out
 
 
@@ -317,23 +437,41 @@ def _verl_findings(inv: Inventory, n: Node) -> list[Finding]:
     world = f.get("world_size")
     if f.get("missing_files"):
         miss = f["missing_files"]
-        out.append(Finding("shard-missing", "error", p,
-                           f"{where} lacks {len(miss)} rank file(s) of its world size {world}: {', '.join(miss[:6])}. "
-                           "Each rank saves its own shard: without every rank's model file the full weights cannot be "
-                           "rebuilt (verl's model merger fails too). Copy them from the nodes that wrote them, or use an "
-                           "earlier complete checkpoint." + _sibling_hint(inv, n)))
+        out.append(
+            Finding(
+                "shard-missing",
+                "error",
+                p,
+                f"{where} lacks {len(miss)} rank file(s) of its world size {world}: {', '.join(miss[:6])}. "
+                "Each rank saves its own shard: without every rank's model file the full weights cannot be "
+                "rebuilt (verl's model merger fails too). Copy them from the nodes that wrote them, or use an "
+                "earlier complete checkpoint." + _sibling_hint(inv, n),
+            )
+        )
     worlds = f.get("rank_file_worlds") or []
     if len(worlds) > 1:
-        out.append(Finding("world-size-mismatch", "error", p,
-                           f"{where} mixes rank files of world sizes {', '.join(map(str, worlds))}: a save from a run "
-                           "with another number of ranks was left here. verl loads model_world_size_<its world "
-                           "size>_rank_*.pt; remove the stale files."))
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "error",
+                p,
+                f"{where} mixes rank files of world sizes {', '.join(map(str, worlds))}: a save from a run "
+                "with another number of ranks was left here. verl loads model_world_size_<its world "
+                "size>_rank_*.pt; remove the stale files.",
+            )
+        )
     cw = f.get("config_world_size")
     if cw is not None and world is not None and cw != world:
-        out.append(Finding("world-size-mismatch", "error", p,
-                           f"{where}: fsdp_config.json says world_size {cw} but the rank files are named for world size "
-                           f"{world}. verl's model merger reads the world size from fsdp_config.json and would look for "
-                           f"model_world_size_{cw}_rank_*.pt; the config or the files are from another save."))
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "error",
+                p,
+                f"{where}: fsdp_config.json says world_size {cw} but the rank files are named for world size "
+                f"{world}. verl's model merger reads the world size from fsdp_config.json and would look for "
+                f"model_world_size_{cw}_rank_*.pt; the config or the files are from another save.",
+            )
+        )
     return out
 
 
@@ -344,8 +482,11 @@ def _megatron_files_missing(inv: Inventory, n: Node) -> list[str]:
     ours = {"metadata.json", "common.pt"} & names
     mcore_json = "metadata.json" in ours and bool(cast(DcpFacts, n.facts).get("tensor_parallel"))
     parent = inv.root.find(n.path.rsplit("/", 1)[0] if "/" in n.path else ".") if n.path != "." else None
-    in_run = (re.match(r"^iter_\d+$", n.name) is not None and parent is not None
-              and parent.child("latest_checkpointed_iteration.txt") is not None)
+    in_run = (
+        re.match(r"^iter_\d+$", n.name) is not None
+        and parent is not None
+        and parent.child("latest_checkpointed_iteration.txt") is not None
+    )
     if not (mcore_json or "common.pt" in ours or in_run):
         return []
     return [f for f in ("metadata.json", "common.pt") if f not in names]
@@ -371,23 +512,36 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
         miss = f["missing_files"]
         ws = f.get("world_size")
         if f.get("ds_layout") == "pipeline":
-            shape = (f" of {f['pipeline_stages']} stages ({f.get('dp_world_size') or '?'} data-parallel rank(s) each)"
-                     if f.get("pipeline_stages") else "")
-            msg = (f"`{inv.shown(p, slash=True)}` is a pipeline{shape} but {len(miss)} of its file(s) are "
-                   f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the model and "
-                   "optimizer state cannot be rebuilt without every stage's and every layer's file.")
+            shape = (
+                f" of {f['pipeline_stages']} stages ({f.get('dp_world_size') or '?'} data-parallel rank(s) each)"
+                if f.get("pipeline_stages")
+                else ""
+            )
+            msg = (
+                f"`{inv.shown(p, slash=True)}` is a pipeline{shape} but {len(miss)} of its file(s) are "
+                f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the model and "
+                "optimizer state cannot be rebuilt without every stage's and every layer's file."
+            )
         else:
-            msg = (f"`{inv.shown(p, slash=True)}` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) "
-                   f"are missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
-                   "weights and optimizer state cannot be rebuilt without every rank.")
+            msg = (
+                f"`{inv.shown(p, slash=True)}` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) "
+                f"are missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
+                "weights and optimizer state cannot be rebuilt without every rank."
+            )
         command = None
         ms = n.child("mp_rank_00_model_states.pt")
-        if (stage in (1, 2) and ms is not None and "error" not in ms.facts
-                and all(OPTIM_STATES_RE.match(m) for m in miss)):
+        if (
+            stage in (1, 2)
+            and ms is not None
+            and "error" not in ms.facts
+            and all(OPTIM_STATES_RE.match(m) for m in miss)
+        ):
             command = f"ckpt-tui export {inv.shown(p)} --from-module-states --out DIR"
             dt = f.get("train_dtype")
-            msg += (f" The module weights in {inv.shown(ms.path)} are intact: `{command}` exports those "
-                    f"({'half precision, ' + short_dtype(dt) if dt else 'the training dtype'}, NOT the fp32 masters).")
+            msg += (
+                f" The module weights in {inv.shown(ms.path)} are intact: `{command}` exports those "
+                f"({'half precision, ' + short_dtype(dt) if dt else 'the training dtype'}, NOT the fp32 masters)."
+            )
         out.append(Finding("shard-missing", "error", p, msg, command=command))
     if f.get("extra_rank_files") or f.get("partition_mismatch"):
         extra = f.get("extra_rank_files") or []
@@ -396,40 +550,81 @@ def _ds_findings(inv: Inventory, n: Node) -> list[Finding]:
             msg += f" but its optimizer states were partitioned {f['partition_mismatch']} ways"
         if extra:
             msg += f" but also holds {', '.join(extra[:4])} from more ranks"
-        out.append(Finding("world-size-mismatch", "error" if f.get("partition_mismatch") else "warning", p,
-                           msg + ": files from two different runs are mixed. Keep only the files of one save."))
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "error" if f.get("partition_mismatch") else "warning",
+                p,
+                msg + ": files from two different runs are mixed. Keep only the files of one save.",
+            )
+        )
     frozen = f.get("frozen_params")
     export = None if tag_broken(n) else _export_command(inv, p)  # an export of a broken tag refuses
     if frozen:
-        out.append(Finding("frozen-params", "info", p,
-                           f"`{inv.shown(p, slash=True)}` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) "
-                           "with no optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal "
-                           "checkpoint restores only optimizer-tracked parameters, so frozen ones keep what the model was "
-                           "built with." + (f" `{export}` writes them beside the trained ones." if export else ""),
-                           "export", export))
+        out.append(
+            Finding(
+                "frozen-params",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) "
+                "with no optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal "
+                "checkpoint restores only optimizer-tracked parameters, so frozen ones keep what the model was "
+                "built with." + (f" `{export}` writes them beside the trained ones." if export else ""),
+                "export",
+                export,
+            )
+        )
     elif f.get("frozen_params_unrecorded"):
-        out.append(Finding("frozen-params", "info", p,
-                           f"`{inv.shown(p, slash=True)}` holds {param_count(f['frozen_params_unrecorded'])} frozen "
-                           f"parameter values that ZeRO-{stage} did not record: DeepSpeed's zero_to_fp32 drops them "
-                           "silently. Their values are only in the model-states `module` weights (in the training "
-                           "dtype)" + (f"; `{export}` takes them from there." if export else "."), "export", export))
+        out.append(
+            Finding(
+                "frozen-params",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` holds {param_count(f['frozen_params_unrecorded'])} frozen "
+                f"parameter values that ZeRO-{stage} did not record: DeepSpeed's zero_to_fp32 drops them "
+                "silently. Their values are only in the model-states `module` weights (in the training "
+                "dtype)" + (f"; `{export}` takes them from there." if export else "."),
+                "export",
+                export,
+            )
+        )
     if f.get("shared_params"):
         pairs = "; ".join(f"{a} = {b}" for a, b in list(f["shared_params"].items())[:3])
-        out.append(Finding("tied-weights", "info", p,
-                           f"`{inv.shown(p, slash=True)}` has tied weights ({pairs}). zero_to_fp32 --safe_serialization "
-                           "fails on these (\"Some tensors share memory\"); its get_fp32_state_dict_from_zero_checkpoint "
-                           "still returns both names." + (f" `{export}` writes each tied tensor once, as save_pretrained "
-                                                          "does." if export else ""), "export", export))
+        out.append(
+            Finding(
+                "tied-weights",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` has tied weights ({pairs}). zero_to_fp32 --safe_serialization "
+                'fails on these ("Some tensors share memory"); its get_fp32_state_dict_from_zero_checkpoint '
+                "still returns both names."
+                + (f" `{export}` writes each tied tensor once, as save_pretrained does." if export else ""),
+                "export",
+                export,
+            )
+        )
     if f.get("moe"):
-        out.append(Finding("world-size-mismatch", "info", p,
-                           f"`{inv.shown(p, slash=True)}` is a mixture-of-experts DeepSpeed checkpoint; export and universal "
-                           "conversion of this layout are not supported by ckpt-tui yet."))
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a mixture-of-experts DeepSpeed checkpoint; export and universal "
+                "conversion of this layout are not supported by ckpt-tui yet.",
+            )
+        )
     elif f.get("pipeline") and f.get("ranks_present"):  # pipeline + ZeRO-1/BF16_Optimizer: masters in optim files
-        out.append(Finding("world-size-mismatch", "info", p,
-                           f"`{inv.shown(p, slash=True)}` is a pipeline-parallel DeepSpeed checkpoint with ZeRO "
-                           "optimizer-states files; ckpt-tui exports its layer files' weights, not the fp32 masters "
-                           "or optimizer state in those files, and universal conversion of this layout is not "
-                           "supported by ckpt-tui yet."))
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a pipeline-parallel DeepSpeed checkpoint with ZeRO "
+                "optimizer-states files; ckpt-tui exports its layer files' weights, not the fp32 masters "
+                "or optimizer state in those files, and universal conversion of this layout is not "
+                "supported by ckpt-tui yet.",
+            )
+        )
     return out
 
 
@@ -439,29 +634,49 @@ def _universal_info_finding(inv: Inventory, tag: Node) -> Finding:
     p = tag.path
     uni, why_not = universal_beside(inv, tag)
     if uni is not None:
-        return Finding("universal-info-missing", "info", p,
-                       f"`{inv.shown(p, slash=True)}` has no `universal_checkpoint_info`, which DeepSpeed's "
-                       "ds_to_universal needs, but it has been converted already: "
-                       f"`{inv.shown(uni.path, slash=True)}` is its universal checkpoint ({uni.facts.get('param_folders')} "
-                       "parameters, every state file there), loadable at any world size.\n"
-                       + _load_instructions(inv, tag, uni))
-    again = (f" `{inv.shown(why_not[0], slash=True)}` is there but {why_not[1]}: remove it "
-             f"(`rm -r {inv.shown(why_not[0])}`) before converting again." if why_not else "")
+        return Finding(
+            "universal-info-missing",
+            "info",
+            p,
+            f"`{inv.shown(p, slash=True)}` has no `universal_checkpoint_info`, which DeepSpeed's "
+            "ds_to_universal needs, but it has been converted already: "
+            f"`{inv.shown(uni.path, slash=True)}` is its universal checkpoint ({uni.facts.get('param_folders')} "
+            "parameters, every state file there), loadable at any world size.\n" + _load_instructions(inv, tag, uni),
+        )
+    again = (
+        f" `{inv.shown(why_not[0], slash=True)}` is there but {why_not[1]}: remove it "
+        f"(`rm -r {inv.shown(why_not[0])}`) before converting again."
+        if why_not
+        else ""
+    )
     fix = f"ckpt-tui fix {inv.shown(p)} --only universal-info"
-    head = (f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, so "
-            "DeepSpeed's ds_to_universal will stop with \"Required universal_checkpoint_info state is "
-            "missing\". ")
+    head = (
+        f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, so "
+        "DeepSpeed's ds_to_universal will stop with \"Required universal_checkpoint_info state is "
+        'missing". '
+    )
     if tag_broken(tag):  # the converter needs every rank's files whole: no command that would fail
-        return Finding("universal-info-missing", "warning", p,
-                       head + "Converting it to a universal checkpoint needs every rank's files whole: fix the "
-                       f"errors in `{inv.shown(p, slash=True)}` first (ckpt-tui universal converts it then). To add "
-                       f"the key in place for other tools: `{fix}`.", "universal-info", command=fix)
-    return Finding("universal-info-missing", "warning", p,
-                   head + "The checkpoint resumes fine at the same world size. To change world size, convert "
-                   f"it: `ckpt-tui universal {inv.shown(p)}` (runs DeepSpeed's converter, supplies the info in memory, "
-                   "leaves the source untouched and prints how to load the result)." + again + " To add the key in "
-                   f"place for other tools: `{fix}`.",
-                   "universal-info", command=f"ckpt-tui universal {inv.shown(p)}")
+        return Finding(
+            "universal-info-missing",
+            "warning",
+            p,
+            head + "Converting it to a universal checkpoint needs every rank's files whole: fix the "
+            f"errors in `{inv.shown(p, slash=True)}` first (ckpt-tui universal converts it then). To add "
+            f"the key in place for other tools: `{fix}`.",
+            "universal-info",
+            command=fix,
+        )
+    return Finding(
+        "universal-info-missing",
+        "warning",
+        p,
+        head + "The checkpoint resumes fine at the same world size. To change world size, convert "
+        f"it: `ckpt-tui universal {inv.shown(p)}` (runs DeepSpeed's converter, supplies the info in memory, "
+        "leaves the source untouched and prints how to load the result)." + again + " To add the key in "
+        f"place for other tools: `{fix}`.",
+        "universal-info",
+        command=f"ckpt-tui universal {inv.shown(p)}",
+    )
 
 
 def tag_broken(tag: Node) -> bool:
@@ -499,15 +714,17 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
         return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {uni.find(broken).facts.get('error')})")
     tf = inv.parsed.get(tag, TagFacts)
     zero = uni.child("zero")
-    for name, shape in (tf.param_shapes.items() if tf is not None else ()):
+    for name, shape in tf.param_shapes.items() if tf is not None else ():
         folder = zero.child(name) if zero is not None else None
         missing = [s for s in UNIVERSAL_STATES if folder is None or folder.child(s + ".pt") is None]
         if missing:
             return None, (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
         fp32 = cast(TensorFacts, folder.child("fp32.pt").facts)
         if fp32.get("param_count") is not None and fp32["param_count"] != numel(shape):
-            return None, (uni.path, f"not of this checkpoint ({name} holds {fp32['param_count']} values, "
-                                    f"the tag {numel(shape)})")
+            return None, (
+                uni.path,
+                f"not of this checkpoint ({name} holds {fp32['param_count']} values, the tag {numel(shape)})",
+            )
     return uni, None
 
 
@@ -522,13 +739,23 @@ def _load_instructions(inv: Inventory, tag: Node, uni: Node) -> str:
     given = inv.given or str(inv.root.abspath)
     ckdir = inv.node(ck)
     frozen_rel = f"{ck}/{FROZEN_FILE}" if ck != "." else FROZEN_FILE
-    return load_instructions(UniversalLoad(
-        out_shown=inv.shown(uni.path), out_name=uni.name, ckdir_shown=inv.shown(ck), ckdir_code=user_path(given, ck),
-        ckdir_name=ckdir.abspath.name if ckdir is not None else ck, stage=f.get("zero_stage") or 2,
-        global_step=f.get("global_step"), frozen=f.get("frozen_params") or [],
-        buffers=list(tf.buffers) if tf is not None else [], framework=tag.framework or inv.framework,
-        frozen_code=user_path(given, frozen_rel), frozen_exported=inv.node(frozen_rel) is not None,
-        tag_shown=inv.shown(tag.path)))
+    return load_instructions(
+        UniversalLoad(
+            out_shown=inv.shown(uni.path),
+            out_name=uni.name,
+            ckdir_shown=inv.shown(ck),
+            ckdir_code=user_path(given, ck),
+            ckdir_name=ckdir.abspath.name if ckdir is not None else ck,
+            stage=f.get("zero_stage") or 2,
+            global_step=f.get("global_step"),
+            frozen=f.get("frozen_params") or [],
+            buffers=list(tf.buffers) if tf is not None else [],
+            framework=tag.framework or inv.framework,
+            frozen_code=user_path(given, frozen_rel),
+            frozen_exported=inv.node(frozen_rel) is not None,
+            tag_shown=inv.shown(tag.path),
+        )
+    )
 
 
 def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
@@ -542,43 +769,83 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
     if tags and "latest" not in names:
         cmd = f"ckpt-tui fix {inv.shown(p)} --only latest"
         newest = sorted(t.name for t in tags)[-1]
-        out.append(Finding("latest-missing", "warning", p,
-                           f"`{inv.shown(p, slash=True)}` has DeepSpeed tag folder(s) "
-                           f"({', '.join(t.name for t in tags[:4])}) but no `latest` file, so "
-                           "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
-                           f"Write the newest tag's name into it: `echo {shlex.quote(newest)} > "
-                           f"{inv.shown(p + '/latest' if p != '.' else 'latest')}`, or run `{cmd}` (picks the newest "
-                           "complete tag).", "latest", cmd))
+        out.append(
+            Finding(
+                "latest-missing",
+                "warning",
+                p,
+                f"`{inv.shown(p, slash=True)}` has DeepSpeed tag folder(s) "
+                f"({', '.join(t.name for t in tags[:4])}) but no `latest` file, so "
+                "engine.load_checkpoint(dir) and zero_to_fp32 without a tag will not find them. "
+                f"Write the newest tag's name into it: `echo {shlex.quote(newest)} > "
+                f"{inv.shown(p + '/latest' if p != '.' else 'latest')}`, or run `{cmd}` (picks the newest "
+                "complete tag).",
+                "latest",
+                cmd,
+            )
+        )
     unis = inv.deepspeed_tags(n, universal=True)
     if unis and "latest_universal" not in names and not tags:
         cmd = f"ckpt-tui fix {inv.shown(p)} --only latest"
-        out.append(Finding("latest-missing", "warning", p,
-                           f"universal checkpoint folder(s) {', '.join(u.name for u in unis[:3])} in "
-                           f"`{inv.shown(p, slash=True)}` have no `latest_universal` beside them, so load_checkpoint "
-                           f"with load_universal will not find them: `{cmd}` writes it.", "latest", cmd))
+        out.append(
+            Finding(
+                "latest-missing",
+                "warning",
+                p,
+                f"universal checkpoint folder(s) {', '.join(u.name for u in unis[:3])} in "
+                f"`{inv.shown(p, slash=True)}` have no `latest_universal` beside them, so load_checkpoint "
+                f"with load_universal will not find them: `{cmd}` writes it.",
+                "latest",
+                cmd,
+            )
+        )
     if "adapter_config.json" in names and not any(
-            c.name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") for c in n.children):
-        out.append(Finding("adapter-only", "info", p,
-                           f"`{inv.shown(p, slash=True)}` holds only a PEFT adapter "
-                           "(adapter_config.json + adapter weights), not the full model: load the base model named in "
-                           "adapter_config.json and apply the adapter, or merge it (peft's merge_and_unload)."))
+        c.name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") for c in n.children
+    ):
+        out.append(
+            Finding(
+                "adapter-only",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` holds only a PEFT adapter "
+                "(adapter_config.json + adapter weights), not the full model: load the base model named in "
+                "adapter_config.json and apply the adapter, or merge it (peft's merge_and_unload).",
+            )
+        )
     f = cast(DirFacts, n.facts)
-    if f.get("index_missing_files") or f.get("index_missing_tensors") or f.get("index_unlisted_tensors") or f.get("index_outside"):
+    if (
+        f.get("index_missing_files")
+        or f.get("index_missing_tensors")
+        or f.get("index_unlisted_tensors")
+        or f.get("index_outside")
+    ):
         bits = []
         if f.get("index_missing_files"):
             bits.append(f"names missing file(s) {', '.join(f['index_missing_files'][:4])}")
         if f.get("index_outside"):
             bits.append(f"points outside the folder ({', '.join(f['index_outside'][:3])})")
         if f.get("index_missing_tensors"):
-            bits.append(f"maps {len(f['index_missing_tensors'])} tensor(s) to files that do not hold them "
-                        f"(e.g. {f['index_missing_tensors'][0]})")
+            bits.append(
+                f"maps {len(f['index_missing_tensors'])} tensor(s) to files that do not hold them "
+                f"(e.g. {f['index_missing_tensors'][0]})"
+            )
         if f.get("index_unlisted_tensors"):
-            bits.append(f"leaves out {len(f['index_unlisted_tensors'])} tensor(s) the shards hold "
-                        f"(e.g. {f['index_unlisted_tensors'][0]})")
-        out.append(Finding("index-mismatch", "error", p,
-                           f"The safetensors index in `{inv.shown(p, slash=True)}` "
-                           + "; ".join(bits) + ". from_pretrained will fail or load partial weights; rebuild the "
-                           "index from the shards' headers.", "index"))
+            bits.append(
+                f"leaves out {len(f['index_unlisted_tensors'])} tensor(s) the shards hold "
+                f"(e.g. {f['index_unlisted_tensors'][0]})"
+            )
+        out.append(
+            Finding(
+                "index-mismatch",
+                "error",
+                p,
+                f"The safetensors index in `{inv.shown(p, slash=True)}` "
+                + "; ".join(bits)
+                + ". from_pretrained will fail or load partial weights; rebuild the "
+                "index from the shards' headers.",
+                "index",
+            )
+        )
     return out
 
 
@@ -602,18 +869,24 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
     target = model[0] if model else (both[0] if both else None)
     command = None
     if target is not None and _has_breakage(target):  # nothing reads it until it is whole: no command that fails
-        msg += (f" `{inv.shown(target.path, slash=True)}` is damaged (see the errors in it): no tool can read it "
-                "until it is whole again.")
+        msg += (
+            f" `{inv.shown(target.path, slash=True)}` is damaged (see the errors in it): no tool can read it "
+            "until it is whole again."
+        )
     elif target is not None:
         command = f"ckpt-tui export {inv.shown(p)} --out DIR"
         if merges_with_accelerate(target):
             t = inv.shown(target.path)
-            msg += (" Tools that need a single DCP folder (accelerate merge-weights, torch's dcp_to_torch_save) "
-                    "must be "
-                    f"given `{t}`, e.g. `accelerate merge-weights {t} {inv.shown(target.path + '_merged')}`;")
+            msg += (
+                " Tools that need a single DCP folder (accelerate merge-weights, torch's dcp_to_torch_save) "
+                "must be "
+                f"given `{t}`, e.g. `accelerate merge-weights {t} {inv.shown(target.path + '_merged')}`;"
+            )
         else:
-            msg += (f" accelerate merge-weights cannot merge `{inv.shown(target.path, slash=True)}`: it works only on "
-                    "a DCP holding the model's tensors and nothing else (here it stops with \"Key ... is invalid\");")
+            msg += (
+                f" accelerate merge-weights cannot merge `{inv.shown(target.path, slash=True)}`: it works only on "
+                'a DCP holding the model\'s tensors and nothing else (here it stops with "Key ... is invalid");'
+            )
         msg += f" `{command}` picks it for you and writes its model weights as safetensors."
     else:
         msg += " None of them holds model weights."
@@ -637,17 +910,39 @@ def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
                 target = None
     else:
         target = tag
-    ok = bool(target) and "/" not in target and "\\" not in target and target not in (".", "..") and \
-        target.isprintable() and parent.child(target) is not None and parent.child(target).is_dir
+    ok = (
+        bool(target)
+        and "/" not in target
+        and "\\" not in target
+        and target not in (".", "..")
+        and target.isprintable()
+        and parent.child(target) is not None
+        and parent.child(target).is_dir
+    )
     if ok:
         return []
     shown = tag if tag.isprintable() and len(tag) <= 80 else repr(tag[:80])
-    tags = [c.name for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
-                                                             or step_of(c.name) is not None)]
+    tags = [
+        c.name
+        for c in parent.children
+        if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal") or step_of(c.name) is not None)
+    ]
     newest = sorted(tags, key=lambda t: (step_of(t) or -1, t))[-1] if tags else None
     cmd = f"ckpt-tui fix {inv.shown(parent_path)} --only latest" if newest else None
-    hint = (f" The newest tag here is `{newest}`: write that name into `{inv.shown(n.path)}`, or run `{cmd}` (picks "
-            "the newest complete tag)." if newest else "")
-    return [Finding("latest-dangling", "error", n.path,
-                    f"`{inv.shown(n.path)}` names `{shown}`, which is not a folder beside it: loaders that follow it "
-                    "will fail." + hint, "latest" if newest else None, cmd)]
+    hint = (
+        f" The newest tag here is `{newest}`: write that name into `{inv.shown(n.path)}`, or run `{cmd}` (picks "
+        "the newest complete tag)."
+        if newest
+        else ""
+    )
+    return [
+        Finding(
+            "latest-dangling",
+            "error",
+            n.path,
+            f"`{inv.shown(n.path)}` names `{shown}`, which is not a folder beside it: loaders that follow it "
+            "will fail." + hint,
+            "latest" if newest else None,
+            cmd,
+        )
+    ]

@@ -15,7 +15,9 @@ class NodeFacts(TypedDict, total=False):
     """What the scan records on any node (scan.py), whatever its format."""
 
     error: str  # why the file or folder could not be read or is broken, in words
-    error_kind: str  # truncated | corrupt | permission | unreadable | loop | broken-link | too-deep | too-many | too-large
+    error_kind: (
+        str  # truncated | corrupt | permission | unreadable | loop | broken-link | too-deep | too-many | too-large
+    )
     symlink: bool  # reached through a symbolic link
     hard_links: int  # a file with this many names (st_nlink > 1): folder sizes count its bytes once
 
@@ -49,7 +51,9 @@ class TensorFacts(TypedDict, total=False):
 class PickleFacts(NodeFacts, total=False):
     """A pickle read through the restricted unpickler."""
 
-    unsafe_globals: list[str]  # globals outside the allowlist the pickle names (never called; first 64, each cut to 200)
+    unsafe_globals: list[
+        str
+    ]  # globals outside the allowlist the pickle names (never called; first 64, each cut to 200)
 
 
 class TorchFileFacts(PickleFacts, total=False):
@@ -234,9 +238,23 @@ class TextFacts(NodeFacts, total=False):
     names: str  # what it says (first 4 KB, stripped)
 
 
-Facts = Union[NodeFacts, SpecialFacts, DirFacts, TorchZipFacts, DeepSpeedModelStatesFacts, DeepSpeedOptimStatesFacts,
-              DcpFacts, DeepSpeedZeroFacts, DeepSpeedUniversalFacts, SafetensorsFacts, SafetensorsIndexFacts,
-              JsonFacts, TextFacts, BackupFacts, VerlFacts]
+Facts = Union[
+    NodeFacts,
+    SpecialFacts,
+    DirFacts,
+    TorchZipFacts,
+    DeepSpeedModelStatesFacts,
+    DeepSpeedOptimStatesFacts,
+    DcpFacts,
+    DeepSpeedZeroFacts,
+    DeepSpeedUniversalFacts,
+    SafetensorsFacts,
+    SafetensorsIndexFacts,
+    JsonFacts,
+    TextFacts,
+    BackupFacts,
+    VerlFacts,
+]
 
 # node.format -> the declaration of its facts
 FACTS_BY_FORMAT: dict[str, type] = {

@@ -215,12 +215,26 @@ class OutputError(OSError):
     not-a-folder · not-empty · inside-source; ``errno`` matches it; ``free``/``need`` for no-space;
     ``relation`` ("is", "inside", "holds") and ``source`` for inside-source (see :func:`source_conflict`)."""
 
-    ERRNO = {"missing": errno.ENOENT, "read-only": errno.EROFS, "not-writable": errno.EACCES,
-             "no-space": errno.ENOSPC, "not-a-folder": errno.ENOTDIR, "not-empty": errno.ENOTEMPTY,
-             "inside-source": errno.EINVAL}
+    ERRNO = {
+        "missing": errno.ENOENT,
+        "read-only": errno.EROFS,
+        "not-writable": errno.EACCES,
+        "no-space": errno.ENOSPC,
+        "not-a-folder": errno.ENOTDIR,
+        "not-empty": errno.ENOTEMPTY,
+        "inside-source": errno.EINVAL,
+    }
 
-    def __init__(self, kind: str, path, *, free: Optional[int] = None, need: Optional[int] = None,
-                 relation: str = "inside", source=None):
+    def __init__(
+        self,
+        kind: str,
+        path,
+        *,
+        free: Optional[int] = None,
+        need: Optional[int] = None,
+        relation: str = "inside",
+        source=None,
+    ):
         super().__init__(self.ERRNO[kind], os.strerror(self.ERRNO[kind]), str(path))
         self.kind = kind
         self.path = Path(path)
@@ -234,10 +248,11 @@ class OutputError(OSError):
         lies inside (``source``: it as the user can type it)."""
         out = self.path if out is None else out
         src = self.source if source is None else source
-        return {"is": f"the output folder {out} is the source {src}",
-                "inside": f"the output folder {out} is inside the source {src}",
-                "holds": f"the output folder {out} holds the source {src} (--overwrite would delete it)",
-                }[self.relation] + ": ckpt-tui never writes into or removes a source; choose --out outside it"
+        return {
+            "is": f"the output folder {out} is the source {src}",
+            "inside": f"the output folder {out} is inside the source {src}",
+            "holds": f"the output folder {out} holds the source {src} (--overwrite would delete it)",
+        }[self.relation] + ": ckpt-tui never writes into or removes a source; choose --out outside it"
 
 
 def free_bytes(folder) -> int:
@@ -329,8 +344,9 @@ def check_sources(out, *, folders: Iterable = (), files: Iterable = ()) -> None:
         raise OutputError("inside-source", out, relation=got[0], source=got[1])
 
 
-def preflight_output(out, *, need: int = 0, source=None, overwrite: bool = False, folders: Iterable = (),
-                     files: Iterable = ()) -> None:
+def preflight_output(
+    out, *, need: int = 0, source=None, overwrite: bool = False, folders: Iterable = (), files: Iterable = ()
+) -> None:
     """Everything a writer of a new output folder checks before it starts, in this order: not a source,
     holding none and not inside one (``source`` and ``folders``: folders it reads; ``files``: files it
     reads, see :func:`source_conflict`); absent or empty (see :func:`check_output_folder`); its parent

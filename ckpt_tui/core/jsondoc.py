@@ -62,8 +62,7 @@ def _floatstr(o: float) -> str:
 _INF = float("inf")
 
 
-def write_json(doc: Any, write: Callable[[str], Any], *, indent: int, ensure_ascii: bool,
-               chunk: int = 1 << 14) -> None:
+def write_json(doc: Any, write: Callable[[str], Any], *, indent: int, ensure_ascii: bool, chunk: int = 1 << 14) -> None:
     """Write ``json.dumps(doc, indent=indent, ensure_ascii=ensure_ascii)`` through ``write`` in pieces of about
     ``chunk`` encoder parts, never the whole text at once: the same bytes (the same rules for keys, floats,
     ``int``/``str`` subclasses, circular references and unsupported types as the standard encoder), by plain

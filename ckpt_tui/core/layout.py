@@ -13,25 +13,63 @@ from .types import Inventory, Node, Parsed, model_component
 from .units import naturalsize, param_count
 
 LAYOUTS = (
-    "hf-trainer-fsdp", "hf-trainer-deepspeed", "hf-trainer", "accelerate", "accelerate-fsdp", "accelerate-deepspeed",
-    "fsdp-full", "fsdp-local", "deepspeed", "lightning-deepspeed", "lightning-fsdp", "lightning", "dcp",
-    "torchtitan", "universal", "hf-model", "megatron-legacy", "megatron-dist", "run-folder", "torch-file",
-    "safetensors-file", "verl-fsdp", "unknown",
+    "hf-trainer-fsdp",
+    "hf-trainer-deepspeed",
+    "hf-trainer",
+    "accelerate",
+    "accelerate-fsdp",
+    "accelerate-deepspeed",
+    "fsdp-full",
+    "fsdp-local",
+    "deepspeed",
+    "lightning-deepspeed",
+    "lightning-fsdp",
+    "lightning",
+    "dcp",
+    "torchtitan",
+    "universal",
+    "hf-model",
+    "megatron-legacy",
+    "megatron-dist",
+    "run-folder",
+    "torch-file",
+    "safetensors-file",
+    "verl-fsdp",
+    "unknown",
 )
 FRAMEWORK = {
-    "hf-trainer-fsdp": "HF Trainer + FSDP (sharded)", "hf-trainer-deepspeed": "HF Trainer + DeepSpeed",
-    "hf-trainer": "HF Trainer", "accelerate": "Accelerate", "accelerate-fsdp": "Accelerate + FSDP (sharded)",
-    "accelerate-deepspeed": "Accelerate + DeepSpeed", "fsdp-full": "FSDP (full state dict)",
-    "fsdp-local": "FSDP (local state dict)", "deepspeed": "DeepSpeed", "lightning-deepspeed": "Lightning + DeepSpeed",
-    "lightning-fsdp": "Lightning + FSDP (sharded)", "lightning": "Lightning", "dcp": "torch.distributed.checkpoint",
-    "torchtitan": "torchtitan", "universal": "DeepSpeed universal checkpoint", "hf-model": "Hugging Face model",
-    "megatron-legacy": "Megatron (legacy)", "megatron-dist": "Megatron-Core (torch_dist)", "run-folder": None,
-    "torch-file": "torch.save", "safetensors-file": "safetensors", "verl-fsdp": "verl (FSDP)", "unknown": None,
+    "hf-trainer-fsdp": "HF Trainer + FSDP (sharded)",
+    "hf-trainer-deepspeed": "HF Trainer + DeepSpeed",
+    "hf-trainer": "HF Trainer",
+    "accelerate": "Accelerate",
+    "accelerate-fsdp": "Accelerate + FSDP (sharded)",
+    "accelerate-deepspeed": "Accelerate + DeepSpeed",
+    "fsdp-full": "FSDP (full state dict)",
+    "fsdp-local": "FSDP (local state dict)",
+    "deepspeed": "DeepSpeed",
+    "lightning-deepspeed": "Lightning + DeepSpeed",
+    "lightning-fsdp": "Lightning + FSDP (sharded)",
+    "lightning": "Lightning",
+    "dcp": "torch.distributed.checkpoint",
+    "torchtitan": "torchtitan",
+    "universal": "DeepSpeed universal checkpoint",
+    "hf-model": "Hugging Face model",
+    "megatron-legacy": "Megatron (legacy)",
+    "megatron-dist": "Megatron-Core (torch_dist)",
+    "run-folder": None,
+    "torch-file": "torch.save",
+    "safetensors-file": "safetensors",
+    "verl-fsdp": "verl (FSDP)",
+    "unknown": None,
 }
 # files only Accelerate's save_state writes (its RNG states, its names for the optimizer, scheduler,
 # sampler and registered objects): the evidence for naming Accelerate, never a folder name alone
-ACCELERATE_FILE_RE = re.compile(r"^(random_states_\d+\.pkl|(optimizer|scheduler|sampler)(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$")
-MODEL_FILE_RE = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|model_\d+\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|model\.safetensors\.index\.json|pytorch_model\.bin\.index\.json|pytorch_model_\d+\.bin|adapter_model\.(safetensors|bin))$")
+ACCELERATE_FILE_RE = re.compile(
+    r"^(random_states_\d+\.pkl|(optimizer|scheduler|sampler)(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$"
+)
+MODEL_FILE_RE = re.compile(
+    r"^(model(-\d+-of-\d+)?\.safetensors|model_\d+\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|model\.safetensors\.index\.json|pytorch_model\.bin\.index\.json|pytorch_model_\d+\.bin|adapter_model\.(safetensors|bin))$"
+)
 
 
 def classify(node: Node) -> tuple[str, dict[str, str]]:
@@ -55,7 +93,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         if node.name.endswith(".ckpt") and "meta.pt" in names:
             return "lightning-fsdp", comps
         parent_meta = node.child("metadata.json")
-        if parent_meta is not None and "torch_dist" in str(cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")):
+        if parent_meta is not None and "torch_dist" in str(
+            cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")
+        ):
             return "megatron-dist", comps
         if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
             return "torchtitan", comps
@@ -87,7 +127,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         comps = {"model": chosen.path, "optimizer": chosen.path}
         if "trainer_state.json" in names:
             return "hf-trainer-deepspeed", comps
-        if node.name.endswith(".ckpt") or (latest is not None and cast(TextFacts, latest.facts).get("names") == "checkpoint"):
+        if node.name.endswith(".ckpt") or (
+            latest is not None and cast(TextFacts, latest.facts).get("names") == "checkpoint"
+        ):
             return "lightning-deepspeed", comps
         if any(n.startswith("random_states") for n in names):
             return "accelerate-deepspeed", comps
@@ -107,7 +149,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     if local:
         return "fsdp-local", {"model": node.child(local[0]).path, **_optim_files(node)}
     if "latest_checkpointed_iteration.txt" in names or re.match(r"^iter_\d+$", node.name):
-        iters = [c for c in dirs if re.match(r"^iter_\d+$", c.name)] or ([node] if re.match(r"^iter_\d+$", node.name) else [])
+        iters = [c for c in dirs if re.match(r"^iter_\d+$", c.name)] or (
+            [node] if re.match(r"^iter_\d+$", node.name) else []
+        )
         for it in iters:
             if it.format == "dcp" or it.child("metadata.json") is not None and any(x.format == "dcp" for x in [it]):
                 return "megatron-dist", {"model": it.path}
@@ -129,7 +173,11 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     if node.child("meta.pt") and dcp_children:
         return "lightning-fsdp", {}
     # a folder holding a single checkpoint file
-    files = [c for c in node.children if not c.is_dir and c.role in ("model", "model+optimizer") and c.facts.get("tensor_count")]
+    files = [
+        c
+        for c in node.children
+        if not c.is_dir and c.role in ("model", "model+optimizer") and c.facts.get("tensor_count")
+    ]
     if len(files) == 1:
         return ("lightning" if files[0].name.endswith(".ckpt") else "torch-file"), {files[0].role: files[0].path}
     return "unknown", {}
@@ -192,7 +240,9 @@ def _component_text(root: Node, path: str, role: str) -> str:
     dt = n.facts.get("dtypes") or []
     if dt:
         bits.append("/".join(short_dtype(d) for d in dt[:2]))
-    shown = ("this folder" if n.is_dir else "this file") if path == "." else "`" + path + ("/" if n.is_dir else "") + "`"
+    shown = (
+        ("this folder" if n.is_dir else "this file") if path == "." else "`" + path + ("/" if n.is_dir else "") + "`"
+    )
     return f"{role} in {shown}" + (f" ({', '.join(bits)})" if bits else "")
 
 
@@ -254,8 +304,7 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         newest = ck[0]
         lay, comps = classify(newest)
         plural = "s" if len(ck) != 1 else ""
-        return (f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: "
-                + summary(newest, lay, comps))
+        return f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: " + summary(newest, lay, comps)
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None and n_model.format == "deepspeed-zero":
@@ -287,8 +336,11 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     else:
         for role in ("model", "model+optimizer", "optimizer"):
             if role in comps:
-                where.append(_component_text(root, comps[role], role.replace("+", " and ")) if role != "optimizer"
-                             else f"optimizer in `{comps[role]}{'/' if _isdir(root, comps[role]) else ''}`")
+                where.append(
+                    _component_text(root, comps[role], role.replace("+", " and "))
+                    if role != "optimizer"
+                    else f"optimizer in `{comps[role]}{'/' if _isdir(root, comps[role]) else ''}`"
+                )
     if where:
         text += ": " + ", ".join(where)
     return text
@@ -301,8 +353,15 @@ def _isdir(root: Node, path: str) -> bool:
 
 def describe(root: Node, trust_pickles: bool = False, parsed: Optional[Parsed] = None) -> Inventory:
     layout, comps = classify(root)
-    inv = Inventory(root=root, layout=layout, summary=summary(root, layout, comps), framework=FRAMEWORK.get(layout),
-                    components=comps, trust_pickles=trust_pickles, parsed=parsed if parsed is not None else Parsed())
+    inv = Inventory(
+        root=root,
+        layout=layout,
+        summary=summary(root, layout, comps),
+        framework=FRAMEWORK.get(layout),
+        components=comps,
+        trust_pickles=trust_pickles,
+        parsed=parsed if parsed is not None else Parsed(),
+    )
     _label_frameworks(root, layout)
     if layout == "run-folder":
         inv.checkpoints, inv.checkpoint_components = _checkpoints(root)
@@ -316,9 +375,13 @@ def describe(root: Node, trust_pickles: bool = False, parsed: Optional[Parsed] =
 def _label_frameworks(root: Node, layout: str) -> None:
     fw = FRAMEWORK.get(layout)
     if root.is_dir:
-        root.role = "run" if layout == "run-folder" else ("checkpoint" if layout != "unknown" and root.role == "unknown" else root.role)
+        root.role = (
+            "run"
+            if layout == "run-folder"
+            else ("checkpoint" if layout != "unknown" and root.role == "unknown" else root.role)
+        )
     root.framework = fw
-    for c in (_checkpoint_dirs(root) if layout == "run-folder" else root.children):
+    for c in _checkpoint_dirs(root) if layout == "run-folder" else root.children:
         if c.is_dir and step_of(c.name) is not None and c.format == "dir":
             sub, _ = classify(c)
             c.framework = FRAMEWORK.get(sub)

@@ -37,10 +37,9 @@ VERIFY_TEMP = "ckpt-tui-verify-"
 REPAIR_TEMP_MARK = ".ckpt-tui-tmp-"  # a repair's temp file: .<target><mark><pid>
 
 # prefix -> the command whose next run sweeps it
-OWNED_TEMPS = {UNIVERSAL_TEMP: "ckpt-tui universal", TORCH_DCP_TEMP: "ckpt-tui convert",
-               VERIFY_TEMP: "ckpt-tui verify"}
+OWNED_TEMPS = {UNIVERSAL_TEMP: "ckpt-tui universal", TORCH_DCP_TEMP: "ckpt-tui convert", VERIFY_TEMP: "ckpt-tui verify"}
 
-LOCK_SUFFIX = OutputLock(Path("OUT")).path.name[len(".OUT"):]  # ".ckpt-tui.lock", as the export names it
+LOCK_SUFFIX = OutputLock(Path("OUT")).path.name[len(".OUT") :]  # ".ckpt-tui.lock", as the export names it
 
 
 def _pattern(pat: str) -> re.Pattern:
@@ -104,7 +103,7 @@ def export_out(name: str) -> Optional[str]:
 def top_out(name: str) -> str:
     """The OUT the user named, for an export's staging name nested any levels (``..m.model-1.tmp-1`` -> ``m``)."""
     if name.endswith(LOCK_SUFFIX) and name.startswith("."):
-        name = name[1:-len(LOCK_SUFFIX)]
+        name = name[1 : -len(LOCK_SUFFIX)]
     while (up := export_out(name)) is not None:
         name = up
     return name
@@ -131,8 +130,12 @@ def recognise(folder: Path, name: str, is_dir: bool) -> Optional[LeftoverFacts]:
         lock = folder / f".{out}{LOCK_SUFFIX}"
         if not _regular(lock):
             return None  # an export's staging has its lock beside it while it lives and once killed
-        facts = LeftoverFacts(leftover_of="ckpt-tui export", leftover_kind="temp-folder", leftover_held=_held(lock),
-                              leftover_out=top_out(name))
+        facts = LeftoverFacts(
+            leftover_of="ckpt-tui export",
+            leftover_kind="temp-folder",
+            leftover_held=_held(lock),
+            leftover_out=top_out(name),
+        )
         if name.startswith(f".{out}.old-"):
             facts["leftover_kind"] = "old-output"
             if not os.path.lexists(folder / out):
@@ -141,12 +144,20 @@ def recognise(folder: Path, name: str, is_dir: bool) -> Optional[LeftoverFacts]:
             facts["leftover_kind"] = "staging-folder"
         return facts
     if name.endswith(LOCK_SUFFIX) and len(name) > len(LOCK_SUFFIX) + 1:
-        return LeftoverFacts(leftover_of="ckpt-tui export", leftover_kind="lock", leftover_held=_held(folder / name),
-                             leftover_out=top_out(name))
+        return LeftoverFacts(
+            leftover_of="ckpt-tui export",
+            leftover_kind="lock",
+            leftover_held=_held(folder / name),
+            leftover_out=top_out(name),
+        )
     m = _REPAIR.match(name)
     if m:
-        return LeftoverFacts(leftover_of="ckpt-tui fix", leftover_kind="temp-file",
-                             leftover_held=_alive(int(m["pid"])), leftover_out=m["target"])
+        return LeftoverFacts(
+            leftover_of="ckpt-tui fix",
+            leftover_kind="temp-file",
+            leftover_held=_alive(int(m["pid"])),
+            leftover_out=m["target"],
+        )
     return None
 
 

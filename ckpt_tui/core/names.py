@@ -9,7 +9,9 @@ from typing import Optional
 
 # checkpoint-N (HF Trainer), global_stepN (DeepSpeed), step-N (torchtitan), iter_N (Megatron),
 # epoch=E-step=N.ckpt / *step=N*.ckpt (Lightning)
-CKPT_DIR_RE = re.compile(r"^(checkpoint-(\d+)|global_step_?(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$")
+CKPT_DIR_RE = re.compile(
+    r"^(checkpoint-(\d+)|global_step_?(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$"
+)
 FSDP_MODEL_DIR_RE = re.compile(r"^pytorch_model_fsdp_(\d+)$")  # HF Trainer / Accelerate sharded FSDP
 FSDP_OPTIM_DIR_RE = re.compile(r"^optimizer_(\d+)$")
 
@@ -18,8 +20,23 @@ FSDP_OPTIM_DIR_RE = re.compile(r"^optimizer_(\d+)$")
 STATE_DICT_WRAPPERS = ("state_dict", "module", "model", "model_state_dict")
 # top-level keys of optimizer state, and of the rest of the training state (neither is the model)
 OPTIMIZER_KEYS = frozenset({"optimizer", "optim", "optimizers", "optimizer_states"})
-TRAINING_STATE_KEYS = frozenset({"lr_scheduler", "dataloader", "train_state", "scheduler", "rng", "rng_state", "step",
-                                 "epoch", "global_step", "extra_state", "args", "checkpoint_version", "iteration"})
+TRAINING_STATE_KEYS = frozenset(
+    {
+        "lr_scheduler",
+        "dataloader",
+        "train_state",
+        "scheduler",
+        "rng",
+        "rng_state",
+        "step",
+        "epoch",
+        "global_step",
+        "extra_state",
+        "args",
+        "checkpoint_version",
+        "iteration",
+    }
+)
 # what `ckpt-tui fix` keeps of a file it rewrites: ``.<name>.ckpt-tui-bak`` beside it (repair/atomic.py)
 BACKUP_SUFFIX = ".ckpt-tui-bak"
 
@@ -27,7 +44,7 @@ BACKUP_SUFFIX = ".ckpt-tui-bak"
 def backed_up_name(name: str) -> Optional[str]:
     """The name of the file a repair's backup ``name`` keeps (``.x.pt.ckpt-tui-bak`` -> ``x.pt``), or None."""
     if name.startswith(".") and name.endswith(BACKUP_SUFFIX) and len(name) > len(BACKUP_SUFFIX) + 1:
-        return name[1:-len(BACKUP_SUFFIX)]
+        return name[1 : -len(BACKUP_SUFFIX)]
     return None
 
 

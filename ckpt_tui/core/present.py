@@ -12,19 +12,47 @@ from .dtypes import short_dtype
 from .types import SEVERITY_RANK
 from .units import naturalsize, param_count
 
-__all__ = ["GLYPH", "SEVERITY_COLOR", "ROLE_BADGE", "MAIN_ROLES", "role_badge", "worst", "size", "param_count",
-           "naturalsize", "short_dtype", "shape_text", "universal_summary"]
+__all__ = [
+    "GLYPH",
+    "SEVERITY_COLOR",
+    "ROLE_BADGE",
+    "MAIN_ROLES",
+    "role_badge",
+    "worst",
+    "size",
+    "param_count",
+    "naturalsize",
+    "short_dtype",
+    "shape_text",
+    "universal_summary",
+]
 
 GLYPH = {"error": "✖", "warning": "▲", "info": "●"}
 SEVERITY_COLOR = {"error": "red", "warning": "yellow", "info": "cyan"}
 
 # role -> badge. The CLI shows them as they are; the TUI shows MAIN_ROLES' upper-cased, first.
-ROLE_BADGE = {"model": "model", "optimizer": "optim", "model+optimizer": "model+optim", "rng": "rng",
-              "scheduler": "sched", "trainer-state": "state", "training-args": "args", "config": "config",
-              "tokenizer": "tok", "script": "script", "data-loader": "data", "marker": "marker",
-              "checkpoint": "ckpt", "run": "run", "scaler": "scaler", "backup": "backup",
-              # verl's rank files: which of a rank's files holds the model, the optimizer, the scheduler + RNG
-              "model-shard": "model", "optimizer-shard": "optim", "extra-state": "sched+rng"}
+ROLE_BADGE = {
+    "model": "model",
+    "optimizer": "optim",
+    "model+optimizer": "model+optim",
+    "rng": "rng",
+    "scheduler": "sched",
+    "trainer-state": "state",
+    "training-args": "args",
+    "config": "config",
+    "tokenizer": "tok",
+    "script": "script",
+    "data-loader": "data",
+    "marker": "marker",
+    "checkpoint": "ckpt",
+    "run": "run",
+    "scaler": "scaler",
+    "backup": "backup",
+    # verl's rank files: which of a rank's files holds the model, the optimizer, the scheduler + RNG
+    "model-shard": "model",
+    "optimizer-shard": "optim",
+    "extra-state": "sched+rng",
+}
 MAIN_ROLES = ("model", "optimizer", "model+optimizer")
 
 

@@ -51,6 +51,8 @@ class RateMeter:
             pts.popleft()
         (t0, d0), (t1, d1) = pts[0], pts[-1]
         return (d1 - d0) / (t1 - t0) if t1 > t0 and d1 >= d0 else None
+
+
 CancelToken = threading.Event
 
 
@@ -63,7 +65,9 @@ def check_cancel(cancel: Optional[threading.Event]) -> None:
         raise Cancelled("cancelled")
 
 
-def report(on_progress: Optional[OnProgress], done: int, total: Optional[int], unit: Unit = "bytes", label: str = "") -> None:
+def report(
+    on_progress: Optional[OnProgress], done: int, total: Optional[int], unit: Unit = "bytes", label: str = ""
+) -> None:
     if on_progress is not None:
         on_progress(Progress(done, total, unit, label))
 
@@ -71,7 +75,8 @@ def report(on_progress: Optional[OnProgress], done: int, total: Optional[int], u
 # The progress callback and cancel token of the job running in this context, for a reader deep inside it (a DCP
 # .metadata of 200 MB, read while a scan analyses its folder) that would otherwise sit silent and uncancellable.
 _SCOPE: ContextVar[tuple[Optional[OnProgress], Optional[threading.Event]]] = ContextVar(
-    "ckpt_tui_progress_scope", default=(None, None))
+    "ckpt_tui_progress_scope", default=(None, None)
+)
 
 
 @contextmanager

@@ -48,12 +48,23 @@ class Report:
         return doc
 
 
-def inspect(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProgress] = None, cancel=None,
-            trust_pickles: bool = False) -> Report:
+def inspect(
+    path,
+    *,
+    on_node: Optional[OnNode] = None,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+    trust_pickles: bool = False,
+) -> Report:
     remote = is_url(path)
     before = bytes_fetched()
-    inv = scan(path if remote else Path(path), on_node=on_node, on_progress=on_progress, cancel=cancel,
-               trust_pickles=trust_pickles)
+    inv = scan(
+        path if remote else Path(path),
+        on_node=on_node,
+        on_progress=on_progress,
+        cancel=cancel,
+        trust_pickles=trust_pickles,
+    )
     with gc_paused():  # findings are plain data, one per broken file: collections would walk the tree again
         findings = diagnose(inv)
         mark_complete(inv, findings)

@@ -44,6 +44,7 @@ OnNode = Callable[[ScanEvent], None]
 
 # ---------------------------------------------------------------- walk
 
+
 def walk(path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
     if is_url(path):
         return _walk_remote(RemotePath(str(path)), on_node, cancel)
@@ -216,6 +217,7 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
 
 # ---------------------------------------------------------------- analysis
 
+
 def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
     if node.format in ("special", "leftover"):
         return
@@ -259,8 +261,15 @@ def _analyze_dir(node: Node, parsed: Parsed) -> None:
 
 # ---------------------------------------------------------------- inventory
 
-def scan(path, *, on_node: Optional[OnNode] = None, on_progress: Optional[OnProgress] = None, cancel=None,
-         trust_pickles: bool = False) -> Inventory:
+
+def scan(
+    path,
+    *,
+    on_node: Optional[OnNode] = None,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+    trust_pickles: bool = False,
+) -> Inventory:
     """Scan ``path`` (a folder or a single file). Raises ScanError if the path itself is unusable."""
     root = walk(path if is_url(path) else Path(path), on_node, cancel)
     nodes = list(root.walk())

@@ -72,8 +72,13 @@ def filesystem(protocol: str):
             raise StorageError(f"{protocol}:// paths need the optional object-storage support: {EXTRA_HINT}") from None
         # credentials and endpoint come from the standard AWS environment and config (AWS_ENDPOINT_URL,
         # AWS_PROFILE, ~/.aws); botocore's own timeouts and retries are kept low so errors come fast
-        opts = {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
-                                  "retries": {"max_attempts": 1, "mode": "standard"}}}
+        opts = {
+            "config_kwargs": {
+                "connect_timeout": CONNECT_TIMEOUT,
+                "read_timeout": READ_TIMEOUT,
+                "retries": {"max_attempts": 1, "mode": "standard"},
+            }
+        }
     try:
         # a new instance (fsspec's own cache is keyed by these options only: an instance made for an earlier
         # AWS_ENDPOINT_URL in this process would be handed back, talking to that endpoint); one per process is ours
@@ -91,18 +96,34 @@ def explain(url: str, e: BaseException) -> str:
     name = type(e).__name__
     text = " ".join(str(e).split())
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
-    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError") \
-            or "Unable to locate credentials" in text:
-        return (f"{url}: no credentials for object storage (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                f"or AWS_PROFILE)")
-    if isinstance(e, PermissionError) or "AccessDenied" in text or "InvalidAccessKeyId" in text \
-            or "SignatureDoesNotMatch" in text or "Forbidden" in text:
+    if (
+        name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+        or "Unable to locate credentials" in text
+    ):
+        return (
+            f"{url}: no credentials for object storage (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            f"or AWS_PROFILE)"
+        )
+    if (
+        isinstance(e, PermissionError)
+        or "AccessDenied" in text
+        or "InvalidAccessKeyId" in text
+        or "SignatureDoesNotMatch" in text
+        or "Forbidden" in text
+    ):
         return f"{url}: access denied ({text or name})"
     if isinstance(e, FileNotFoundError) or "NoSuchBucket" in text:
         return f"{url}: no such bucket, file or folder"
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-                "ClientConnectorError", "ServerTimeoutError", "FSTimeoutError", "TimeoutError") \
-            or isinstance(e, (ConnectionError, TimeoutError)):
+    if name in (
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ClientConnectorError",
+        "ServerTimeoutError",
+        "FSTimeoutError",
+        "TimeoutError",
+    ) or isinstance(e, (ConnectionError, TimeoutError)):
         where = f" {endpoint}" if endpoint else ""
         return f"{url}: cannot reach the object-storage endpoint{where} ({text or name})"
     return f"{url}: cannot be read ({name}: {text})" if text else f"{url}: cannot be read ({name})"
@@ -239,7 +260,7 @@ class RemotePath:
                     continue
                 if not full.startswith(self.key + "/"):
                     raise StorageError(f"{self}: the listing returned {full!r}, which is not below it")
-                child = self / key_parts(self, full[len(self.key) + 1:])[-1]
+                child = self / key_parts(self, full[len(self.key) + 1 :])[-1]
                 if child.key == self.key:
                     continue
                 _info[str(child)] = e
@@ -269,8 +290,10 @@ def key_parts(root: "RemotePath", rel: str) -> list[str]:
     bad = next((p for p in parts if p in ("", ".", "..")), None)
     if bad is not None:
         what = "an empty segment" if bad == "" else f"a `{bad}` segment"
-        raise StorageError(f"{root}: the object key {(root.key + '/' + rel)!r} has {what}: ckpt-tui refuses keys that "
-                           "would leave the prefix or nest a folder into itself; remove or rename that object")
+        raise StorageError(
+            f"{root}: the object key {(root.key + '/' + rel)!r} has {what}: ckpt-tui refuses keys that "
+            "would leave the prefix or nest a folder into itself; remove or rename that object"
+        )
     return parts
 
 
@@ -303,7 +326,7 @@ def listing(root: RemotePath) -> None:
         key = name.rstrip("/")
         if not key.startswith(root.key + "/"):
             continue
-        parts = key_parts(root, key[len(root.key) + 1:])
+        parts = key_parts(root, key[len(root.key) + 1 :])
         folder = root
         for i, part in enumerate(parts):
             kids.setdefault(str(folder), {})[part] = None
@@ -360,7 +383,7 @@ class RangedFile(io.RawIOBase):
 
     def readinto(self, b) -> int:
         data = self._get(self.pos, len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         self.pos += len(data)
         return len(data)
 
@@ -526,7 +549,7 @@ def download(url, dest: Path, cancel=None) -> Path:
         elif not f.key.startswith(root.key + "/"):
             raise StorageError(f"{f}: not below {root}")
         else:
-            local = target.joinpath(*key_parts(root, f.key[len(root.key) + 1:]))
+            local = target.joinpath(*key_parts(root, f.key[len(root.key) + 1 :]))
         local.parent.mkdir(parents=True, exist_ok=True)
         if base not in Path(os.path.realpath(local.parent)).parents and Path(os.path.realpath(local.parent)) != base:
             raise StorageError(f"{f}: would be written outside {dest}")

@@ -17,7 +17,15 @@ SCHEMA_VERSION = 1
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 MODEL_ROLES = ("model", "model+optimizer")  # roles of nodes that hold model weights
 # formats an export reads (export candidates offered in the export wizard)
-EXPORTABLE = ("dcp", "verl-fsdp", "deepspeed-zero", "deepspeed-universal", "safetensors", "safetensors-sharded-index", "torch-zip")
+EXPORTABLE = (
+    "dcp",
+    "verl-fsdp",
+    "deepspeed-zero",
+    "deepspeed-universal",
+    "safetensors",
+    "safetensors-sharded-index",
+    "torch-zip",
+)
 
 T = TypeVar("T")
 
@@ -76,8 +84,15 @@ class Node(JsonFields):
     def to_json(self) -> dict:
         """``as_json`` of ``json_keys``, written out: one per file and folder of the tree (every field but the
         facts is already a JSON value)."""
-        return {"path": self.path, "kind": "dir" if self.is_dir else "file", "format": self.format, "role": self.role,
-                "framework": self.framework, "size": self.size, "facts": jsonable(self.facts)}
+        return {
+            "path": self.path,
+            "kind": "dir" if self.is_dir else "file",
+            "format": self.format,
+            "role": self.role,
+            "framework": self.framework,
+            "size": self.size,
+            "facts": jsonable(self.facts),
+        }
 
     def child(self, name: str) -> Optional["Node"]:
         idx = self.__dict__.get("_index")
@@ -94,7 +109,7 @@ class Node(JsonFields):
         if not rel.startswith(prefix):
             return None
         node = self
-        for part in rel[len(prefix):].split("/"):
+        for part in rel[len(prefix) :].split("/"):
             node = node.child(part)
             if node is None:
                 return None
@@ -110,7 +125,6 @@ class Node(JsonFields):
         return self.path == "." or rel == self.path or rel.startswith(self.path + "/")
 
 
-
 @dataclass(frozen=True)
 class Finding(JsonFields):
     code: str
@@ -122,8 +136,14 @@ class Finding(JsonFields):
 
     def to_json(self) -> dict:
         """``as_json`` of every field, written out (one per finding; each is a string or None)."""
-        return {"code": self.code, "severity": self.severity, "path": self.path, "message": self.message,
-                "fix": self.fix, "command": self.command}
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "path": self.path,
+            "message": self.message,
+            "fix": self.fix,
+            "command": self.command,
+        }
 
 
 def user_path(given: str, rel: str = ".") -> str:
@@ -211,7 +231,9 @@ class Inventory:
 
     def model_path(self, checkpoint: Optional[str] = None) -> Optional[str]:
         """Where the model weights are: of the whole inventory, or of one of its ``checkpoints``."""
-        return model_component(self.components if checkpoint is None else self.checkpoint_components.get(checkpoint, {}))
+        return model_component(
+            self.components if checkpoint is None else self.checkpoint_components.get(checkpoint, {})
+        )
 
     def model_node(self, checkpoint: Optional[str] = None) -> Optional[Node]:
         rel = self.model_path(checkpoint)

@@ -24,8 +24,16 @@ from .storage import download, is_url
 
 @dataclass
 class VerifyResult(JsonFields):
-    json_keys = ("ok", "compared", "mismatches", "missing_in_output", "not_in_reference", "reference",
-                 "stripped_prefix", "problems")
+    json_keys = (
+        "ok",
+        "compared",
+        "mismatches",
+        "missing_in_output",
+        "not_in_reference",
+        "reference",
+        "stripped_prefix",
+        "problems",
+    )
 
     compared: int = 0
     mismatches: list[str] = field(default_factory=list)
@@ -86,14 +94,21 @@ def _prefix(node, names: list[str], outs, strip_prefix, keep_prefix) -> tuple[Op
     p = choice.strip
     if not p or strip_prefix:
         return p, ""
-    stripped = {n[len(p):] for n in names}
+    stripped = {n[len(p) :] for n in names}
     if len(outs.keys() & set(names)) > len(outs.keys() & stripped):
         return None, f"the export kept the LightningModule attribute prefix `{p}`: compared under the source's names"
     return p, f"compared without the LightningModule attribute prefix `{p}`, as export strips it"
 
 
-def compare_each(refs, outs: dict[str, tuple[Path, str]], res: "VerifyResult", *, cancel=None,
-                 on_progress: Optional[OnProgress] = None, not_missing=frozenset()) -> set[str]:
+def compare_each(
+    refs,
+    outs: dict[str, tuple[Path, str]],
+    res: "VerifyResult",
+    *,
+    cancel=None,
+    on_progress: Optional[OnProgress] = None,
+    not_missing=frozenset(),
+) -> set[str]:
     """Compare each ``(name, reference tensor)`` with the output tensor of that name, bit for bit after the
     export's cast (a float reference in the output's dtype); count into ``res``. A reference name with no
     output is missing unless in ``not_missing`` (tied aliases written once). Returns the names compared."""
@@ -116,8 +131,11 @@ def compare_each(refs, outs: dict[str, tuple[Path, str]], res: "VerifyResult", *
             got = handles[path].get_tensor(name)
             want = ref.to(got.dtype) if ref.is_floating_point() and got.is_floating_point() else ref
             res.compared += 1
-            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or not torch.equal(
-                    got.reshape(-1).view(torch.uint8), want.contiguous().reshape(-1).view(torch.uint8)):
+            if (
+                tuple(got.shape) != tuple(want.shape)
+                or got.dtype != want.dtype
+                or not torch.equal(got.reshape(-1).view(torch.uint8), want.contiguous().reshape(-1).view(torch.uint8))
+            ):
                 res.mismatches.append(name)
             if on_progress:
                 on_progress(Progress(len(seen), len(outs), "files", name))
@@ -127,8 +145,16 @@ def compare_each(refs, outs: dict[str, tuple[Path, str]], res: "VerifyResult", *
     return seen
 
 
-def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None, keep_prefix: bool = False,
-           on_progress: Optional[OnProgress] = None, cancel=None) -> VerifyResult:
+def verify(
+    out,
+    against,
+    *,
+    trust_pickles: bool = False,
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+) -> VerifyResult:
     """Every tensor of the export ``out`` against ``against`` read by its reference loader. The
     source's names get the prefix decision of export (a Lightning checkpoint loses its one
     LightningModule attribute prefix): ``strip_prefix`` / ``keep_prefix`` as given to export."""
@@ -141,16 +167,31 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
         tmp = owned_temp(tempfile.gettempdir(), VERIFY_TEMP)  # a killed verify's is swept by the next
         try:
             local = download(against, Path(tmp), cancel)
-            return verify(out, str(local), trust_pickles=trust_pickles, strip_prefix=strip_prefix,
-                          keep_prefix=keep_prefix, on_progress=on_progress, cancel=cancel)
+            return verify(
+                out,
+                str(local),
+                trust_pickles=trust_pickles,
+                strip_prefix=strip_prefix,
+                keep_prefix=keep_prefix,
+                on_progress=on_progress,
+                cancel=cancel,
+            )
         finally:
             remove_temp(tmp)
 
     if is_optimizer_export(Path(out)):
-        return verify_optimizer(out, against, trust_pickles=trust_pickles, strip_prefix=strip_prefix,
-                                keep_prefix=keep_prefix, on_progress=on_progress, cancel=cancel)
-    _, node, _ = screened_model(against, trust_pickles=trust_pickles,
-                                why="refusing to hand this checkpoint to the reference loaders")
+        return verify_optimizer(
+            out,
+            against,
+            trust_pickles=trust_pickles,
+            strip_prefix=strip_prefix,
+            keep_prefix=keep_prefix,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
+    _, node, _ = screened_model(
+        against, trust_pickles=trust_pickles, why="refusing to hand this checkpoint to the reference loaders"
+    )
     outs = _output_tensors(Path(out))
     source = source_for(node, trust_pickles=trust_pickles)
     strip_prefix, note = _prefix(node, [t.name for t in source.tensors], outs, strip_prefix, keep_prefix)
@@ -158,8 +199,10 @@ def verify(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[
     # tied aliases the reference returns under both names are written once, as save_pretrained does
     aliases = {t.name for t in strip_names(source, strip_prefix).tensors if t.tied_to}
     # stripped here: not every reference loader applies it
-    refs = ((n[len(strip_prefix):] if strip_prefix and n.startswith(strip_prefix) else n, ref)
-            for n, ref in _reference(node, None, trust_pickles))
+    refs = (
+        (n[len(strip_prefix) :] if strip_prefix and n.startswith(strip_prefix) else n, ref)
+        for n, ref in _reference(node, None, trust_pickles)
+    )
     seen = compare_each(refs, outs, res, cancel=cancel, on_progress=on_progress, not_missing=aliases)
     res.not_in_reference = sorted(set(outs) - seen)
     # tied aliases the reference returns twice are written once: not a miss
@@ -170,8 +213,12 @@ def is_optimizer_export(out: Path) -> bool:
     """An ``--component optimizer`` output: optimizer_config.json beside optimizer*.safetensors, no model."""
     from .export.deepspeed_optim import CONFIG_FILE
 
-    return out.is_dir() and (out / CONFIG_FILE).is_file() and any(out.glob("optimizer*.safetensors")) \
+    return (
+        out.is_dir()
+        and (out / CONFIG_FILE).is_file()
+        and any(out.glob("optimizer*.safetensors"))
         and not any(out.glob("model*.safetensors"))
+    )
 
 
 def _config_problems(cfg, planned: dict, outs: dict) -> list[str]:
@@ -190,13 +237,23 @@ def _config_problems(cfg, planned: dict, outs: dict) -> list[str]:
     named = {n for g in ours for n in (g.get("params") or [])}
     with_tensors = {n.rsplit(".", 1)[0] for n in outs}
     if with_tensors - named:
-        out.append(f"{CONFIG_FILE}: {len(with_tensors - named)} exported parameter(s) in no param group, e.g. "
-                   f"{sorted(with_tensors - named)[0]}")
+        out.append(
+            f"{CONFIG_FILE}: {len(with_tensors - named)} exported parameter(s) in no param group, e.g. "
+            f"{sorted(with_tensors - named)[0]}"
+        )
     return out
 
 
-def verify_optimizer(out, against, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None,
-                     keep_prefix: bool = False, on_progress: Optional[OnProgress] = None, cancel=None) -> VerifyResult:
+def verify_optimizer(
+    out,
+    against,
+    *,
+    trust_pickles: bool = False,
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+) -> VerifyResult:
     """An optimizer export ``out`` against ``against``: every tensor bit-exact with torch's own reader of
     the source (the DCP loader, ``torch.load``), named by the param groups the export's
     optimizer_config.json records (so its names are checked too), and that config against the source's
@@ -208,8 +265,14 @@ def verify_optimizer(out, against, *, trust_pickles: bool = False, strip_prefix:
     from .export.deepspeed_optim import CONFIG_FILE
 
     out = Path(out)
-    plan, _ = plan_export(against, out / ".ckpt-tui-verify", component="optimizer", strip_prefix=strip_prefix,
-                          keep_prefix=keep_prefix, trust_pickles=trust_pickles)
+    plan, _ = plan_export(
+        against,
+        out / ".ckpt-tui-verify",
+        component="optimizer",
+        strip_prefix=strip_prefix,
+        keep_prefix=keep_prefix,
+        trust_pickles=trust_pickles,
+    )
     outs = _output_tensors(out, "optimizer")
     planned = json.loads(dict(plan.extra_files)[CONFIG_FILE])
     try:
@@ -249,17 +312,19 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
         from .export.dcp_optim import reference_tensors
 
         res.reference = "torch DCP loader"
-        screen.require(screen.dcp_metadata_files(plan.source.path), trust_pickles=trust_pickles,
-                       loader="torch's DCP reader")
+        screen.require(
+            screen.dcp_metadata_files(plan.source.path), trust_pickles=trust_pickles, loader="torch's DCP reader"
+        )
         for name, t in reference_tensors(plan.source.path):
-            yield (name[len(strip):] if strip and name.startswith(strip) else name), t
+            yield (name[len(strip) :] if strip and name.startswith(strip) else name), t
     elif kind == "verl-optimizer":
         from .export.verl_source import optimizer_reference_tensors
 
         res.reference = "torch.load of every rank's optim file, joined as verl's model merger joins shards"
         folder = Path(plan.source.path)
-        screen.require(sorted(folder.glob("optim_world_size_*_rank_*.pt")), trust_pickles=trust_pickles,
-                       loader="torch.load")
+        screen.require(
+            sorted(folder.glob("optim_world_size_*_rank_*.pt")), trust_pickles=trust_pickles, loader="torch.load"
+        )
         shapes = {t.name: tuple(t.shape) for f in plan.files for t in f.tensors}
         yield from optimizer_reference_tensors(plan.source.path, cfg, shapes)
     else:

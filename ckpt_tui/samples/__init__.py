@@ -8,6 +8,7 @@ that writes one sub-folder per *variant* under OUTDIR. This module only launches
     generate("torch_dcp", Path("out"), ["fsdp2-dcp"])
     build_demo(Path("somewhere/demo"))            # the `ckpt-tui demo` run (torch + deepspeed only)
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,23 @@ from pathlib import Path
 
 from ..core.userdirs import cache_home
 
-__all__ = ["GROUPS", "VARIANTS", "EXPECTED", "SKIPPED", "Group", "GenerationError", "generate", "build_demo", "demo_is_built", "demo_stamp", "source_hash", "group_hash", "STEP_PREFIX", "launch_env",
-           "big_torch_checkpoint"]
+__all__ = [
+    "GROUPS",
+    "VARIANTS",
+    "EXPECTED",
+    "SKIPPED",
+    "Group",
+    "GenerationError",
+    "generate",
+    "build_demo",
+    "demo_is_built",
+    "demo_stamp",
+    "source_hash",
+    "group_hash",
+    "STEP_PREFIX",
+    "launch_env",
+    "big_torch_checkpoint",
+]
 
 
 @dataclass(frozen=True)
@@ -43,28 +59,60 @@ GROUPS: dict[str, Group] = {
     "ds_engine": Group(
         "ds_engine",
         2,
-        ("ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-fp32", "ds-zero2-tied",
-         "ds-zero1-frozen", "ds-zero2-frozen", "ds-zero3-frozen", "universal", "universal-zero2"),
+        (
+            "ds-zero1-bf16",
+            "ds-zero2-bf16",
+            "ds-zero3-bf16",
+            "ds-zero2-fp32",
+            "ds-zero2-tied",
+            "ds-zero1-frozen",
+            "ds-zero2-frozen",
+            "ds-zero3-frozen",
+            "universal",
+            "universal-zero2",
+        ),
         derived={"universal": "ds-zero3-bf16", "universal-zero2": "ds-zero2-bf16"},
     ),
     "ds_engine_3ranks": Group("ds_engine", 3, ("ds-zero2-3ranks", "ds-zero3-3ranks")),
     "ds_beyond": Group("ds_beyond", 2, ("ds-zero0-bf16", "ds-zero0-fp32", "ds-bf16-optimizer", "ds-pipeline")),
     "ds_resume": Group("ds_resume", 2, ("ds-resume-zero2", "ds-resume-zero3")),
     "hf_trainer": Group(
-        "hf_trainer", 2, ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2")
+        "hf_trainer",
+        2,
+        ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2"),
     ),
     "lightning": Group("lightning_ckpt", 2, ("lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp")),
     "torch_dcp": Group(
         "torch_dcp",
         2,
-        ("fsdp1-dcp", "fsdp2-dcp", "fsdp-full", "fsdp-local", "dcp-ranklocal", "dcp-safetensors",
-         "dcp-fs-safetensors", "dcp-mixed"),
+        (
+            "fsdp1-dcp",
+            "fsdp2-dcp",
+            "fsdp-full",
+            "fsdp-local",
+            "dcp-ranklocal",
+            "dcp-safetensors",
+            "dcp-fs-safetensors",
+            "dcp-mixed",
+        ),
     ),
     # written by the frameworks themselves, in a cached venv of their own (samples/venvs.py)
     "megatron_dist": Group("megatron_dist", 2, ("megatron-dist",), venv="megatron-torchtitan"),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
-    "single": Group("single", 1, ("accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt",
-                                   "plain-pt-optim", "plain-pt-optim-groups", "lightning-file-optim")),
+    "single": Group(
+        "single",
+        1,
+        (
+            "accelerate-save-state",
+            "hf-model-sharded",
+            "hf-model-bin",
+            "megatron-legacy",
+            "plain-pt",
+            "plain-pt-optim",
+            "plain-pt-optim-groups",
+            "lightning-file-optim",
+        ),
+    ),
     "demo": Group("demo", 2, ("demo",)),
     "verl": Group("verl_fsdp", 2, ("verl-fsdp2", "verl-fsdp1"), venv="verl"),
 }
@@ -94,7 +142,9 @@ def _dcp(prefix: str = "", world: int = 2) -> list[str]:
 def _hf_ds(zero3: bool) -> list[str]:
     c = "checkpoint-2/"
     files = [c + f for f in _ds("global_step2", 2, zero3)]
-    files += [c + f for f in ("rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "training_args.bin", "config.json")]
+    files += [
+        c + f for f in ("rng_state_0.pth", "rng_state_1.pth", "trainer_state.json", "training_args.bin", "config.json")
+    ]
     if not zero3:
         files.append(c + "model.safetensors")
     return files
@@ -103,15 +153,19 @@ def _hf_ds(zero3: bool) -> list[str]:
 def _hf_fsdp() -> list[str]:
     c = "checkpoint-2/"
     return (
-        _dcp(c + "pytorch_model_fsdp_0/") + _dcp(c + "optimizer_0/")
+        _dcp(c + "pytorch_model_fsdp_0/")
+        + _dcp(c + "optimizer_0/")
         + [c + f for f in ("rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json")]
     )
 
 
 def _ds_beyond(files: list[str], oracle_ranks: int = 1) -> list[str]:
     """``checkpoint/`` as DeepSpeed wrote it, and beside it ``oracle/``: what its engine loaded back."""
-    return (["checkpoint/latest"] + [f"checkpoint/global_step2/{f}" for f in files]
-            + [f"oracle/rank{r}.pt" for r in range(oracle_ranks)])
+    return (
+        ["checkpoint/latest"]
+        + [f"checkpoint/global_step2/{f}" for f in files]
+        + [f"oracle/rank{r}.pt" for r in range(oracle_ranks)]
+    )
 
 
 _LIT = "checkpoints/epoch=0-step=2.ckpt/"
@@ -120,11 +174,17 @@ _LIT = "checkpoints/epoch=0-step=2.ckpt/"
 def _verl(merged: bool) -> list[str]:
     a = "checkpoints/global_step_1/actor/"
     files = [a + f"{kind}_world_size_2_rank_{r}.pt" for kind in ("model", "optim", "extra_state") for r in range(2)]
-    files += [a + "fsdp_config.json", a + "huggingface/config.json", a + "huggingface/tokenizer.json",
-              "oracle/model_full.pt", "oracle/optim_full.pt"]
+    files += [
+        a + "fsdp_config.json",
+        a + "huggingface/config.json",
+        a + "huggingface/tokenizer.json",
+        "oracle/model_full.pt",
+        "oracle/optim_full.pt",
+    ]
     if merged:
         files += ["oracle/merged/model.safetensors", "oracle/merged/config.json"]
     return files
+
 
 # variant -> paths (relative to the variant folder) that must exist after generation.
 EXPECTED: dict[str, list[str]] = {
@@ -140,48 +200,87 @@ EXPECTED: dict[str, list[str]] = {
     "ds-zero3-3ranks": _ds("global_step2", 3, True),
     "ds-zero0-bf16": _ds_beyond(["mp_rank_00_model_states.pt"]),
     "ds-zero0-fp32": _ds_beyond(["mp_rank_00_model_states.pt"]),
-    "ds-bf16-optimizer": _ds_beyond(["mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                     "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]),
-    "ds-pipeline": _ds_beyond([f"layer_0{i}-model_states.pt" for i in range(5)]
-                              + ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"], oracle_ranks=2),
+    "ds-bf16-optimizer": _ds_beyond(
+        [
+            "mp_rank_00_model_states.pt",
+            "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        ]
+    ),
+    "ds-pipeline": _ds_beyond(
+        [f"layer_0{i}-model_states.pt" for i in range(5)]
+        + ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"],
+        oracle_ranks=2,
+    ),
     "ds-resume-zero2": [f"checkpoint/{f}" for f in _ds("global_step2", 2, False, bf16=False)] + ["reference.pt"],
     "ds-resume-zero3": [f"checkpoint/{f}" for f in _ds("global_step2", 2, True, bf16=False)] + ["reference.pt"],
-    "universal": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
-                  "global_step2_universal/zero/lm_head.weight/fp32.pt",
-                  "global_step2_universal/zero/lm_head.weight/exp_avg.pt",
-                  "global_step2_universal/zero_pp_rank_0_mp_rank_00_model_states.pt"],
-    "universal-zero2": ["latest_universal", "global_step2_universal/zero/optimizer_state.pt",
-                        "global_step2_universal/zero/lm_head.weight/fp32.pt",
-                        "global_step2_universal/mp_rank_00_model_states.pt"],
+    "universal": [
+        "latest_universal",
+        "global_step2_universal/zero/optimizer_state.pt",
+        "global_step2_universal/zero/lm_head.weight/fp32.pt",
+        "global_step2_universal/zero/lm_head.weight/exp_avg.pt",
+        "global_step2_universal/zero_pp_rank_0_mp_rank_00_model_states.pt",
+    ],
+    "universal-zero2": [
+        "latest_universal",
+        "global_step2_universal/zero/optimizer_state.pt",
+        "global_step2_universal/zero/lm_head.weight/fp32.pt",
+        "global_step2_universal/mp_rank_00_model_states.pt",
+    ],
     "hf-ds-zero1": _hf_ds(False),
     "hf-ds-zero2": _hf_ds(False),
     "hf-ds-zero3": _hf_ds(True),
     "hf-ds-zero2-tied-frozen": _hf_ds(False),
     "hf-fsdp1": _hf_fsdp(),
     "hf-fsdp2": _hf_fsdp(),
-    "lightning-ds-zero2": [_LIT + f for f in ["latest", "zero_to_fp32.py", "checkpoint/mp_rank_00_model_states.pt",
-                                              "checkpoint/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                              "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]],
-    "lightning-ds-zero3": [_LIT + f for f in ["latest", "zero_to_fp32.py",
-                                              "checkpoint/zero_pp_rank_0_mp_rank_00_model_states.pt",
-                                              "checkpoint/zero_pp_rank_1_mp_rank_00_model_states.pt",
-                                              "checkpoint/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                              "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"]],
+    "lightning-ds-zero2": [
+        _LIT + f
+        for f in [
+            "latest",
+            "zero_to_fp32.py",
+            "checkpoint/mp_rank_00_model_states.pt",
+            "checkpoint/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        ]
+    ],
+    "lightning-ds-zero3": [
+        _LIT + f
+        for f in [
+            "latest",
+            "zero_to_fp32.py",
+            "checkpoint/zero_pp_rank_0_mp_rank_00_model_states.pt",
+            "checkpoint/zero_pp_rank_1_mp_rank_00_model_states.pt",
+            "checkpoint/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "checkpoint/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        ]
+    ],
     "lightning-fsdp": _dcp(_LIT) + [_LIT + "meta.pt"],
     "fsdp1-dcp": _dcp(),
     "fsdp2-dcp": _dcp(),
     "fsdp-full": ["pytorch_model_fsdp.bin"],
     "fsdp-local": ["pytorch_model_fsdp_rank0.bin", "pytorch_model_fsdp_rank1.bin"],
     "dcp-ranklocal": ["__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp"],
-    "dcp-safetensors": ["model-00001-of-00001.safetensors", "model.safetensors.index.json",
-                        "sharded/shard-00001-model-00001-of-00001.safetensors",
-                        "sharded/shard-00002-model-00001-of-00001.safetensors"],
+    "dcp-safetensors": [
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
+        "sharded/shard-00001-model-00001-of-00001.safetensors",
+        "sharded/shard-00002-model-00001-of-00001.safetensors",
+    ],
     "dcp-fs-safetensors": _dcp(),
     "torchtitan": _dcp("checkpoint/step-1/") + _dcp("checkpoint/step-2/"),
     # megatron's writer splits each rank's data over two files (__{rank}_0/1.distcp); oracle/ is its own load
-    "megatron-dist": [f"checkpoints/{f}" for f in (
-        "iter_0000010/.metadata", "iter_0000010/__0_*.distcp", "iter_0000010/__1_*.distcp",
-        "iter_0000010/metadata.json", "iter_0000010/common.pt", "latest_checkpointed_iteration.txt")] + ["oracle/model.pt", "oracle/keys.json"],
+    "megatron-dist": [
+        f"checkpoints/{f}"
+        for f in (
+            "iter_0000010/.metadata",
+            "iter_0000010/__0_*.distcp",
+            "iter_0000010/__1_*.distcp",
+            "iter_0000010/metadata.json",
+            "iter_0000010/common.pt",
+            "latest_checkpointed_iteration.txt",
+        )
+    ]
+    + ["oracle/model.pt", "oracle/keys.json"],
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],
     "hf-model-sharded": ["config.json", "model.safetensors.index.json", "model-00001-of-*.safetensors"],
@@ -195,8 +294,10 @@ EXPECTED: dict[str, list[str]] = {
     "verl-fsdp1": _verl(False),
     "demo": (
         [f"fsdp-trainer-run/checkpoint-20/{f}" for f in _dcp("pytorch_model_fsdp_0/") + _dcp("optimizer_0/")]
-        + [f"fsdp-trainer-run/checkpoint-20/{f}" for f in
-           ("rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json")]
+        + [
+            f"fsdp-trainer-run/checkpoint-20/{f}"
+            for f in ("rng_state_0.pth", "rng_state_1.pth", "scheduler.pt", "trainer_state.json")
+        ]
         + [f"deepspeed-zero2/{f}" for f in _ds("global_step3", 2, False)]
     ),
 }
@@ -235,8 +336,14 @@ def launch_env() -> dict[str, str]:
 def _run(cmd: list[str], cwd: Path, on_line: Callable[[str], None] | None, timeout: float) -> tuple[int, str]:
     tail: deque[str] = deque(maxlen=60)
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace", start_new_session=True,  # own process group: torchrun and its ranks end together
+        cmd,
+        cwd=cwd,
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # own process group: torchrun and its ranks end together
     )
 
     def kill_group() -> None:
@@ -305,8 +412,17 @@ def generate(
         from .venvs import python_for
 
         python = str(python_for(grp.venv, on_line=on_line))
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={grp.nproc}",
-           "-m", f"ckpt_tui.samples.{grp.module}", str(outdir), *launched]
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={grp.nproc}",
+        "-m",
+        f"ckpt_tui.samples.{grp.module}",
+        str(outdir),
+        *launched,
+    ]
     _attempt(lambda: _run(cmd, outdir, on_line, timeout), outdir, launched)
 
     for v in wanted:
@@ -329,8 +445,19 @@ def _attempt(run: Callable[[], tuple[int, str]], outdir: Path, variants: list[st
 
 def _to_universal(src: Path, dst: Path, on_line, timeout: float) -> tuple[int, str]:
     tag = (src / "latest").read_text().strip()
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(src / tag),
-           "--output_folder", str(dst / f"{tag}_universal"), "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(src / tag),
+        "--output_folder",
+        str(dst / f"{tag}_universal"),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
     if (src / tag / "mp_rank_00_model_states.pt").exists():  # ZeRO-1/2 lack universal_checkpoint_info
         cmd.append("--inject_missing_state")
     dst.mkdir(parents=True, exist_ok=True)
@@ -377,7 +504,9 @@ def group_hash(group: str) -> str:
         seen.add(mod)
         src = (here / f"{mod}.py").read_bytes()
         h.update(mod.encode() + b"\0" + src)
-        todo += [m.decode() for m in re.findall(rb"ckpt_tui\.samples\.(\w+)", src) if (here / f"{m.decode()}.py").is_file()]
+        todo += [
+            m.decode() for m in re.findall(rb"ckpt_tui\.samples\.(\w+)", src) if (here / f"{m.decode()}.py").is_file()
+        ]
     for v in grp.variants:
         h.update(repr((v, EXPECTED[v])).encode())
     if grp.derived:
@@ -435,9 +564,14 @@ def big_torch_checkpoint(dest: Path, gib: float = 1.0) -> Path:
     g = torch.Generator().manual_seed(0)
     sd, total, i = {}, 0, 0
     while total < gib * 2**30:
-        for name, shape in (("self_attn.q_proj", (2048, 2048)), ("self_attn.k_proj", (2048, 2048)),
-                            ("self_attn.v_proj", (2048, 2048)), ("self_attn.o_proj", (2048, 2048)),
-                            ("mlp.up_proj", (5632, 2048)), ("mlp.down_proj", (2048, 5632))):
+        for name, shape in (
+            ("self_attn.q_proj", (2048, 2048)),
+            ("self_attn.k_proj", (2048, 2048)),
+            ("self_attn.v_proj", (2048, 2048)),
+            ("self_attn.o_proj", (2048, 2048)),
+            ("mlp.up_proj", (5632, 2048)),
+            ("mlp.down_proj", (2048, 5632)),
+        ):
             t = torch.randn(*shape, generator=g)
             sd[f"model.layers.{i}.{name}.weight"] = t
             total += t.numel() * 4

@@ -3,6 +3,7 @@
 Imported only inside generator processes (torch is imported at module level here,
 but this module is never imported by ``ckpt_tui.samples`` itself).
 """
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@ OUTDIR/demo/
   deepspeed-zero2/                  DeepSpeed ZeRO-2 bf16 engine checkpoint without universal_checkpoint_info
       latest, zero_to_fp32.py, global_step3/{mp_rank_00_model_states.pt, bf16_zero_pp_rank_{0,1}_...}
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

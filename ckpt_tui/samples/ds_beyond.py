@@ -10,6 +10,7 @@ fp32 copy where there is one, else the module weight), its Adam state per parame
 ``<name>.exp_avg``, ``<name>.exp_avg_sq``), the step, and the module's ``state_dict`` (``module``).
 Rank 0 writes it (every rank the same) except for the pipeline, where each rank writes its own stage.
 """
+
 from __future__ import annotations
 
 import gc
@@ -55,8 +56,13 @@ def pipeline_model():
     """TinyLM's layers as a 2-stage PipelineModule (no buffer: a pipeline passes one activation along)."""
     from deepspeed.pipe import LayerSpec, PipelineModule
 
-    layers = [LayerSpec(nn.Embedding, 256, 64), LayerSpec(Block, 64), LayerSpec(Block, 64),
-              LayerSpec(nn.LayerNorm, 64), LayerSpec(nn.Linear, 64, 256, bias=False)]
+    layers = [
+        LayerSpec(nn.Embedding, 256, 64),
+        LayerSpec(Block, 64),
+        LayerSpec(Block, 64),
+        LayerSpec(nn.LayerNorm, 64),
+        LayerSpec(nn.Linear, 64, 256, bias=False),
+    ]
     return PipelineModule(layers=layers, num_stages=2, loss_fn=lm_loss, partition_method="parameters")
 
 
@@ -65,8 +71,9 @@ def build(variant: str, seed: int):
 
     seed_all(seed)
     model = pipeline_model() if variant == "ds-pipeline" else TinyLM()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()],
-                                           config=ds_config(variant))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters()], config=ds_config(variant)
+    )
     return engine
 
 
@@ -112,8 +119,13 @@ def oracle(engine, variant: str) -> dict:
             for key in ("exp_avg", "exp_avg_sq"):
                 optim[f"{n}.{key}"] = st[key].clone()
             steps.add(float(st["step"]))
-    return {"optimizer_class": kind, "masters": masters, "optim": optim, "step": steps.pop() if len(steps) == 1 else None,
-            "module": {k: v.clone() for k, v in engine.module.state_dict().items()}}
+    return {
+        "optimizer_class": kind,
+        "masters": masters,
+        "optim": optim,
+        "step": steps.pop() if len(steps) == 1 else None,
+        "module": {k: v.clone() for k, v in engine.module.state_dict().items()},
+    }
 
 
 def make(out: Path, variant: str, rank: int) -> None:

@@ -2,6 +2,7 @@
 
 python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.ds_engine OUTDIR [variants]
 """
+
 from __future__ import annotations
 
 import gc

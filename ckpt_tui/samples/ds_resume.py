@@ -9,6 +9,7 @@ what a run converted from the saved checkpoint must reach after that same step.
 
 python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.ds_resume OUTDIR [variants]
 """
+
 from __future__ import annotations
 
 import gc
@@ -56,8 +57,9 @@ def run(out: Path, stage: int) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     seed_all()
     model = TinyLM()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=ds_config(stage, world))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config(stage, world)
+    )
     for step in range(STEPS):
         ids = batch(step, rank, bs=GLOBAL_BATCH // world, seq=SEQ)
         loss = lm_loss(engine(ids), ids)
@@ -67,7 +69,7 @@ def run(out: Path, stage: int) -> None:
     # the reference step: this rank's even share of the global batch, mean loss
     g = global_batch()
     n = GLOBAL_BATCH // world
-    ids = g[rank * n:(rank + 1) * n]
+    ids = g[rank * n : (rank + 1) * n]
     loss = lm_loss(engine(ids), ids)
     engine.backward(loss)
     engine.step()

@@ -3,6 +3,7 @@
 python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.hf_trainer OUTDIR [variants]
 Each variant directory is a Trainer output_dir containing checkpoint-2/.
 """
+
 from __future__ import annotations
 
 import gc

@@ -3,6 +3,7 @@
 python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.lightning_ckpt OUTDIR [variants]
 Each variant directory is a run folder; the checkpoint is ``checkpoints/epoch=0-step=2.ckpt/``.
 """
+
 from __future__ import annotations
 
 import gc

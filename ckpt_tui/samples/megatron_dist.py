@@ -26,6 +26,7 @@ megatron-core's own ``dist_checkpointing.load(model.sharded_state_dict(), ckpt)`
 layer stacks and tensor-parallel shards put back together by megatron itself; ``oracle/keys.json`` says which
 checkpoint key (and which layer of a stacked one) each name was loaded from.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,17 +71,34 @@ def _model(tp: int):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     torch.manual_seed(1234 + dist.get_rank())
     cfg = TransformerConfig(
-        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, use_cpu_initialization=True,
-        params_dtype=torch.bfloat16, bf16=True, tensor_model_parallel_size=tp, pipeline_dtype=torch.bfloat16,
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        use_cpu_initialization=True,
+        params_dtype=torch.bfloat16,
+        bf16=True,
+        tensor_model_parallel_size=tp,
+        pipeline_dtype=torch.bfloat16,
     )
     return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=256, max_sequence_length=64)
 
 
 def _args(tp: int) -> argparse.Namespace:
-    return argparse.Namespace(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                              padded_vocab_size=256, max_position_embeddings=64, tensor_model_parallel_size=tp,
-                              pipeline_model_parallel_size=1, bf16=True, fp16=False, ckpt_format="torch_dist",
-                              iteration=ITERATION)
+    return argparse.Namespace(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        padded_vocab_size=256,
+        max_position_embeddings=64,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=1,
+        bf16=True,
+        fp16=False,
+        ckpt_format="torch_dist",
+        iteration=ITERATION,
+    )
 
 
 def v_megatron_dist(out: Path) -> None:
@@ -91,19 +109,24 @@ def v_megatron_dist(out: Path) -> None:
     if dist.get_rank() == 0:
         it_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    state = {"model": model.sharded_state_dict(), "iteration": ITERATION, "checkpoint_version": 3.0,
-             "args": _args(TP)}
+    state = {"model": model.sharded_state_dict(), "iteration": ITERATION, "checkpoint_version": 3.0, "args": _args(TP)}
     dist_checkpointing.save(state, str(it_dir))
     dist.barrier()
     if dist.get_rank() == 0:
         (it_dir.parent / "latest_checkpointed_iteration.txt").write_text(str(ITERATION))
         # the oracle: megatron-core's own loader on one rank, in a fresh process of its own
         # (without torchrun's variables: TORCHELASTIC_USE_AGENT_STORE would make it join this launch's store)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_", "LOCAL_", "MASTER_"))
-               and k not in ("RANK", "WORLD_SIZE")}
-        subprocess.run([sys.executable, "-m", "ckpt_tui.samples.megatron_dist", "--oracle", str(it_dir),
-                        str(out / "oracle")], env=env, check=True)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_", "LOCAL_", "MASTER_"))
+            and k not in ("RANK", "WORLD_SIZE")
+        }
+        subprocess.run(
+            [sys.executable, "-m", "ckpt_tui.samples.megatron_dist", "--oracle", str(it_dir), str(out / "oracle")],
+            env=env,
+            check=True,
+        )
 
 
 def oracle(ckpt: Path, dest: Path) -> None:
@@ -117,8 +140,9 @@ def oracle(ckpt: Path, dest: Path) -> None:
     loaded = dist_checkpointing.load({"model": sharded}, str(ckpt))
     full = {k: v.clone() for k, v in loaded["model"].items() if isinstance(v, torch.Tensor)}
     # which checkpoint key (and layer of a stacked one) each of the model's names was loaded from
-    keys = {k: [sh.key, int(sh.global_offset[0]) if sh.prepend_axis_num else None]
-            for k, sh in sharded.items() if k in full}
+    keys = {
+        k: [sh.key, int(sh.global_offset[0]) if sh.prepend_axis_num else None] for k, sh in sharded.items() if k in full
+    }
     dest.mkdir(parents=True, exist_ok=True)
     torch.save(full, dest / "model.pt")
     (dest / "keys.json").write_text(json.dumps(keys, indent=1, sort_keys=True) + "\n")
@@ -133,8 +157,9 @@ def main() -> None:
     if sys.argv[1:2] == ["--oracle"]:
         oracle(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    run_variants(VARIANTS, lambda name, out: FUNCS[name](out), setup=lambda: (init_dist(), _cpu_stubs()),
-                 teardown=_end_children)
+    run_variants(
+        VARIANTS, lambda name, out: FUNCS[name](out), setup=lambda: (init_dist(), _cpu_stubs()), teardown=_end_children
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 python -m torch.distributed.run --standalone --nproc_per_node 1 -m ckpt_tui.samples.single OUTDIR [variants]
 (also runs as plain ``python -m ckpt_tui.samples.single OUTDIR``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,16 @@ from ckpt_tui.samples._common import (
     seed_all,
 )
 
-VARIANTS = ["accelerate-save-state", "hf-model-sharded", "hf-model-bin", "megatron-legacy", "plain-pt", "plain-pt-optim",
-            "plain-pt-optim-groups", "lightning-file-optim"]
+VARIANTS = [
+    "accelerate-save-state",
+    "hf-model-sharded",
+    "hf-model-bin",
+    "megatron-legacy",
+    "plain-pt",
+    "plain-pt-optim",
+    "plain-pt-optim-groups",
+    "lightning-file-optim",
+]
 
 
 def _tiny_llama(tied: bool = False):
@@ -77,10 +86,21 @@ def v_megatron_legacy(out: Path) -> None:
     ids = batch(0, 0)
     lm_loss(model(ids), ids).backward()
     opt.step()
-    args = argparse.Namespace(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                              padded_vocab_size=256, seq_length=16, max_position_embeddings=64,
-                              tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-                              bf16=False, fp16=False, iteration=10, consumed_train_samples=20)
+    args = argparse.Namespace(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=128,
+        num_attention_heads=4,
+        padded_vocab_size=256,
+        seq_length=16,
+        max_position_embeddings=64,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        bf16=False,
+        fp16=False,
+        iteration=10,
+        consumed_train_samples=20,
+    )
     state = {
         "args": args,
         "checkpoint_version": 3.0,
@@ -88,11 +108,13 @@ def v_megatron_legacy(out: Path) -> None:
         "model": {"language_model": model.state_dict()},
         "optimizer": opt.state_dict(),
         "opt_param_scheduler": {"max_lr": 1e-3, "min_lr": 0.0, "num_steps": 20},
-        "rng_state": [{
-            "random_rng_state": random.getstate(),
-            "np_rng_state": np.random.get_state(),
-            "torch_rng_state": torch.get_rng_state(),
-        }],
+        "rng_state": [
+            {
+                "random_rng_state": random.getstate(),
+                "np_rng_state": np.random.get_state(),
+                "torch_rng_state": torch.get_rng_state(),
+            }
+        ],
     }
     d = out / "iter_0000010" / "mp_rank_00"
     d.mkdir(parents=True, exist_ok=True)
@@ -146,8 +168,16 @@ def v_lightning_file_optim(out: Path) -> None:
     from ckpt_tui.samples.lightning_ckpt import module_cls
 
     seed_all()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(out))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(out),
+    )
     data = torch.utils.data.DataLoader([batch(i, 0, bs=1)[0] for i in range(4)], batch_size=2)
     trainer.fit(module_cls()(), data)
     trainer.save_checkpoint(out / "last.ckpt")

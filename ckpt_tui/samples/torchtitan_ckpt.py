@@ -24,6 +24,7 @@ Writes ``torchtitan/checkpoint/step-1/`` (full: model + optimizer + lr_scheduler
 last_step=True)``), as a torchtitan run does. The oracle for both is torch's own ``dcp_to_torch_save`` (no
 framework needed: the test venv has torch).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,7 +94,11 @@ def _model_config():
         norm=RMSNorm.Config(normalized_shape=DIM, param_init=_NORM_INIT),
         lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_output_linear_init(DIM)),
         layers=_build_llama3_layers(
-            fuse_qkv=True, n_layers=2, dim=DIM, n_heads=4, hidden_dim=compute_ffn_hidden_dim(DIM, multiple_of=64),
+            fuse_qkv=True,
+            n_layers=2,
+            dim=DIM,
+            n_heads=4,
+            hidden_dim=compute_ffn_hidden_dim(DIM, multiple_of=64),
             rope=ComplexRoPE.Config(dim=DIM // 4, max_seq_len=64, theta=500000, scaling="llama"),
             attn_backend="flex",
         ),
@@ -124,14 +129,26 @@ def v_torchtitan(out: Path) -> None:
     opt_cfg.implementation = "for-loop"
     optimizers = opt_cfg.build(model_parts=[model])
     lr_schedulers = LRSchedulersContainer.Config(warmup_steps=1, decay_type="linear").build(
-        optimizers=optimizers, training_steps=4)
+        optimizers=optimizers, training_steps=4
+    )
     dataloader = ParallelAwareDataloader(_Tokens(rank), dp_rank=rank, dp_world_size=world, batch_size=2)
     train_state = _TrainState()
     ckpt = CheckpointManager.Config(
-        enable=True, folder="checkpoint", interval=1, last_save_model_only=True, export_dtype="bfloat16",
+        enable=True,
+        folder="checkpoint",
+        interval=1,
+        last_save_model_only=True,
+        export_dtype="bfloat16",
         keep_latest_k=0,
-    ).build(dataloader=dataloader, model_parts=[model], optimizers=optimizers, lr_schedulers=lr_schedulers,
-            states={"train_state": train_state}, sd_adapter=None, base_folder=str(out))
+    ).build(
+        dataloader=dataloader,
+        model_parts=[model],
+        optimizers=optimizers,
+        lr_schedulers=lr_schedulers,
+        states={"train_state": train_state},
+        sd_adapter=None,
+        base_folder=str(out),
+    )
 
     batches = iter(dataloader)
     for step in (1, 2):

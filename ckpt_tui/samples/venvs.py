@@ -7,6 +7,7 @@ Made in a temp folder and renamed into place under a lock: a crash leaves no hal
 
     python_for("frameworks")  ->  Path to that venv's python (created on first use)
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -27,9 +28,19 @@ TORCH = "torch==2.13.0"
 VENVS: dict[str, tuple[str, ...]] = {
     # verl 0.9.1 resolves with torch 2.13.0 held; it pulls ray and a newer transformers than the test pins, and its
     # requirements are loose: the ones that decide what a checkpoint holds (or could move under it) are pinned
-    "verl": ("verl==0.9.1", "transformers==5.10.4", "tokenizers==0.22.2", "accelerate==1.15.0", "ray==2.60.0",
-             "tensordict==0.10.0", "omegaconf==2.3.1", "numpy==2.4.6", "safetensors==0.8.0", "peft==0.21.2",
-             "datasets==5.2.0"),
+    "verl": (
+        "verl==0.9.1",
+        "transformers==5.10.4",
+        "tokenizers==0.22.2",
+        "accelerate==1.15.0",
+        "ray==2.60.0",
+        "tensordict==0.10.0",
+        "omegaconf==2.3.1",
+        "numpy==2.4.6",
+        "safetensors==0.8.0",
+        "peft==0.21.2",
+        "datasets==5.2.0",
+    ),
     # megatron-core 0.16 is the last on Python 3.11 (0.19 needs 3.12); torchtitan 0.3.0 imports triton
     "megatron-torchtitan": ("megatron-core==0.16.*", "psutil", "torchtitan==0.3.0", "triton"),
 }

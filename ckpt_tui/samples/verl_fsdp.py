@@ -37,6 +37,7 @@ config is given ``architectures=["LlamaForCausalLM"]`` (what a downloaded config
 class from it) and has no ``name_or_path`` (verl then saves no ``generation_config.json``, as it does for such
 models). The vocabulary is odd (255) so that rows split unevenly over the ranks.
 """
+
 from __future__ import annotations
 
 import os
@@ -69,8 +70,9 @@ def tiny_tokenizer():
     vocab = {w: i for i, w in enumerate(special + [f"w{i}" for i in range(VOCAB - len(special))])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
 
 
 def _model():
@@ -78,8 +80,11 @@ def _model():
 
     seed_all()
     # architectures as a from_pretrained model's config has it (verl's merger picks the auto class from it)
-    return LlamaForCausalLM(LlamaConfig(**(TINY_LLAMA | {"vocab_size": VOCAB}), tie_word_embeddings=False,
-                                        architectures=["LlamaForCausalLM"]))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            **(TINY_LLAMA | {"vocab_size": VOCAB}), tie_word_embeddings=False, architectures=["LlamaForCausalLM"]
+        )
+    )
 
 
 def _build(version: int):
@@ -99,8 +104,12 @@ def _build(version: int):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         # no device_mesh: FSDP1 given a mesh saves DTensors too; on the default group it saves ShardedTensors
-        model = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True,
-                     auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}))
+        model = FSDP(
+            model,
+            device_id=torch.device("cpu"),
+            use_orig_params=True,
+            auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / 10)
     ids = batch(0, dist.get_rank(), vocab=VOCAB)
@@ -117,8 +126,13 @@ def _save(out: Path, version: int) -> None:
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     model, opt, sched = _build(version)
-    mgr = FSDPCheckpointManager(model, opt, sched, processing_class=tiny_tokenizer(),
-                                checkpoint_config=OmegaConf.create({"save_contents": ["model", "optimizer", "extra"]}))
+    mgr = FSDPCheckpointManager(
+        model,
+        opt,
+        sched,
+        processing_class=tiny_tokenizer(),
+        checkpoint_config=OmegaConf.create({"save_contents": ["model", "optimizer", "extra"]}),
+    )
     mgr.save_checkpoint(str(out / CKPT), global_step=1)
     (out / "oracle").mkdir(parents=True, exist_ok=True)
     # the full state torch gathers from the live sharded model (collectives: every rank calls). Without cpu_offload:
@@ -148,8 +162,11 @@ def _fsdp1_model_oracle(out: Path) -> None:
     pieces = {}
     for k, v in sd.items():
         if hasattr(v, "local_shards"):
-            pieces[k] = (tuple(v.size()), str(v.dtype),
-                         [(tuple(s.metadata.shard_offsets), s.tensor.clone()) for s in v.local_shards()])
+            pieces[k] = (
+                tuple(v.size()),
+                str(v.dtype),
+                [(tuple(s.metadata.shard_offsets), s.tensor.clone()) for s in v.local_shards()],
+            )
         else:
             pieces[k] = (tuple(v.shape), str(v.dtype), [((0,) * v.dim(), v.clone())])
     gathered = [None] * world
@@ -168,11 +185,30 @@ def _fsdp1_model_oracle(out: Path) -> None:
 def _merge(out: Path) -> None:
     """verl's own model merger on the saved checkpoint (rank 0; it runs on CPU)."""
     if dist.get_rank() == 0:
-        cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
-               str(out / CKPT), "--target_dir", str(out / "oracle" / "merged")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(out / CKPT),
+            "--target_dir",
+            str(out / "oracle" / "merged"),
+        ]
         env = dict(os.environ)
-        for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                  "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"):
+        for k in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID",
+            "GROUP_RANK",
+            "ROLE_RANK",
+        ):
             env.pop(k, None)
         subprocess.run(cmd, check=True, env=env)
     dist.barrier()

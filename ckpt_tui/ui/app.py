@@ -65,9 +65,15 @@ class CkptApp(App):
                     w.cancelled_event.set()
                 self.exit()
 
-        self.push_screen(ConfirmDialog("A job is running. Quit anyway?",
-                                       "Running jobs are cancelled and their temp output removed.",
-                                       yes="Quit", no="Stay"), answer)
+        self.push_screen(
+            ConfirmDialog(
+                "A job is running. Quit anyway?",
+                "Running jobs are cancelled and their temp output removed.",
+                yes="Quit",
+                no="Stay",
+            ),
+            answer,
+        )
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)

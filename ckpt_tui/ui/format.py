@@ -17,8 +17,19 @@ from ..core.layout import deepspeed_layout
 from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
 from ..core.safetext import visible
 
-__all__ = ["GLYPH", "SEV_STYLE", "BADGE_STYLE", "node_label", "fact_rows", "size", "worst", "middle_ellipsis",
-           "plain", "plain_text", "visible"]
+__all__ = [
+    "GLYPH",
+    "SEV_STYLE",
+    "BADGE_STYLE",
+    "node_label",
+    "fact_rows",
+    "size",
+    "worst",
+    "middle_ellipsis",
+    "plain",
+    "plain_text",
+    "visible",
+]
 
 
 def plain(text: object, *, lines: bool = True) -> Content:
@@ -30,9 +41,13 @@ def plain_text(text: object, style: str = "", *, lines: bool = False) -> Text:
     """``text`` as a Rich Text (never markup), its control characters shown as escapes."""
     return Text(visible(text, lines=lines), style=style)
 
+
 SEV_STYLE = {sev: color if sev == "info" else f"bold {color}" for sev, color in SEVERITY_COLOR.items()}
-BADGE_STYLE = {"model": "bold black on green", "optimizer": "bold black on magenta",
-               "model+optimizer": "bold black on green"}
+BADGE_STYLE = {
+    "model": "bold black on green",
+    "optimizer": "bold black on magenta",
+    "model+optimizer": "bold black on green",
+}
 
 
 # The space between two parts of a label is styled italic, which no part uses and nothing shows on a space: a
@@ -76,17 +91,17 @@ def middle_ellipsis(name: str, width: int, sep: str = ".") -> str:
     if cell_len(name) <= width:
         return name
     if width <= 1:
-        return "…"[:max(width, 0)]
+        return "…"[: max(width, 0)]
     parts = name.split(sep)
     index = next((i for i, p in enumerate(parts[1:-1], 1) if p.isdigit()), 0)
     head, tail = index + 1, 1  # components kept before and after the cut
 
     def cut(h: int, t: int) -> str:
-        return sep.join(parts[:h]) + "…" + sep.join(parts[len(parts) - t:])
+        return sep.join(parts[:h]) + "…" + sep.join(parts[len(parts) - t :])
 
     if index >= 3 and len(parts) - head >= 2 and cell_len(cut(head, 2)) > width:
         # a long wrapper start (model.model.layers.0): keep the index's own name and the leaf's two parts
-        short = "…" + sep.join(parts[index - 1:head]) + "…" + sep.join(parts[-2:])
+        short = "…" + sep.join(parts[index - 1 : head]) + "…" + sep.join(parts[-2:])
         if cell_len(short) <= width:
             return short
     if len(parts) < 3 or cell_len(cut(head, tail)) > width:
@@ -101,7 +116,7 @@ def middle_ellipsis(name: str, width: int, sep: str = ".") -> str:
     room = width - cell_len(text)
     if room >= 2 and head + tail < len(parts):  # the end of the next component, rather than blank cells
         after = _cells_from_end(parts[len(parts) - tail - 1] + sep, room)
-        text = sep.join(parts[:head]) + "…" + after + sep.join(parts[len(parts) - tail:])
+        text = sep.join(parts[:head]) + "…" + after + sep.join(parts[len(parts) - tail :])
     return text
 
 

@@ -15,8 +15,10 @@ from .screens.dialogs import MessageDialog
 
 def by_severity(findings, here=None) -> list:
     """Errors first; within a severity, the findings under ``here`` first; then by path and code."""
-    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], here is not None and not here.contains(f.path),
-                                           f.path, f.code))
+    return sorted(
+        findings,
+        key=lambda f: (SEVERITY_RANK[f.severity], here is not None and not here.contains(f.path), f.path, f.code),
+    )
 
 
 def _run_plan(run):
@@ -48,11 +50,16 @@ class JobActions:
             return
         from ..core.repair import repairs_for
 
-        reps = [r for r in repairs_for(self.report) if r.id == finding.fix and r.path == finding.path] or \
-               [r for r in repairs_for(self.report) if r.id == finding.fix]
+        reps = [r for r in repairs_for(self.report) if r.id == finding.fix and r.path == finding.path] or [
+            r for r in repairs_for(self.report) if r.id == finding.fix
+        ]
         if not reps:
-            self.app.push_screen(MessageDialog("No repair", f"No automatic repair applies to {finding.code} at "
-                                               f"{finding.path}.\n\n{finding.message}"))
+            self.app.push_screen(
+                MessageDialog(
+                    "No repair",
+                    f"No automatic repair applies to {finding.code} at {finding.path}.\n\n{finding.message}",
+                )
+            )
             return
         from .screens.wizards import RepairWizard
 
@@ -88,15 +95,26 @@ class JobActions:
             from ..core.export.both import execute_both
 
             shown = plan[0].out_given or str(plan[0].out)
-            info = JobInfo("export", f"export {plan[0].out.name}", f"the temp output was removed; {shown} was not "
-                           "created", shown_out=shown)
-            return self.start_job(info, lambda on_progress, cancel: execute_both(
-                *plan, verify=True, on_progress=on_progress, cancel=cancel))
+            info = JobInfo(
+                "export",
+                f"export {plan[0].out.name}",
+                f"the temp output was removed; {shown} was not created",
+                shown_out=shown,
+            )
+            return self.start_job(
+                info,
+                lambda on_progress, cancel: execute_both(*plan, verify=True, on_progress=on_progress, cancel=cancel),
+            )
         shown = plan.out_given or str(plan.out)  # the output folder as the user typed it
-        info = JobInfo("export", f"export {plan.out.name}", f"the temp output was removed; {shown} was not created",
-                       shown_out=shown)
-        return self.start_job(info, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress,
-                                                                        cancel=cancel))
+        info = JobInfo(
+            "export",
+            f"export {plan.out.name}",
+            f"the temp output was removed; {shown} was not created",
+            shown_out=shown,
+        )
+        return self.start_job(
+            info, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress, cancel=cancel)
+        )
 
     def _done_export(self, worker, info) -> None:
         from .format import plain, size
@@ -106,9 +124,11 @@ class JobActions:
         for r in results:  # the model, then (the wizard's "both") the optimizer state beside it
             notes = "\n".join(f"• {n}" for n in r.notes)
             code = "\n".join(f"  {line}" if line else "" for line in r.load_code.splitlines())
-            parts.append(f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {info.shown_out or r.out}\n"
-                         f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}"
-                         f"\n\n{notes}\n\nLoad it with:\n{code}")
+            parts.append(
+                f"{len(r.files)} file(s), {size(r.bytes)}, {r.tensors} tensors in {info.shown_out or r.out}\n"
+                f"{'verified ✔ — every tensor re-read and compared bit-exact' if r.verified else 'not verified'}"
+                f"\n\n{notes}\n\nLoad it with:\n{code}"
+            )
         body = "\n\n".join(parts)
         self.app.push_screen(MessageDialog("Export finished ✔", plain(body)))  # never markup: code has [brackets]
 
@@ -131,8 +151,10 @@ class JobActions:
             return None, (str(e).splitlines() or [""])[0] + " (select a tag folder)"
         if node.format != "deepspeed-zero":  # e.g. a run folder whose newest checkpoint is not DeepSpeed
             tags = self.report.inventory.deepspeed_tags()
-            return None, (f"the model here is not a DeepSpeed tag: select one "
-                          f"({', '.join(self.report.inventory.shown(t.path) for t in tags[:2])})")
+            return None, (
+                f"the model here is not a DeepSpeed tag: select one "
+                f"({', '.join(self.report.inventory.shown(t.path) for t in tags[:2])})"
+            )
         return node, ""
 
     def universal_tag(self) -> Optional[object]:
@@ -154,8 +176,9 @@ class JobActions:
         from ..core.convert.universal import convert_to_universal
 
         info = JobInfo("universal", "universal", "the converter was stopped and its temp output removed")
-        return self.start_job(info, lambda on_progress, cancel: convert_to_universal(plan, on_progress=on_progress,
-                                                                                     cancel=cancel))
+        return self.start_job(
+            info, lambda on_progress, cancel: convert_to_universal(plan, on_progress=on_progress, cancel=cancel)
+        )
 
     def _done_universal(self, worker, info) -> None:
         r = worker.result
@@ -172,8 +195,9 @@ class JobActions:
         from ..core.convert.torch_dcp import convert_to_torch_dcp
 
         info = JobInfo("resume", f"torch DCP {plan.out.name}", "the temp output was removed; the source is untouched")
-        return self.start_job(info, lambda on_progress, cancel: convert_to_torch_dcp(plan, on_progress=on_progress,
-                                                                                     cancel=cancel))
+        return self.start_job(
+            info, lambda on_progress, cancel: convert_to_torch_dcp(plan, on_progress=on_progress, cancel=cancel)
+        )
 
     def _done_resume(self, worker, info) -> None:
         from .format import plain
@@ -189,9 +213,13 @@ class JobActions:
         from ..core.analysis import stats
 
         trust = self.trust_pickles
-        self.start_job(JobInfo("stats", f"stats {comp.name}"),
-                       lambda on_progress, cancel: (comp.path, stats(comp.abspath, trust_pickles=trust,
-                                                                     on_progress=on_progress, cancel=cancel)))
+        self.start_job(
+            JobInfo("stats", f"stats {comp.name}"),
+            lambda on_progress, cancel: (
+                comp.path,
+                stats(comp.abspath, trust_pickles=trust, on_progress=on_progress, cancel=cancel),
+            ),
+        )
 
     def _done_stats(self, worker, info) -> None:
         component, result = worker.result

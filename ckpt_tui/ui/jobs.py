@@ -51,8 +51,15 @@ def run_job(node, info: JobInfo, fn: Callable[..., Any], *, exclusive: bool = Fa
 
         return fn(on_progress=on_progress, cancel=worker.cancelled_event)
 
-    return node.run_worker(body, name=info.kind, group=info.kind, description=info.title, thread=True,
-                           exclusive=exclusive, exit_on_error=False)
+    return node.run_worker(
+        body,
+        name=info.kind,
+        group=info.kind,
+        description=info.title,
+        thread=True,
+        exclusive=exclusive,
+        exit_on_error=False,
+    )
 
 
 def outcome(worker: Worker) -> str:

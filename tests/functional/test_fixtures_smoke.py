@@ -1,4 +1,5 @@
 """Every registered fixture exists and has the layout its framework writes (fast once cached)."""
+
 from __future__ import annotations
 
 import pickle

@@ -29,8 +29,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _project_files() -> list[str]:
     """What a clone would hold: tracked files plus untracked ones git does not ignore (not yet committed)."""
-    r = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip("not a git checkout: cannot tell which files a clone holds")
     return [f for f in r.stdout.split("\0") if f and (ROOT / f).is_file()]
@@ -46,8 +50,12 @@ def installed(tmp_path_factory):
         (src / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, src / f)
     dist = base / "dist"
-    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(src)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     [whl] = dist.glob("*.whl")
     [sdist] = dist.glob("*.tar.gz")
@@ -55,29 +63,54 @@ def installed(tmp_path_factory):
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # this environment's packages (torch, deepspeed, textual ...) as plain path entries: their .pth files, such
     # as the editable install of this tree, are not processed, so ckpt_tui can only come from the wheel
     deps = [p for p in site.getsitepackages() if Path(p).is_dir()]
     (Path(purelib) / "zz_test_dependencies.pth").write_text("\n".join(deps) + "\n")
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(whl)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
 
     home = base / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-               XDG_CACHE_HOME=str(home / "cache"), TORCH_EXTENSIONS_DIR=str(home / "torch_extensions"))
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        XDG_CACHE_HOME=str(home / "cache"),
+        TORCH_EXTENSIONS_DIR=str(home / "torch_extensions"),
+    )
     elsewhere = base / "elsewhere"
     elsewhere.mkdir()
-    return {"venv": venv, "py": py, "whl": whl, "sdist": sdist, "env": env, "cwd": elsewhere, "home": home,
-            "files": files}
+    return {
+        "venv": venv,
+        "py": py,
+        "whl": whl,
+        "sdist": sdist,
+        "env": env,
+        "cwd": elsewhere,
+        "home": home,
+        "files": files,
+    }
 
 
 def _run(inst, *args, timeout=300):
-    return subprocess.run([str(inst["venv"] / "bin" / "ckpt-tui"), *args], capture_output=True, text=True,
-                          env=inst["env"], cwd=inst["cwd"], timeout=timeout)
+    return subprocess.run(
+        [str(inst["venv"] / "bin" / "ckpt-tui"), *args],
+        capture_output=True,
+        text=True,
+        env=inst["env"],
+        cwd=inst["cwd"],
+        timeout=timeout,
+    )
 
 
 def test_the_wheel_and_sdist_carry_every_data_file(installed):
@@ -92,8 +125,14 @@ def test_the_wheel_and_sdist_carry_every_data_file(installed):
 
 
 def test_ckpt_tui_comes_from_the_fresh_venv(installed):
-    r = subprocess.run([str(installed["py"]), "-c", "import ckpt_tui; print(ckpt_tui.__file__)"],
-                       capture_output=True, text=True, env=installed["env"], cwd=installed["cwd"], check=True)
+    r = subprocess.run(
+        [str(installed["py"]), "-c", "import ckpt_tui; print(ckpt_tui.__file__)"],
+        capture_output=True,
+        text=True,
+        env=installed["env"],
+        cwd=installed["cwd"],
+        check=True,
+    )
     assert Path(r.stdout.strip()).is_relative_to(installed["venv"]), r.stdout
 
 
@@ -106,8 +145,10 @@ def test_demo_builds_quietly_then_is_reused_then_cleaned(installed):
     assert r.returncode == 0, r.stderr
     err = r.stderr.splitlines()
     # our words only: what it does and how long each step took, no framework warning or log line
-    assert err[0] == (f"Building the demo run in {demo}: real torch FSDP and DeepSpeed training on 2 CPU ranks, "
-                      "once (later runs reuse it).")
+    assert err[0] == (
+        f"Building the demo run in {demo}: real torch FSDP and DeepSpeed training on 2 CPU ranks, "
+        "once (later runs reuse it)."
+    )
     assert err[1].endswith("starting 2 ranks with torchrun (each imports torch and DeepSpeed)")
     assert all(STEP.match(line) for line in err[1:]), r.stderr
     assert err[-1].endswith(f"done: {demo}") and len(err) == 5, r.stderr
@@ -121,16 +162,18 @@ def test_demo_builds_quietly_then_is_reused_then_cleaned(installed):
 
     again = _run(installed, "demo", "--no-open")
     assert again.returncode == 0
-    assert again.stderr == (f"Using the demo run built earlier in {demo} "
-                            "(`ckpt-tui demo --clean` removes it).\n")
+    assert again.stderr == (f"Using the demo run built earlier in {demo} (`ckpt-tui demo --clean` removes it).\n")
     assert again.stdout == r.stdout
 
     insp = _run(installed, "inspect", str(demo / "fsdp-trainer-run" / "checkpoint-20"))
     assert insp.returncode == 0 and "model in `pytorch_model_fsdp_0/`" in insp.stdout, insp.stderr
 
     if HAVE_TMUX:  # the TUI from the wheel (its stylesheet included), up to its first screen, and out
-        with Tmux("ckpt-tui demo", {k: installed["env"][k] for k in ("PATH", "XDG_CACHE_HOME", "HOME")}
-                  | {"TERM": "xterm-256color"}, cwd=installed["cwd"]) as t:
+        with Tmux(
+            "ckpt-tui demo",
+            {k: installed["env"][k] for k in ("PATH", "XDG_CACHE_HOME", "HOME")} | {"TERM": "xterm-256color"},
+            cwd=installed["cwd"],
+        ) as t:
             t.wait_for("fsdp-trainer-run")
             t.wait_for("deepspeed-zero2")
             t.keys("q")

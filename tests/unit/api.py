@@ -6,6 +6,7 @@ fix). ``facts_type(format, is_dir)``: the TypedDict declaring a node's facts (``
 of every node; ``FACTS_BY_FORMAT``: format -> declaration). When the core moves, this is the file
 to change.
 """
+
 from ckpt_tui.core.facts import FACTS_BY_FORMAT, NodeFacts, facts_type
 from ckpt_tui.core.report import inspect
 

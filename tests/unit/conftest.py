@@ -1,4 +1,5 @@
 """tests/unit builds its trees from data/ (checked in); it never touches the real-fixture cache."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,10 @@ def tree(tmp_path):
     return lambda variant, name=None: trees.tree(variant, tmp_path, name)
 
 
-_NO_REAL = ("tests/unit must not use the real-framework fixtures (they import torch and may take minutes to "
-            "generate): build the tree from data/ with the `tree` fixture, or put the test in tests/functional/core/")
+_NO_REAL = (
+    "tests/unit must not use the real-framework fixtures (they import torch and may take minutes to "
+    "generate): build the tree from data/ with the `tree` fixture, or put the test in tests/functional/core/"
+)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Every node's facts held to their declaration (ckpt_tui/core/facts.py): each key declared for the
 node's format, each value of the declared type."""
+
 from __future__ import annotations
 
 import types

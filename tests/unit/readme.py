@@ -1,5 +1,6 @@
 """The vocabularies the README documents, read from the README itself, so a table here that misses
 a layout or a finding code the README promises fails."""
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ def finding_codes() -> dict[str, set[str]]:
     """code -> severities, from the "Finding codes" table. A row naming two codes with two severities
     (`latest-dangling` / `latest-missing` | error / warning) pairs them in order."""
     text = README.read_text()
-    section = text[text.index("### Finding codes"):]
+    section = text[text.index("### Finding codes") :]
     out: dict[str, set[str]] = {}
     for line in section.splitlines()[1:]:
         if line.startswith("#"):
@@ -55,6 +56,6 @@ def facts_keys() -> dict[str, set[str]]:
     for item in items:
         head, _, rest = item.partition(": ")
         keys = set(re.findall(r"`([a-z0-9_]+)`", rest))
-        for fmt in (["*"] if head == "every node" else re.findall(r"`([a-z0-9-]+)`", head)):
+        for fmt in ["*"] if head == "every node" else re.findall(r"`([a-z0-9-]+)`", head):
             out[fmt] = keys
     return out

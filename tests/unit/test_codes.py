@@ -1,5 +1,6 @@
 """The finding-code registry (ckpt_tui/core/codes.py) is the one vocabulary: the README's table,
 diagnose's findings, the CLI's fix ids and the TUI's help screen and fix keys all agree with it."""
+
 from __future__ import annotations
 
 from ckpt_tui.core.codes import CODES, FIXES, fix_key

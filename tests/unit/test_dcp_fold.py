@@ -22,17 +22,20 @@ def slow_dims(size, states):
     return dims
 
 
-@pytest.mark.parametrize("size,chunks", [
-    ((8, 4), [((0, 0), (4, 4)), ((4, 0), (4, 4))]),  # dim 0
-    ((8, 4), [((0, 0), (8, 2)), ((0, 2), (8, 2))]),  # dim 1 (tensor parallel)
-    ((8, 4), [((0, 0), (4, 2)), ((0, 2), (4, 2)), ((4, 0), (4, 2)), ((4, 2), (4, 2))]),  # 2-D
-    ((8, 4), [((0, 0), (8, 4))]),  # whole
-    ((8, 4), [((0, 0), (8, 4)), ((0, 0), (8, 4))]),  # replicated
-    ((5, 4), [((0, 0), (3, 4)), ((3, 0), (2, 4)), ((5, 0), (0, 4))]),  # uneven, an empty chunk past the end
-    ((), [((), ())]),  # 0-d
-    ((8, 4), []),  # no chunks
-    ((8, 4), [((0,), (8,)), ((0, 0, 0), (8, 4, 1))]),  # ragged records: the general rule
-])
+@pytest.mark.parametrize(
+    "size,chunks",
+    [
+        ((8, 4), [((0, 0), (4, 4)), ((4, 0), (4, 4))]),  # dim 0
+        ((8, 4), [((0, 0), (8, 2)), ((0, 2), (8, 2))]),  # dim 1 (tensor parallel)
+        ((8, 4), [((0, 0), (4, 2)), ((0, 2), (4, 2)), ((4, 0), (4, 2)), ((4, 2), (4, 2))]),  # 2-D
+        ((8, 4), [((0, 0), (8, 4))]),  # whole
+        ((8, 4), [((0, 0), (8, 4)), ((0, 0), (8, 4))]),  # replicated
+        ((5, 4), [((0, 0), (3, 4)), ((3, 0), (2, 4)), ((5, 0), (0, 4))]),  # uneven, an empty chunk past the end
+        ((), [((), ())]),  # 0-d
+        ((8, 4), []),  # no chunks
+        ((8, 4), [((0,), (8,)), ((0, 0, 0), (8, 4, 1))]),  # ragged records: the general rule
+    ],
+)
 @pytest.mark.parametrize("fold", [TupleFold, from_tokens], ids=["tuples", "tokens"])
 def test_fold_chunks_dims_match_the_per_record_rule(size, chunks, fold):
     states = [{"offsets": o, "sizes": s} for o, s in chunks]
@@ -53,15 +56,24 @@ def slow_ends(states):
     return files
 
 
-@pytest.mark.parametrize("states,fast", [
-    ([{"relative_path": "a", "offset": 0, "length": 5}, {"relative_path": "a", "offset": 5, "length": 5},
-      {"relative_path": "b", "offset": 0, "length": 3}], True),
-    # the last entry of a file is not its furthest: the fast pass declines, the general one answers
-    ([{"relative_path": "a", "offset": 5, "length": 5}, {"relative_path": "a", "offset": 0, "length": 5}], False),
-    ([{"relative_path": "a", "length": 4}], True),  # no offset: 0
-    ([{"offset": 1, "length": 2}], False),  # no path
-    ([], True),
-])
+@pytest.mark.parametrize(
+    "states,fast",
+    [
+        (
+            [
+                {"relative_path": "a", "offset": 0, "length": 5},
+                {"relative_path": "a", "offset": 5, "length": 5},
+                {"relative_path": "b", "offset": 0, "length": 3},
+            ],
+            True,
+        ),
+        # the last entry of a file is not its furthest: the fast pass declines, the general one answers
+        ([{"relative_path": "a", "offset": 5, "length": 5}, {"relative_path": "a", "offset": 0, "length": 5}], False),
+        ([{"relative_path": "a", "length": 4}], True),  # no offset: 0
+        ([{"offset": 1, "length": 2}], False),  # no path
+        ([], True),
+    ],
+)
 def test_storage_ends(states, fast):
     for step in (1, 2, 65_536):  # the fast pass works in slices: their seams must not matter
         files: dict = {}

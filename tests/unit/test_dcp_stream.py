@@ -6,7 +6,7 @@ import pytest
 
 from ckpt_tui.core.formats import dcp_stream
 
-VALUES = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**40, -1, -2**31, -2**31 - 1, -2**40]
+VALUES = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**40, -1, -(2**31), -(2**31) - 1, -(2**40)]
 
 
 @pytest.mark.parametrize("v", VALUES)
@@ -16,12 +16,15 @@ def test_int_round_trip(v):
     assert dcp_stream.decode_ints(tok) == (v,)
 
 
-@pytest.mark.parametrize("values", [
-    [0, 5, 300, 70000, 2**31 - 1],  # BININT1/2/BININT only: the C-level pass
-    [0, 2**31, 2**33],  # LONG1 among them
-    [3, -1],  # a negative BININT
-    [],
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0, 5, 300, 70000, 2**31 - 1],  # BININT1/2/BININT only: the C-level pass
+        [0, 2**31, 2**33],  # LONG1 among them
+        [3, -1],  # a negative BININT
+        [],
+    ],
+)
 def test_ints(values):
     assert dcp_stream._ints([dcp_stream.encode_int(v) for v in values]) == values
 

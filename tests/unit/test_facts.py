@@ -1,6 +1,7 @@
 """The facts declaration (ckpt_tui/core/facts.py) cannot drift: every node of every synthetic tree
 writes only declared keys of the declared types (the diagnose and layout tables check their trees
 too), every declared key has a writer, and the README's JSON schema lists exactly the declared keys."""
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,11 @@ from . import readme, trees
 from .api import FACTS_BY_FORMAT, NodeFacts, inspect
 from .facts import undeclared
 
-WRITERS = [Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "scan.py",
-           Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "leftovers.py",  # the scan's leftover facts
-           *sorted((Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "formats").glob("*.py"))]
+WRITERS = [
+    Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "scan.py",
+    Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "leftovers.py",  # the scan's leftover facts
+    *sorted((Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "formats").glob("*.py")),
+]
 
 
 @pytest.mark.parametrize("variant", sorted(trees.manifest()))

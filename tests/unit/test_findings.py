@@ -1,6 +1,7 @@
 """Every diagnose rule, table-driven: each row is a tree built from the real fixtures' headers
 (data/) plus one corruption, and the finding it must produce: (code, severity, path), the words
 its message must carry and the repair it offers."""
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ def rm(rel: str) -> Callable[[Path], None]:
     def edit(root: Path) -> None:
         p = root / rel
         shutil.rmtree(p) if p.is_dir() else p.unlink()
+
     return edit
 
 
@@ -74,9 +76,11 @@ def from_variant(variant: str, rel: str, dest: str) -> Callable[[Path], None]:
 
 # ------------------------------------------------------------------ trees that need more than one edit
 
+
 def interrupted_dcp_save(keep_tmp: bool) -> Callable[[Path], Path]:
     """A run folder: checkpoint-2 complete, checkpoint-4's model folder without .metadata (the save
     died before rank 0 renamed it into place; with keep_tmp, .metadata.tmp survived)."""
+
     def build(base: Path) -> Path:
         run = trees.run_folder("hf-fsdp1", "checkpoint-2", (2, 4), base)
         meta = run / "checkpoint-4" / "pytorch_model_fsdp_0" / ".metadata"
@@ -85,6 +89,7 @@ def interrupted_dcp_save(keep_tmp: bool) -> Callable[[Path], Path]:
         else:
             meta.unlink()
         return run
+
     return build
 
 
@@ -133,6 +138,7 @@ def safetensors_header_length(n: int) -> Callable[[Path], None]:
         p = root / "model.safetensors"
         with open(p, "r+b") as f:
             f.write(struct.pack("<Q", n))
+
     return edit
 
 
@@ -176,8 +182,9 @@ class Converted(Corrupt):
 def adapter_only(base: Path) -> Path:
     d = base / "lora"
     d.mkdir()
-    (d / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": "llama",
-                                                       "r": 8, "target_modules": ["q_proj"]}))
+    (d / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "base_model_name_or_path": "llama", "r": 8, "target_modules": ["q_proj"]})
+    )
     trees.write_file("hf-model-sharded", "model-00005-of-00005.safetensors", d / "adapter_model.safetensors")
     return d
 
@@ -244,6 +251,7 @@ def chunk_size(rel: str, delta: int) -> Callable[[Path], None]:
                 path.write_bytes(bytes(data))
                 return
         raise AssertionError("no chunk record to edit")
+
     return edit
 
 
@@ -277,157 +285,513 @@ ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode
 
 CASES = [
     # dcp-metadata-missing
-    Rule("dcp-metadata-missing", interrupted_dcp_save(keep_tmp=False), "dcp-metadata-missing", "error",
-         "checkpoint-4/pytorch_model_fsdp_0", ("no .metadata", "ranks 0, 1", "`run/checkpoint-2/`")),
-    Rule("dcp-metadata-missing-tmp-left", interrupted_dcp_save(keep_tmp=True), "dcp-metadata-missing", "error",
-         "checkpoint-4/pytorch_model_fsdp_0", ("--only dcp-metadata",), "dcp-metadata"),
+    Rule(
+        "dcp-metadata-missing",
+        interrupted_dcp_save(keep_tmp=False),
+        "dcp-metadata-missing",
+        "error",
+        "checkpoint-4/pytorch_model_fsdp_0",
+        ("no .metadata", "ranks 0, 1", "`run/checkpoint-2/`"),
+    ),
+    Rule(
+        "dcp-metadata-missing-tmp-left",
+        interrupted_dcp_save(keep_tmp=True),
+        "dcp-metadata-missing",
+        "error",
+        "checkpoint-4/pytorch_model_fsdp_0",
+        ("--only dcp-metadata",),
+        "dcp-metadata",
+    ),
     # the first user report: accelerate merge-weights on an HF Trainer FSDP checkpoint
-    Rule("dcp-components-hf-trainer-fsdp", Corrupt("hf-fsdp1", None, "checkpoint-2"), "dcp-components",
-         "info", ".", ("checkpoint-2/pytorch_model_fsdp_0/`; the optimizer in `", "checkpoint-2/optimizer_0/`",
-                       "`accelerate merge-weights ", "checkpoint-2/pytorch_model_fsdp_0 ",
-                       "checkpoint-2/pytorch_model_fsdp_0_merged`", "checkpoint-2 --out DIR`"), "export"),
+    Rule(
+        "dcp-components-hf-trainer-fsdp",
+        Corrupt("hf-fsdp1", None, "checkpoint-2"),
+        "dcp-components",
+        "info",
+        ".",
+        (
+            "checkpoint-2/pytorch_model_fsdp_0/`; the optimizer in `",
+            "checkpoint-2/optimizer_0/`",
+            "`accelerate merge-weights ",
+            "checkpoint-2/pytorch_model_fsdp_0 ",
+            "checkpoint-2/pytorch_model_fsdp_0_merged`",
+            "checkpoint-2 --out DIR`",
+        ),
+        "export",
+    ),
     # the second user report: ds_to_universal on an HF Trainer ZeRO-2 checkpoint
-    Rule("universal-info-missing-hf-trainer-zero2", Corrupt("hf-ds-zero2", None, "checkpoint-2"),
-         "universal-info-missing", "warning", TAG,
-         ("Required universal_checkpoint_info state is missing",  # paths as given (relative to the folder above)
-          f"`ckpt-tui universal hf-ds-zero2/checkpoint-2/{TAG}` (runs DeepSpeed's converter",
-          f"`ckpt-tui fix hf-ds-zero2/checkpoint-2/{TAG} --only universal-info`"), "universal-info"),
-    Rule("universal-info-missing-lightning", Corrupt("lightning-ds-zero2", None,
-                                                     "checkpoints/epoch=0-step=2.ckpt"),
-         "universal-info-missing", "warning", "checkpoint",
-         ("`ckpt-tui universal lightning-ds-zero2/checkpoints/epoch=0-step=2.ckpt/checkpoint` (runs",),
-         "universal-info"),
-    Rule("universal-info-missing-zero1", Corrupt("ds-zero1-frozen", None), "universal-info-missing",
-         "warning", TAG, fix="universal-info"),
+    Rule(
+        "universal-info-missing-hf-trainer-zero2",
+        Corrupt("hf-ds-zero2", None, "checkpoint-2"),
+        "universal-info-missing",
+        "warning",
+        TAG,
+        (
+            "Required universal_checkpoint_info state is missing",  # paths as given (relative to the folder above)
+            f"`ckpt-tui universal hf-ds-zero2/checkpoint-2/{TAG}` (runs DeepSpeed's converter",
+            f"`ckpt-tui fix hf-ds-zero2/checkpoint-2/{TAG} --only universal-info`",
+        ),
+        "universal-info",
+    ),
+    Rule(
+        "universal-info-missing-lightning",
+        Corrupt("lightning-ds-zero2", None, "checkpoints/epoch=0-step=2.ckpt"),
+        "universal-info-missing",
+        "warning",
+        "checkpoint",
+        ("`ckpt-tui universal lightning-ds-zero2/checkpoints/epoch=0-step=2.ckpt/checkpoint` (runs",),
+        "universal-info",
+    ),
+    Rule(
+        "universal-info-missing-zero1",
+        Corrupt("ds-zero1-frozen", None),
+        "universal-info-missing",
+        "warning",
+        TAG,
+        fix="universal-info",
+    ),
     # ... once converted: an info that says where the universal checkpoint is and how to load it
-    Rule("universal-info-missing-converted", Converted(), "universal-info-missing", "info", TAG,
-         ("has been converted already", "global_step2_universal/` is its universal checkpoint (17 parameters",
-          '"checkpoint": {"load_universal": true}', "engine.load_checkpoint(")),
+    Rule(
+        "universal-info-missing-converted",
+        Converted(),
+        "universal-info-missing",
+        "info",
+        TAG,
+        (
+            "has been converted already",
+            "global_step2_universal/` is its universal checkpoint (17 parameters",
+            '"checkpoint": {"load_universal": true}',
+            "engine.load_checkpoint(",
+        ),
+    ),
     # ... but not when the universal checkpoint beside it is incomplete, damaged or not the one latest_universal names
-    Rule("universal-info-missing-converted-incomplete",
-         Converted(rm("global_step2_universal/zero/lm_head.weight/exp_avg_sq.pt")), "universal-info-missing",
-         "warning", TAG, ("global_step2_universal/` is there but incomplete (lm_head.weight: no exp_avg_sq.pt)",
-                          "ckpt-tui universal "), "universal-info"),
-    Rule("universal-info-missing-converted-truncated",
-         Converted(cut("global_step2_universal/zero/norm.weight/fp32.pt", lambda n: n // 2)),
-         "universal-info-missing", "warning", TAG, ("is there but damaged",), "universal-info"),
-    Rule("universal-info-missing-latest-universal-elsewhere",
-         Converted(write("latest_universal", b"global_step1_universal")), "universal-info-missing", "warning", TAG,
-         ("`latest_universal` does not name it",), "universal-info"),
+    Rule(
+        "universal-info-missing-converted-incomplete",
+        Converted(rm("global_step2_universal/zero/lm_head.weight/exp_avg_sq.pt")),
+        "universal-info-missing",
+        "warning",
+        TAG,
+        ("global_step2_universal/` is there but incomplete (lm_head.weight: no exp_avg_sq.pt)", "ckpt-tui universal "),
+        "universal-info",
+    ),
+    Rule(
+        "universal-info-missing-converted-truncated",
+        Converted(cut("global_step2_universal/zero/norm.weight/fp32.pt", lambda n: n // 2)),
+        "universal-info-missing",
+        "warning",
+        TAG,
+        ("is there but damaged",),
+        "universal-info",
+    ),
+    Rule(
+        "universal-info-missing-latest-universal-elsewhere",
+        Converted(write("latest_universal", b"global_step1_universal")),
+        "universal-info-missing",
+        "warning",
+        TAG,
+        ("`latest_universal` does not name it",),
+        "universal-info",
+    ),
     # megatron-files-missing: rank 0's files of a Megatron-Core torch_dist save (megatron's load refuses without them)
-    Rule("megatron-files-missing-common", Corrupt("megatron-dist", rm("checkpoints/iter_0000010/common.pt")),
-         "megatron-files-missing", "error", "checkpoints/iter_0000010", ("without common.pt", "rank 0 writes it")),
-    Rule("megatron-files-missing-metadata", Corrupt("megatron-dist", rm("checkpoints/iter_0000010/metadata.json"),
-                                                    "checkpoints"),
-         "megatron-files-missing", "error", "iter_0000010", ("without metadata.json",)),
+    Rule(
+        "megatron-files-missing-common",
+        Corrupt("megatron-dist", rm("checkpoints/iter_0000010/common.pt")),
+        "megatron-files-missing",
+        "error",
+        "checkpoints/iter_0000010",
+        ("without common.pt", "rank 0 writes it"),
+    ),
+    Rule(
+        "megatron-files-missing-metadata",
+        Corrupt("megatron-dist", rm("checkpoints/iter_0000010/metadata.json"), "checkpoints"),
+        "megatron-files-missing",
+        "error",
+        "iter_0000010",
+        ("without metadata.json",),
+    ),
     # shard-missing
-    Rule("shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".",
-         ("__1_0.distcp",)),
+    Rule(
+        "shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".", ("__1_0.distcp",)
+    ),
     # dcp-chunk-gap / dcp-chunk-overlap
-    Rule("dcp-chunk-gap", Corrupt("fsdp1-dcp", chunk_size(".metadata", -1)), "dcp-chunk-gap", "error", ".",
-         ("leave part of them unwritten", "torch's DCP loader")),
-    Rule("dcp-chunk-overlap", Corrupt("fsdp1-dcp", chunk_size(".metadata", +1)), "dcp-chunk-overlap", "warning", ".",
-         ("overlap", "as torch's DCP loader reads them")),
-    Rule("shard-missing-deepspeed-optim", Corrupt("ds-zero2-bf16", rm(f"{TAG}/{OPTIM.format(1)}")), "shard-missing",
-         "error", TAG, ("saved by 2 data-parallel rank(s)", OPTIM.format(1))),
-    Rule("shard-missing-zero3-model-states", Corrupt("ds-zero3-bf16", rm(f"{TAG}/zero_pp_rank_1_mp_rank_00_model_states.pt")),
-         "shard-missing", "error", TAG, ("zero_pp_rank_1_mp_rank_00_model_states.pt",)),
-    Rule("shard-missing-zero2-model-states", Corrupt("ds-zero2-bf16", rm(f"{TAG}/mp_rank_00_model_states.pt")),
-         "shard-missing", "error", TAG, ("mp_rank_00_model_states.pt", "saved by 2 data-parallel rank(s)")),
-    Rule("shard-missing-universal-fp32", Corrupt("universal-zero2", rm("global_step2_universal/zero/lm_head.weight/fp32.pt")),
-         "shard-missing", "error", "global_step2_universal", ("lm_head.weight",)),
-    Rule("shard-missing-verl-rank", Corrupt("verl-fsdp2", rm(f"{VERL}/model_world_size_2_rank_1.pt"), VERL),
-         "shard-missing", "error", ".", ("model_world_size_2_rank_1.pt", "world size 2")),
+    Rule(
+        "dcp-chunk-gap",
+        Corrupt("fsdp1-dcp", chunk_size(".metadata", -1)),
+        "dcp-chunk-gap",
+        "error",
+        ".",
+        ("leave part of them unwritten", "torch's DCP loader"),
+    ),
+    Rule(
+        "dcp-chunk-overlap",
+        Corrupt("fsdp1-dcp", chunk_size(".metadata", +1)),
+        "dcp-chunk-overlap",
+        "warning",
+        ".",
+        ("overlap", "as torch's DCP loader reads them"),
+    ),
+    Rule(
+        "shard-missing-deepspeed-optim",
+        Corrupt("ds-zero2-bf16", rm(f"{TAG}/{OPTIM.format(1)}")),
+        "shard-missing",
+        "error",
+        TAG,
+        ("saved by 2 data-parallel rank(s)", OPTIM.format(1)),
+    ),
+    Rule(
+        "shard-missing-zero3-model-states",
+        Corrupt("ds-zero3-bf16", rm(f"{TAG}/zero_pp_rank_1_mp_rank_00_model_states.pt")),
+        "shard-missing",
+        "error",
+        TAG,
+        ("zero_pp_rank_1_mp_rank_00_model_states.pt",),
+    ),
+    Rule(
+        "shard-missing-zero2-model-states",
+        Corrupt("ds-zero2-bf16", rm(f"{TAG}/mp_rank_00_model_states.pt")),
+        "shard-missing",
+        "error",
+        TAG,
+        ("mp_rank_00_model_states.pt", "saved by 2 data-parallel rank(s)"),
+    ),
+    Rule(
+        "shard-missing-universal-fp32",
+        Corrupt("universal-zero2", rm("global_step2_universal/zero/lm_head.weight/fp32.pt")),
+        "shard-missing",
+        "error",
+        "global_step2_universal",
+        ("lm_head.weight",),
+    ),
+    Rule(
+        "shard-missing-verl-rank",
+        Corrupt("verl-fsdp2", rm(f"{VERL}/model_world_size_2_rank_1.pt"), VERL),
+        "shard-missing",
+        "error",
+        ".",
+        ("model_world_size_2_rank_1.pt", "world size 2"),
+    ),
     # world-size-mismatch
-    Rule("world-size-mismatch-verl-config", Corrupt("verl-fsdp2", write(f"{VERL}/fsdp_config.json",
-                                                                        b'{"FSDP_version": 2, "world_size": 4}'), VERL),
-         "world-size-mismatch", "error", ".", ("fsdp_config.json says world_size 4", "world size 2")),
-    Rule("world-size-mismatch-dcp-leftover-shard", Corrupt("fsdp1-dcp", lambda r: trees.sparse_file(r / "__2_0.distcp", 4096)),
-         "world-size-mismatch", "warning", ".", ("__2_0.distcp",)),
-    Rule("world-size-mismatch-deepspeed-extra-rank",
-         Corrupt("ds-zero2-bf16", from_variant("ds-zero2-3ranks", f"{TAG}/{OPTIM.format(2)}", f"{TAG}/{OPTIM.format(2)}")),
-         "world-size-mismatch", "warning", TAG, ("dp_world_size=2", OPTIM.format(2))),
-    Rule("world-size-mismatch-deepspeed-partitions",
-         Corrupt("ds-zero2-bf16", from_variant("ds-zero2-3ranks", f"{TAG}/{OPTIM.format(0)}", f"{TAG}/{OPTIM.format(0)}")),
-         "world-size-mismatch", "error", TAG, ("dp_world_size=2", "partitioned 3 ways")),
-    Rule("world-size-mismatch-pipeline",
-         Corrupt("ds-zero2-bf16", from_variant("ds-zero2-bf16", f"{TAG}/mp_rank_00_model_states.pt",
-                                               f"{TAG}/layer_01-model_00-model_states.pt")),
-         "world-size-mismatch", "info", TAG, ("pipeline-parallel",)),
+    Rule(
+        "world-size-mismatch-verl-config",
+        Corrupt("verl-fsdp2", write(f"{VERL}/fsdp_config.json", b'{"FSDP_version": 2, "world_size": 4}'), VERL),
+        "world-size-mismatch",
+        "error",
+        ".",
+        ("fsdp_config.json says world_size 4", "world size 2"),
+    ),
+    Rule(
+        "world-size-mismatch-dcp-leftover-shard",
+        Corrupt("fsdp1-dcp", lambda r: trees.sparse_file(r / "__2_0.distcp", 4096)),
+        "world-size-mismatch",
+        "warning",
+        ".",
+        ("__2_0.distcp",),
+    ),
+    Rule(
+        "world-size-mismatch-deepspeed-extra-rank",
+        Corrupt(
+            "ds-zero2-bf16", from_variant("ds-zero2-3ranks", f"{TAG}/{OPTIM.format(2)}", f"{TAG}/{OPTIM.format(2)}")
+        ),
+        "world-size-mismatch",
+        "warning",
+        TAG,
+        ("dp_world_size=2", OPTIM.format(2)),
+    ),
+    Rule(
+        "world-size-mismatch-deepspeed-partitions",
+        Corrupt(
+            "ds-zero2-bf16", from_variant("ds-zero2-3ranks", f"{TAG}/{OPTIM.format(0)}", f"{TAG}/{OPTIM.format(0)}")
+        ),
+        "world-size-mismatch",
+        "error",
+        TAG,
+        ("dp_world_size=2", "partitioned 3 ways"),
+    ),
+    Rule(
+        "world-size-mismatch-pipeline",
+        Corrupt(
+            "ds-zero2-bf16",
+            from_variant(
+                "ds-zero2-bf16", f"{TAG}/mp_rank_00_model_states.pt", f"{TAG}/layer_01-model_00-model_states.pt"
+            ),
+        ),
+        "world-size-mismatch",
+        "info",
+        TAG,
+        ("pipeline-parallel",),
+    ),
     # latest-dangling / latest-missing
-    Rule("latest-dangling", Corrupt("ds-zero2-bf16", write("latest", b"global_step99")), "latest-dangling", "error",
-         "latest", ("`global_step99`", f"The newest tag here is `{TAG}`"), "latest"),
-    Rule("latest-dangling-outside", Corrupt("ds-zero2-bf16", write("latest", b"../../etc")), "latest-dangling",
-         "error", "latest", ("`../../etc`",), "latest"),
-    Rule("latest-dangling-binary", Corrupt("ds-zero2-bf16", write("latest", b"\x00\xff garbage")), "latest-dangling",
-         "error", "latest", (TAG,), "latest"),
-    Rule("latest-dangling-universal", Corrupt("universal-zero2", write("latest_universal", b"global_step9_universal")),
-         "latest-dangling", "error", "latest_universal", ("global_step2_universal",), "latest"),
-    Rule("latest-dangling-megatron", Corrupt("megatron-legacy", write("latest_checkpointed_iteration.txt", b"20")),
-         "latest-dangling", "error", "latest_checkpointed_iteration.txt", ("`20`", "iter_0000010"), "latest"),
-    Rule("latest-missing", Corrupt("ds-zero2-bf16", rm("latest")), "latest-missing", "warning", ".",
-         (f"echo {TAG} > ds-zero2-bf16/latest", "ckpt-tui fix ds-zero2-bf16 --only latest"), "latest"),
-    Rule("latest-missing-universal", Corrupt("universal-zero2", rm("latest_universal")), "latest-missing", "warning",
-         ".", ("latest_universal",), "latest"),
+    Rule(
+        "latest-dangling",
+        Corrupt("ds-zero2-bf16", write("latest", b"global_step99")),
+        "latest-dangling",
+        "error",
+        "latest",
+        ("`global_step99`", f"The newest tag here is `{TAG}`"),
+        "latest",
+    ),
+    Rule(
+        "latest-dangling-outside",
+        Corrupt("ds-zero2-bf16", write("latest", b"../../etc")),
+        "latest-dangling",
+        "error",
+        "latest",
+        ("`../../etc`",),
+        "latest",
+    ),
+    Rule(
+        "latest-dangling-binary",
+        Corrupt("ds-zero2-bf16", write("latest", b"\x00\xff garbage")),
+        "latest-dangling",
+        "error",
+        "latest",
+        (TAG,),
+        "latest",
+    ),
+    Rule(
+        "latest-dangling-universal",
+        Corrupt("universal-zero2", write("latest_universal", b"global_step9_universal")),
+        "latest-dangling",
+        "error",
+        "latest_universal",
+        ("global_step2_universal",),
+        "latest",
+    ),
+    Rule(
+        "latest-dangling-megatron",
+        Corrupt("megatron-legacy", write("latest_checkpointed_iteration.txt", b"20")),
+        "latest-dangling",
+        "error",
+        "latest_checkpointed_iteration.txt",
+        ("`20`", "iter_0000010"),
+        "latest",
+    ),
+    Rule(
+        "latest-missing",
+        Corrupt("ds-zero2-bf16", rm("latest")),
+        "latest-missing",
+        "warning",
+        ".",
+        (f"echo {TAG} > ds-zero2-bf16/latest", "ckpt-tui fix ds-zero2-bf16 --only latest"),
+        "latest",
+    ),
+    Rule(
+        "latest-missing-universal",
+        Corrupt("universal-zero2", rm("latest_universal")),
+        "latest-missing",
+        "warning",
+        ".",
+        ("latest_universal",),
+        "latest",
+    ),
     # file-truncated
-    Rule("file-truncated-distcp", Corrupt("fsdp1-dcp", cut("__0_0.distcp", lambda n: n // 2)), "file-truncated",
-         "error", "__0_0.distcp", ("truncated",)),
-    Rule("file-truncated-dcp-metadata-empty", Corrupt("fsdp1-dcp", write(".metadata", b"")), "file-truncated",
-         "error", ".", ("empty",)),
-    Rule("file-truncated-optim-states", Corrupt("ds-zero2-bf16", cut(f"{TAG}/{OPTIM.format(1)}", lambda n: n - 100)),
-         "file-truncated", "error", f"{TAG}/{OPTIM.format(1)}", ("central directory",)),
-    Rule("file-truncated-optim-states-empty", Corrupt("ds-zero2-bf16", write(f"{TAG}/{OPTIM.format(1)}", b"")),
-         "file-truncated", "error", f"{TAG}/{OPTIM.format(1)}"),
-    Rule("file-truncated-model-states", Corrupt("ds-zero2-bf16", cut(f"{TAG}/mp_rank_00_model_states.pt", lambda n: 1000)),
-         "file-truncated", "error", f"{TAG}/mp_rank_00_model_states.pt"),
-    Rule("file-truncated-safetensors-data", Corrupt("accelerate-save-state", safetensors_data_cut), "file-truncated",
-         "error", "model.safetensors", ("truncated",)),
+    Rule(
+        "file-truncated-distcp",
+        Corrupt("fsdp1-dcp", cut("__0_0.distcp", lambda n: n // 2)),
+        "file-truncated",
+        "error",
+        "__0_0.distcp",
+        ("truncated",),
+    ),
+    Rule(
+        "file-truncated-dcp-metadata-empty",
+        Corrupt("fsdp1-dcp", write(".metadata", b"")),
+        "file-truncated",
+        "error",
+        ".",
+        ("empty",),
+    ),
+    Rule(
+        "file-truncated-optim-states",
+        Corrupt("ds-zero2-bf16", cut(f"{TAG}/{OPTIM.format(1)}", lambda n: n - 100)),
+        "file-truncated",
+        "error",
+        f"{TAG}/{OPTIM.format(1)}",
+        ("central directory",),
+    ),
+    Rule(
+        "file-truncated-optim-states-empty",
+        Corrupt("ds-zero2-bf16", write(f"{TAG}/{OPTIM.format(1)}", b"")),
+        "file-truncated",
+        "error",
+        f"{TAG}/{OPTIM.format(1)}",
+    ),
+    Rule(
+        "file-truncated-model-states",
+        Corrupt("ds-zero2-bf16", cut(f"{TAG}/mp_rank_00_model_states.pt", lambda n: 1000)),
+        "file-truncated",
+        "error",
+        f"{TAG}/mp_rank_00_model_states.pt",
+    ),
+    Rule(
+        "file-truncated-safetensors-data",
+        Corrupt("accelerate-save-state", safetensors_data_cut),
+        "file-truncated",
+        "error",
+        "model.safetensors",
+        ("truncated",),
+    ),
     # file-corrupt
-    Rule("file-corrupt-safetensors-2^63-header", Corrupt("accelerate-save-state", safetensors_header_length(2**63)),
-         "file-corrupt", "error", "model.safetensors", ("exceeds",)),
-    Rule("file-corrupt-safetensors-flipped-byte", Corrupt("accelerate-save-state", flip_header_byte), "file-corrupt",
-         "error", "model.safetensors", ("JSON",)),
-    Rule("file-corrupt-dcp-metadata", Corrupt("fsdp1-dcp", write(".metadata", b"PK\x03\x04 not a pickle")),
-         "file-corrupt", "error", "."),
-    Rule("file-corrupt-trainer-state", Corrupt("hf-ds-zero2", write("checkpoint-2/trainer_state.json", b'{"global_step": 2,')),
-         "file-corrupt", "error", "checkpoint-2/trainer_state.json", ("not valid JSON",)),
+    Rule(
+        "file-corrupt-safetensors-2^63-header",
+        Corrupt("accelerate-save-state", safetensors_header_length(2**63)),
+        "file-corrupt",
+        "error",
+        "model.safetensors",
+        ("exceeds",),
+    ),
+    Rule(
+        "file-corrupt-safetensors-flipped-byte",
+        Corrupt("accelerate-save-state", flip_header_byte),
+        "file-corrupt",
+        "error",
+        "model.safetensors",
+        ("JSON",),
+    ),
+    Rule(
+        "file-corrupt-dcp-metadata",
+        Corrupt("fsdp1-dcp", write(".metadata", b"PK\x03\x04 not a pickle")),
+        "file-corrupt",
+        "error",
+        ".",
+    ),
+    Rule(
+        "file-corrupt-trainer-state",
+        Corrupt("hf-ds-zero2", write("checkpoint-2/trainer_state.json", b'{"global_step": 2,')),
+        "file-corrupt",
+        "error",
+        "checkpoint-2/trainer_state.json",
+        ("not valid JSON",),
+    ),
     # unsafe-pickle
-    Rule("unsafe-pickle", Corrupt("hf-ds-zero2", hostile_training_args), "unsafe-pickle", "error",
-         "checkpoint-2/training_args.bin", ("system", "--trust-pickles")),
-    Rule("unsafe-pickle-trusted", Corrupt("hf-ds-zero2", hostile_training_args), "unsafe-pickle", "info",
-         "checkpoint-2/training_args.bin", ("system",), options={"trust_pickles": True}),
+    Rule(
+        "unsafe-pickle",
+        Corrupt("hf-ds-zero2", hostile_training_args),
+        "unsafe-pickle",
+        "error",
+        "checkpoint-2/training_args.bin",
+        ("system", "--trust-pickles"),
+    ),
+    Rule(
+        "unsafe-pickle-trusted",
+        Corrupt("hf-ds-zero2", hostile_training_args),
+        "unsafe-pickle",
+        "info",
+        "checkpoint-2/training_args.bin",
+        ("system",),
+        options={"trust_pickles": True},
+    ),
     # index-mismatch
-    Rule("index-mismatch", Corrupt("hf-model-sharded", edit_index), "index-mismatch", "error", ".",
-         ("model-00099-of-00099.safetensors", "model.norm.weight"), "index"),
-    Rule("index-mismatch-outside", Corrupt("hf-model-sharded", index_outside), "index-mismatch", "error", ".",
-         ("points outside the folder",), "index"),
+    Rule(
+        "index-mismatch",
+        Corrupt("hf-model-sharded", edit_index),
+        "index-mismatch",
+        "error",
+        ".",
+        ("model-00099-of-00099.safetensors", "model.norm.weight"),
+        "index",
+    ),
+    Rule(
+        "index-mismatch-outside",
+        Corrupt("hf-model-sharded", index_outside),
+        "index-mismatch",
+        "error",
+        ".",
+        ("points outside the folder",),
+        "index",
+    ),
     # facts an export must handle
-    Rule("mixed-dtypes", Corrupt("hf-model-sharded", one_tensor_bf16), "mixed-dtypes", "info",
-         "model-00001-of-00005.safetensors", ("float32", "bfloat16")),
-    Rule("frozen-params-recorded", Corrupt("ds-zero2-frozen", None), "frozen-params", "info", TAG,
-         ("embed_tokens.weight",), "export"),
-    Rule("frozen-params-zero1-unrecorded", Corrupt("ds-zero1-frozen", None), "frozen-params", "info", TAG,
-         ("16K frozen parameter values that ZeRO-1 did not record", "zero_to_fp32 drops them"), "export"),
-    Rule("tied-weights-deepspeed", Corrupt("ds-zero2-tied", None), "tied-weights", "info", TAG,
-         ("lm_head.weight = embed_tokens.weight",), "export"),
-    Rule("tied-weights-torch-file", Corrupt("plain-pt", tied_in_torch_file), "tied-weights", "info", "model.pt",
-         ("embed_tokens.weight = lm_head.weight",), "export"),
+    Rule(
+        "mixed-dtypes",
+        Corrupt("hf-model-sharded", one_tensor_bf16),
+        "mixed-dtypes",
+        "info",
+        "model-00001-of-00005.safetensors",
+        ("float32", "bfloat16"),
+    ),
+    Rule(
+        "frozen-params-recorded",
+        Corrupt("ds-zero2-frozen", None),
+        "frozen-params",
+        "info",
+        TAG,
+        ("embed_tokens.weight",),
+        "export",
+    ),
+    Rule(
+        "frozen-params-zero1-unrecorded",
+        Corrupt("ds-zero1-frozen", None),
+        "frozen-params",
+        "info",
+        TAG,
+        ("16K frozen parameter values that ZeRO-1 did not record", "zero_to_fp32 drops them"),
+        "export",
+    ),
+    Rule(
+        "tied-weights-deepspeed",
+        Corrupt("ds-zero2-tied", None),
+        "tied-weights",
+        "info",
+        TAG,
+        ("lm_head.weight = embed_tokens.weight",),
+        "export",
+    ),
+    Rule(
+        "tied-weights-torch-file",
+        Corrupt("plain-pt", tied_in_torch_file),
+        "tied-weights",
+        "info",
+        "model.pt",
+        ("embed_tokens.weight = lm_head.weight",),
+        "export",
+    ),
     Rule("adapter-only", adapter_only, "adapter-only", "info", ".", ("PEFT adapter",)),
     Rule("not-a-checkpoint", notes_only, "not-a-checkpoint", "error", "."),
     # unreadable / special-file
-    Rule("unreadable-symlink-loop", Corrupt("ds-zero2-bf16", symlink_loop), "unreadable", "warning", "logs/loop",
-         ("loop",)),
-    Rule("unreadable-broken-symlink", Corrupt("ds-zero2-bf16", broken_symlink), "unreadable", "warning",
-         "latest_best", ("broken",)),
+    Rule(
+        "unreadable-symlink-loop",
+        Corrupt("ds-zero2-bf16", symlink_loop),
+        "unreadable",
+        "warning",
+        "logs/loop",
+        ("loop",),
+    ),
+    Rule(
+        "unreadable-broken-symlink",
+        Corrupt("ds-zero2-bf16", broken_symlink),
+        "unreadable",
+        "warning",
+        "latest_best",
+        ("broken",),
+    ),
     Rule("unreadable-too-deep", Corrupt("ds-zero2-bf16", deep_nesting), "unreadable", "warning", DEEP, ("deep",)),
-    Rule("unreadable-permission", Corrupt("ds-zero2-bf16", unreadable_file), "unreadable", "error",
-         f"{TAG}/mp_rank_00_model_states.pt", ("permission denied",), marks=(ROOT_READS_ALL,)),
+    Rule(
+        "unreadable-permission",
+        Corrupt("ds-zero2-bf16", unreadable_file),
+        "unreadable",
+        "error",
+        f"{TAG}/mp_rank_00_model_states.pt",
+        ("permission denied",),
+        marks=(ROOT_READS_ALL,),
+    ),
     Rule("special-file-fifo", Corrupt("ds-zero2-bf16", fifo), "special-file", "warning", "events.pipe", ("fifo",)),
     # leftover-temp
-    Rule("leftover-temp-universal", Corrupt("ds-zero2-bf16", killed_universal), "leftover-temp", "warning",
-         ".ckpt-tui-universal-k1lled", ("killed ckpt-tui universal", "rm -rf -- ds-zero2-bf16/.ckpt-tui-universal-k1lled")),
-    Rule("leftover-temp-export", Corrupt("ds-zero2-bf16", killed_export), "leftover-temp", "warning",
-         ".merged.tmp-4242", ("next ckpt-tui export into ds-zero2-bf16/merged", "rm -rf -- ds-zero2-bf16/.merged.tmp-4242")),
+    Rule(
+        "leftover-temp-universal",
+        Corrupt("ds-zero2-bf16", killed_universal),
+        "leftover-temp",
+        "warning",
+        ".ckpt-tui-universal-k1lled",
+        ("killed ckpt-tui universal", "rm -rf -- ds-zero2-bf16/.ckpt-tui-universal-k1lled"),
+    ),
+    Rule(
+        "leftover-temp-export",
+        Corrupt("ds-zero2-bf16", killed_export),
+        "leftover-temp",
+        "warning",
+        ".merged.tmp-4242",
+        ("next ckpt-tui export into ds-zero2-bf16/merged", "rm -rf -- ds-zero2-bf16/.merged.tmp-4242"),
+    ),
 ]
 
 # Where the code and the README's table disagree: (code, severity) -> why. The test below fails
@@ -465,8 +829,11 @@ def test_severities_are_the_documented_ones():
     assert undocumented == set(UNDOCUMENTED_SEVERITIES)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if getattr(c.build, "pristine", None)],
-                         ids=[c.id for c in CASES if getattr(c.build, "pristine", None)])
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if getattr(c.build, "pristine", None)],
+    ids=[c.id for c in CASES if getattr(c.build, "pristine", None)],
+)
 def test_the_corruption_is_what_the_finding_reports(case: Rule, tmp_path):
     """The same tree without the corruption does not give the finding (so each row tests its rule)."""
     rep = inspect(case.build.pristine(tmp_path), **case.options)

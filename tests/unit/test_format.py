@@ -15,24 +15,27 @@ from ckpt_tui.ui.format import GAP, middle_ellipsis, node_label
 Q = "model.layers.10.self_attn.q_proj.weight"  # 39 cells
 
 
-@pytest.mark.parametrize("name,width,cut", [
-    (Q, 39, Q),  # fits: unchanged
-    (Q, 80, Q),
-    (Q, 29, "model.layers.10…q_proj.weight"),  # the example: start to the layer index, then the leaf
-    (Q, 30, "model.layers.10…q_proj.weight"),  # one spare cell: a lone '.' after the cut says nothing
-    (Q, 28, "model.layers.10…_proj.weight"),  # the left-over room shows the next component's end
-    (Q, 38, "model.layers.10…elf_attn.q_proj.weight"),
-    (Q, 22, "model.layers.10…weight"),
-    (Q, 21, "model.layers.10…eight"),  # narrower: the layer index stays whole, the leaf loses its start
-    (Q, 16, "model.la….weight"),  # narrower still: characters of each end
-    (Q, 1, "…"),
-    (Q, 0, ""),
-    ("model.layers.0.mlp.gate_proj.weight", 30, "model.layers.0…ate_proj.weight"),  # never grows the start
-    ("model.layers.7.mlp.experts.3.w1.weight", 30, "model.layers.7…rts.3.w1.weight"),  # first index only
-    ("model.embed_tokens.weight", 20, "model…_tokens.weight"),  # no index: the first component
-    ("lm_head.weight", 10, "lm_he…ight"),  # two components: characters
-    ("a_name_without_any_dots", 11, "a_nam…_dots"),
-])
+@pytest.mark.parametrize(
+    "name,width,cut",
+    [
+        (Q, 39, Q),  # fits: unchanged
+        (Q, 80, Q),
+        (Q, 29, "model.layers.10…q_proj.weight"),  # the example: start to the layer index, then the leaf
+        (Q, 30, "model.layers.10…q_proj.weight"),  # one spare cell: a lone '.' after the cut says nothing
+        (Q, 28, "model.layers.10…_proj.weight"),  # the left-over room shows the next component's end
+        (Q, 38, "model.layers.10…elf_attn.q_proj.weight"),
+        (Q, 22, "model.layers.10…weight"),
+        (Q, 21, "model.layers.10…eight"),  # narrower: the layer index stays whole, the leaf loses its start
+        (Q, 16, "model.la….weight"),  # narrower still: characters of each end
+        (Q, 1, "…"),
+        (Q, 0, ""),
+        ("model.layers.0.mlp.gate_proj.weight", 30, "model.layers.0…ate_proj.weight"),  # never grows the start
+        ("model.layers.7.mlp.experts.3.w1.weight", 30, "model.layers.7…rts.3.w1.weight"),  # first index only
+        ("model.embed_tokens.weight", 20, "model…_tokens.weight"),  # no index: the first component
+        ("lm_head.weight", 10, "lm_he…ight"),  # two components: characters
+        ("a_name_without_any_dots", 11, "a_nam…_dots"),
+    ],
+)
 def test_middle_ellipsis(name, width, cut):
     assert middle_ellipsis(name, width) == cut
 
@@ -53,14 +56,19 @@ def _node(name, role, size, is_dir=False):
     return SimpleNamespace(path=name, name=name, abspath=Path("/x") / name, is_dir=is_dir, role=role, size=size)
 
 
-@pytest.mark.parametrize("node,findings,parts", [
-    (_node("pytorch_model.bin", "model", 1_700_000), (), ["MODEL", "pytorch_model.bin", "1.7 MB"]),
-    (_node("checkpoint-2", "checkpoint", 1_700_000, True), (), ["checkpoint-2/", "ckpt", "1.7 MB"]),
-    (_node("global_step2", "model+optimizer", 942_200, True),
-     (Finding(code="x", severity="warning", path="global_step2", message="m"),),
-     ["▲", "MODEL+OPTIM", "global_step2/", "942.2 kB"]),
-    (_node("__0_0.distcp", "shard", 0), (), ["__0_0.distcp"]),
-])
+@pytest.mark.parametrize(
+    "node,findings,parts",
+    [
+        (_node("pytorch_model.bin", "model", 1_700_000), (), ["MODEL", "pytorch_model.bin", "1.7 MB"]),
+        (_node("checkpoint-2", "checkpoint", 1_700_000, True), (), ["checkpoint-2/", "ckpt", "1.7 MB"]),
+        (
+            _node("global_step2", "model+optimizer", 942_200, True),
+            (Finding(code="x", severity="warning", path="global_step2", message="m"),),
+            ["▲", "MODEL+OPTIM", "global_step2/", "942.2 kB"],
+        ),
+        (_node("__0_0.distcp", "shard", 0), (), ["__0_0.distcp"]),
+    ],
+)
 def test_node_label_one_plain_space_between_badge_name_and_size(node, findings, parts):
     label = node_label(node, findings)
     assert label.plain == " ".join(parts)
@@ -71,7 +79,7 @@ def test_node_label_one_plain_space_between_badge_name_and_size(node, findings, 
     assert all(label.plain[a:b] == " " for a, b in gaps) and len(gaps) == len(parts) - 1
     bounds = [0] + [i for g in gaps for i in g] + [len(label.plain)]
     assert [label.plain[a:b] for a, b in zip(bounds[::2], bounds[1::2])] == parts
-    styled = [label.plain[sp.start:sp.end] for sp in label.spans if sp.style != GAP]
+    styled = [label.plain[sp.start : sp.end] for sp in label.spans if sp.style != GAP]
     assert all(t in parts for t in styled), styled
     if node.role == "model":
         assert "MODEL" in styled and "1.7 MB" in styled

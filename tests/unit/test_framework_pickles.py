@@ -1,6 +1,7 @@
 """The restricted unpickler on the real pickles of the framework-written Megatron-Core and torchtitan fixtures
 (their headers checked in under data/): every class they name is read as inert data, none is outside the
 allowlist, and nothing is run. No torch."""
+
 from __future__ import annotations
 
 import zipfile
@@ -15,11 +16,14 @@ from . import trees
 IT = "checkpoints/iter_0000010"
 
 
-@pytest.mark.parametrize("variant,rel", [
-    ("megatron-dist", f"{IT}/.metadata"),  # Metadata + all_local_plans: SavePlan/WriteItem/TensorWriteData
-    ("torchtitan", "checkpoint/step-1/.metadata"),
-    ("torchtitan", "checkpoint/step-2/.metadata"),
-])
+@pytest.mark.parametrize(
+    "variant,rel",
+    [
+        ("megatron-dist", f"{IT}/.metadata"),  # Metadata + all_local_plans: SavePlan/WriteItem/TensorWriteData
+        ("torchtitan", "checkpoint/step-1/.metadata"),
+        ("torchtitan", "checkpoint/step-2/.metadata"),
+    ],
+)
 def test_dcp_metadata_needs_nothing_outside_the_allowlist(tmp_path, variant, rel):
     up = safe_loads(trees.write_file(variant, rel, tmp_path / "m").read_bytes())
     assert up.unsafe == set()
@@ -45,6 +49,10 @@ def test_megatron_stacks_and_tensor_parallel(tmp_path):
     root = trees.tree("megatron-dist", tmp_path)
     info = read(root / IT)
     stacked = megatron_stacked(info)
-    assert stacked["decoder.layers.self_attention.linear_qkv.weight"] == ("decoder.layers.", "self_attention.linear_qkv.weight", 2)
+    assert stacked["decoder.layers.self_attention.linear_qkv.weight"] == (
+        "decoder.layers.",
+        "self_attention.linear_qkv.weight",
+        2,
+    )
     assert "decoder.final_layernorm.weight" not in stacked and "embedding.word_embeddings.weight" not in stacked
     assert megatron_tensor_parallel(info) == 2

@@ -1,5 +1,6 @@
 """ckpt-tui's modules form layers: no import cycle (imports inside functions count too), and no
 module imports another's private name. Read from the source, nothing is imported, no torch: seconds."""
+
 from __future__ import annotations
 
 import ast
@@ -51,8 +52,11 @@ def _graph():
             rest = [n for n in names if f"{target}.{n}" not in modules]
             if target in modules and (rest or not names) and target != mod:
                 edges[mod].add(target)
-            private += [f"{mod} imports {target}.{n}" for n in rest
-                        if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]
+            private += [
+                f"{mod} imports {target}.{n}"
+                for n in rest
+                if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))
+            ]
     return edges, private
 
 
@@ -66,7 +70,7 @@ def test_no_import_cycle():
         stack.append(m)
         for n in sorted(edges.get(m, ())):
             if state.get(n) == 1:
-                cycle = stack[stack.index(n):] + [n]
+                cycle = stack[stack.index(n) :] + [n]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if n not in state:
                 visit(n)

@@ -1,6 +1,7 @@
 """tests/unit stays fast because nothing in it imports torch or DeepSpeed: checked in a fresh
 interpreter that imports what pytest imports for this folder, then builds and inspects every tree
 of every table."""
+
 from __future__ import annotations
 
 import json

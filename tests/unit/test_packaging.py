@@ -1,4 +1,5 @@
 """What `pip install -e '.[test]'` (the README's test command, after `pip install torch==2.13.0`) resolves to."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The core's RateMeter: the rate the TUI's job rows show, over a sliding window."""
+
 from ckpt_tui.core.progress import Progress, RateMeter
 
 

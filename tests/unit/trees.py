@@ -5,6 +5,7 @@ file at its real size, the bytes the inspector reads (zip directories, data.pkl,
 DCP headers, json, markers) at their real offsets, tensor payloads as sparse zeros. The helpers
 below it are the corruptions the diagnose table applies to those real bytes. No torch.
 """
+
 from __future__ import annotations
 
 import io
@@ -47,7 +48,7 @@ def write_file(variant: str, rel: str, dest: Path) -> Path:
         at = 0  # position in the file
         for off, length in spec["holes"]:
             f.seek(at)
-            f.write(kept[pos:pos + off - at])
+            f.write(kept[pos : pos + off - at])
             pos += off - at
             at = off + length
         f.seek(at)
@@ -72,6 +73,7 @@ def run_folder(variant: str, checkpoint: str, steps, base: Path) -> Path:
 
 
 # ------------------------------------------------------------------ corruptions of real files
+
 
 def truncate(path: Path, size: int) -> None:
     with open(path, "r+b") as f:
@@ -150,8 +152,10 @@ def alias_storage(data_pkl: bytes, victim_key: str, target_key: str) -> bytes:
                 storage_memo.add(arg)
             continue
         # a persistent id is ('storage', <StorageType>, key, location, numel): the key follows the type
-        after_type = prev is not None and ((prev[0] == "GLOBAL" and str(prev[1]).endswith("Storage"))
-                                           or (prev[0] in ("BINGET", "LONG_BINGET", "GET") and prev[1] in storage_memo))
+        after_type = prev is not None and (
+            (prev[0] == "GLOBAL" and str(prev[1]).endswith("Storage"))
+            or (prev[0] in ("BINGET", "LONG_BINGET", "GET") and prev[1] in storage_memo)
+        )
         if after_type and op.name == "BINUNICODE" and arg == victim_key:
             hits.append(pos)
         prev = (op.name, arg)
@@ -159,7 +163,7 @@ def alias_storage(data_pkl: bytes, victim_key: str, target_key: str) -> bytes:
     pos = hits[0]
     old = 1 + 4 + len(victim_key.encode())
     new = target_key.encode()
-    return data_pkl[:pos] + b"X" + struct.pack("<I", len(new)) + new + data_pkl[pos + old:]
+    return data_pkl[:pos] + b"X" + struct.pack("<I", len(new)) + new + data_pkl[pos + old :]
 
 
 class Payload:

@@ -74,8 +74,10 @@ def temp_beside(out: Path, prefix: str, error: type) -> Path:
 def check_unchanged(before: dict, after: dict, tag_dir: Path, error: type) -> None:
     """The source's files as they were when the conversion began (``fsutil.snapshot``), else refuse the result."""
     if changed(before, after):
-        raise error(f"files in {tag_dir} changed during the conversion (a job still writing?); "
-                    "the result was discarded. Convert once the checkpoint is complete")
+        raise error(
+            f"files in {tag_dir} changed during the conversion (a job still writing?); "
+            "the result was discarded. Convert once the checkpoint is complete"
+        )
 
 
 def move_into_place(inner: Path, out: Path, error: type) -> None:

@@ -36,13 +36,17 @@ def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting
     if inv.layout == "run-folder":
         complete = [c for c in inv.checkpoints if c["complete"]]
         if not complete:
-            raise ExportError(f"no complete checkpoint in {inv.shown(slash=True)}: "
-                              + "; ".join(_broken(report, c["path"]) for c in inv.checkpoints[:4])
-                              + ". Point ckpt-tui at one checkpoint folder to see its findings")
+            raise ExportError(
+                f"no complete checkpoint in {inv.shown(slash=True)}: "
+                + "; ".join(_broken(report, c["path"]) for c in inv.checkpoints[:4])
+                + ". Point ckpt-tui at one checkpoint folder to see its findings"
+            )
         ck = complete[0]
         newer = [c for c in inv.checkpoints if not c["complete"] and (c["step"] or -1) > (ck["step"] or -1)]
-        said.append(f"{verb} the newest complete checkpoint `{inv.shown(ck['path'], slash=True)}` (step {ck['step']})"
-                     + (": skipped newer " + "; ".join(_broken(report, c["path"]) for c in newer[:4]) if newer else ""))
+        said.append(
+            f"{verb} the newest complete checkpoint `{inv.shown(ck['path'], slash=True)}` (step {ck['step']})"
+            + (": skipped newer " + "; ".join(_broken(report, c["path"]) for c in newer[:4]) if newer else "")
+        )
         node = inv.model_node(ck["path"])
     else:
         rel = inv.model_path()
@@ -52,11 +56,14 @@ def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting
     if node.format == "deepspeed-zero":
         node, why = _choose_tag(report, node, tag)
         if why:
-            said.append(("the model is" if verb == "exporting" else verb)
-                        + f" `{inv.shown(node.path, slash=True)}` ({why})")
+            said.append(
+                ("the model is" if verb == "exporting" else verb) + f" `{inv.shown(node.path, slash=True)}` ({why})"
+            )
     elif tag:
-        raise ExportError(f"--tag names a DeepSpeed tag folder, but the model in {inv.shown(node.path)} is "
-                          f"{node.format or 'not DeepSpeed'}")
+        raise ExportError(
+            f"--tag names a DeepSpeed tag folder, but the model in {inv.shown(node.path)} is "
+            f"{node.format or 'not DeepSpeed'}"
+        )
     elif node is not root:
         said.append(f"the model is `{inv.shown(node.path, slash=node.is_dir)}`")
     return node, said
@@ -65,8 +72,9 @@ def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting
 def _broken(report: Report, rel: str) -> str:
     """`checkpoint-3/` (latest-dangling, ...): a checkpoint and the codes of its error findings."""
     node = report.inventory.node(rel)
-    codes = sorted({f.code for f in report.findings if f.severity == "error" and node is not None
-                    and node.contains(f.path)})
+    codes = sorted(
+        {f.code for f in report.findings if f.severity == "error" and node is not None and node.contains(f.path)}
+    )
     return f"`{report.inventory.shown(rel, slash=True)}` ({', '.join(codes) or 'incomplete'})"
 
 
@@ -80,35 +88,44 @@ def _choose_tag(report: Report, node: Node, tag: Optional[str]) -> tuple[Node, O
     inv = report.inventory
     if node is inv.root:  # SRC is the tag folder itself: the user chose it
         if tag and tag != node.name:
-            raise ExportError(f"{inv.shown()} is itself the tag folder `{node.name}`; to read tag `{tag}`, give the "
-                              "folder that holds the tags")
+            raise ExportError(
+                f"{inv.shown()} is itself the tag folder `{node.name}`; to read tag `{tag}`, give the "
+                "folder that holds the tags"
+            )
         return node, None
     parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
     where = inv.shown(parent.path, slash=True)
     if tag:
         alt = parent.child(tag)
         if alt is None or not alt.is_dir or alt.format != "deepspeed-zero":
-            raise ExportError(f"--tag {tag}: no DeepSpeed tag folder `{tag}` in {where}; its tags: "
-                              f"{_tag_names(inv, parent)}")
+            raise ExportError(
+                f"--tag {tag}: no DeepSpeed tag folder `{tag}` in {where}; its tags: {_tag_names(inv, parent)}"
+            )
         return alt, f"--tag {tag}"
     latest = parent.child("latest")
     if latest is None or latest.is_dir:
         return node, f"no `latest` file in {where}: the newest tag" + (
-            f", step {step_of(node.name)}" if step_of(node.name) is not None else "")
+            f", step {step_of(node.name)}" if step_of(node.name) is not None else ""
+        )
     named = (cast(TextFacts, latest.facts).get("names") or "").strip()
     if named == node.name:
         return node, f"`latest` names {named}"
     dangling = any(f.code == "latest-dangling" and f.path == latest.path for f in report.findings)
     shown = named if named.isprintable() and len(named) <= 80 else repr(named[:80])
     what = "which is not a folder beside it" if dangling else "which is not a DeepSpeed tag folder"
-    raise ExportError(f"{inv.shown(latest.path)} names `{shown}`, {what}, so ckpt-tui will not guess which tag "
-                      f"you mean. Tags in {where}: {_tag_names(inv, parent)}. Name one with --tag "
-                      f"(e.g. --tag {node.name}), or give the tag folder itself ({inv.shown(node.path)}).")
+    raise ExportError(
+        f"{inv.shown(latest.path)} names `{shown}`, {what}, so ckpt-tui will not guess which tag "
+        f"you mean. Tags in {where}: {_tag_names(inv, parent)}. Name one with --tag "
+        f"(e.g. --tag {node.name}), or give the tag folder itself ({inv.shown(node.path)})."
+    )
 
 
 def _blocking_findings(report: Report, node: Node, trust: bool) -> list[Finding]:
-    return [f for f in report.findings
-            if node.contains(f.path) and f.severity == "error" and not (f.code == "unsafe-pickle" and trust)]
+    return [
+        f
+        for f in report.findings
+        if node.contains(f.path) and f.severity == "error" and not (f.code == "unsafe-pickle" and trust)
+    ]
 
 
 def _optimizer_side(node: Node, f: Finding) -> bool:
@@ -125,20 +142,26 @@ def module_states_problem(report: Report, node: Node) -> Optional[str]:
     """Why the module weights of tag ``node`` cannot be exported (--from-module-states), or None."""
     inv = report.inventory
     if node.format != "deepspeed-zero":
-        return (f"--from-module-states reads the module weights of a DeepSpeed ZeRO-1/2 tag folder; "
-                f"{inv.shown(node.path)} is {node.format or 'not one'}")
+        return (
+            f"--from-module-states reads the module weights of a DeepSpeed ZeRO-1/2 tag folder; "
+            f"{inv.shown(node.path)} is {node.format or 'not one'}"
+        )
     f = cast(DeepSpeedZeroFacts, node.facts)
     if f.get("zero_stage") == 3:
-        return (f"{inv.shown(node.path, slash=True)} is ZeRO-3: its model-states files hold only each rank's "
-                "partition of the module, not whole module weights, so --from-module-states has nothing to "
-                "export. The weights can only be rebuilt from every rank's optimizer states")
+        return (
+            f"{inv.shown(node.path, slash=True)} is ZeRO-3: its model-states files hold only each rank's "
+            "partition of the module, not whole module weights, so --from-module-states has nothing to "
+            "export. The weights can only be rebuilt from every rank's optimizer states"
+        )
     ms = node.child(MODULE_STATES_FILE)
     if ms is None:
         return f"{inv.shown(node.path, slash=True)} has no {MODULE_STATES_FILE}: there are no module weights to export"
     bad = [x for x in report.findings if x.path == ms.path and x.severity == "error"]
     if bad or "error" in ms.facts:
-        return (f"{inv.shown(ms.path)} cannot be read either ({bad[0].code if bad else ms.facts.get('error')}): "
-                "there are no intact module weights to export")
+        return (
+            f"{inv.shown(ms.path)} cannot be read either ({bad[0].code if bad else ms.facts.get('error')}): "
+            "there are no intact module weights to export"
+        )
     return None
 
 
@@ -147,9 +170,16 @@ def module_states_command(report: Report, node: Node) -> str:
     return f"ckpt-tui export {report.inventory.shown(node.path)} --from-module-states --out DIR"
 
 
-def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot read the weights",
-                   from_module_states: bool = False, verb: str = "exporting",
-                   report: Optional[Report] = None) -> tuple[Report, Node, list[str]]:
+def screened_model(
+    src,
+    *,
+    tag=None,
+    trust_pickles=False,
+    why: str = "cannot read the weights",
+    from_module_states: bool = False,
+    verb: str = "exporting",
+    report: Optional[Report] = None,
+) -> tuple[Report, Node, list[str]]:
     """Inspect ``src``, pick the node holding the model weights, and refuse (ExportError) if an
     error finding inside it — unsafe pickles above all — says it must not be read. Every path that
     reads weights (export, verify, stats, diff) starts here.
@@ -168,13 +198,19 @@ def screened_model(src, *, tag=None, trust_pickles=False, why: str = "cannot rea
         blocking = [f for f in blocking if not _optimizer_side(node, f)]
     if blocking:
         msg = f"{why}:\n  " + "\n  ".join(f"{f.code} at {inv.shown(f.path)}: {f.message}" for f in blocking)
-        if (not from_module_states and node.format == "deepspeed-zero" and all(_optimizer_side(node, f) for f in blocking)
-                and module_states_problem(report, node) is None):
+        if (
+            not from_module_states
+            and node.format == "deepspeed-zero"
+            and all(_optimizer_side(node, f) for f in blocking)
+            and module_states_problem(report, node) is None
+        ):
             dt = cast(DeepSpeedZeroFacts, node.facts).get("train_dtype")
-            msg += ("\nThe fp32 master weights cannot be rebuilt without every rank's optimizer states, but the module "
-                    f"weights in {inv.shown(node.path + '/' + MODULE_STATES_FILE)} are intact. To export those instead "
-                    f"({'half precision, ' + _short(dt) if dt else 'the training dtype'} — NOT the fp32 masters), run:\n  "
-                    + module_states_command(report, node))
+            msg += (
+                "\nThe fp32 master weights cannot be rebuilt without every rank's optimizer states, but the module "
+                f"weights in {inv.shown(node.path + '/' + MODULE_STATES_FILE)} are intact. To export those instead "
+                f"({'half precision, ' + _short(dt) if dt else 'the training dtype'} — NOT the fp32 masters), run:\n  "
+                + module_states_command(report, node)
+            )
         raise ExportError(msg)
     return report, node, said
 
@@ -185,8 +221,9 @@ def _short(dtype: str) -> str:
     return short_dtype(dtype)
 
 
-def source_for(node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False,
-               from_module_states: bool = False) -> Source:
+def source_for(
+    node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False, from_module_states: bool = False
+) -> Source:
     """``node``'s model weights as an export source, opened by its format (``from_module_states``:
     a DeepSpeed tag's module weights instead of its fp32 masters)."""
     if from_module_states:
@@ -213,7 +250,7 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
     dirs = [p, p.parent, p.parent.parent]
     if node.format == "verl-fsdp":  # verl keeps the config and tokenizer in huggingface/ beside its rank files
         dirs.insert(0, p / "huggingface")
-    if (p.parent.name.startswith("checkpoint-") or p.name.startswith("checkpoint-")):
+    if p.parent.name.startswith("checkpoint-") or p.name.startswith("checkpoint-"):
         dirs.append(p.parent.parent.parent)
     seen, out = set(), []
     for d in dirs:
@@ -237,24 +274,29 @@ def _refuse_optimizer(report: Report) -> ExportError:
     rel = comps.get("optimizer") or comps.get("model+optimizer")
     node = inv.node(rel) if rel else None
     if node is None:
-        return ExportError(f"no optimizer component in {inv.shown()} ({inv.summary}); "
-                           "--component model exports the model weights")
+        return ExportError(
+            f"no optimizer component in {inv.shown()} ({inv.summary}); --component model exports the model weights"
+        )
     f = node.facts
     bits = [node.format]
     if f.get("tensor_count"):
         bits.append(f"{f['tensor_count']} tensors")
     if f.get("dtypes"):
         bits.append("/".join(f["dtypes"]))
-    return ExportError(f"the optimizer component is {inv.shown(rel, slash=node.is_dir)} ({', '.join(bits)}); "
-                       f"exporting the optimizer state of {node.format or 'this format'} to safetensors is not "
-                       f"supported yet (only of {OPTIMIZER_SOURCES}). --component model (the "
-                       "default) exports the model weights; the optimizer state resumes from the checkpoint as it is")
+    return ExportError(
+        f"the optimizer component is {inv.shown(rel, slash=node.is_dir)} ({', '.join(bits)}); "
+        f"exporting the optimizer state of {node.format or 'this format'} to safetensors is not "
+        f"supported yet (only of {OPTIMIZER_SOURCES}). --component model (the "
+        "default) exports the model weights; the optimizer state resumes from the checkpoint as it is"
+    )
 
 
 # what --component optimizer reads (said in refusals and in the CLI's help)
-OPTIMIZER_SOURCES = ("DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders (HF Trainer/Accelerate FSDP "
-                     "optimizer_0/, FSDP2 get_state_dict saves) and torch files with an optimizer state dict "
-                     "(Lightning .ckpt, torch.save, Accelerate optimizer.bin), verl FSDP actor folders")
+OPTIMIZER_SOURCES = (
+    "DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders (HF Trainer/Accelerate FSDP "
+    "optimizer_0/, FSDP2 get_state_dict saves) and torch files with an optimizer state dict "
+    "(Lightning .ckpt, torch.save, Accelerate optimizer.bin), verl FSDP actor folders"
+)
 
 
 def optimizer_component(report: Report) -> Optional[Node]:
@@ -288,9 +330,21 @@ def optimizer_exportable(report: Report) -> Optional[str]:
     return None
 
 
-def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False, strip_prefix=None,
-                keep_prefix=False, config=None, tag=None, trust_pickles=False, from_module_states=False,
-                component=None) -> tuple[ExportPlan, list[str]]:
+def plan_export(
+    src,
+    out,
+    *,
+    dtype="keep",
+    max_shard_size="50GB",
+    exclude_frozen=False,
+    strip_prefix=None,
+    keep_prefix=False,
+    config=None,
+    tag=None,
+    trust_pickles=False,
+    from_module_states=False,
+    component=None,
+) -> tuple[ExportPlan, list[str]]:
     """The export plan. A Lightning checkpoint whose names all start with one LightningModule
     attribute (``model.``) loses it by default (``keep_prefix`` keeps it, ``strip_prefix`` forces
     one): see :mod:`.prefix`. ``component``: "model" (the default) or "optimizer" (the role to export
@@ -299,18 +353,42 @@ def plan_export(src, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, not {component!r}")
     if component == "optimizer":
         if from_module_states:
-            raise ExportError("--from-module-states exports a tag's module weights: it does not go with "
-                              "--component optimizer")
-        plan, said = _plan_optimizer(src, out, dtype=dtype, max_shard_size=max_shard_size, strip_prefix=strip_prefix,
-                                     keep_prefix=keep_prefix, tag=tag, trust_pickles=trust_pickles)
+            raise ExportError(
+                "--from-module-states exports a tag's module weights: it does not go with --component optimizer"
+            )
+        plan, said = _plan_optimizer(
+            src,
+            out,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            strip_prefix=strip_prefix,
+            keep_prefix=keep_prefix,
+            tag=tag,
+            trust_pickles=trust_pickles,
+        )
         plan.out_given, plan.src_given = str(out), os.fspath(src)
         _refuse_source_out(plan)
         return plan, said
-    report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, from_module_states=from_module_states,
-                                        why="the checkpoint has problems an export cannot work around")
-    plan = _plan(report, node, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                 strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, trust_pickles=trust_pickles,
-                 from_module_states=from_module_states)
+    report, node, said = screened_model(
+        src,
+        tag=tag,
+        trust_pickles=trust_pickles,
+        from_module_states=from_module_states,
+        why="the checkpoint has problems an export cannot work around",
+    )
+    plan = _plan(
+        report,
+        node,
+        out,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        exclude_frozen=exclude_frozen,
+        strip_prefix=strip_prefix,
+        keep_prefix=keep_prefix,
+        config=config,
+        trust_pickles=trust_pickles,
+        from_module_states=from_module_states,
+    )
     plan.out_given, plan.src_given = str(out), os.fspath(src)
     _refuse_source_out(plan)
     return plan, said
@@ -327,8 +405,18 @@ def _refuse_source_out(plan: ExportPlan) -> None:
         raise ExportError(refusal(e, plan)) from None
 
 
-def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_prefix=None, keep_prefix=False,
-                    tag=None, trust_pickles=False, report: Optional[Report] = None) -> tuple[ExportPlan, list[str]]:
+def _plan_optimizer(
+    src,
+    out,
+    *,
+    dtype="keep",
+    max_shard_size="50GB",
+    strip_prefix=None,
+    keep_prefix=False,
+    tag=None,
+    trust_pickles=False,
+    report: Optional[Report] = None,
+) -> tuple[ExportPlan, list[str]]:
     """The plan of ``--component optimizer``: exp_avg, exp_avg_sq (and fp32 masters where the run kept them
     apart) per parameter into ``optimizer.safetensors``, the step and param groups into
     ``optimizer_config.json``; names as the model export of the same checkpoint has them. Reads DeepSpeed
@@ -344,10 +432,25 @@ def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_pref
             raise
         node, said = None, []
     if node is None or node.format not in ("deepspeed-zero", "verl-fsdp"):
-        return _plan_torch_optimizer(report, node, said, out, dtype=dtype, max_shard_size=max_shard_size,
-                                     strip_prefix=strip_prefix, keep_prefix=keep_prefix, trust_pickles=trust_pickles)
-    report, node, said = screened_model(src, tag=tag, trust_pickles=trust_pickles, report=report, verb=OPTIMIZER_VERB,
-                                        why="the checkpoint has problems an export cannot work around")
+        return _plan_torch_optimizer(
+            report,
+            node,
+            said,
+            out,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            strip_prefix=strip_prefix,
+            keep_prefix=keep_prefix,
+            trust_pickles=trust_pickles,
+        )
+    report, node, said = screened_model(
+        src,
+        tag=tag,
+        trust_pickles=trust_pickles,
+        report=report,
+        verb=OPTIMIZER_VERB,
+        why="the checkpoint has problems an export cannot work around",
+    )
     try:
         if node.format == "verl-fsdp":
             from .verl_source import verl_optimizer_source
@@ -359,12 +462,31 @@ def _plan_optimizer(src, out, *, dtype="keep", max_shard_size="50GB", strip_pref
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
     except FormatError as e:
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
-    return _optimizer_plan(node, source, config, model_names, out, dtype=dtype, max_shard_size=max_shard_size,
-                           strip_prefix=strip_prefix, keep_prefix=keep_prefix), said
+    return _optimizer_plan(
+        node,
+        source,
+        config,
+        model_names,
+        out,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        strip_prefix=strip_prefix,
+        keep_prefix=keep_prefix,
+    ), said
 
 
-def _optimizer_plan(node: Node, source: Source, config: dict, model_names: list[str], out, *, dtype, max_shard_size,
-                    strip_prefix, keep_prefix) -> ExportPlan:
+def _optimizer_plan(
+    node: Node,
+    source: Source,
+    config: dict,
+    model_names: list[str],
+    out,
+    *,
+    dtype,
+    max_shard_size,
+    strip_prefix,
+    keep_prefix,
+) -> ExportPlan:
     """The plan of an optimizer ``source``: the model export's prefix decision (``node``: the model's
     node, ``model_names``: its names) applied to the tensors and to ``config``, which goes beside them."""
     from .deepspeed_optim import CONFIG_FILE, strip_config
@@ -377,16 +499,28 @@ def _optimizer_plan(node: Node, source: Source, config: dict, model_names: list[
     plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size, stem="optimizer")
     plan.prefix = prefix
     if dtype in ("bf16", "fp16"):
-        plan.notes.append(f"--dtype {dtype} casts the optimizer state too: every master, exp_avg and exp_avg_sq "
-                            f"is written in {dtype}, losing the precision a resumed run needs (--dtype keep writes "
-                            "them as the run kept them)")
+        plan.notes.append(
+            f"--dtype {dtype} casts the optimizer state too: every master, exp_avg and exp_avg_sq "
+            f"is written in {dtype}, losing the precision a resumed run needs (--dtype keep writes "
+            "them as the run kept them)"
+        )
     config["dtype"] = dtype
     plan.extra_files = [(CONFIG_FILE, json.dumps(config, indent=2) + "\n")]
     return plan
 
 
-def _plan_torch_optimizer(report: Report, model: Optional[Node], said: list[str], out, *, dtype, max_shard_size,
-                          strip_prefix, keep_prefix, trust_pickles) -> tuple[ExportPlan, list[str]]:
+def _plan_torch_optimizer(
+    report: Report,
+    model: Optional[Node],
+    said: list[str],
+    out,
+    *,
+    dtype,
+    max_shard_size,
+    strip_prefix,
+    keep_prefix,
+    trust_pickles,
+) -> tuple[ExportPlan, list[str]]:
     """``--component optimizer`` of a torch DCP optimizer folder or a torch file's optimizer state dict;
     ``model``: the checkpoint's model node (its names decide the optimizer's, and their prefix)."""
     inv = report.inventory
@@ -403,8 +537,10 @@ def _plan_torch_optimizer(report: Report, model: Optional[Node], said: list[str]
         raise _refuse_optimizer(report)
     blocking = _blocking_findings(report, opt, trust_pickles)
     if blocking:
-        raise ExportError("the checkpoint has problems an export cannot work around:\n  " + "\n  ".join(
-            f"{f.code} at {inv.shown(f.path)}: {f.message}" for f in blocking))
+        raise ExportError(
+            "the checkpoint has problems an export cannot work around:\n  "
+            + "\n  ".join(f"{f.code} at {inv.shown(f.path)}: {f.message}" for f in blocking)
+        )
     if opt is not model:
         said = said + [f"the optimizer state is `{inv.shown(opt.path, slash=opt.is_dir)}`"]
     model_tensors: Optional[list[tuple[str, tuple]]] = None
@@ -413,11 +549,15 @@ def _plan_torch_optimizer(report: Report, model: Optional[Node], said: list[str]
         try:
             msrc = source_for(model, trust_pickles=trust_pickles)
             if msrc.kind == "safetensors":
-                model_what = (f"the model beside it, {inv.shown(model.path)}, is safetensors: it keeps no parameter "
-                              "order")
+                model_what = (
+                    f"the model beside it, {inv.shown(model.path)}, is safetensors: it keeps no parameter order"
+                )
             else:
-                model_tensors = [(t.name, tuple(t.shape)) for t in msrc.tensors
-                                 if t.tied_to is None and t.dtype.startswith(("float", "bfloat"))]
+                model_tensors = [
+                    (t.name, tuple(t.shape))
+                    for t in msrc.tensors
+                    if t.tied_to is None and t.dtype.startswith(("float", "bfloat"))
+                ]
         except (ExportError, FormatError) as e:
             model_what = f"the model's names cannot be read: {e}"
     try:
@@ -428,39 +568,79 @@ def _plan_torch_optimizer(report: Report, model: Optional[Node], said: list[str]
         else:
             from .torch_optim import torch_optimizer_source
 
-            source, config = torch_optimizer_source(opt.abspath, model_tensors, model_what=model_what,
-                                                    trust_pickles=trust_pickles)
+            source, config = torch_optimizer_source(
+                opt.abspath, model_tensors, model_what=model_what, trust_pickles=trust_pickles
+            )
     except FormatError as e:
         raise ExportError(f"`{inv.shown(opt.path)}`: {e}") from None
-    names = [n for n, _ in model_tensors] if model_tensors is not None else [
-        t.name for t in source.tensors if not t.name.startswith("param_")]
-    plan = _optimizer_plan(model or opt, source, config, names, out, dtype=dtype, max_shard_size=max_shard_size,
-                           strip_prefix=strip_prefix, keep_prefix=keep_prefix)
+    names = (
+        [n for n, _ in model_tensors]
+        if model_tensors is not None
+        else [t.name for t in source.tensors if not t.name.startswith("param_")]
+    )
+    plan = _optimizer_plan(
+        model or opt,
+        source,
+        config,
+        names,
+        out,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        strip_prefix=strip_prefix,
+        keep_prefix=keep_prefix,
+    )
     return plan, said
 
 
-def _plan(report: Report, node: Node, out, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False,
-          strip_prefix=None, keep_prefix=False, config=None, trust_pickles=False,
-          from_module_states=False) -> ExportPlan:
+def _plan(
+    report: Report,
+    node: Node,
+    out,
+    *,
+    dtype="keep",
+    max_shard_size="50GB",
+    exclude_frozen=False,
+    strip_prefix=None,
+    keep_prefix=False,
+    config=None,
+    trust_pickles=False,
+    from_module_states=False,
+) -> ExportPlan:
     """The export plan of ``node`` (a model component of the scanned ``report``), without scanning again."""
     try:
-        source = source_for(node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles,
-                            from_module_states=from_module_states)
+        source = source_for(
+            node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles, from_module_states=from_module_states
+        )
     except FormatError as e:
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
     prefix = choose(node, [t.name for t in source.tensors], strip_prefix=strip_prefix, keep_prefix=keep_prefix)
     strip_names(source, prefix.strip)
     if prefix.note:
         source.notes.append(prefix.note)
-    plan = make_plan(source, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size,
-                     exclude_frozen=exclude_frozen, config_dirs=config_dirs(node, report),
-                     config_path=Path(config) if config else None)
+    plan = make_plan(
+        source,
+        Path(out).absolute(),
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        exclude_frozen=exclude_frozen,
+        config_dirs=config_dirs(node, report),
+        config_path=Path(config) if config else None,
+    )
     plan.prefix = prefix
     return plan
 
 
-def export_needs(report: Report, node: Node, *, dtype="keep", max_shard_size="50GB", exclude_frozen=False,
-                 from_module_states=False, config=None, component=None) -> int:
+def export_needs(
+    report: Report,
+    node: Node,
+    *,
+    dtype="keep",
+    max_shard_size="50GB",
+    exclude_frozen=False,
+    from_module_states=False,
+    config=None,
+    component=None,
+) -> int:
     """The bytes an export of ``node`` (an ``Inventory.export_candidates`` path of the scanned ``report``)
     writes with these options -- the model's tensors in the output dtype, safetensors headers, the index,
     the copied config files, never the optimizer states -- as ``export`` checks free space for
@@ -470,23 +650,63 @@ def export_needs(report: Report, node: Node, *, dtype="keep", max_shard_size="50
     exportable, unreadable), ValueError (a bad dtype or size)."""
     out = report.inventory.path / ".ckpt-tui-needs"
     if component == "optimizer":
-        plan, _ = _plan_optimizer(report.inventory.path, out, dtype=dtype, max_shard_size=max_shard_size,
-                                  trust_pickles=report.inventory.trust_pickles, report=report)
+        plan, _ = _plan_optimizer(
+            report.inventory.path,
+            out,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            trust_pickles=report.inventory.trust_pickles,
+            report=report,
+        )
         return plan.output_bytes
-    plan = _plan(report, node, out, dtype=dtype, max_shard_size=max_shard_size,
-                 exclude_frozen=exclude_frozen, config=config, trust_pickles=report.inventory.trust_pickles,
-                 from_module_states=from_module_states)
+    plan = _plan(
+        report,
+        node,
+        out,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        exclude_frozen=exclude_frozen,
+        config=config,
+        trust_pickles=report.inventory.trust_pickles,
+        from_module_states=from_module_states,
+    )
     return plan.output_bytes
 
 
-def export(src, out, *, dtype="keep", max_shard_size="50GB", jobs=1, exclude_frozen=False, strip_prefix=None,
-           keep_prefix=False, config=None, tag=None, overwrite=False, verify=True, trust_pickles=False,
-           from_module_states=False, component=None, on_progress: Optional[OnProgress] = None,
-           cancel=None) -> ExportResult:
-    plan, said = plan_export(src, out, dtype=dtype, max_shard_size=max_shard_size, exclude_frozen=exclude_frozen,
-                             strip_prefix=strip_prefix, keep_prefix=keep_prefix, config=config, tag=tag,
-                             trust_pickles=trust_pickles, from_module_states=from_module_states,
-                             component=component)
+def export(
+    src,
+    out,
+    *,
+    dtype="keep",
+    max_shard_size="50GB",
+    jobs=1,
+    exclude_frozen=False,
+    strip_prefix=None,
+    keep_prefix=False,
+    config=None,
+    tag=None,
+    overwrite=False,
+    verify=True,
+    trust_pickles=False,
+    from_module_states=False,
+    component=None,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+) -> ExportResult:
+    plan, said = plan_export(
+        src,
+        out,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        exclude_frozen=exclude_frozen,
+        strip_prefix=strip_prefix,
+        keep_prefix=keep_prefix,
+        config=config,
+        tag=tag,
+        trust_pickles=trust_pickles,
+        from_module_states=from_module_states,
+        component=component,
+    )
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes
     return res

@@ -31,8 +31,14 @@ from .write import (
 )
 
 
-def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = True,
-                 on_progress: Optional[OnProgress] = None, cancel=None) -> tuple[ExportResult, ExportResult]:
+def execute_both(
+    model: ExportPlan,
+    optimizer: ExportPlan,
+    *,
+    verify: bool = True,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+) -> tuple[ExportResult, ExportResult]:
     """Execute ``model`` and ``optimizer`` (plans with the same ``out``) into that one folder, atomically."""
     out = model.out
     if optimizer.out != out:
@@ -53,8 +59,9 @@ def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = Tru
         preflight(model, False)  # says why, as a single export would
         from ..units import naturalsize
 
-        raise ExportError(f"{out}: {e.kind} (the model and optimizer exports together need {naturalsize(need)})") \
-            from None
+        raise ExportError(
+            f"{out}: {e.kind} (the model and optimizer exports together need {naturalsize(need)})"
+        ) from None
     pid = os.getpid()
     stage_m = out.parent / f".{out.name}.model-{pid}"
     stage_o = out.parent / f".{out.name}.optimizer-{pid}"
@@ -63,8 +70,7 @@ def execute_both(model: ExportPlan, optimizer: ExportPlan, *, verify: bool = Tru
     try:
         sweep_beside(out)  # what killed runs into OUT left (their staging folders too)
         rm = execute(dataclasses.replace(model, out=stage_m), verify=verify, on_progress=on_progress, cancel=cancel)
-        ro = execute(dataclasses.replace(optimizer, out=stage_o), verify=verify, on_progress=on_progress,
-                     cancel=cancel)
+        ro = execute(dataclasses.replace(optimizer, out=stage_o), verify=verify, on_progress=on_progress, cancel=cancel)
         for f in sorted(stage_o.iterdir()):
             os.replace(f, stage_m / f.name)
         fsync_dir(stage_m)

@@ -46,7 +46,7 @@ def _paths(info: dcpfmt.DcpInfo) -> dict[str, tuple]:
         last = path[-1] if path else ""
         for what in ("state", "param_groups"):
             if last.startswith(what + ".") and last.count(".") >= 2:
-                fqn, leaf = last[len(what) + 1:].rsplit(".", 1)
+                fqn, leaf = last[len(what) + 1 :].rsplit(".", 1)
                 path = path[:-1] + (what, fqn, leaf)
         out[k] = path
     return out
@@ -54,7 +54,7 @@ def _paths(info: dcpfmt.DcpInfo) -> dict[str, tuple]:
 
 def _optimizer_top(t: str) -> bool:
     """A container of optimizer state: ``optimizer``, ``optim`` …, Lightning's ``optimizer_0``."""
-    return t in OPTIMIZER_KEYS or (t.startswith("optimizer_") and t[len("optimizer_"):].isdigit())
+    return t in OPTIMIZER_KEYS or (t.startswith("optimizer_") and t[len("optimizer_") :].isdigit())
 
 
 def _split(path: tuple, what: str) -> Optional[tuple[tuple, tuple]]:
@@ -64,7 +64,7 @@ def _split(path: tuple, what: str) -> Optional[tuple[tuple, tuple]]:
         if p == what:
             top = path[:i]
             if all(_optimizer_top(t) for t in top) and len(path) > i + 1:
-                return top, path[i + 1:]
+                return top, path[i + 1 :]
             return None
     return None
 
@@ -153,15 +153,18 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     if not state:
         raise FormatError("this DCP folder holds no FQN-keyed optimizer state (no `state.<param>.exp_avg`)")
     if len(tops) > 1:
-        raise FormatError(f"several optimizers in one DCP ({', '.join('.'.join(t) or '(top)' for t in sorted(tops))}); "
-                          "ckpt-tui exports one")
+        raise FormatError(
+            f"several optimizers in one DCP ({', '.join('.'.join(t) or '(top)' for t in sorted(tops))}); "
+            "ckpt-tui exports one"
+        )
     # tensors: per parameter, exp_avg, exp_avg_sq, then any other tensor state (not the step)
     names: dict[str, str] = {}
     steps: dict[str, str] = {}
     kinds: list[str] = []
     for fqn, keys in state.items():
-        for leaf, key in sorted(keys.items(), key=lambda kv: (kv[0] not in STATES, STATES.index(kv[0])
-                                                              if kv[0] in STATES else 0, kv[0])):
+        for leaf, key in sorted(
+            keys.items(), key=lambda kv: (kv[0] not in STATES, STATES.index(kv[0]) if kv[0] in STATES else 0, kv[0])
+        ):
             if key not in tensor_keys:
                 continue
             if leaf == "step":
@@ -185,8 +188,9 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
             v = objects[keys["step"]]
             step_values[fqn] = v.value if isinstance(v, Stub) else v
     # tensor hyper-parameters (a tensor lr): their value
-    group_tensors = {key: key for hyper in (*groups.values(), *per_param.values()) for key in hyper.values()
-                     if key in tensor_keys}
+    group_tensors = {
+        key: key for hyper in (*groups.values(), *per_param.values()) for key in hyper.values() if key in tensor_keys
+    }
     for t in dcp_tensors(folder, info, group_tensors):
         objects[t.name] = _number(t, t.name)
 
@@ -230,15 +234,21 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
         "frozen_params": no_state,
         "tied_params": {},
     }
-    notes = [f"FQN-keyed optimizer state of {len(state)} parameter(s) (<name>.{', <name>.'.join(kinds)}); "
-             "FSDP trains the fp32 parameters themselves: no separate master (the weights are --component model)"]
+    notes = [
+        f"FQN-keyed optimizer state of {len(state)} parameter(s) (<name>.{', <name>.'.join(kinds)}); "
+        "FSDP trains the fp32 parameters themselves: no separate master (the weights are --component model)"
+    ]
     if covered:
-        notes.append(f"{len(fused)} parameter(s) of the optimizer are not tensors of the model's state dict (e.g. "
-                     f"{fused[0]}): fused parameters the model saves split; they hold the state of {len(covered)} "
-                     "model tensor(s) under the same module, which are not frozen")
+        notes.append(
+            f"{len(fused)} parameter(s) of the optimizer are not tensors of the model's state dict (e.g. "
+            f"{fused[0]}): fused parameters the model saves split; they hold the state of {len(covered)} "
+            "model tensor(s) under the same module, which are not frozen"
+        )
     if no_state:
-        notes.append(f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
-                     f"stepped parameters; listed as frozen_params in {CONFIG_FILE})")
+        notes.append(
+            f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
+            f"stepped parameters; listed as frozen_params in {CONFIG_FILE})"
+        )
     return Source(KIND, folder, tensors, notes=notes), config
 
 
@@ -272,8 +282,12 @@ def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
 
     def load(keys):
         sd: dict = {}
-        _load_state_dict(sd, storage_reader=screen.dcp_reader(folder),  # metadata screened, unpickled by us
-                         planner=_EmptyStateDictLoadPlanner(keys=set(keys)), no_dist=True)
+        _load_state_dict(
+            sd,
+            storage_reader=screen.dcp_reader(folder),  # metadata screened, unpickled by us
+            planner=_EmptyStateDictLoadPlanner(keys=set(keys)),
+            no_dist=True,
+        )
         flat, _ = flatten_state_dict(sd)
         for k in keys:
             yield names[k], flat[k]

@@ -49,12 +49,13 @@ def model_names(info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None) -> dic
         else:  # model keys at top level beside optimizer/scheduler/... (torchtitan)
             out = {k: ".".join(p) for k, p in paths.items() if p[0] not in NON_MODEL_TOP}
     if strip_prefix:
-        out = {k: (v[len(strip_prefix):] if v.startswith(strip_prefix) else v) for k, v in out.items()}
+        out = {k: (v[len(strip_prefix) :] if v.startswith(strip_prefix) else v) for k, v in out.items()}
     return out
 
 
-def output_tensors(folder: Path, info: dcpfmt.DcpInfo,
-                   strip_prefix: Optional[str] = None) -> list[tuple[str, str, Optional[int]]]:
+def output_tensors(
+    folder: Path, info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None
+) -> list[tuple[str, str, Optional[int]]]:
     """(DCP key, output name, layer) for every model tensor an export writes. ``layer`` is None for a tensor
     written whole; for the stacked layer tensors of a Megatron-Core torch_dist checkpoint (``decoder.layers.X``
     with a leading layer dimension) each layer is its own output tensor ``decoder.layers.{i}.X``."""
@@ -83,10 +84,12 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
     notes = []
     stacked = {k for k, _, layer in outputs if layer is not None}
     if stacked:
-        notes.append(f"Megatron-Core torch_dist: {len(stacked)} tensors stacked over the layers (decoder.layers.X) "
-                     "written one per layer as decoder.layers.{i}.X, tensor-parallel shards whole; the names are the "
-                     "checkpoint's keys (megatron's local layer spec loads its input_layernorm/pre_mlp_layernorm from "
-                     "self_attention.linear_qkv.layer_norm_*/mlp.linear_fc1.layer_norm_*)")
+        notes.append(
+            f"Megatron-Core torch_dist: {len(stacked)} tensors stacked over the layers (decoder.layers.X) "
+            "written one per layer as decoder.layers.{i}.X, tensor-parallel shards whole; the names are the "
+            "checkpoint's keys (megatron's local layer spec loads its input_layernorm/pre_mlp_layernorm from "
+            "self_attention.linear_qkv.layer_norm_*/mlp.linear_fc1.layer_norm_*)"
+        )
     return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general), notes=notes)
 
 
@@ -95,8 +98,10 @@ def refuse_gaps(info: dcpfmt.DcpInfo, keys) -> None:
     that part from ``torch.empty``, so no export or reference read of it is ever right."""
     gaps = [k for k in info.chunk_gaps if k in keys]
     if gaps:
-        raise FormatError(f".metadata gives {len(gaps)} tensor(s) chunks that leave part of them unwritten "
-                          f"({', '.join(gaps[:8])}): no file holds those values (dcp-chunk-gap)")
+        raise FormatError(
+            f".metadata gives {len(gaps)} tensor(s) chunks that leave part of them unwritten "
+            f"({', '.join(gaps[:8])}): no file holds those values (dcp-chunk-gap)"
+        )
 
 
 def _checked_storage(key: str, st: dict) -> dict:
@@ -104,8 +109,10 @@ def _checked_storage(key: str, st: dict) -> dict:
     negative length: a traceback, not a message)."""
     off, length = st.get("offset"), st.get("length")
     if type(off) is not int or type(length) is not int or off < 0 or length < 0:
-        raise FormatError(f".metadata places a chunk of {key!r} at a negative or non-integer offset or length "
-                          f"({off!r}, {length!r}) in {st.get('relative_path')!r}: the metadata is corrupt")
+        raise FormatError(
+            f".metadata places a chunk of {key!r} at a negative or non-integer offset or length "
+            f"({off!r}, {length!r}) in {st.get('relative_path')!r}: the metadata is corrupt"
+        )
     return st
 
 
@@ -139,8 +146,10 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: boo
         except FormatError as e:
             raise FormatError(f".metadata: tensor {key!r}: {e}") from None
         if gap:
-            raise FormatError(f".metadata gives tensor {key!r} chunks that leave part of it unwritten: no file holds "
-                              "those values (dcp-chunk-gap)")
+            raise FormatError(
+                f".metadata gives tensor {key!r} chunks that leave part of it unwritten: no file holds "
+                "those values (dcp-chunk-gap)"
+            )
     stacks: dict = {}  # the one stacked tensor loaded whole by the general path, for its layers in turn
     for key, out_name, layer in outputs:
         ti = by_name[key]
@@ -152,8 +161,15 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: boo
             load = _general_loader(folder, key, ti, bool(info.planner_data))
             if layer is not None:
                 load = _layer_loader(load, key, layer, stacks)
-            tensors.append(SourceTensor(out_name, shape, ti.dtype, load=load,
-                                        note="read with torch DCP (chunks are not contiguous byte ranges)"))
+            tensors.append(
+                SourceTensor(
+                    out_name,
+                    shape,
+                    ti.dtype,
+                    load=load,
+                    note="read with torch DCP (chunks are not contiguous byte ranges)",
+                )
+            )
     return tensors
 
 

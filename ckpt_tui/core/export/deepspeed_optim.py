@@ -65,8 +65,10 @@ def _state_groups(tag: ZeroTag, rank: int, key: str) -> list:
         s = state.get(i, state.get(str(i)))
         if not isinstance(s, dict) or not isinstance(s.get(key), TensorRef):
             found = sorted(s) if isinstance(s, dict) else "nothing"
-            raise ValueError(f"{tag.file_name(rank)}: the optimizer state of group {i} has no {key} tensor (found {found}): "
-                             "only Adam-style optimizers (exp_avg, exp_avg_sq) are exported")
+            raise ValueError(
+                f"{tag.file_name(rank)}: the optimizer state of group {i} has no {key} tensor (found {found}): "
+                "only Adam-style optimizers (exp_avg, exp_avg_sq) are exported"
+            )
         out.append(s[key])
     return out
 
@@ -115,8 +117,6 @@ def jsonable(v: Any, _left: Optional[list] = None) -> Any:
     return repr(v)
 
 
-
-
 def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     """The optimizer state of ZeRO tag ``tag_dir``: the source (``p.exp_avg``, ``p.exp_avg_sq``,
     ``p.master`` per trainable param ``p``), the content of ``optimizer_config.json`` (names not yet
@@ -126,7 +126,8 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     if tag_dir.is_dir():
         names = listdir(tag_dir)
         if any(LAYER_RE.match(n) for n in names) or (
-                not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names):
+            not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names
+        ):
             return inline_optimizer_source(tag_dir)
     tag = open_zero_tag(tag_dir, bf16_optimizer=True)
     stage, world = tag.stage, tag.world
@@ -149,14 +150,20 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     # names the model export sees: buffers, frozen params, trainable params, tied aliases
     module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
     buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
-    shared = {str(k): str(v) for k, v in m0.get("shared_params").items()} \
-        if isinstance(m0.get("shared_params"), dict) else {}
+    shared = (
+        {str(k): str(v) for k, v in m0.get("shared_params").items()}
+        if isinstance(m0.get("shared_params"), dict)
+        else {}
+    )
     fz = m0.get("frozen_param_shapes")
     if isinstance(fz, dict):
         frozen = [str(n) for n in fz]
     elif stage <= 2:  # ZeRO-1 records none: what the module holds that is neither trainable, a buffer nor tied
-        frozen = [n for n, t in module.items() if n not in set(trainable) and n not in buffer_names
-                  and n not in shared and isinstance(t, TensorRef)]
+        frozen = [
+            n
+            for n, t in module.items()
+            if n not in set(trainable) and n not in buffer_names and n not in shared and isinstance(t, TensorRef)
+        ]
     else:
         frozen = []
     model_names = [n for n in buffer_names if n in module] + frozen + trainable + list(shared)
@@ -187,8 +194,13 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
             idx = [gi]
         hyper = {str(k): jsonable(v) for k, v in pg.items() if k != "params"}
         group_steps = {steps[i] for i in idx}
-        groups.append(hyper | {"step": group_steps.pop() if len(group_steps) == 1 else None,
-                               "params": [n for i in idx for n in shapes[i]]})
+        groups.append(
+            hyper
+            | {
+                "step": group_steps.pop() if len(group_steps) == 1 else None,
+                "params": [n for i in idx for n in shapes[i]],
+            }
+        )
     if not groups:  # no param_groups saved: at least which params share a group, and its step
         groups = [{"step": steps[i], "params": list(shapes[i])} for i in range(n_groups)]
     distinct = {s for s in steps if s is not None}
@@ -208,11 +220,15 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         config["optimizer_class"] = "BF16_Optimizer"
     notes = []
     if masters:
-        notes.append(f"the run trained in {'bf16' if train_dtype == 'bfloat16' else 'fp16'}: each parameter's fp32 "
-                     "master is written as <name>.master, beside <name>.exp_avg and <name>.exp_avg_sq")
+        notes.append(
+            f"the run trained in {'bf16' if train_dtype == 'bfloat16' else 'fp16'}: each parameter's fp32 "
+            "master is written as <name>.master, beside <name>.exp_avg and <name>.exp_avg_sq"
+        )
     else:
-        notes.append("the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
-                     "(the weights are --component model)")
+        notes.append(
+            "the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
+            "(the weights are --component model)"
+        )
     if frozen:
         notes.append(f"{len(frozen)} frozen param(s) have no optimizer state (listed in {CONFIG_FILE})")
     src = Source(KIND, tag_dir, out, notes=notes)
@@ -225,7 +241,7 @@ def strip_config(config: dict, prefix: Optional[str]) -> dict:
         return config
 
     def s(n: str) -> str:
-        return n[len(prefix):] if n.startswith(prefix) else n
+        return n[len(prefix) :] if n.startswith(prefix) else n
 
     out = dict(config)
     out["param_groups"] = [g | {"params": [s(n) for n in g["params"]]} for g in config["param_groups"]]
@@ -262,16 +278,19 @@ def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, 
     obj = f.obj
     kind = inline_optimizer(obj)
     if kind is None:
-        raise ValueError(f"{f.path.name} holds no optimizer state (saved with load_optimizer_states off, or "
-                         "without an optimizer)")
+        raise ValueError(
+            f"{f.path.name} holds no optimizer state (saved with load_optimizer_states off, or without an optimizer)"
+        )
     opt = obj["optimizer"]
     sd = opt["optimizer_state_dict"] if kind == "fp16-unfused" else opt
     masters = [t for g in opt["fp32_groups"] for t in g] if kind == "fp16-unfused" else None
     state, pgs = sd["state"], [g for g in sd["param_groups"] if isinstance(g, dict)]
     order = [i for g in pgs for i in (g.get("params") or [])]
     if len(order) != len(names):
-        raise ValueError(f"{f.path.name}: its optimizer holds {len(order)} parameters but {len(names)} are known by "
-                         "name; DeepSpeed records no names here, so which state is whose is unknown")
+        raise ValueError(
+            f"{f.path.name}: its optimizer holds {len(order)} parameters but {len(names)} are known by "
+            "name; DeepSpeed records no names here, so which state is whose is unknown"
+        )
     pos = {i: k for k, i in enumerate(order)}
     out: list[SourceTensor] = []
     steps: dict[int, Any] = {}
@@ -282,11 +301,15 @@ def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, 
         for key in STATES:
             t = s.get(key)
             if not isinstance(t, TensorRef):
-                raise ValueError(f"{f.path.name}: the optimizer state of {name} has no {key} tensor (found "
-                                 f"{sorted(s)}): only Adam-style optimizers (exp_avg, exp_avg_sq) are exported")
+                raise ValueError(
+                    f"{f.path.name}: the optimizer state of {name} has no {key} tensor (found "
+                    f"{sorted(s)}): only Adam-style optimizers (exp_avg, exp_avg_sq) are exported"
+                )
             if tuple(t.shape) != shapes[name]:
-                raise ValueError(f"{f.path.name}: {key} of parameter {i} has shape {tuple(t.shape)} but {name} is "
-                                 f"{shapes[name]}: the optimizer's order is not the module's")
+                raise ValueError(
+                    f"{f.path.name}: {key} of parameter {i} has shape {tuple(t.shape)} but {name} is "
+                    f"{shapes[name]}: the optimizer's order is not the module's"
+                )
             out.append(SourceTensor(f"{name}.{key}", tuple(t.shape), t.dtype, ref_ranges(f, t, f"{name}.{key}")))
         if masters is not None:
             m = masters[k]
@@ -321,20 +344,27 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         files = [StatesFile(tag_dir / n) for n in ms]
         stages = [inline_param_shapes(f.obj) for f in files]
         if any(s is None for s in stages):
-            raise ValueError("a pipeline stage's mp_rank_XX_model_states.pt holds no optimizer state ckpt-tui reads "
-                             "(ZeRO-1 or BF16_Optimizer pipelines keep it in *_optim_states.pt: not supported)")
+            raise ValueError(
+                "a pipeline stage's mp_rank_XX_model_states.pt holds no optimizer state ckpt-tui reads "
+                "(ZeRO-1 or BF16_Optimizer pipelines keep it in *_optim_states.pt: not supported)"
+            )
         per_stage = match_pipeline(layer_list, stages)
         if per_stage is None:
-            raise ValueError("the stages' optimizers do not hold consecutive runs of the layer files' tensors (a layer "
-                             "file missing, or buffers in them): which state is whose is unknown")
+            raise ValueError(
+                "the stages' optimizers do not hold consecutive runs of the layer files' tensors (a layer "
+                "file missing, or buffers in them): which state is whose is unknown"
+            )
         parts = [_inline_state(f, stage_names, shapes) for f, stage_names in zip(files, per_stage)]
         m0 = files[0].obj
     else:
         mf, m0, kind = open_stage0(tag_dir)
         module = m0["module"]
         shapes = {n: tuple(t.shape) for n, t in module.items() if isinstance(t, TensorRef)}
-        pnames = ([n for n, _ in stage0_masters(m0, mf.path.name)] if kind == "fp16-unfused"
-                  else module_param_names(module, m0.get("buffer_names")))
+        pnames = (
+            [n for n, _ in stage0_masters(m0, mf.path.name)]
+            if kind == "fp16-unfused"
+            else module_param_names(module, m0.get("buffer_names"))
+        )
         files = [mf]
         parts = [_inline_state(mf, pnames, shapes)]
     out = [t for p in parts for t in p[0]]
@@ -359,16 +389,27 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     }
     if pipeline:
         config["pipeline_stages"] = len(files)
-    notes = [("pipeline parallel: each stage's optimizer (mp_rank_XX_model_states.pt) paired with its run of layer "
-              "files; names as the model export's (<layer index>.<parameter>)") if pipeline else
-             ("ZeRO stage 0: the optimizer inside mp_rank_00_model_states.pt, its numbered parameters paired with the "
-              "module's by order and shape")]
+    notes = [
+        (
+            "pipeline parallel: each stage's optimizer (mp_rank_XX_model_states.pt) paired with its run of layer "
+            "files; names as the model export's (<layer index>.<parameter>)"
+        )
+        if pipeline
+        else (
+            "ZeRO stage 0: the optimizer inside mp_rank_00_model_states.pt, its numbered parameters paired with the "
+            "module's by order and shape"
+        )
+    ]
     if kind == "fp16-unfused":
-        notes.append(f"the run trained in {'bf16' if train == 'bfloat16' else 'fp16'}: each parameter's fp32 master "
-                     "(FP16_UnfusedOptimizer's fp32_groups) is written as <name>.master, beside <name>.exp_avg and "
-                     "<name>.exp_avg_sq")
+        notes.append(
+            f"the run trained in {'bf16' if train == 'bfloat16' else 'fp16'}: each parameter's fp32 master "
+            "(FP16_UnfusedOptimizer's fp32_groups) is written as <name>.master, beside <name>.exp_avg and "
+            "<name>.exp_avg_sq"
+        )
     else:
-        notes.append("the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
-                     "(the weights are --component model)")
+        notes.append(
+            "the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
+            "(the weights are --component model)"
+        )
     model_names = [t.name for t in tag_source(tag_dir).tensors]
     return Source(KIND, tag_dir, out, notes=notes), config, model_names

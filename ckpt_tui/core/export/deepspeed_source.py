@@ -121,7 +121,7 @@ def ref_ranges(f: StatesFile, ref: TensorRef, what: str) -> tuple[ByteRange, ...
     stride = ref.stride
     if stride is None or ref.contiguous:
         if stride is None:
-            stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+            stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
         last = ref.offset + numel - 1
         if ref.offset < 0 or (last + 1) * item > size:
             raise ValueError(f"{what}: elements [{ref.offset}, {last + 1}) run past its storage in {f.path.name}")
@@ -147,8 +147,8 @@ def ref_ranges(f: StatesFile, ref: TensorRef, what: str) -> tuple[ByteRange, ...
     return _merge(out)
 
 
-
 _File, _ref_ranges = StatesFile, ref_ranges  # their earlier names (tests and other branches use them)
+
 
 class _Flat:
     """A virtual 1-D fp32 vector: several flat tensors (of one or more files) back to back."""
@@ -213,14 +213,18 @@ def _check_model_states(model: Any, name: str) -> dict:
         raise ValueError(f"{name} is not a DeepSpeed model-states file (no buffer_names/param_shapes)")
     mp = model.get("mp_world_size")
     if isinstance(mp, int) and mp > 1:
-        raise ValueError(f"model parallelism (mp_world_size={mp}) is not supported: "
-                         "zero_to_fp32 reconstructs a single model-parallel rank only")
+        raise ValueError(
+            f"model parallelism (mp_world_size={mp}) is not supported: "
+            "zero_to_fp32 reconstructs a single model-parallel rank only"
+        )
     dims = model.get("checkpoint_parallel_dimensions")
     if isinstance(dims, dict):
         for k in ("pp_degree", "tp_degree"):
             v = dims.get(k)
             if isinstance(v, int) and v > 1:
-                raise ValueError(f"{'pipeline' if k == 'pp_degree' else 'tensor'} parallelism ({k}={v}) is not supported")
+                raise ValueError(
+                    f"{'pipeline' if k == 'pp_degree' else 'tensor'} parallelism ({k}={v}) is not supported"
+                )
     if model.get("num_experts"):
         raise ValueError("MoE checkpoints (expert parameters) are not supported")
     return model
@@ -258,11 +262,16 @@ def _tag_names(tag_dir: Path) -> list[str]:
 def is_bf16_optimizer(osd: dict) -> bool:
     """An ``optimizer_state_dict`` DeepSpeed's BF16_Optimizer saved: ZeRO-1 style fp32 partitions and
     ``param_slice_mappings``, but no ``zero_stage`` (which is why zero_to_fp32 rejects it)."""
-    return ("zero_stage" not in osd and isinstance(osd.get("single_partition_of_fp32_groups"), (list, tuple))
-            and "param_slice_mappings" in osd)
+    return (
+        "zero_stage" not in osd
+        and isinstance(osd.get("single_partition_of_fp32_groups"), (list, tuple))
+        and "param_slice_mappings" in osd
+    )
 
 
-def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, dict[int, StatesFile], list[StatesFile], dict]:
+def _open_tag(
+    tag_dir: Path, bf16_optimizer: bool = False
+) -> tuple[int, int, dict[int, StatesFile], list[StatesFile], dict]:
     """A ZeRO tag's stage, world size, optimizer-states files by rank, model-states files (one for
     ZeRO-1/2, one per rank for ZeRO-3) and rank 0's optimizer_state_dict; refuses what no source reads
     (``bf16_optimizer``: a BF16_Optimizer tag is read as ZeRO-1, whose layout it has)."""
@@ -279,8 +288,9 @@ def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, di
     if any(mp != 0 for _, mp in list(model_files) + list(optim_files)):
         raise ValueError("model-parallel checkpoints (mp_rank > 0 files) are not supported")
     if not optim_files:
-        raise ValueError(f"no *_optim_states.pt in {tag_dir}: the fp32 master weights live there "
-                         "(saved without optimizer states?)")
+        raise ValueError(
+            f"no *_optim_states.pt in {tag_dir}: the fp32 master weights live there (saved without optimizer states?)"
+        )
 
     optim = {dp: StatesFile(tag_dir / n) for (dp, _), n in sorted(optim_files.items())}
     osd0 = _osd(optim[min(optim)])
@@ -288,9 +298,11 @@ def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, di
         if bf16_optimizer and is_bf16_optimizer(osd0):
             stage = 1  # BF16_Optimizer partitions like ZeRO-1: the same reconstruction, no per-param padding
         elif "single_partition_of_fp32_groups" in osd0 or "fp32_groups_flat" in osd0:
-            raise ValueError("a DeepSpeed BF16_Optimizer checkpoint (ZeRO-1 + bf16 + fp32 gradient accumulation): "
-                             "zero_to_fp32 and ds_to_universal reject it (no zero_stage in the optimizer states); "
-                             "`ckpt-tui export` reads it")
+            raise ValueError(
+                "a DeepSpeed BF16_Optimizer checkpoint (ZeRO-1 + bf16 + fp32 gradient accumulation): "
+                "zero_to_fp32 and ds_to_universal reject it (no zero_stage in the optimizer states); "
+                "`ckpt-tui export` reads it"
+            )
         else:
             raise ValueError(f"{optim[min(optim)].path.name} is not a ZeRO checkpoint (no zero_stage)")
     else:
@@ -305,8 +317,10 @@ def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, di
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"unreadable partition_count {osd0.get('partition_count')!r}")
     if sorted(optim) != list(range(world)):
-        raise ValueError(f"expected {world} *_optim_states.pt (ranks 0..{world - 1}) in {tag_dir}, found ranks "
-                         f"{sorted(optim)}: an overwritten checkpoint, or one rank did not save")
+        raise ValueError(
+            f"expected {world} *_optim_states.pt (ranks 0..{world - 1}) in {tag_dir}, found ranks "
+            f"{sorted(optim)}: an overwritten checkpoint, or one rank did not save"
+        )
 
     if stage <= 2:
         if (-1, 0) not in model_files:
@@ -315,8 +329,9 @@ def _open_tag(tag_dir: Path, bf16_optimizer: bool = False) -> tuple[int, int, di
     else:
         missing = [r for r in range(world) if (r, 0) not in model_files]
         if missing:
-            raise ValueError(f"ZeRO-3 needs zero_pp_rank_<r>_mp_rank_00_model_states.pt for every rank; "
-                             f"missing ranks {missing}")
+            raise ValueError(
+                f"ZeRO-3 needs zero_pp_rank_<r>_mp_rank_00_model_states.pt for every rank; missing ranks {missing}"
+            )
         models = [StatesFile(tag_dir / model_files[(r, 0)]) for r in range(world)]
     for mf in models:
         _check_model_states(mf.obj, mf.path.name)
@@ -365,16 +380,16 @@ class ZeroTag:
         except OSError:
             raise ValueError(f"{what}: {self.file_name(rank)} ends early") from None
 
-    def params(self, groups_of: Optional[Callable[[int], list]] = None, *, suffix: str = "",
-               what: str = "fp32") -> "OrderedDict[str, SourceTensor]":
+    def params(
+        self, groups_of: Optional[Callable[[int], list]] = None, *, suffix: str = "", what: str = "fp32"
+    ) -> "OrderedDict[str, SourceTensor]":
         """Every trainable param (``name + suffix``) as byte ranges of the flat tensors ``groups_of(rank)``
         gives for each group (default: the fp32 master partitions; or a state laid out like them)."""
         out: "OrderedDict[str, SourceTensor]" = OrderedDict()
         ranks = {id(f): r for r, f in self._optim.items()}
         of = None if groups_of is None else (lambda f: groups_of(ranks[id(f)]))
         if self.stage <= 2:
-            _zero2_params(out, self.shapes, self._optim, self.world, self._osd0, groups_of=of, suffix=suffix,
-                          what=what)
+            _zero2_params(out, self.shapes, self._optim, self.world, self._osd0, groups_of=of, suffix=suffix, what=what)
         else:
             _zero3_params(out, self.shapes, self._optim, self.world, groups_of=of, suffix=suffix, what=what)
         return out
@@ -450,20 +465,26 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
             for name, t in module.items():
                 if name in trainable or name in buffer_names or name in shared or not isinstance(t, TensorRef):
                     continue
-                out[name] = SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(m0f, t, name),
-                                         frozen=True, note=ZERO1_FROZEN_NOTE)
+                out[name] = SourceTensor(
+                    name, tuple(t.shape), t.dtype, ref_ranges(m0f, t, name), frozen=True, note=ZERO1_FROZEN_NOTE
+                )
                 n_frozen += 1
             if n_frozen:
-                notes.append(f"{n_frozen} frozen param(s) taken from the model-states module weights "
-                             f"(ZeRO-{stage} records no frozen_param_shapes; zero_to_fp32 drops them)")
+                notes.append(
+                    f"{n_frozen} frozen param(s) taken from the model-states module weights "
+                    f"(ZeRO-{stage} records no frozen_param_shapes; zero_to_fp32 drops them)"
+                )
 
     left_out: list[str] = []  # exclude_frozen: said to the user (and to the load snippet: strict=False)
     if exclude_frozen and isinstance(frozen_shapes, dict):
         left_out = [str(n) for n in frozen_shapes]
     elif exclude_frozen and frozen_shapes is None and stage <= 2:
         trainable = {n for g in shapes for n in g}
-        left_out = [n for n, t in module.items() if n not in trainable and n not in buffer_names
-                    and n not in shared and isinstance(t, TensorRef)]
+        left_out = [
+            n
+            for n, t in module.items()
+            if n not in trainable and n not in buffer_names and n not in shared and isinstance(t, TensorRef)
+        ]
 
     # trainable params
     if stage <= 2:
@@ -476,17 +497,19 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
         alias, target = str(alias), str(target)
         if target in out:
             t = out[target]
-            out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target, frozen=t.frozen,
-                                      note=t.note)
+            out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target, frozen=t.frozen, note=t.note)
         elif target in left_out:
             left_out.append(alias)
 
     if is_bf16_optimizer(osd0):
-        notes.append("BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): the fp32 masters are rebuilt from "
-                     "its ZeRO-1 style partitions in the optim-states files (zero_to_fp32 rejects this checkpoint: "
-                     "its optimizer states record no zero_stage)")
-    return Source("deepspeed", tag_dir, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes,
-                  excluded=left_out)
+        notes.append(
+            "BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): the fp32 masters are rebuilt from "
+            "its ZeRO-1 style partitions in the optim-states files (zero_to_fp32 rejects this checkpoint: "
+            "its optimizer states record no zero_stage)"
+        )
+    return Source(
+        "deepspeed", tag_dir, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes, excluded=left_out
+    )
 
 
 def _cut(ranges, nbytes: int) -> list[ByteRange]:
@@ -509,8 +532,17 @@ def _fp32_groups(f: StatesFile, stage: int) -> list:
     return list(g)
 
 
-def _zero2_params(out, shapes, optim: dict[int, StatesFile], world: int, osd0: dict, *, groups_of=None,
-                  suffix: str = "", what: str = "fp32") -> None:
+def _zero2_params(
+    out,
+    shapes,
+    optim: dict[int, StatesFile],
+    world: int,
+    osd0: dict,
+    *,
+    groups_of=None,
+    suffix: str = "",
+    what: str = "fp32",
+) -> None:
     """ZeRO-1/2: each param's slice of its group's flat vector (the ranks' partitions back to back).
     ``groups_of(file)``: a rank's flat tensor of each group -- the fp32 masters by default, or an
     optimizer state laid out like them (exp_avg, exp_avg_sq); written as ``name + suffix``."""
@@ -529,8 +561,9 @@ def _zero2_params(out, shapes, optim: dict[int, StatesFile], world: int, osd0: d
         if paddings is not None:
             pads = paddings[gi]
             if len(pads) != len(group_shapes):
-                raise ValueError(f"expected {len(group_shapes)} parameter alignment paddings for group {gi}, "
-                                 f"found {len(pads)}")
+                raise ValueError(
+                    f"expected {len(group_shapes)} parameter alignment paddings for group {gi}, found {len(pads)}"
+                )
         offset = 0
         for pi, (name, shape) in enumerate(group_shapes.items()):
             n = math.prod(shape)
@@ -540,12 +573,15 @@ def _zero2_params(out, shapes, optim: dict[int, StatesFile], world: int, osd0: d
                 offset += int(pads[pi])
         # same sanity check as zero_to_fp32 (both rounded up to 2 * world)
         if align_to * math.ceil(offset / align_to) != align_to * math.ceil(flat.numel / align_to):
-            raise ValueError(f"group {gi}: params consume {offset} of {flat.numel} {what} elements - "
-                             "param_shapes and the optimizer partitions do not match")
+            raise ValueError(
+                f"group {gi}: params consume {offset} of {flat.numel} {what} elements - "
+                "param_shapes and the optimizer partitions do not match"
+            )
 
 
-def _zero3_params(out, shapes, optim: dict[int, StatesFile], world: int, *, groups_of=None, suffix: str = "",
-                  what: str = "fp32") -> None:
+def _zero3_params(
+    out, shapes, optim: dict[int, StatesFile], world: int, *, groups_of=None, suffix: str = "", what: str = "fp32"
+) -> None:
     """ZeRO-3: each param's ``ceil(numel / world)`` slice at the same offset of every rank's flat
     groups (concatenated); ``groups_of``/``suffix`` as for :func:`_zero2_params`."""
     groups_of = groups_of or (lambda f: _fp32_groups(f, 3))
@@ -575,8 +611,10 @@ def _zero3_params(out, shapes, optim: dict[int, StatesFile], world: int, *, grou
         out[name + suffix] = SourceTensor(name + suffix, shape, "float32", _merge(ranges))
         offset += pn
     if offset != flats[0].numel:
-        raise ValueError(f"params consume {offset * world} of {flats[0].numel * world} {what} elements - "
-                         "param_shapes and the optimizer partitions do not match")
+        raise ValueError(
+            f"params consume {offset * world} of {flats[0].numel * world} {what} elements - "
+            "param_shapes and the optimizer partitions do not match"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -597,8 +635,10 @@ def tag_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
     return deepspeed_source(tag_dir, exclude_frozen=exclude_frozen, bf16_optimizer=True)
 
 
-STAGE0_NOTE = ("ZeRO stage 0: no *_optim_states.pt; the optimizer is inside mp_rank_00_model_states.pt "
-               "(zero_to_fp32 rejects this checkpoint: it has no optimizer-states files and no param_shapes)")
+STAGE0_NOTE = (
+    "ZeRO stage 0: no *_optim_states.pt; the optimizer is inside mp_rank_00_model_states.pt "
+    "(zero_to_fp32 rejects this checkpoint: it has no optimizer-states files and no param_shapes)"
+)
 
 
 def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
@@ -606,8 +646,10 @@ def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
     names = _tag_names(tag_dir)
     ms = [n for n in names if MODEL_STATES_RE.match(n)]
     if ms != ["mp_rank_00_model_states.pt"]:
-        raise ValueError(f"ZeRO stage 0 expects one mp_rank_00_model_states.pt in {tag_dir.name}, found {ms or 'none'}"
-                         " (tensor or pipeline parallelism?)")
+        raise ValueError(
+            f"ZeRO stage 0 expects one mp_rank_00_model_states.pt in {tag_dir.name}, found {ms or 'none'}"
+            " (tensor or pipeline parallelism?)"
+        )
     mf = StatesFile(tag_dir / ms[0])
     m0 = _check_model_states(mf.obj, mf.path.name)
     kind = inline_optimizer(m0)
@@ -615,8 +657,10 @@ def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
     zo = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
     stage = stage_value(zo.get("stage")) if isinstance(zo, dict) else None
     if kind is None and stage in (1, 2, 3):
-        raise ValueError(f"no *_optim_states.pt in {tag_dir}: the fp32 master weights of this ZeRO-{stage} "
-                         "checkpoint live there (saved without optimizer states?)")
+        raise ValueError(
+            f"no *_optim_states.pt in {tag_dir}: the fp32 master weights of this ZeRO-{stage} "
+            "checkpoint live there (saved without optimizer states?)"
+        )
     if not isinstance(m0.get("module"), dict) or not m0["module"]:
         raise ValueError(f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters?)")
     return mf, m0, kind
@@ -631,16 +675,20 @@ def stage0_masters(m0: dict, name: str) -> list[tuple[str, TensorRef]]:
     params = module_param_names(module, m0.get("buffer_names"))
     masters = [t for g in m0["optimizer"]["fp32_groups"] if isinstance(g, (list, tuple)) for t in g]
     if len(masters) != len(params):
-        raise ValueError(f"{name}: FP16_UnfusedOptimizer holds {len(masters)} fp32 masters but the module has "
-                         f"{len(params)} parameters (frozen parameters, or param groups of their own); DeepSpeed "
-                         "records no names for them, so which master is which is unknown. Export the module "
-                         "weights (training dtype) instead: --from-module-states")
+        raise ValueError(
+            f"{name}: FP16_UnfusedOptimizer holds {len(masters)} fp32 masters but the module has "
+            f"{len(params)} parameters (frozen parameters, or param groups of their own); DeepSpeed "
+            "records no names for them, so which master is which is unknown. Export the module "
+            "weights (training dtype) instead: --from-module-states"
+        )
     out = []
     for p, t in zip(params, masters):
         if not isinstance(t, TensorRef) or tuple(t.shape) != tuple(module[p].shape) or t.dtype != "float32":
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, TensorRef) else type(t).__name__
-            raise ValueError(f"{name}: the fp32 master in the place of {p} is {got}, the parameter "
-                             f"{tuple(module[p].shape)}: the optimizer's order is not the module's")
+            raise ValueError(
+                f"{name}: the fp32 master in the place of {p} is {got}, the parameter "
+                f"{tuple(module[p].shape)}: the optimizer's order is not the module's"
+            )
         out.append((p, t))
     return out
 
@@ -676,14 +724,19 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
     notes = [STAGE0_NOTE]
     train = config_train_dtype(m0)
     if kind == "fp16-unfused":
-        notes.append(f"FP16_UnfusedOptimizer: each parameter is its fp32 master from optimizer.fp32_groups, paired with "
-                     f"the module's parameters by order and shape ({len(masters)} of them)")
+        notes.append(
+            f"FP16_UnfusedOptimizer: each parameter is its fp32 master from optimizer.fp32_groups, paired with "
+            f"the module's parameters by order and shape ({len(masters)} of them)"
+        )
     elif train in ("bfloat16", "float16"):
-        notes.append(f"HALF PRECISION: no fp32 masters in this checkpoint; the module weights ({short_dtype(train)}) "
-                     "are written")
+        notes.append(
+            f"HALF PRECISION: no fp32 masters in this checkpoint; the module weights ({short_dtype(train)}) are written"
+        )
     else:
-        notes.append("fp32 training: the module weights are the masters (the plain torch optimizer keeps no separate "
-                     "fp32 copy): they are written as stored")
+        notes.append(
+            "fp32 training: the module weights are the masters (the plain torch optimizer keeps no separate "
+            "fp32 copy): they are written as stored"
+        )
     return Source("deepspeed", tag_dir, out, train_dtype=train, notes=notes)
 
 
@@ -694,8 +747,10 @@ def pipeline_layers(tag_dir: Path) -> list[tuple[str, StatesFile]]:
     for n in layers:
         by_index.setdefault(int(LAYER_INDEX_RE.match(n).group(1)), []).append(n)
     if any(len(v) > 1 for v in by_index.values()):
-        raise ValueError("pipeline layers split by tensor parallelism (layer_XX-model_YY-model_states.pt) are not "
-                         "supported: each layer must be one file")
+        raise ValueError(
+            "pipeline layers split by tensor parallelism (layer_XX-model_YY-model_states.pt) are not "
+            "supported: each layer must be one file"
+        )
     if any(MOE_RE.search(n) for n in names):
         raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
     return [(by_index[i][0], StatesFile(tag_dir / by_index[i][0])) for i in sorted(by_index)]
@@ -718,8 +773,11 @@ def pipeline_source(tag_dir: Path) -> Source:
                 raise ValueError(f"{fname}: {key} has no storage (a tensor subclass?)")
             view = (t.storage.key, t.offset, tuple(t.shape), t.stride)
             tied = first_by_view.setdefault(view, name)
-            out.append(SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(f, t, name),
-                                    tied_to=tied if tied != name else None))
+            out.append(
+                SourceTensor(
+                    name, tuple(t.shape), t.dtype, ref_ranges(f, t, name), tied_to=tied if tied != name else None
+                )
+            )
     if not out:
         raise ValueError(f"no tensors in the layer files of {tag_dir.name}")
     train = None
@@ -727,11 +785,15 @@ def pipeline_source(tag_dir: Path) -> Source:
     if ms.is_file():
         m0 = StatesFile(ms).obj
         train = config_train_dtype(m0) if isinstance(m0, dict) else None
-    notes = ["pipeline parallel: the layer_XX-model_states.pt files merged; names as DeepSpeed's PipelineModule "
-             "names them, <layer index>.<parameter> (e.g. 0.weight)"]
+    notes = [
+        "pipeline parallel: the layer_XX-model_states.pt files merged; names as DeepSpeed's PipelineModule "
+        "names them, <layer index>.<parameter> (e.g. 0.weight)"
+    ]
     if train in ("bfloat16", "float16"):
-        notes.append(f"HALF PRECISION ({short_dtype(train)}): the layer files hold the training-dtype weights; the "
-                     "fp32 masters stay in the stages' optimizer states and are not written")
+        notes.append(
+            f"HALF PRECISION ({short_dtype(train)}): the layer files hold the training-dtype weights; the "
+            "fp32 masters stay in the stages' optimizer states and are not written"
+        )
     else:
         notes.append("fp32 training: the layer weights are the masters (no separate fp32 copy)")
     return Source("deepspeed", tag_dir, out, train_dtype=train, notes=notes)
@@ -742,9 +804,11 @@ def pipeline_source(tag_dir: Path) -> Source:
 
 
 MODULE_NOTE = "module weights (training dtype), not an fp32 master"
-ZERO3_MODULE_REFUSAL = ("ZeRO-3 partitions the parameters themselves: its zero_pp_rank_*_model_states.pt files hold "
-                        "empty placeholders for the module weights, not whole weights, so there are no module "
-                        "weights to export; they can only be rebuilt from every rank's optimizer states")
+ZERO3_MODULE_REFUSAL = (
+    "ZeRO-3 partitions the parameters themselves: its zero_pp_rank_*_model_states.pt files hold "
+    "empty placeholders for the module weights, not whole weights, so there are no module "
+    "weights to export; they can only be rebuilt from every rank's optimizer states"
+)
 
 
 def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
@@ -772,15 +836,20 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
         raise ValueError(ZERO3_MODULE_REFUSAL)
     module = m0.get("module")
     if not isinstance(module, dict) or not module:
-        raise ValueError(f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters, or "
-                         "by a model that keeps its weights elsewhere)")
+        raise ValueError(
+            f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters, or "
+            "by a model that keeps its weights elsewhere)"
+        )
     buffer_names = {str(b) for b in (m0.get("buffer_names") or [])}
     if m0.get("param_shapes") is None:  # ZeRO stage 0 records none: every module parameter is trained
         trainable = {n: tuple(module[n].shape) for n in module_param_names(module, buffer_names)}
     else:
         trainable = {n: s for g in _param_shapes(m0, mf.path.name) for n, s in g.items()}
-    shared = {str(k): str(v) for k, v in (m0.get("shared_params") or {}).items()} \
-        if isinstance(m0.get("shared_params"), dict) else {}
+    shared = (
+        {str(k): str(v) for k, v in (m0.get("shared_params") or {}).items()}
+        if isinstance(m0.get("shared_params"), dict)
+        else {}
+    )
     fz = m0.get("frozen_param_shapes")
     recorded_frozen = {str(k) for k in fz} if isinstance(fz, dict) else None
 
@@ -791,8 +860,10 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
         shape = tuple(t.shape)
         want = trainable.get(name)
         if want is not None and want != shape:
-            raise ValueError(f"{mf.path.name}: module weight {name} has shape {shape} but param_shapes says "
-                             f"{want} (a partitioned module: ZeRO-3?)")
+            raise ValueError(
+                f"{mf.path.name}: module weight {name} has shape {shape} but param_shapes says "
+                f"{want} (a partitioned module: ZeRO-3?)"
+            )
         if t.storage is None:
             raise ValueError(f"{mf.path.name}: module weight {name} has no storage (a tensor subclass?)")
         view = (t.storage.key, t.offset, shape, t.stride)
@@ -805,20 +876,33 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
             frozen = name in recorded_frozen
         else:  # ZeRO-1 records no frozen_param_shapes: what is neither trainable nor a buffer is frozen
             frozen = name not in trainable and name not in buffer_names and name not in shared
-        out.append(SourceTensor(name, shape, t.dtype, ref_ranges(mf, t, name), tied_to=tied,
-                                frozen=frozen and not tied, note=MODULE_NOTE))
+        out.append(
+            SourceTensor(
+                name,
+                shape,
+                t.dtype,
+                ref_ranges(mf, t, name),
+                tied_to=tied,
+                frozen=frozen and not tied,
+                note=MODULE_NOTE,
+            )
+        )
     if not out:
         raise ValueError(f"{mf.path.name} holds no module weights")
     floats = sorted({t.dtype for t in out if t.dtype in ("bfloat16", "float16", "float32", "float64")})
     half = [d for d in floats if d in ("bfloat16", "float16")]
     shown = "/".join(short_dtype(d) for d in floats) or "as stored"
     if half:
-        note = (f"HALF PRECISION ({shown}): these are the module weights of mp_rank_00_model_states.pt in the training "
-                "dtype (--from-module-states), NOT the fp32 master weights. Fine to load and run or fine-tune from; "
-                "the fp32 masters of this step are not in them")
+        note = (
+            f"HALF PRECISION ({shown}): these are the module weights of mp_rank_00_model_states.pt in the training "
+            "dtype (--from-module-states), NOT the fp32 master weights. Fine to load and run or fine-tune from; "
+            "the fp32 masters of this step are not in them"
+        )
     else:
-        note = (f"module weights ({shown}) of mp_rank_00_model_states.pt (--from-module-states), not rebuilt from "
-                "the optimizer states")
+        note = (
+            f"module weights ({shown}) of mp_rank_00_model_states.pt (--from-module-states), not rebuilt from "
+            "the optimizer states"
+        )
     return Source("deepspeed-module", tag_dir, out, notes=[note])
 
 
@@ -835,8 +919,10 @@ def universal_source(universal_dir: Path) -> Source:
     names = sorted(listdir(universal_dir))
     if any(LAYER_RE.match(n) for n in names):
         raise ValueError("pipeline-parallel universal checkpoints are not supported")
-    model_names = sorted((n for n in names if MODEL_STATES_RE.match(n)),
-                         key=lambda n: (0 if n.startswith("mp_rank_") else 1, int(MODEL_STATES_RE.match(n).group(1) or 0)))
+    model_names = sorted(
+        (n for n in names if MODEL_STATES_RE.match(n)),
+        key=lambda n: (0 if n.startswith("mp_rank_") else 1, int(MODEL_STATES_RE.match(n).group(1) or 0)),
+    )
     mf = StatesFile(universal_dir / model_names[0]) if model_names else None
     m0 = mf.obj if mf is not None and isinstance(mf.obj, dict) else {}
     if mf is not None:

@@ -110,11 +110,18 @@ def launch_env(environ=None) -> Optional[LaunchEnv]:
         return None
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
     if missing:
-        raise ExportError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set: run under torchrun, or set "
-                          "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process")
-    return LaunchEnv(rank, world, env["MASTER_ADDR"], int(env["MASTER_PORT"]),
-                     env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
-                     f"{env.get('TORCHELASTIC_RUN_ID', 'env')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+        raise ExportError(
+            f"WORLD_SIZE={world} but {', '.join(missing)} is not set: run under torchrun, or set "
+            "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process"
+        )
+    return LaunchEnv(
+        rank,
+        world,
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        f"{env.get('TORCHELASTIC_RUN_ID', 'env')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+    )
 
 
 class StoreGroup:
@@ -173,8 +180,10 @@ def connect_from_env(env: LaunchEnv, timeout: float = 20.0, note=_note) -> Store
     except HandshakeError as e:
         if server is not None:
             server.close()
-        note(f"rank {env.rank}: the job's store at {env.addr}:{env.port} did not answer ckpt-tui's TCPStore "
-             f"client ({e}); using torch's client instead ({STORE_ENV}=torch skips this)")
+        note(
+            f"rank {env.rank}: the job's store at {env.addr}:{env.port} did not answer ckpt-tui's TCPStore "
+            f"client ({e}); using torch's client instead ({STORE_ENV}=torch skips this)"
+        )
         return _connect_torch(env, timeout)
     except (StoreError, OSError) as e:
         if server is not None:
@@ -202,8 +211,10 @@ def _connect_torch(env: LaunchEnv, timeout: float) -> StoreGroup:
     worker.start()
     worker.join(timeout + 10)
     if worker.is_alive():
-        raise ExportError(f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: torch's "
-                          f"TCPStore client got no answer within {timeout + 10:g} s")
+        raise ExportError(
+            f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: torch's "
+            f"TCPStore client got no answer within {timeout + 10:g} s"
+        )
     if "error" in done:
         raise done["error"]
     return done["group"]
@@ -216,8 +227,9 @@ def _torch_group(env: LaunchEnv, timeout: float) -> StoreGroup:
 
     hosts = env.rank == 0 and not env.agent_store
     try:
-        store = dist.TCPStore(env.addr, env.port, env.world, is_master=hosts, timeout=timedelta(seconds=timeout),
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            env.addr, env.port, env.world, is_master=hosts, timeout=timedelta(seconds=timeout), wait_for_workers=False
+        )
     except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
         raise ExportError(f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: {e}") from None
     return StoreGroup(dist.PrefixStore(f"ckpt_tui/export/{env.run_id}/", store), env.rank, env.world, hosts)
@@ -237,11 +249,32 @@ def assign(plan: ExportPlan, world: int) -> list[list[int]]:
 
 def fingerprint(plan: ExportPlan) -> str:
     """What every rank must agree on: the output files, their tensors and where they come from."""
-    doc = [[f.name, [[t.name, t.dtype, list(t.shape), t.src.dtype,
-                      [[r.path, r.offset, r.length] for r in (t.src.ranges or ())]] for t in f.tensors]]
-           for f in plan.files]
-    doc.append([str(plan.out.resolve()), plan.index, plan.index_name, [n for _, n in plan.copies],
-                [n for n, _ in plan.extra_files], __version__])
+    doc = [
+        [
+            f.name,
+            [
+                [
+                    t.name,
+                    t.dtype,
+                    list(t.shape),
+                    t.src.dtype,
+                    [[r.path, r.offset, r.length] for r in (t.src.ranges or ())],
+                ]
+                for t in f.tensors
+            ],
+        ]
+        for f in plan.files
+    ]
+    doc.append(
+        [
+            str(plan.out.resolve()),
+            plan.index,
+            plan.index_name,
+            [n for _, n in plan.copies],
+            [n for n, _ in plan.extra_files],
+            __version__,
+        ]
+    )
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
 
 
@@ -250,8 +283,17 @@ class Watch:
     (the writer's cancel token) when the job must end: abort by any rank, a dead peer, a store gone,
     or the caller's own cancel. On rank 0 it reports the whole job's bytes to ``on_progress``."""
 
-    def __init__(self, group: Group, *, total: int, on_progress: Optional[OnProgress] = None, cancel=None,
-                 dead_after: float = DEAD_AFTER, join_timeout: float = JOIN_TIMEOUT, interval: float = INTERVAL):
+    def __init__(
+        self,
+        group: Group,
+        *,
+        total: int,
+        on_progress: Optional[OnProgress] = None,
+        cancel=None,
+        dead_after: float = DEAD_AFTER,
+        join_timeout: float = JOIN_TIMEOUT,
+        interval: float = INTERVAL,
+    ):
         self.group, self.total, self.on_progress, self.user_cancel = group, total, on_progress, cancel
         self.dead_after, self.join_timeout, self.interval = dead_after, join_timeout, interval
         self.stop = threading.Event()
@@ -298,8 +340,7 @@ class Watch:
                     limit = self.join_timeout if v0 is None else self.dead_after
                     if now - (start if v0 is None else t) > limit:
                         self.dead.add(r)
-                        self.fail(f"rank {r} {'never joined' if v0 is None else 'stopped answering'} "
-                                  f"for {limit:.0f} s")
+                        self.fail(f"rank {r} {'never joined' if v0 is None else 'stopped answering'} for {limit:.0f} s")
                 aborted = g.poll("abort")
                 if aborted is not None and not self.stop.is_set():
                     self.fail(aborted)
@@ -308,8 +349,14 @@ class Watch:
             if self.user_cancel is not None and self.user_cancel.is_set():
                 self.fail(f"rank {g.rank}: cancelled")
             if self.on_progress is not None:
-                self.on_progress(Progress(self.done + sum(self.peer_done.values()), self.total, "bytes",
-                                          f"writing + verifying ({g.world} ranks)"))
+                self.on_progress(
+                    Progress(
+                        self.done + sum(self.peer_done.values()),
+                        self.total,
+                        "bytes",
+                        f"writing + verifying ({g.world} ranks)",
+                    )
+                )
             self._end.wait(self.interval)
 
     def wait_for(self, key: str) -> str:
@@ -338,11 +385,13 @@ def _stall_hook(rank: int, stop: threading.Event):
             while not stop.wait(0.5):
                 pass
             raise Cancelled("cancelled")
+
     return hook
 
 
-def _wait_acks(group: Group, stop: Optional[threading.Event], timeout: float = 30.0,
-               dead: frozenset[int] = frozenset()) -> None:
+def _wait_acks(
+    group: Group, stop: Optional[threading.Event], timeout: float = 30.0, dead: frozenset[int] = frozenset()
+) -> None:
     """Rank 0, at the end: wait (bounded) until every other live rank said it saw the outcome, so that a
     store rank 0 hosts (no torchrun agent) outlives their last look at it."""
     pending = set(range(1, group.world)) - dead
@@ -355,9 +404,18 @@ def _wait_acks(group: Group, stop: Optional[threading.Event], timeout: float = 3
         time.sleep(0.1)
 
 
-def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwrite: bool = False,
-                        verify: bool = True, on_progress: Optional[OnProgress] = None, cancel=None,
-                        dead_after: float = DEAD_AFTER, join_timeout: float = JOIN_TIMEOUT) -> ExportResult:
+def execute_distributed(
+    plan: ExportPlan,
+    group: Group,
+    *,
+    jobs: int = 1,
+    overwrite: bool = False,
+    verify: bool = True,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+    dead_after: float = DEAD_AFTER,
+    join_timeout: float = JOIN_TIMEOUT,
+) -> ExportResult:
     """This rank's part of ``plan`` (the same plan on every rank); raises ExportError on every rank
     when any rank fails, and then no OUT and no temp folder remain."""
     t0 = time.monotonic()
@@ -368,8 +426,14 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
     total = plan.tensor_bytes * (2 if verify else 1)
     lock = OutputLock(plan.out) if rank == 0 else None
     tmp: Optional[Path] = None
-    with Watch(group, total=total, on_progress=on_progress if rank == 0 else None, cancel=cancel,
-               dead_after=dead_after, join_timeout=join_timeout) as watch:
+    with Watch(
+        group,
+        total=total,
+        on_progress=on_progress if rank == 0 else None,
+        cancel=cancel,
+        dead_after=dead_after,
+        join_timeout=join_timeout,
+    ) as watch:
         try:
             if rank == 0:
                 try:
@@ -379,19 +443,22 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
                 except Exception as e:
                     group.publish("start", json.dumps({"error": str(e)}))
                     raise
-                group.publish("start", json.dumps({"tmp": str(tmp), "plan": fingerprint(plan),
-                                                   "version": __version__}))
+                group.publish("start", json.dumps({"tmp": str(tmp), "plan": fingerprint(plan), "version": __version__}))
             else:
                 start = json.loads(watch.wait_for("start"))
                 if "error" in start:
                     raise ExportError(f"rank 0 could not start: {start['error']}")
                 if start["version"] != __version__:
-                    raise ExportError(f"rank {rank} runs ckpt-tui {__version__}, rank 0 runs {start['version']}: "
-                                      "install the same version on every node")
+                    raise ExportError(
+                        f"rank {rank} runs ckpt-tui {__version__}, rank 0 runs {start['version']}: "
+                        "install the same version on every node"
+                    )
                 if start["plan"] != fingerprint(plan):
-                    raise ExportError(f"rank {rank} planned a different export than rank 0 (another source, options "
-                                      "or OUT path on this node?): every rank must see the same files at the same "
-                                      "paths")
+                    raise ExportError(
+                        f"rank {rank} planned a different export than rank 0 (another source, options "
+                        "or OUT path on this node?): every rank must see the same files at the same "
+                        "paths"
+                    )
                 tmp = Path(start["tmp"])
             hook = _stall_hook(rank, watch.stop)
             written = [0]
@@ -469,11 +536,19 @@ def execute_distributed(plan: ExportPlan, group: Group, *, jobs: int = 1, overwr
                 lock.release()
         if rank == 0 and group.hosts_store:  # OUT is in place; keep the store up until every rank saw "final"
             _wait_acks(group, watch.stop)
-    result = ExportResult(plan.out, [f.name for f in plan.files], plan.tensor_bytes,
-                          sum(len(f.tensors) for f in plan.files), plan.params, time.monotonic() - t0,
-                          verified=True if verify else None)
+    result = ExportResult(
+        plan.out,
+        [f.name for f in plan.files],
+        plan.tensor_bytes,
+        sum(len(f.tensors) for f in plan.files),
+        plan.params,
+        time.monotonic() - t0,
+        verified=True if verify else None,
+    )
     result.notes = list(plan.to_plan().notes) + [
-        f"written by {world} ranks: " + "; ".join(f"rank {r}: {', '.join(n) or 'nothing'}" for r, n in sorted(wrote.items()))]
+        f"written by {world} ranks: "
+        + "; ".join(f"rank {r}: {', '.join(n) or 'nothing'}" for r, n in sorted(wrote.items()))
+    ]
     result.stripped_prefix = plan.prefix.strip if plan.prefix is not None else None
     result.load_code = load_snippet(plan)
     return result

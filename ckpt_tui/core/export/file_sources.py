@@ -24,8 +24,10 @@ def read_screened(path, trust_pickles: bool) -> "torchfile.TorchFile":
     (unless trusted) or is in torch's legacy format (no byte ranges to read)."""
     tf = torchfile.read(path)
     if tf.unsafe and not trust_pickles:
-        raise FormatError(f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
-                          "pass --trust-pickles if you trust its origin")
+        raise FormatError(
+            f"{path.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
+            "pass --trust-pickles if you trust its origin"
+        )
     if not tf.is_zip:
         raise FormatError(f"{path.name} uses torch's legacy (pre-1.6) format; re-save it with torch.save first")
     return tf
@@ -36,21 +38,32 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
     tf = read_screened(path, trust_pickles)
     sd, wrapper = pick_state_dict(tf.obj)
     if isinstance(sd, dict) and any(isinstance(v, (DTensorRef, ShardedTensorRef)) for v in sd.values()):
-        raise FormatError(f"{path.name} holds one rank's shards (DTensor/ShardedTensor), not full tensors: export the "
-                          "folder that holds every rank's file")
+        raise FormatError(
+            f"{path.name} holds one rank's shards (DTensor/ShardedTensor), not full tensors: export the "
+            "folder that holds every rank's file"
+        )
     offsets = torchfile.storage_offsets(path)
     tensors: list[SourceTensor] = []
     first_by_view: dict[tuple, str] = {}
     for name, t in iter_tensors(sd):
-        out = name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name
+        out = name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name
         listed = f"{wrapper}.{name}" if wrapper else None  # list_tensors names the whole nesting
         view = (t.storage.key, t.offset, t.shape, t.stride) if t.storage is not None else None
         tied = first_by_view.get(view) if view else None
         if view and tied is None:
             first_by_view[view] = out
-        tensors.append(file_tensor(path, t, offsets, name, out=out, tied_to=tied, listed_as=listed,
-                                   not_plain=" (a sharded or subclass tensor); export its folder's DCP/full state "
-                                             "dict instead"))
+        tensors.append(
+            file_tensor(
+                path,
+                t,
+                offsets,
+                name,
+                out=out,
+                tied_to=tied,
+                listed_as=listed,
+                not_plain=" (a sharded or subclass tensor); export its folder's DCP/full state dict instead",
+            )
+        )
     if not tensors:
         raise FormatError(f"{path.name} holds no tensors")
     src = Source("torch-file", path, tensors)
@@ -59,8 +72,9 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
     return src
 
 
-def file_tensor(path: Path, t: TensorRef, offsets, name: str, *, out: Optional[str] = None, not_plain: str = "",
-                **fields) -> SourceTensor:
+def file_tensor(
+    path: Path, t: TensorRef, offsets, name: str, *, out: Optional[str] = None, not_plain: str = "", **fields
+) -> SourceTensor:
     """The tensor ``t`` of the torch file ``path`` (``name`` in it; ``out`` in the output, default ``name``) as
     a byte range of its storage, or, for a non-contiguous view, a loader that copies it element-wise."""
     if t.storage is None:
@@ -75,8 +89,14 @@ def file_tensor(path: Path, t: TensorRef, offsets, name: str, *, out: Optional[s
             raise FormatError(f"{name} runs past its storage: the file is corrupt", "corrupt")
         rng = (ByteRange(str(path), start + t.offset * item, t.numel * item),) if t.numel else ()
         return SourceTensor(out, t.shape, t.dtype, ranges=rng, **fields)
-    return SourceTensor(out, t.shape, t.dtype, load=strided_loader(path, t, offsets),
-                        note="non-contiguous view, copied element-wise", **fields)
+    return SourceTensor(
+        out,
+        t.shape,
+        t.dtype,
+        load=strided_loader(path, t, offsets),
+        note="non-contiguous view, copied element-wise",
+        **fields,
+    )
 
 
 def strided_loader(path: Path, t: TensorRef, offsets):

@@ -22,9 +22,21 @@ from .sources import Source, SourceTensor
 DTYPES = {"keep": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FLOATS = {"float32", "float16", "bfloat16", "float64"}
 DEFAULT_MAX_SHARD = "50GB"  # transformers 5.x save_pretrained
-CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                "chat_template.jinja", "vocab.txt", "spiece.model", "preprocessor_config.json")
+CONFIG_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "vocab.txt",
+    "spiece.model",
+    "preprocessor_config.json",
+)
 
 
 def parse_size(text) -> int:
@@ -35,8 +47,17 @@ def parse_size(text) -> int:
         raise ValueError(f"not a size: {text!r} (use e.g. 5GB, 500MB, 2GiB)")
     n = float(m.group(1))
     unit = (m.group(2) or "B").upper()
-    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-            "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    mult = {
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }[unit]
     return int(n * mult)
 
 
@@ -149,8 +170,10 @@ def index_text(plan: ExportPlan) -> str:
 
 def _missing_text(missing: list[str]) -> str:
     if "config.json" in missing:
-        return ("the output loads into your model with load_state_dict; for from_pretrained pass --config PATH "
-                "(the model's config.json)")
+        return (
+            "the output loads into your model with load_state_dict; for from_pretrained pass --config PATH "
+            "(the model's config.json)"
+        )
     return "from_pretrained will use defaults for these"
 
 
@@ -164,9 +187,17 @@ def out_dtype(t: SourceTensor, dtype: str, source_kind: str) -> str:
     return want if t.dtype in FLOATS else t.dtype
 
 
-def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=DEFAULT_MAX_SHARD,
-              exclude_frozen: bool = False, config_dirs: list[Path] = (), config_path: Optional[Path] = None,
-              stem: str = "model") -> ExportPlan:
+def make_plan(
+    source: Source,
+    out: Path,
+    *,
+    dtype: str = "keep",
+    max_shard_size=DEFAULT_MAX_SHARD,
+    exclude_frozen: bool = False,
+    config_dirs: list[Path] = (),
+    config_path: Optional[Path] = None,
+    stem: str = "model",
+) -> ExportPlan:
     """``stem``: "model", or "optimizer" for an optimizer export (no config files are looked for)."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
@@ -197,23 +228,27 @@ def make_plan(source: Source, out: Path, *, dtype: str = "keep", max_shard_size=
         groups[-1].append(o)
         size += o.nbytes
     n = len(groups)
-    files = [OutFile(f"{stem}.safetensors" if n == 1 else f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors", g)
-             for i, g in enumerate(groups)]
-    plan = ExportPlan(source, Path(out), files, n > 1, dropped_tied=dropped, excluded=excluded, dtype=dtype,
-                      stem=stem)
+    files = [
+        OutFile(f"{stem}.safetensors" if n == 1 else f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors", g)
+        for i, g in enumerate(groups)
+    ]
+    plan = ExportPlan(source, Path(out), files, n > 1, dropped_tied=dropped, excluded=excluded, dtype=dtype, stem=stem)
     plan.notes.extend(source.notes)
     if source.train_dtype and source.train_dtype != "float32" and dtype == "keep":
         short = short_dtype(source.train_dtype)
         upcast = [o for o in outs if o.src.frozen and o.src.dtype != o.dtype and o.dtype == "float32"]
         if upcast:
             names = ", ".join(o.name for o in upcast[:4]) + (", ..." if len(upcast) > 4 else "")
-            plan.notes.append(f"the run trained in {short}; these are its fp32 master weights, except {len(upcast)} "
-                              f"frozen parameter(s) that have none ({names}): stored in "
-                              f"{short_dtype(upcast[0].src.dtype)}, written upcast to fp32 — --dtype {short} "
-                              "halves the size")
+            plan.notes.append(
+                f"the run trained in {short}; these are its fp32 master weights, except {len(upcast)} "
+                f"frozen parameter(s) that have none ({names}): stored in "
+                f"{short_dtype(upcast[0].src.dtype)}, written upcast to fp32 — --dtype {short} "
+                "halves the size"
+            )
         else:
-            plan.notes.append(f"the run trained in {short}; these are its fp32 master weights — "
-                              f"--dtype {short} halves the size")
+            plan.notes.append(
+                f"the run trained in {short}; these are its fp32 master weights — --dtype {short} halves the size"
+            )
     for t in source.tensors:
         if t.note and t.note not in plan.notes and "torch DCP" in t.note:
             plan.notes.append(f"some tensors {t.note}")

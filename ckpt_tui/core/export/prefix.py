@@ -49,8 +49,9 @@ def common_prefix(names: Iterable[str]) -> Optional[str]:
     return attrs[0] if len(attrs) == 1 and attrs[0].endswith(".") else None
 
 
-def choose(node: Node, names: list[str], *, strip_prefix: Optional[str] = None,
-           keep_prefix: bool = False) -> PrefixChoice:
+def choose(
+    node: Node, names: list[str], *, strip_prefix: Optional[str] = None, keep_prefix: bool = False
+) -> PrefixChoice:
     """Which prefix an export (and ``verify``) removes from ``node``'s tensor ``names``."""
     lightning = lightning_source(node)
     attrs = top_attributes(names) if lightning else []
@@ -61,11 +62,25 @@ def choose(node: Node, names: list[str], *, strip_prefix: Optional[str] = None,
     one = common_prefix(names)
     shown = ", ".join(f"`{a}`" for a in attrs[:4]) + (" …" if len(attrs) > 4 else "")
     if one and keep_prefix:
-        return PrefixChoice(None, True, attrs, f"kept the LightningModule attribute prefix `{one}` (--keep-prefix): "
-                                               "the names load into the LightningModule itself")
+        return PrefixChoice(
+            None,
+            True,
+            attrs,
+            f"kept the LightningModule attribute prefix `{one}` (--keep-prefix): "
+            "the names load into the LightningModule itself",
+        )
     if one:
-        return PrefixChoice(one, True, attrs, f"stripped the LightningModule attribute prefix `{one}` from every "
-                                              "name; --keep-prefix keeps it")
-    return PrefixChoice(None, True, attrs, f"the names start with the LightningModule's attributes ({shown}): "
-                                           "nothing stripped, they load into the LightningModule itself "
-                                           "(--strip-prefix P removes one)")
+        return PrefixChoice(
+            one,
+            True,
+            attrs,
+            f"stripped the LightningModule attribute prefix `{one}` from every name; --keep-prefix keeps it",
+        )
+    return PrefixChoice(
+        None,
+        True,
+        attrs,
+        f"the names start with the LightningModule's attributes ({shown}): "
+        "nothing stripped, they load into the LightningModule itself "
+        "(--strip-prefix P removes one)",
+    )

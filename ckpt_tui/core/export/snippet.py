@@ -46,8 +46,10 @@ def hf_style(names: list[str], prefix: Optional[PrefixChoice]) -> bool:
 def _model_comment(prefix: Optional[PrefixChoice]) -> str:
     if prefix is not None and prefix.lightning and prefix.strip:
         attr = prefix.strip.rstrip(".")
-        return (f"# `model` is your model: what your LightningModule holds as `self.{attr}` "
-                f"(the `{prefix.strip}` prefix was stripped)")
+        return (
+            f"# `model` is your model: what your LightningModule holds as `self.{attr}` "
+            f"(the `{prefix.strip}` prefix was stripped)"
+        )
     if prefix is not None and prefix.module_names:
         attrs = ", ".join(f"`{a}`" for a in prefix.attributes[:4])
         return f"# `model` is your LightningModule (the names start with its attributes: {attrs})"
@@ -89,11 +91,13 @@ def _load_sd(plan: ExportPlan) -> list[str]:
     """Lines that read every tensor of the output into ``sd`` (``out`` names the folder): the one file, or
     each shard its index names."""
     if plan.index:
-        return [f'with open(f"{{out}}/{plan.index_name}") as f:',
-                '    shards = sorted(set(json.load(f)["weight_map"].values()))',
-                "sd = {}",
-                "for shard in shards:",
-                '    sd.update(load_file(f"{out}/{shard}"))']
+        return [
+            f'with open(f"{{out}}/{plan.index_name}") as f:',
+            '    shards = sorted(set(json.load(f)["weight_map"].values()))',
+            "sd = {}",
+            "for shard in shards:",
+            '    sd.update(load_file(f"{out}/{shard}"))',
+        ]
     return [f'sd = load_file(f"{{out}}/{plan.files[0].name}")']
 
 
@@ -103,8 +107,12 @@ def _optimizer_snippet(plan: ExportPlan, out: str) -> str:
     lines += _load_sd(plan)
     extra = [name for name, _ in plan.extra_files]
     if extra:
-        lines += [f'with open(f"{{out}}/{extra[0]}") as f:', "    config = json.load(f)  # step, param_groups (lr, betas, "
-                  "eps, weight_decay, params)"]
-    lines.append('# per parameter name p: sd[f"{p}.exp_avg"], sd[f"{p}.exp_avg_sq"] (and sd[f"{p}.master"], the fp32 '
-                 "master, where the run kept one)")
+        lines += [
+            f'with open(f"{{out}}/{extra[0]}") as f:',
+            "    config = json.load(f)  # step, param_groups (lr, betas, eps, weight_decay, params)",
+        ]
+    lines.append(
+        '# per parameter name p: sd[f"{p}.exp_avg"], sd[f"{p}.exp_avg_sq"] (and sd[f"{p}.master"], the fp32 '
+        "master, where the run kept one)"
+    )
     return "\n".join(lines)

@@ -97,10 +97,10 @@ def to_torch(t: SourceTensor):
 def strip_names(src: Source, prefix: Optional[str]) -> Source:
     """Remove ``prefix`` from the names of ``src``'s tensors (and of what they are tied to)."""
     if prefix:
-        src.excluded = [n[len(prefix):] if n.startswith(prefix) else n for n in src.excluded]
+        src.excluded = [n[len(prefix) :] if n.startswith(prefix) else n for n in src.excluded]
         for t in src.tensors:
             if t.name.startswith(prefix):
-                t.name = t.name[len(prefix):]
+                t.name = t.name[len(prefix) :]
             if t.tied_to and t.tied_to.startswith(prefix):
-                t.tied_to = t.tied_to[len(prefix):]
+                t.tied_to = t.tied_to[len(prefix) :]
     return src

@@ -30,8 +30,22 @@ import time
 from typing import Optional, Union
 
 # QueryType (TCPStoreBackend.hpp), in order
-(VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
- CANCEL_WAIT, PING) = range(14)
+(
+    VALIDATE,
+    SET,
+    COMPARE_SET,
+    GET,
+    ADD,
+    CHECK,
+    WAIT,
+    GETNUMKEYS,
+    DELETE_KEY,
+    APPEND,
+    MULTI_GET,
+    MULTI_SET,
+    CANCEL_WAIT,
+    PING,
+) = range(14)
 MAGIC = 0x3C85F7CE  # validationMagicNumber
 READY, NOT_READY = 0, 1  # CheckResponseType
 STOP_WAITING, WAIT_CANCELED = 0, 1  # WaitResponseType
@@ -97,8 +111,9 @@ class TCPStoreClient:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-                    raise StoreError(f"no store answered at {self.host}:{self.port} within {self.timeout:g} s "
-                                     f"({why})") from None
+                    raise StoreError(
+                        f"no store answered at {self.host}:{self.port} within {self.timeout:g} s ({why})"
+                    ) from None
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, 1.0)
                 continue
@@ -264,7 +279,7 @@ class _Conn:
     def take(self, n: int) -> bytes:
         if len(self.inbuf) - self.pos < n:
             raise _Incomplete
-        b = bytes(self.inbuf[self.pos:self.pos + n])
+        b = bytes(self.inbuf[self.pos : self.pos + n])
         self.pos += n
         return b
 
@@ -289,8 +304,9 @@ class TCPStoreServer:
     def __init__(self, port: int = 0):
         if socket.has_dualstack_ipv6():
             try:
-                self._listen = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
-                                                    backlog=1024)
+                self._listen = socket.create_server(
+                    ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024
+                )
             except OSError:
                 self._listen = socket.create_server(("", port), backlog=1024)
         else:
@@ -395,7 +411,7 @@ class TCPStoreServer:
         except ValueError:  # a request the protocol does not allow: drop that client
             self._drop(conn)
             return
-        del conn.inbuf[:conn.pos]
+        del conn.inbuf[: conn.pos]
         conn.pos = 0
         if conn.out:
             self._flush(conn)

@@ -34,8 +34,13 @@ _MAX_PAIRS = 20_000_000  # alignment table size beyond which names are not attem
 
 def find_optimizer_state(obj: Any) -> tuple[Optional[dict], str, int]:
     """(the optimizer state dict, where it is in the file, how many optimizers the file holds)."""
+
     def is_sd(x):
-        return isinstance(x, dict) and isinstance(x.get("state"), dict) and isinstance(x.get("param_groups"), (list, tuple))
+        return (
+            isinstance(x, dict)
+            and isinstance(x.get("state"), dict)
+            and isinstance(x.get("param_groups"), (list, tuple))
+        )
 
     if is_sd(obj):
         return obj, "the file itself", 1
@@ -121,8 +126,9 @@ def _number(path: Path, v: Any, offsets, what: str):
     raise FormatError(f"{what}: unreadable step {type(v).__name__}")
 
 
-def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]], *, model_what: str = "",
-                           trust_pickles: bool = False) -> tuple[Source, dict]:
+def torch_optimizer_source(
+    path: Path, model: Optional[list[tuple[str, tuple]]], *, model_what: str = "", trust_pickles: bool = False
+) -> tuple[Source, dict]:
     """The optimizer state in torch file ``path``: the source (``<name>.exp_avg`` … per parameter with
     state, ``param_<i>.…`` where the index has no name) and the content of ``optimizer_config.json``
     (names not yet prefix-stripped). ``model``: the model's (name, shape) in module order, or None
@@ -137,8 +143,11 @@ def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]],
     offsets = torchfile.storage_offsets(path)
     state: dict = sd["state"]
     groups = [g for g in sd["param_groups"] if isinstance(g, dict)]
-    notes = [f"optimizer state taken from the file's {where}" if where != "the file itself" else
-             f"{path.name} is an optimizer state_dict()"]
+    notes = [
+        f"optimizer state taken from the file's {where}"
+        if where != "the file itself"
+        else f"{path.name} is an optimizer state_dict()"
+    ]
     if count > 1:
         notes.append(f"the file holds {count} optimizers: only the first is exported")
     fqn_keyed = bool(state) and all(isinstance(k, str) and not k.isdigit() for k in state)
@@ -162,16 +171,21 @@ def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]],
                     return tuple(t.shape)
             return None
 
-        found, why = (None, model_what or "no model beside it") if model is None else \
-            align([shape_of(i) for i in order], model)
+        found, why = (
+            (None, model_what or "no model beside it") if model is None else align([shape_of(i) for i in order], model)
+        )
         if found is not None and not extra:
             names = dict(zip(order, found))
-            notes.append(f"the optimizer's {len(order)} parameters, keyed by index, line up in order and shape with "
-                         "the model's parameters: named by them")
+            notes.append(
+                f"the optimizer's {len(order)} parameters, keyed by index, line up in order and shape with "
+                "the model's parameters: named by them"
+            )
         else:
             names = {i: f"param_{i}" for i in order}
-            notes.append(f"the optimizer state is keyed by index and could not be named ({why or 'unmatched indices'}): "
-                         "its tensors are param_<i>.exp_avg …, i the index in the param groups' params")
+            notes.append(
+                f"the optimizer state is keyed by index and could not be named ({why or 'unmatched indices'}): "
+                "its tensors are param_<i>.exp_avg …, i the index in the param groups' params"
+            )
         gparams = [[names[p] for p in (g.get("params") or [])] for g in groups]
 
     tensors: list[SourceTensor] = []
@@ -211,8 +225,11 @@ def torch_optimizer_source(path: Path, model: Optional[list[tuple[str, tuple]]],
         "tied_params": {},
     }
     if config["frozen_params"]:
-        notes.append(f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
-                     f"stepped parameters; listed as frozen_params in {CONFIG_FILE})")
-    notes.append("the optimizer trained the model's own parameters: no separate master (the weights are "
-                 "--component model)")
+        notes.append(
+            f"{len(no_state)} tensor(s) of the model have no optimizer state (buffers, frozen or never "
+            f"stepped parameters; listed as frozen_params in {CONFIG_FILE})"
+        )
+    notes.append(
+        "the optimizer trained the model's own parameters: no separate master (the weights are --component model)"
+    )
     return Source(KIND, path, tensors, notes=notes), config

@@ -11,6 +11,7 @@ The optimizer files are ``optimizer.state_dict()`` of each rank: FSDP2 keeps DTe
 (assembled like the weights); FSDP1 (``use_orig_params``) keeps each rank's flat 1-D piece of every parameter it
 owns, whose concatenation in rank order is the flattened parameter.
 """
+
 from __future__ import annotations
 
 import re
@@ -66,12 +67,15 @@ def _open(folder: Path, kind: str, world: int, trust_pickles: bool) -> list[Rank
     for r in range(world):
         p = folder / f"{kind}_world_size_{world}_rank_{r}.pt"
         if not p.is_file():
-            raise FormatError(f"{p.name} is missing: every rank's {kind} file is needed to rebuild the full tensors",
-                              "missing")
+            raise FormatError(
+                f"{p.name} is missing: every rank's {kind} file is needed to rebuild the full tensors", "missing"
+            )
         tf = torchfile.read(p)
         if tf.unsafe and not trust_pickles:
-            raise FormatError(f"{p.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
-                              "pass --trust-pickles if you trust its origin")
+            raise FormatError(
+                f"{p.name} names code outside the allowlist ({', '.join(sorted(tf.unsafe)[:4])}); "
+                "pass --trust-pickles if you trust its origin"
+            )
         out.append(RankFile(p, tf.obj, torchfile.storage_offsets(p)))
     return out
 
@@ -82,7 +86,9 @@ def world_of(folder: Path) -> int:
     if not worlds:
         raise FormatError(f"{folder.name}: no model_world_size_W_rank_R.pt files")
     if len(worlds) > 1:
-        raise FormatError(f"{folder.name}: model files of several world sizes ({sorted(worlds)}): remove the stale ones")
+        raise FormatError(
+            f"{folder.name}: model files of several world sizes ({sorted(worlds)}): remove the stale ones"
+        )
     return worlds.pop()
 
 
@@ -102,8 +108,9 @@ def _full(name: str, pieces: list[tuple[RankFile, Any]]) -> SourceTensor:
 def _from_dtensors(name: str, pieces: list[tuple[RankFile, Any]]) -> SourceTensor:
     d0: DTensorRef = pieces[0][1]
     if len(d0.placements) != 1:
-        raise FormatError(f"{name}: a DTensor on a {len(d0.placements)}-D mesh ({d0.placements}); only a 1-D FSDP mesh "
-                          "is supported")
+        raise FormatError(
+            f"{name}: a DTensor on a {len(d0.placements)}-D mesh ({d0.placements}); only a 1-D FSDP mesh is supported"
+        )
     kind, dim = d0.placements[0]
     for rf, d in pieces:
         if not isinstance(d, DTensorRef) or d.local is None or d.shape != d0.shape or d.placements != d0.placements:
@@ -133,7 +140,9 @@ def _from_sharded(name: str, pieces: list[tuple[RankFile, Any]]) -> SourceTensor
             raise FormatError(f"{rf.path.name}: {name} does not match rank 0's ShardedTensor (shape)", "corrupt")
         for sh in s.local_shards:
             if sh.tensor is None or tuple(sh.tensor.shape) != sh.sizes:
-                raise FormatError(f"{rf.path.name}: {name} has a shard whose bytes do not match its metadata", "corrupt")
+                raise FormatError(
+                    f"{rf.path.name}: {name} has a shard whose bytes do not match its metadata", "corrupt"
+                )
             held.append((sh.offsets, rf, sh.tensor))
     covered = sum(numel(t.shape) for _, _, t in held)
     if covered != numel(s0.shape):
@@ -182,8 +191,8 @@ def _model_files(folder: Path, trust_pickles: bool) -> tuple[int, list[RankFile]
 
 
 def fsdp_kind(obj: Any) -> Optional[str]:
-    """"DTensor" | "ShardedTensor" | None: what a rank's state dict holds."""
-    for v in (obj.values() if isinstance(obj, dict) else ()):
+    """ "DTensor" | "ShardedTensor" | None: what a rank's state dict holds."""
+    for v in obj.values() if isinstance(obj, dict) else ():
         if isinstance(v, DTensorRef):
             return "DTensor"
         if isinstance(v, ShardedTensorRef):
@@ -203,7 +212,7 @@ def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickl
             raise FormatError(f"{missing[0]} lacks {k}, which rank 0 holds", "corrupt")
         t = _full(str(k), [(rf, rf.obj[k]) for rf in files])
         if strip_prefix and t.name.startswith(strip_prefix):
-            t.name = t.name[len(strip_prefix):]
+            t.name = t.name[len(strip_prefix) :]
         tensors.append(t)
     src = Source("verl", folder, tensors)
     kind = fsdp_kind(files[0].obj)
@@ -212,6 +221,7 @@ def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickl
 
 
 # ---------------------------------------------------------------- optimizer
+
 
 def _scalar(rf: RankFile, v: Any, what: str):
     from .deepspeed_optim import step_value
@@ -232,7 +242,11 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
     per_rank = []
     for rf in optims:
         sd = rf.obj
-        if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict) or not isinstance(sd.get("param_groups"), list):
+        if (
+            not isinstance(sd, dict)
+            or not isinstance(sd.get("state"), dict)
+            or not isinstance(sd.get("param_groups"), list)
+        ):
             raise ValueError(f"{rf.path.name}: not an optimizer state_dict (no state / param_groups)")
         per_rank.append(sd["state"])
     groups = optims[0].obj["param_groups"]
@@ -240,8 +254,10 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
     # optimizer.state_dict() numbers the parameters in model.parameters() order: the model state dict's order
     # (verl's actor models hold no persistent buffers, so every entry is a parameter)
     if sorted(ids) != list(range(len(names))):
-        raise ValueError(f"the optimizer numbers {len(ids)} parameters but the model files hold {len(names)} tensors: "
-                         "cannot tell which state belongs to which parameter")
+        raise ValueError(
+            f"the optimizer numbers {len(ids)} parameters but the model files hold {len(names)} tensors: "
+            "cannot tell which state belongs to which parameter"
+        )
     model_src = verl_source(folder, trust_pickles=trust_pickles)
     shape_of = {t.name: (t.shape, t.dtype) for t in model_src.tensors}
     out: list[SourceTensor] = []
@@ -258,8 +274,10 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
         for key in STATES:
             vals = [(rf, e.get(key)) for rf, e in held]
             if any(v is None for _, v in vals):
-                raise ValueError(f"the optimizer state of {name} has no {key} on every rank that holds it: only "
-                                 "Adam-style optimizers (exp_avg, exp_avg_sq) are exported")
+                raise ValueError(
+                    f"the optimizer state of {name} has no {key} on every rank that holds it: only "
+                    "Adam-style optimizers (exp_avg, exp_avg_sq) are exported"
+                )
             if isinstance(vals[0][1], DTensorRef):
                 if len(vals) != world:
                     raise ValueError(f"{name}.{key}: a DTensor missing on some ranks")
@@ -283,8 +301,10 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
             continue
         idx = [i for i in (g.get("params") or []) if isinstance(i, int)]
         gs = {steps.get(i) for i in idx if i in steps}
-        pgroups.append({str(k): jsonable(v) for k, v in g.items() if k != "params"}
-                       | {"step": gs.pop() if len(gs) == 1 else None, "params": [names[i] for i in idx]})
+        pgroups.append(
+            {str(k): jsonable(v) for k, v in g.items() if k != "params"}
+            | {"step": gs.pop() if len(gs) == 1 else None, "params": [names[i] for i in idx]}
+        )
     distinct = {s for s in steps.values() if s is not None}
     frozen = [names[i] for i in range(len(names)) if i not in steps]
     config = {
@@ -298,8 +318,10 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
         "frozen_params": frozen,
         "tied_params": {},
     }
-    notes = ["verl keeps no fp32 masters apart from its fp32 FSDP weights: no <name>.master (the weights are "
-             "--component model)"]
+    notes = [
+        "verl keeps no fp32 masters apart from its fp32 FSDP weights: no <name>.master (the weights are "
+        "--component model)"
+    ]
     if frozen:
         notes.append(f"{len(frozen)} param(s) have no optimizer state (listed in {CONFIG_FILE})")
     return Source("verl-optimizer", folder, out, notes=notes), config, [t.name for t in model_src.tensors]
@@ -338,8 +360,11 @@ def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple
                     continue
                 if isinstance(parts[0], DTensor):
                     (pl,) = parts[0].placements
-                    t = torch.cat([p._local_tensor for p in parts], dim=pl.dim) if pl.is_shard() \
+                    t = (
+                        torch.cat([p._local_tensor for p in parts], dim=pl.dim)
+                        if pl.is_shard()
                         else parts[0]._local_tensor
+                    )
                 else:
                     t = torch.cat([p.reshape(-1) for p in parts]).reshape(shapes[f"{name}.{key}"])
                 yield f"{name}.{key}", t

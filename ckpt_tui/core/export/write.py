@@ -157,7 +157,7 @@ def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds:
         data = memoryview(tensor.view(torch.uint8).reshape(-1).numpy())
         written = 0
         while written < len(data):
-            written += os.pwrite(dst_fd, data[written:written + BUF], dst_off + written)
+            written += os.pwrite(dst_fd, data[written : written + BUF], dst_off + written)
     counter.add(t.nbytes)
 
 
@@ -214,8 +214,11 @@ def check_out_vs_sources(plan: ExportPlan, out: Optional[Path] = None) -> None:
     the export reads (:func:`source_folders`, every file read or copied)."""
     folders = source_folders(plan)
     above = [f.parent for f in folders]  # a tag's checkpoint, a checkpoint's run: OUT may not be or hold them
-    check_sources(plan.out if out is None else out, folders=folders,
-                  files=[*source_files(plan), *(p for p, _ in plan.copies), *above])
+    check_sources(
+        plan.out if out is None else out,
+        folders=folders,
+        files=[*source_files(plan), *(p for p, _ in plan.copies), *above],
+    )
 
 
 def refusal(e: OutputError, plan: ExportPlan) -> str:
@@ -247,7 +250,9 @@ def preflight(plan: ExportPlan, overwrite: bool) -> None:
 
 def source_files(plan: ExportPlan) -> list[Path]:
     """Every file the export reads (byte ranges; whole folder for tensors read by torch)."""
-    paths = {r.path for f in plan.files for t in f.tensors for r in (t.src.ranges or ())}  # a Path per file, not per range
+    paths = {
+        r.path for f in plan.files for t in f.tensors for r in (t.src.ranges or ())
+    }  # a Path per file, not per range
     files = set(map(as_path, paths))
     if any(t.src.ranges is None for f in plan.files for t in f.tensors):
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
@@ -278,8 +283,10 @@ class OutputLock:
                 continue
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.EMLINK):
-                    raise ExportError(f"{self.path} is a symbolic link: ckpt-tui never writes through one; remove "
-                                      "it (someone else may have planted it) or choose another --out") from None
+                    raise ExportError(
+                        f"{self.path} is a symbolic link: ckpt-tui never writes through one; remove "
+                        "it (someone else may have planted it) or choose another --out"
+                    ) from None
                 raise
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -287,8 +294,7 @@ class OutputLock:
                 raise ExportError(f"{self.path} is not a regular file: remove it or choose another --out")
             if not flock_exclusive(fd):
                 os.close(fd)
-                raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another "
-                                  "--out")
+                raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another --out")
             try:
                 now = os.lstat(self.path)
             except FileNotFoundError:
@@ -332,8 +338,9 @@ def leftovers(out: Path) -> list[Path]:
 
     found = []
     for pat in LEFTOVER_PATTERNS:
-        found += [Path(p) for p in glob.glob(os.path.join(glob.escape(str(out.parent)),
-                                                          pat.format(glob.escape(out.name))))]
+        found += [
+            Path(p) for p in glob.glob(os.path.join(glob.escape(str(out.parent)), pat.format(glob.escape(out.name))))
+        ]
     return sorted(set(found))
 
 
@@ -378,9 +385,11 @@ def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
 def check_unchanged(before, watched: list[Path]) -> None:
     moved = changed(before, snapshot(watched))
     if moved:  # a live job is writing the checkpoint: what we copied may be half old, half new
-        raise ExportError(f"the source changed during the export ({', '.join(Path(c).name for c in moved[:3])}"
-                          f"{' …' if len(moved) > 3 else ''}): nothing was written; export again once the "
-                          "checkpoint is complete")
+        raise ExportError(
+            f"the source changed during the export ({', '.join(Path(c).name for c in moved[:3])}"
+            f"{' …' if len(moved) > 3 else ''}): nothing was written; export again once the "
+            "checkpoint is complete"
+        )
 
 
 def install(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -404,13 +413,22 @@ def raise_no_space(e: OSError, plan: ExportPlan) -> None:
         from ..units import naturalsize
 
         out = plan.out
-        raise ExportError(f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
-                          f"{naturalsize(free_bytes(out.parent) + plan.total_bytes)} before "
-                          "starting; the partial output was removed") from None
+        raise ExportError(
+            f"no space left on {out.parent}: needed {naturalsize(plan.total_bytes)}, had "
+            f"{naturalsize(free_bytes(out.parent) + plan.total_bytes)} before "
+            "starting; the partial output was removed"
+        ) from None
 
 
-def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify: bool = True,
-            on_progress: Optional[OnProgress] = None, cancel=None) -> ExportResult:
+def execute(
+    plan: ExportPlan,
+    *,
+    jobs: int = 1,
+    overwrite: bool = False,
+    verify: bool = True,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+) -> ExportResult:
     t0 = time.monotonic()
     preflight(plan, overwrite)
     watched = source_files(plan)
@@ -432,8 +450,14 @@ def execute(plan: ExportPlan, *, jobs: int = 1, overwrite: bool = False, verify:
                     write_file(f, tmp / f.name, counter, cancel)
             counter.add(0, force=True)
             write_side_files(plan, tmp, cancel)
-            result = ExportResult(out, [f.name for f in plan.files], plan.tensor_bytes,
-                                  sum(len(f.tensors) for f in plan.files), plan.params, 0.0)
+            result = ExportResult(
+                out,
+                [f.name for f in plan.files],
+                plan.tensor_bytes,
+                sum(len(f.tensors) for f in plan.files),
+                plan.params,
+                0.0,
+            )
             check_unchanged(before, watched)
             if verify:
                 result.mismatches = verify_files(plan, tmp, on_progress, cancel)
@@ -515,11 +539,12 @@ def _source_chunks(t: OutTensor, cancel=None, fds: Optional[dict] = None):
     tensor = s.load().to(dt).contiguous()
     data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
     for i in range(0, len(data), BUF):
-        yield bytes(data[i:i + BUF])
+        yield bytes(data[i : i + BUF])
 
 
-def verify_files(plan: ExportPlan, folder: Path, on_progress=None, cancel=None,
-                 files: Optional[list[OutFile]] = None) -> list[str]:
+def verify_files(
+    plan: ExportPlan, folder: Path, on_progress=None, cancel=None, files: Optional[list[OutFile]] = None
+) -> list[str]:
     """Re-read every written tensor from disk and compare it bit-exact with the source (cast as
     planned), streamed in BUF-sized pieces: memory stays flat whatever the model size, and
     tensors whose dtype is kept are compared without torch. ``files``: only these (default: all)."""

@@ -83,8 +83,10 @@ def _props_dtype(props) -> str:
 def metadata_files(folder: Path) -> tuple[Optional[Path], list[Path]]:
     """The global ``.metadata`` (or None) and any rank-local ``__{rank}.metadata`` files."""
     glob_meta = folder / ".metadata"
-    ranks = sorted((p for p in folder.iterdir() if RANK_META_RE.match(p.name)),
-                   key=lambda p: int(RANK_META_RE.match(p.name).group(1)))
+    ranks = sorted(
+        (p for p in folder.iterdir() if RANK_META_RE.match(p.name)),
+        key=lambda p: int(RANK_META_RE.match(p.name).group(1)),
+    )
     return (glob_meta if glob_meta.is_file() else None), ranks
 
 
@@ -142,7 +144,7 @@ class ChainReader:
         while done < len(view) and self._parts:
             part = self._parts[-1]
             n = min(len(view) - done, len(part) - self._pos)
-            view[done:done + n] = part[self._pos:self._pos + n]
+            view[done : done + n] = part[self._pos : self._pos + n]
             done += n
             self._pos += n
             if self._pos == len(part):
@@ -153,7 +155,7 @@ class ChainReader:
 
     def read(self, n: int) -> bytes:  # the unpickler always asks for a size
         buf = bytearray(n)
-        return bytes(buf[:self.readinto(buf)])
+        return bytes(buf[: self.readinto(buf)])
 
     def readline(self) -> bytes:  # text opcodes (protocols 0 and 1), which no rewrite touches
         out = bytearray()
@@ -161,7 +163,7 @@ class ChainReader:
             part = self._parts[-1]
             i = part.find(b"\n", self._pos)
             end = len(part) if i < 0 else i + 1
-            out += part[self._pos:end]
+            out += part[self._pos : end]
             self._pos = end
             if self._pos == len(part):
                 self._parts.pop()
@@ -216,7 +218,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
     # the rewritten stream is a view for facts only, used for bytes whose full read this process or an earlier
     # run already made and found clean (screened_clean: by content digest).
     screened = screened_clean(data)
-    for parts, facts in (streams() if screened else [([data], None)]):
+    for parts, facts in streams() if screened else [([data], None)]:
         try:
             up, states, files = load_dcp_summary(folding(parts), facts)
         except SummaryMismatch:
@@ -328,8 +330,7 @@ def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
     tails = {tok: dcp_stream.decode_ints(tok) for tok in set(rest)}
     sized = {tok: dcp_stream.decode_ints(tok) for tok in set(sizes)}
     if set(map(len, tails.values())) - {max(nd - 1, 0)} or set(map(len, sized.values())) - {nd}:
-        raise FormatError(f"tensor {t.name!r}: a chunk whose offsets or sizes are not of the tensor's {nd} "
-                          "dimensions")
+        raise FormatError(f"tensor {t.name!r}: a chunk whose offsets or sizes are not of the tensor's {nd} dimensions")
 
     def column(tokens: list, table: dict, j: int) -> list:
         vals = {v[j] for v in table.values()}
@@ -433,8 +434,9 @@ def storage_ends(states: list, files: dict[str, int]) -> None:
         except (TypeError, ValueError):
             raise FormatError("storage data with a non-numeric offset or length") from None
         if offset < 0 or length < 0:
-            raise FormatError(f"storage data with a negative offset or length ({offset}, {length}) in "
-                              f"{d['relative_path']!r}")
+            raise FormatError(
+                f"storage data with a negative offset or length ({offset}, {length}) in {d['relative_path']!r}"
+            )
         end = offset + length
         rel = str(d["relative_path"])
         if end > files.get(rel, -1):
@@ -447,7 +449,7 @@ def storage_ends_fast(states: list, files: dict[str, int], step: int = 65_536) -
     hold. ``step`` states at a time, so that no single C call holds the GIL for long."""
     last: dict[str, int] = {}
     for i in range(0, len(states), step):
-        part = states[i:i + step]
+        part = states[i : i + step]
         n = len(part)
         if set(map(type, part)) != {dict}:
             return False
@@ -491,8 +493,12 @@ def chunk_cover(shape: tuple, offsets: list, sizes: list) -> tuple[bool, bool]:
     nd = len(shape)
     if set(map(len, offsets)) - {nd} or set(map(len, sizes)) - {nd} or len(offsets) != len(sizes):
         raise FormatError(f"a chunk whose offsets or sizes are not of the tensor's {nd} dimensions")
-    return cover_columns(shape, len(offsets), [list(map(operator.itemgetter(d), offsets)) for d in range(nd)],
-                         [list(map(operator.itemgetter(d), sizes)) for d in range(nd)])
+    return cover_columns(
+        shape,
+        len(offsets),
+        [list(map(operator.itemgetter(d), offsets)) for d in range(nd)],
+        [list(map(operator.itemgetter(d), sizes)) for d in range(nd)],
+    )
 
 
 def cover_columns(shape: tuple, n: int, ocols: list, scols: list, ints: bool = False) -> tuple[bool, bool]:
@@ -509,8 +515,7 @@ def cover_columns(shape: tuple, n: int, ocols: list, scols: list, ints: bool = F
             raise FormatError("a chunk with a negative or non-integer offset or size")
         e = list(map(operator.add, o, z))
         if n and max(e) > shape[d]:
-            raise FormatError(f"a chunk reaching outside its tensor (to {max(e)} along dimension {d} of "
-                              f"{shape[d]})")
+            raise FormatError(f"a chunk reaching outside its tensor (to {max(e)} along dimension {d} of {shape[d]})")
         ends.append(e)
     if whole == 0:
         return False, False

@@ -35,8 +35,10 @@ class DcpFolder(FolderFormat):
     reference = "torch.distributed.checkpoint"
 
     def detect(self, node: Node) -> bool:
-        return any(c.name.endswith(".distcp") or c.name == ".metadata" or dcpfmt.RANK_META_RE.match(c.name)
-                   for c in node.children)
+        return any(
+            c.name.endswith(".distcp") or c.name == ".metadata" or dcpfmt.RANK_META_RE.match(c.name)
+            for c in node.children
+        )
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "dcp"
@@ -70,8 +72,12 @@ class DcpFolder(FolderFormat):
             c = node.child(rel)
             if c is not None and c.size < need:
                 short.append((rel, c.size, need))
-                c.facts.update(NodeFacts(error=f"{c.size} bytes but .metadata places data up to byte {need}: truncated",
-                                         error_kind="truncated"))
+                c.facts.update(
+                    NodeFacts(
+                        error=f"{c.size} bytes but .metadata places data up to byte {need}: truncated",
+                        error_kind="truncated",
+                    )
+                )
         if missing:
             f["missing_files"] = missing
         if short:
@@ -83,8 +89,13 @@ class DcpFolder(FolderFormat):
             f["storage"] = "safetensors"
         role, containers, model_tensors = dcp_role(info)
         node.role = role
-        f.update(DcpFacts(containers=[fact_text(c) for c in containers[:MAX_CONTAINERS]],
-                          tensor_count=len(info.tensors), bytes_entries=len(info.bytes_entries)))
+        f.update(
+            DcpFacts(
+                containers=[fact_text(c) for c in containers[:MAX_CONTAINERS]],
+                tensor_count=len(info.tensors),
+                bytes_entries=len(info.bytes_entries),
+            )
+        )
         if len(containers) > MAX_CONTAINERS:
             f["containers_total"] = len(containers)
         set_tensor_facts(node, model_tensors, count=False)
@@ -112,8 +123,9 @@ class DcpFolder(FolderFormat):
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
         if cast(DcpFacts, node.facts).get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
-            raise NotExportable("DCP in safetensors format without .metadata: export its consolidated "
-                                "model-*.safetensors instead")
+            raise NotExportable(
+                "DCP in safetensors format without .metadata: export its consolidated model-*.safetensors instead"
+            )
         from ..export.dcp_source import dcp_source
 
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
@@ -140,16 +152,20 @@ class DcpSafetensorsFolder(FolderFormat):
 
     def detect(self, node: Node) -> bool:
         sts = [c for c in node.children if c.format == "safetensors"]
-        return bool(sts) and all("DCP_SHARDING_INFO" in (cast(SafetensorsFacts, c.facts).get("header_metadata") or {})
-                                 for c in sts)
+        return bool(sts) and all(
+            "DCP_SHARDING_INFO" in (cast(SafetensorsFacts, c.facts).get("header_metadata") or {}) for c in sts
+        )
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "dcp"
         node.role = "model"
         sts = [c for c in node.children if c.format == "safetensors"]
         f = cast(DcpFacts, node.facts)
-        f.update(DcpFacts(storage="safetensors", shard_files=len(sts), world_size=len(sts),
-                          ranks_present=list(range(len(sts)))))
+        f.update(
+            DcpFacts(
+                storage="safetensors", shard_files=len(sts), world_size=len(sts), ranks_present=list(range(len(sts)))
+            )
+        )
         names = set()
         dtypes: dict[str, int] = {}
         for c in sts:
@@ -170,6 +186,7 @@ class DcpSafetensorsFolder(FolderFormat):
 def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list]:
     """Model, optimizer or both — from the keys' structure (planner_data), not the folder name:
     (role, top-level containers most frequent first, the model's tensors)."""
+
     def top(key: str) -> str:
         path = info.planner_data.get(key)
         return path[0] if path else key.split(".", 1)[0]

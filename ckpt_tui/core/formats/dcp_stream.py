@@ -43,7 +43,7 @@ _INT = rb"(?:K.|M..|J....|" + b"|".join(b"\\x8a" + b"\\x%02x" % n + b"." * n for
 _LIT_AHEAD = rb"\x8c[\x01-\x7f][ -~]+(?=\x94)"
 _LIT = _LIT_AHEAD + rb"\x94"
 _KEY = rb"(?:" + _REF + b"|" + _LIT + rb")"
-_TUP = (rb"(?:" + _INT + rb"\x85|" + _INT + rb"{2}\x86|" + _INT + rb"{3}\x87|\(" + _INT + rb"+t)")
+_TUP = rb"(?:" + _INT + rb"\x85|" + _INT + rb"{2}\x86|" + _INT + rb"{3}\x87|\(" + _INT + rb"+t)"
 _SIZE_TAIL = rb"\x94\x85\x94R\x94"  # the tuple memoized, TUPLE1, REDUCE (torch.Size(tuple)) memoized
 _NEW = rb"\)\x81\x94\}\x94\("  # EMPTY_TUPLE NEWOBJ MEMOIZE, EMPTY_DICT MEMOIZE, MARK
 _CHUNK_FILL = b"N" + b"\x94" * 8 + b"0"  # NONE, MEMOIZE x8, POP: a chunk record's 8 memo slots, nothing left
@@ -52,17 +52,68 @@ _CHUNK_FILL = b"N" + b"\x94" * 8 + b"0"  # NONE, MEMOIZE x8, POP: a chunk record
 # matched with a pattern specialised to that record's references (its class, its keys, torch.Size: the same memo
 # slots for every record of the stream), which leaves only the numbers, a name and a path to capture.
 CHUNK_RE = re.compile(
-    rb"(" + _REF + rb")" + _NEW
-    + rb"(" + _REF + rb")(" + _REF + rb")" + _TUP + _SIZE_TAIL
-    + rb"(" + _REF + rb")(" + _REF + rb")" + _TUP + _SIZE_TAIL + rb"ub",
-    re.DOTALL)
+    rb"("
+    + _REF
+    + rb")"
+    + _NEW
+    + rb"("
+    + _REF
+    + rb")("
+    + _REF
+    + rb")"
+    + _TUP
+    + _SIZE_TAIL
+    + rb"("
+    + _REF
+    + rb")("
+    + _REF
+    + rb")"
+    + _TUP
+    + _SIZE_TAIL
+    + rb"ub",
+    re.DOTALL,
+)
 STORAGE_RE = re.compile(
-    rb"(" + _REF + rb")" + _NEW
-    + rb"(" + _REF + rb")" + _KEY + rb"(" + _REF + rb")(?:" + _INT + rb"|N)"
-    + rb"(" + _REF + rb")(" + _REF + rb")" + _TUP + _SIZE_TAIL + rb"ub"
-    + rb"(" + _REF + rb")" + _NEW
-    + rb"(" + _REF + rb")" + _KEY + rb"(" + _REF + rb")" + _INT + rb"(" + _REF + rb")" + _INT + rb"ub",
-    re.DOTALL)
+    rb"("
+    + _REF
+    + rb")"
+    + _NEW
+    + rb"("
+    + _REF
+    + rb")"
+    + _KEY
+    + rb"("
+    + _REF
+    + rb")(?:"
+    + _INT
+    + rb"|N)"
+    + rb"("
+    + _REF
+    + rb")("
+    + _REF
+    + rb")"
+    + _TUP
+    + _SIZE_TAIL
+    + rb"ub"
+    + rb"("
+    + _REF
+    + rb")"
+    + _NEW
+    + rb"("
+    + _REF
+    + rb")"
+    + _KEY
+    + rb"("
+    + _REF
+    + rb")"
+    + _INT
+    + rb"("
+    + _REF
+    + rb")"
+    + _INT
+    + rb"ub",
+    re.DOTALL,
+)
 _STORAGE_KEY = b"\x8c\x0cstorage_data\x94"
 _NEVER = re.compile(rb"(?!)")  # matches nothing: the records of a kind left as they are
 
@@ -77,8 +128,25 @@ def _chunk_pattern(found: re.Match) -> tuple[re.Pattern, bytes]:
     cls, ko, size_cls, ks, size_cls2 = found.groups()
     e = re.escape
     pattern = re.compile(
-        e(cls) + _NEW + e(ko + size_cls) + rb"(" + _INT + rb")(\x85|" + _INT + rb"\x86|" + _INT + rb"{2}\x87)"
-        + _SIZE_TAIL + e(ks + size_cls2) + rb"(" + _TUP + rb")" + _SIZE_TAIL + rb"ub", re.DOTALL)
+        e(cls)
+        + _NEW
+        + e(ko + size_cls)
+        + rb"("
+        + _INT
+        + rb")(\x85|"
+        + _INT
+        + rb"\x86|"
+        + _INT
+        + rb"{2}\x87)"
+        + _SIZE_TAIL
+        + e(ks + size_cls2)
+        + rb"("
+        + _TUP
+        + rb")"
+        + _SIZE_TAIL
+        + rb"ub",
+        re.DOTALL,
+    )
     return pattern, b"(" + cls + ko + size_cls + ks + size_cls2 + b"t"
 
 
@@ -89,11 +157,41 @@ def _storage_pattern(found: re.Match) -> tuple[re.Pattern, bytes]:
     icls, kf, ki, kof, size_cls, scls, kr, ko, kl = found.groups()
     e = re.escape
     pattern = re.compile(
-        e(icls) + _NEW + e(kf) + rb"(?:" + _LIT_AHEAD + b"|" + _REF + rb")(\x94?)" + e(ki) + rb"(?:" + _INT + rb"|N)"
-        + e(kof) + e(size_cls) + _TUP + _SIZE_TAIL + rb"ub"
-        + e(scls) + _NEW + e(kr) + rb"(" + _LIT + b"|" + _REF + rb")" + e(ko) + rb"(" + _INT + rb")" + e(kl)
-        + rb"(" + _INT + rb")ub",
-        re.DOTALL)
+        e(icls)
+        + _NEW
+        + e(kf)
+        + rb"(?:"
+        + _LIT_AHEAD
+        + b"|"
+        + _REF
+        + rb")(\x94?)"
+        + e(ki)
+        + rb"(?:"
+        + _INT
+        + rb"|N)"
+        + e(kof)
+        + e(size_cls)
+        + _TUP
+        + _SIZE_TAIL
+        + rb"ub"
+        + e(scls)
+        + _NEW
+        + e(kr)
+        + rb"("
+        + _LIT
+        + b"|"
+        + _REF
+        + rb")"
+        + e(ko)
+        + rb"("
+        + _INT
+        + rb")"
+        + e(kl)
+        + rb"("
+        + _INT
+        + rb")ub",
+        re.DOTALL,
+    )
     return pattern, b"(" + icls + kf + ki + kof + scls + kr + ko + kl + b"tN"
 
 
@@ -132,14 +230,14 @@ def decode_ints(tok: bytes) -> tuple:
             out.append(tok[i + 1])
             i += 2
         elif op == 0x4D:
-            out.append(int.from_bytes(tok[i + 1:i + 3], "little"))
+            out.append(int.from_bytes(tok[i + 1 : i + 3], "little"))
             i += 3
         elif op == 0x4A:
-            out.append(int.from_bytes(tok[i + 1:i + 5], "little", signed=True))
+            out.append(int.from_bytes(tok[i + 1 : i + 5], "little", signed=True))
             i += 5
         elif op == 0x8A:
             k = tok[i + 1]
-            out.append(int.from_bytes(tok[i + 2:i + 2 + k], "little", signed=True))
+            out.append(int.from_bytes(tok[i + 2 : i + 2 + k], "little", signed=True))
             i += 2 + k
         else:  # \x85 \x86 \x87 t ( )
             i += 1
@@ -237,8 +335,12 @@ class ChunkFold:
         rests = {r: decode_ints(r) for r in set(rest)}
         szs = {s: decode_ints(s) for s in set(sizes)}
         dims: set = set()
-        if (nd and set(map(len, rests.values())) <= {nd - 1} and set(map(len, szs.values())) <= {nd}
-                and b"" not in firsts):
+        if (
+            nd
+            and set(map(len, rests.values())) <= {nd - 1}
+            and set(map(len, szs.values())) <= {nd}
+            and b"" not in firsts
+        ):
             if firsts - {_ZERO}:
                 dims.add(0)
             for r in rests.values():
@@ -287,7 +389,7 @@ def frames(data: bytes) -> Optional[list[tuple[int, int]]]:
     while pos < end:
         if data[pos] != _FRAME or pos + 9 > end:
             return None
-        n = int.from_bytes(data[pos + 1:pos + 9], "little")
+        n = int.from_bytes(data[pos + 1 : pos + 9], "little")
         if pos + 9 + n > end:
             return None
         out.append((pos + 9, pos + 9 + n))
@@ -329,7 +431,7 @@ class _Chunks(_Kind):
         ``APPENDS``/``MARK``) leaves its number, after its first record."""
         out = [_CHUNK_FILL] * (2 * n + 1)
         out[0::2] = parts[0::k]
-        texts = parts[0:k * n:k]  # the text before each match
+        texts = parts[0 : k * n : k]  # the text before each match
         starts = [i for i in compress(range(n), texts) if texts[i] != b"e("]
         if not starts or starts[0] != 0:
             starts.insert(0, 0)

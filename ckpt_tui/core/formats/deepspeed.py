@@ -26,13 +26,20 @@ LAYER_INDEX_RE = re.compile(r"^layer_(\d+)-")
 # BF16_Optimizer (ZeRO-1 + bf16 + fp32 grad accumulation: ZeRO-like partitions, no zero_stage), and without ZeRO
 # (stage 0) the optimizer inside mp_rank_XX_model_states.pt: FP16_UnfusedOptimizer (bf16/fp16: fp32 masters in
 # ``fp32_groups``) or the plain torch optimizer (fp32: the module weights are the masters)
-OPTIMIZER_CLASS = {"bf16-optimizer": "BF16_Optimizer", "fp16-unfused": "FP16_UnfusedOptimizer",
-                   "torch": "torch optimizer (no DeepSpeed wrapper)"}
+OPTIMIZER_CLASS = {
+    "bf16-optimizer": "BF16_Optimizer",
+    "fp16-unfused": "FP16_UnfusedOptimizer",
+    "torch": "torch optimizer (no DeepSpeed wrapper)",
+}
 UNIVERSAL_KEY = "universal_checkpoint_info"
 # a universal checkpoint's per-parameter files (zero/<param>/<state>.pt), in the order ds_to_universal writes them
 UNIVERSAL_STATES = ("fp32", "exp_avg", "exp_avg_sq", "step")
-UNIVERSAL_STATE_ROLES = {"fp32.pt": "model", "exp_avg.pt": "optimizer", "exp_avg_sq.pt": "optimizer",
-                         "step.pt": "optimizer"}
+UNIVERSAL_STATE_ROLES = {
+    "fp32.pt": "model",
+    "exp_avg.pt": "optimizer",
+    "exp_avg_sq.pt": "optimizer",
+    "step.pt": "optimizer",
+}
 
 
 def is_tag_dir(names) -> bool:
@@ -138,16 +145,25 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
         f["optimizer_kind"] = kind
         if kind == "fp16-unfused":
             f["master_dtype"] = "float32"
-            tf.master_shapes = [tuple(t.shape) for g in obj["optimizer"]["fp32_groups"] if isinstance(g, (list, tuple))
-                                for t in g if isinstance(t, TensorRef)]
+            tf.master_shapes = [
+                tuple(t.shape)
+                for g in obj["optimizer"]["fp32_groups"]
+                if isinstance(g, (list, tuple))
+                for t in g
+                if isinstance(t, TensorRef)
+            ]
     dims = obj.get("checkpoint_parallel_dimensions")
     if isinstance(dims, dict) and isinstance(dims.get("pp_degree"), int) and dims["pp_degree"] > 1:
         f["pipeline"] = True
         f["pipeline_stages"] = dims["pp_degree"]
     f["universal_checkpoint_info"] = UNIVERSAL_KEY in obj
-    for k_src, k_dst in (("dp_world_size", "dp_world_size"), ("mp_world_size", "mp_world_size"),
-                         ("global_steps", "global_step"), ("ds_version", "ds_version"),
-                         ("global_samples", "global_samples")):
+    for k_src, k_dst in (
+        ("dp_world_size", "dp_world_size"),
+        ("mp_world_size", "mp_world_size"),
+        ("global_steps", "global_step"),
+        ("ds_version", "ds_version"),
+        ("global_samples", "global_samples"),
+    ):
         v = obj.get(k_src)
         # facts of the type DeepSpeed writes, or none: a value of another type (a graph of shared dicts, a huge
         # string) is not carried into the report
@@ -165,7 +181,11 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
             if isinstance(sect, dict) and sect.get("enabled") in (True, "true"):
                 f["train_dtype"] = "bfloat16" if name == "bf16" else "float16"
         if not f.get("pipeline"):
-            f["pipeline"] = bool(cfg.get("pipeline")) if isinstance(cfg.get("pipeline"), dict) and cfg["pipeline"].get("stages", 1) not in (1, None) else False
+            f["pipeline"] = (
+                bool(cfg.get("pipeline"))
+                if isinstance(cfg.get("pipeline"), dict) and cfg["pipeline"].get("stages", 1) not in (1, None)
+                else False
+            )
     shapes = obj.get("param_shapes")
     if isinstance(shapes, list):
         for group in shapes:
@@ -267,8 +287,17 @@ def optim_states(obj: Any, path: Path) -> OptimStates:
     """:class:`OptimStates` of an optim-states file's unpickled object (``torchfile.read(path).obj``)."""
     path = as_path(path)
     m = OPTIM_STATES_RE.match(path.name)
-    st = OptimStates(path, int(m.group(2)) if m else None, int(m.group(3)) if m else None, None, None, [], [], {},
-                     list(iter_tensors(obj)))
+    st = OptimStates(
+        path,
+        int(m.group(2)) if m else None,
+        int(m.group(3)) if m else None,
+        None,
+        None,
+        [],
+        [],
+        {},
+        list(iter_tensors(obj)),
+    )
     osd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
     if not isinstance(osd, dict):
         return st
@@ -283,7 +312,7 @@ def optim_states(obj: Any, path: Path) -> OptimStates:
         st.optimizer_state += [(f"{pre}{key}.{n}", t) for n, t in iter_tensors(osd.get(key))]
     maps = osd.get("param_slice_mappings")
     for group in maps if isinstance(maps, list) else []:
-        for name, addr in (group.items() if isinstance(group, dict) else ()):
+        for name, addr in group.items() if isinstance(group, dict) else ():
             a = getattr(addr, "__dict__", None) or {}
             args = a.get("_args") or ()
             start, n = a.get("start", args[1] if len(args) > 1 else None), a.get("numel", args[0] if args else None)
@@ -349,7 +378,6 @@ def tensors(tf: TagFacts) -> list[TensorInfo]:
     return out
 
 
-
 def inline_param_shapes(obj: Any) -> Optional[list[tuple[int, ...]]]:
     """The shapes of the parameters a stage-0 optimizer inside the model states holds, in its order
     (FP16_UnfusedOptimizer: its fp32 masters; a torch optimizer: its exp_avg), or None where unreadable."""
@@ -358,8 +386,13 @@ def inline_param_shapes(obj: Any) -> Optional[list[tuple[int, ...]]]:
         return None
     opt = obj["optimizer"]
     if kind == "fp16-unfused":
-        return [tuple(t.shape) for g in opt["fp32_groups"] if isinstance(g, (list, tuple))
-                for t in g if isinstance(t, TensorRef)]
+        return [
+            tuple(t.shape)
+            for g in opt["fp32_groups"]
+            if isinstance(g, (list, tuple))
+            for t in g
+            if isinstance(t, TensorRef)
+        ]
     state, out = opt["state"], []
     for g in opt["param_groups"]:
         for i in (g.get("params") or []) if isinstance(g, dict) else []:
@@ -371,8 +404,9 @@ def inline_param_shapes(obj: Any) -> Optional[list[tuple[int, ...]]]:
     return out
 
 
-def match_pipeline(layers: list[tuple[str, list[tuple[str, tuple[int, ...]]]]],
-                   stages: list[list[tuple[int, ...]]]) -> Optional[list[list[str]]]:
+def match_pipeline(
+    layers: list[tuple[str, list[tuple[str, tuple[int, ...]]]]], stages: list[list[tuple[int, ...]]]
+) -> Optional[list[list[str]]]:
     """Which layer tensors each pipeline stage's optimizer holds: the layers (``[(file, [(name, shape)])]`` in
     index order) cut into consecutive runs whose shapes are each stage's optimizer shapes, in order. DeepSpeed
     records no partition of layers to stages; None where no such cut exists (a layer file missing, buffers)."""

@@ -46,16 +46,22 @@ class DeepSpeedOptimStatesFiles(FileFormat):
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
         tag = node.path.rsplit("/", 1)[0] if "/" in node.path else "its folder"
-        raise NotExportable(f"`{node.path}` is one rank's optimizer states, not a model: export the tag folder "
-                            f"`{tag}`, whose fp32 weights are rebuilt from every rank's optimizer states")
+        raise NotExportable(
+            f"`{node.path}` is one rank's optimizer states, not a model: export the tag folder "
+            f"`{tag}`, whose fp32 weights are rebuilt from every rank's optimizer states"
+        )
 
 
 def _record(c: Node, e: Exception) -> None:
     if isinstance(e, FormatError):
         c.facts.update(NodeFacts(error=str(e), error_kind=e.kind))
     else:
-        c.facts.update(NodeFacts(error=f"cannot read: {e.strerror or e}",
-                                 error_kind="permission" if isinstance(e, PermissionError) else "unreadable"))
+        c.facts.update(
+            NodeFacts(
+                error=f"cannot read: {e.strerror or e}",
+                error_kind="permission" if isinstance(e, PermissionError) else "unreadable",
+            )
+        )
 
 
 def _layer_files(node: Node, tf: dsfmt.TagFacts) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
@@ -106,8 +112,10 @@ def _pipeline_layers(node: Node, tf: dsfmt.TagFacts, ms_name: Optional[str]) -> 
         return gaps
     have = sum(len(ts) for _, ts in layers)
     want = sum(len(s) for s in stages)
-    return [f"layer_{(max(idx, default=-1) + 1):02d}-model_states.pt (or later: the stages' optimizers hold {want} "
-            f"parameters, the layer files {have})"]
+    return [
+        f"layer_{(max(idx, default=-1) + 1):02d}-model_states.pt (or later: the stages' optimizers hold {want} "
+        f"parameters, the layer files {have})"
+    ]
 
 
 def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
@@ -173,22 +181,39 @@ class DeepSpeedTag(FolderFormat):
         mp = f.get("mp_world_size") or 1
         f["world_size"] = ws
         inline = tf.inline_optimizer is not None or (stage == 0 and not tf.optim_files)
-        f["ds_layout"] = ("pipeline" if tf.layer_files or f.get("pipeline") else "zero-0" if inline
-                          else "bf16-optimizer" if f.get("optimizer_kind") == "bf16-optimizer" else "zero")
+        f["ds_layout"] = (
+            "pipeline"
+            if tf.layer_files or f.get("pipeline")
+            else "zero-0"
+            if inline
+            else "bf16-optimizer"
+            if f.get("optimizer_kind") == "bf16-optimizer"
+            else "zero"
+        )
         missing: list[str] = []
         if not inline:  # ZeRO stage 0 keeps its optimizer in the model states: it writes no *_optim_states.pt
             expected_optim = [(r, m) for r in range(ws or 0) for m in range(mp)] if ws else []
-            missing = [f"{tf.optim_prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"
-                       for (r, m) in expected_optim if (r, m) not in tf.optim_files]
+            missing = [
+                f"{tf.optim_prefix}zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt"
+                for (r, m) in expected_optim
+                if (r, m) not in tf.optim_files
+            ]
         if stage == 3 and ws:
-            missing += [f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"
-                        for r in range(ws) for m in range(mp) if (r, m) not in tf.model_files]
+            missing += [
+                f"zero_pp_rank_{r}_mp_rank_{m:02d}_model_states.pt"
+                for r in range(ws)
+                for m in range(mp)
+                if (r, m) not in tf.model_files
+            ]
         elif ws or inline:
             missing += [f"mp_rank_{m:02d}_model_states.pt" for m in range(mp) if (-1, m) not in tf.model_files]
         if tf.layer_files:  # a stage's file below the highest one present (mp_rank_00 read: mp_world_size says)
             top = max((k[1] for k in tf.model_files), default=-1)
-            missing += [n for n in (f"mp_rank_{m:02d}_model_states.pt" for m in range(top + 1)
-                                    if (-1, m) not in tf.model_files) if n not in missing]
+            missing += [
+                n
+                for n in (f"mp_rank_{m:02d}_model_states.pt" for m in range(top + 1) if (-1, m) not in tf.model_files)
+                if n not in missing
+            ]
             missing += _pipeline_layers(node, tf, ms_name)
         if missing:
             f["missing_files"] = missing
@@ -244,10 +269,11 @@ class DeepSpeedTag(FolderFormat):
 
     def reference_of(self, node: Node) -> str:
         """The reference loader verify names: zero_to_fp32 rejects stage 0, BF16_Optimizer and pipeline tags."""
-        return {"zero-0": "torch.load (mp_rank_00_model_states.pt: module, FP16_UnfusedOptimizer fp32_groups)",
-                "pipeline": "torch.load (layer_XX-model_states.pt)",
-                "bf16-optimizer": "DeepSpeed zero_to_fp32's ZeRO-1/2 reconstruction (its zero_stage check skipped)",
-                }.get(node.facts.get("ds_layout"), self.reference)
+        return {
+            "zero-0": "torch.load (mp_rank_00_model_states.pt: module, FP16_UnfusedOptimizer fp32_groups)",
+            "pipeline": "torch.load (layer_XX-model_states.pt)",
+            "bf16-optimizer": "DeepSpeed zero_to_fp32's ZeRO-1/2 reconstruction (its zero_stage check skipped)",
+        }.get(node.facts.get("ds_layout"), self.reference)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
         import contextlib
@@ -284,7 +310,9 @@ def _beyond_reference(tag_dir, layout: str):
         yield from z._get_fp32_state_dict_from_zero2_checkpoint(len(groups), groups, model_states, False, None).items()
         return
     if layout == "pipeline":
-        for f in sorted(tag_dir.glob("layer_*-model_states.pt"), key=lambda p: int(dsfmt.LAYER_INDEX_RE.match(p.name).group(1))):
+        for f in sorted(
+            tag_dir.glob("layer_*-model_states.pt"), key=lambda p: int(dsfmt.LAYER_INDEX_RE.match(p.name).group(1))
+        ):
             for k, t in torch_load(f, map_location="cpu").items():
                 yield dsfmt.layer_name(f.name, k), t
         return
@@ -316,8 +344,13 @@ def zip_check(c: Node) -> None:
                     raise FormatError(f"entry {i.filename} runs past the end of the file: truncated", "truncated")
             torchfile.loader_record(zf.infolist())  # one data.pkl, where torch.load reads it
     except zipfile.BadZipFile:
-        c.facts.update(NodeFacts(error="zip archive without its central directory: the file was cut short, "
-                                       "most likely by an interrupted save", error_kind="truncated"))
+        c.facts.update(
+            NodeFacts(
+                error="zip archive without its central directory: the file was cut short, "
+                "most likely by an interrupted save",
+                error_kind="truncated",
+            )
+        )
     except FormatError as e:
         c.facts.update(NodeFacts(error=str(e), error_kind=e.kind))
     except PermissionError:
@@ -347,9 +380,14 @@ class DeepSpeedUniversal(FolderFormat):
 
     def detect(self, node: Node) -> bool:
         zero = node.child("zero")
-        return zero is not None and zero.is_dir and (
-            any(c.is_dir and c.child("fp32.pt") is not None for c in zero.children[:64])
-            or zero.child("optimizer_state.pt") is not None)
+        return (
+            zero is not None
+            and zero.is_dir
+            and (
+                any(c.is_dir and c.child("fp32.pt") is not None for c in zero.children[:64])
+                or zero.child("optimizer_state.pt") is not None
+            )
+        )
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "deepspeed-universal"
@@ -358,11 +396,14 @@ class DeepSpeedUniversal(FolderFormat):
         params = [c for c in zero.children if c.is_dir]
         f = cast(DeepSpeedUniversalFacts, node.facts)
         ms = [c.name for c in node.children if dsfmt.MODEL_STATES_RE.match(c.name)]
-        f.update(DeepSpeedUniversalFacts(
-            param_folders=len(params),
-            with_optimizer_state=sum(1 for p in params if p.child("exp_avg.pt") is not None),
-            fp32_only=sorted(p.name for p in params if p.child("exp_avg.pt") is None)[:32],
-            model_state_files=len(ms)))
+        f.update(
+            DeepSpeedUniversalFacts(
+                param_folders=len(params),
+                with_optimizer_state=sum(1 for p in params if p.child("exp_avg.pt") is not None),
+                fp32_only=sorted(p.name for p in params if p.child("exp_avg.pt") is None)[:32],
+                model_state_files=len(ms),
+            )
+        )
         for p in params:
             if p.child("fp32.pt") is None:
                 f.setdefault("incomplete_params", []).append(p.name)
@@ -389,10 +430,14 @@ class DeepSpeedUniversal(FolderFormat):
         for xf in read:
             for d in xf.get("dtypes") or []:
                 dtypes[d] = dtypes.get(d, 0) + 1
-        f.update(DeepSpeedUniversalFacts(param_count=sum(xf.get("param_count", 0) for xf in read),
-                                         tensor_bytes=sum(xf.get("tensor_bytes", 0) for xf in read),
-                                         dtypes=sorted(dtypes, key=lambda d: -dtypes[d]),
-                                         tensor_count=sum(xf.get("tensor_count", 0) for xf in read)))
+        f.update(
+            DeepSpeedUniversalFacts(
+                param_count=sum(xf.get("param_count", 0) for xf in read),
+                tensor_bytes=sum(xf.get("tensor_bytes", 0) for xf in read),
+                dtypes=sorted(dtypes, key=lambda d: -dtypes[d]),
+                tensor_count=sum(xf.get("tensor_count", 0) for xf in read),
+            )
+        )
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
         for d in sorted((node.abspath / "zero").iterdir()):

@@ -40,8 +40,14 @@ class Format:
         """The tensors ``node`` holds, as its headers describe them."""
         raise FormatError(f"{node.format} lists no tensors")
 
-    def source(self, node: Node, *, strip_prefix: Optional[str] = None, exclude_frozen: bool = False,
-               trust_pickles: bool = False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ):
         """``node``'s model weights as an export source (``export.sources.Source``). Raises
         NotExportable, FormatError."""
         raise NotExportable(f"`{node.path}` ({node.format}) is not a format ckpt-tui can export")

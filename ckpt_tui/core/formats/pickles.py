@@ -43,13 +43,30 @@ BUILT_PER_BYTE = 16  # and this much more for each byte of the pickle (a 200 MB 
 MAX_NAME_CHARS = 1 << 26  # characters of the tensor names one walk of an object graph yields (64 M)
 
 # aliases torch accepts as attribute names
-_DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
-                  "short": "int16", "cfloat": "complex64", "cdouble": "complex128"}
+_DTYPE_ALIASES = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+}
 _STORAGE_DTYPE = {
-    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
-    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
-    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
-    "ComplexDoubleStorage": "complex128", "UntypedStorage": "uint8",
+    "FloatStorage": "float32",
+    "DoubleStorage": "float64",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128",
+    "UntypedStorage": "uint8",
 }
 
 
@@ -125,12 +142,17 @@ RECORD_GLOBALS = {
     "torch.distributed.checkpoint.metadata.StorageMeta",
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     # a DTensor's spec (FSDP2 and FSDP1-with-a-mesh sharded state dicts): NEWOBJ + BUILD(dict), data only
-    "torch.distributed.tensor._dtensor_spec.DTensorSpec", "torch.distributed._tensor._dtensor_spec.DTensorSpec",
-    "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
+    "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed._tensor._dtensor_spec.DTensorSpec",
+    "torch.distributed.device_mesh.DeviceMesh",
+    "torch.distributed._mesh_layout._MeshLayout",
     "torch.distributed._mesh_layout._FlatLayout",
-    "torch.distributed.tensor.placement_types.Shard", "torch.distributed.tensor.placement_types.Replicate",
-    "torch.distributed.tensor.placement_types._StridedShard", "torch.distributed.tensor.placement_types.Partial",
-    "torch.distributed._tensor.placement_types.Shard", "torch.distributed._tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types.Shard",
+    "torch.distributed.tensor.placement_types.Replicate",
+    "torch.distributed.tensor.placement_types._StridedShard",
+    "torch.distributed.tensor.placement_types.Partial",
+    "torch.distributed._tensor.placement_types.Shard",
+    "torch.distributed._tensor.placement_types.Replicate",
     # Megatron-Core's torch_dist writer keeps every rank's save plan in .metadata (``all_local_plans``):
     # frozen dataclasses of plain data (SavePlan(items=[WriteItem(index, type, tensor_data)]))
     "torch.distributed.checkpoint.planner.SavePlan",
@@ -258,14 +280,16 @@ class BudgetExceeded(FormatError):
 def _charge(n: int, cap: int, what: str, unit: str = "items", weight: int = 64) -> None:
     """Refuse a call that would build ``n`` ``unit`` (over ``cap``, or over what is left of the file's MAX_BUILT)."""
     if n > cap:
-        raise BudgetExceeded(f"the pickle asks {what} for {n:,} {unit}: over ckpt-tui's cap of {cap:,} "
-                             "(refused without allocating it)")
+        raise BudgetExceeded(
+            f"the pickle asks {what} for {n:,} {unit}: over ckpt-tui's cap of {cap:,} (refused without allocating it)"
+        )
     budget = getattr(_LOCAL, "budget", None)
     if budget is not None:
         budget[0] -= n * weight
         if budget[0] < 0:
-            raise BudgetExceeded(f"the pickle's allowlisted calls build more than {MAX_BUILT:,} bytes in all "
-                                 f"(at {what}): refused")
+            raise BudgetExceeded(
+                f"the pickle's allowlisted calls build more than {MAX_BUILT:,} bytes in all (at {what}): refused"
+            )
 
 
 def _length(x, what: str) -> int:
@@ -325,8 +349,13 @@ def _bytearray(source=b"", encoding=None, errors=None):
             raise FormatError("the pickle calls bytearray with a negative size")
         _charge(source, MAX_BYTES, what, "bytes", 1)
     else:
-        _charge(_length(source, what), MAX_BYTES if isinstance(source, (str, bytes, bytearray)) else MAX_ITEMS,
-                what, "items", 1 if isinstance(source, (str, bytes, bytearray)) else 64)
+        _charge(
+            _length(source, what),
+            MAX_BYTES if isinstance(source, (str, bytes, bytearray)) else MAX_ITEMS,
+            what,
+            "items",
+            1 if isinstance(source, (str, bytes, bytearray)) else 64,
+        )
     if encoding is None:
         return bytearray(source)
     return bytearray(source, str(encoding), str(errors) if errors is not None else "strict")
@@ -338,12 +367,15 @@ def _dtype_name(x) -> str:
     return _short(x)
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride=None, requires_grad=False, backward_hooks=None, metadata=None):
+def _rebuild_tensor(
+    storage, storage_offset, size, stride=None, requires_grad=False, backward_hooks=None, metadata=None
+):
     size = _dims(size, "a tensor's shape")
     dtype = storage.dtype if isinstance(storage, StorageRef) else "uint8"
     st = _dims(stride, "a tensor's stride") if stride is not None else None
-    return TensorRef(storage if isinstance(storage, StorageRef) else None, int(storage_offset), size, dtype,
-                     bool(requires_grad), st)
+    return TensorRef(
+        storage if isinstance(storage, StorageRef) else None, int(storage_offset), size, dtype, bool(requires_grad), st
+    )
 
 
 def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
@@ -368,8 +400,11 @@ def _rebuild_from_type_v2(func, new_type, args, state):
     return func(*args)
 
 
-_DTENSOR = {"torch.distributed.tensor.DTensor", "torch.distributed.tensor._api.DTensor",
-            "torch.distributed._tensor.api.DTensor"}
+_DTENSOR = {
+    "torch.distributed.tensor.DTensor",
+    "torch.distributed.tensor._api.DTensor",
+    "torch.distributed._tensor.api.DTensor",
+}
 _SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor.api.ShardedTensor"
 
 
@@ -405,7 +440,7 @@ def _dtensor(shell, state) -> Any:
     if not isinstance(shell, TensorRef):
         return shell
     d: dict = {}
-    for part in (state if isinstance(state, tuple) else (state,)):
+    for part in state if isinstance(state, tuple) else (state,):
         if isinstance(part, dict):
             d.update(part)
     local = d.get("_local_tensor")
@@ -421,18 +456,23 @@ def _dtensor(shell, state) -> Any:
     meta = spec.get("tensor_meta")
     shape = _ints(meta[0]) if isinstance(meta, tuple) and meta else shell.shape
     coord = mesh.get("_coordinate_on_dim")
-    return DTensorRef(local if isinstance(local, TensorRef) else None, shape or shell.shape, shell.dtype,
-                      tuple(_placement(p) for p in _items(spec.get("placements"), "a DTensor's placements")),
-                      mesh_shape,
-                      tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None,
-                      _ints(coord) if isinstance(coord, (list, tuple)) else None)
+    return DTensorRef(
+        local if isinstance(local, TensorRef) else None,
+        shape or shell.shape,
+        shell.dtype,
+        tuple(_placement(p) for p in _items(spec.get("placements"), "a DTensor's placements")),
+        mesh_shape,
+        tuple(str(n) for n in names) if isinstance(names, (list, tuple)) else None,
+        _ints(coord) if isinstance(coord, (list, tuple)) else None,
+    )
 
 
 def _shard_meta(m, tensor=None) -> ShardRef:
     a = _attrs(m)
     rank = _attrs(a.get("placement")).get("_rank")
-    return ShardRef(_ints(a.get("shard_offsets")), _ints(a.get("shard_sizes")),
-                    int(rank) if isinstance(rank, int) else None, tensor)
+    return ShardRef(
+        _ints(a.get("shard_offsets")), _ints(a.get("shard_sizes")), int(rank) if isinstance(rank, int) else None, tensor
+    )
 
 
 def _sharded_tensor(shell, state) -> Any:
@@ -463,8 +503,11 @@ class _ODict(dict):
 
 def _codecs_encode(text, encoding="utf-8"):
     # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1"); nothing else is allowed
-    if not isinstance(text, str) or not isinstance(encoding, str) or \
-            encoding.lower().replace("-", "") not in ("latin1", "utf8"):
+    if (
+        not isinstance(text, str)
+        or not isinstance(encoding, str)
+        or encoding.lower().replace("-", "") not in ("latin1", "utf8")
+    ):
         raise pickle.UnpicklingError("_codecs.encode with unexpected arguments")
     _charge(len(text) * (1 if encoding.lower().startswith("l") else 4), MAX_BYTES, "_codecs.encode", "bytes", 1)
     return text.encode(encoding)
@@ -515,10 +558,19 @@ STUB_GLOBALS = {
     "deepspeed.runtime.zero.stage3.ZeroParamStatus",
     # argparse / pathlib / numpy (rng states) / python
     "argparse.Namespace",
-    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path", "pathlib._local.PosixPath",
-    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
-    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
-    "numpy.dtypes.UInt32DType", "numpy.dtypes.Float64DType", "numpy.dtypes.Int64DType",
+    "pathlib.PosixPath",
+    "pathlib.WindowsPath",
+    "pathlib.Path",
+    "pathlib._local.PosixPath",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.ndarray",
+    "numpy.dtype",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+    "numpy.dtypes.UInt32DType",
+    "numpy.dtypes.Float64DType",
+    "numpy.dtypes.Int64DType",
     # torch.distributed.checkpoint metadata
     *DCP_METADATA_GLOBALS,
     "torch.distributed.checkpoint._extension.ExtensionRegistry",
@@ -532,7 +584,8 @@ STUB_GLOBALS = {
     "torch.distributed._shard.sharded_tensor.shard.Shard",
     "torch.distributed.remote_device._remote_device",
     "torch.distributed._shard.sharding_spec.chunk_sharding_spec.ChunkShardingSpec",
-    "torch.distributed.tensor.DTensor", "torch.distributed.tensor._api.DTensor",
+    "torch.distributed.tensor.DTensor",
+    "torch.distributed.tensor._api.DTensor",
     # transformers' TrainingArguments and the enums it holds
     "transformers.training_args.TrainingArguments",
     "transformers.training_args.OptimizerNames",
@@ -555,7 +608,8 @@ STUB_GLOBALS = {
     "trl.trainer.sft_config.SFTConfig",
     # torch.optim.lr_scheduler state is plain data; schedulers sometimes pickle these
     "torch.optim.lr_scheduler.LambdaLR",
-    "lightning.fabric.utilities.data.AttributeDict", "pytorch_lightning.utilities.parsing.AttributeDict",
+    "lightning.fabric.utilities.data.AttributeDict",
+    "pytorch_lightning.utilities.parsing.AttributeDict",
     "lightning.pytorch.utilities.parsing.AttributeDict",
 }
 
@@ -586,7 +640,14 @@ FUNCTIONS = {
     "copyreg._reconstructor": _reconstructor,
     "builtins.object": object,  # _reconstructor's base in protocols 0 and 1: inert
 }
-_TORCH_CONSTANTS = {"strided", "sparse_coo", "contiguous_format", "channels_last", "preserve_format", "channels_last_3d"}
+_TORCH_CONSTANTS = {
+    "strided",
+    "sparse_coo",
+    "contiguous_format",
+    "channels_last",
+    "preserve_format",
+    "channels_last_3d",
+}
 
 
 _PY2_MODULES = {"copy_reg": "copyreg", "__builtin__": "builtins"}
@@ -662,8 +723,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             _, stype, key, _location, numel = pid[:5]
             if not isinstance(key, (str, int)) or isinstance(key, bool) or len(str(key)) > 256:
                 raise pickle.UnpicklingError("a storage key that is not a short string")
-            dtype = stype[1] if isinstance(stype, tuple) and len(stype) == 2 and isinstance(stype[1], str) \
-                else "uint8"
+            dtype = stype[1] if isinstance(stype, tuple) and len(stype) == 2 and isinstance(stype[1], str) else "uint8"
             ref = self._result.storages.get(str(key))
             if ref is None:
                 ref = StorageRef(dtype, str(key), int(numel))
@@ -739,8 +799,14 @@ _CLEAN: set[bytes] = set()  # digests of pickles read in full by the restricted 
 def _allowlist_key() -> str:
     """What a clean verdict depends on: the allowlist and the caps (a change makes earlier verdicts void)."""
     h = hashlib.sha256()
-    for names in (sorted(FUNCTIONS), sorted(STUB_GLOBALS), sorted(RECORD_GLOBALS), sorted(TUPLE_GLOBALS),
-                  sorted(_TORCH_CONSTANTS), [str(x) for x in (MAX_ITEMS, MAX_BYTES, MAX_DIMS, MAX_BUILT, 2)]):
+    for names in (
+        sorted(FUNCTIONS),
+        sorted(STUB_GLOBALS),
+        sorted(RECORD_GLOBALS),
+        sorted(TUPLE_GLOBALS),
+        sorted(_TORCH_CONSTANTS),
+        [str(x) for x in (MAX_ITEMS, MAX_BYTES, MAX_DIMS, MAX_BUILT, 2)],
+    ):
         h.update("\n".join(names).encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -838,8 +904,9 @@ def _walk(obj: Any, prefix: str, depth: int, seen: set, chars: list):
     if isinstance(obj, (TensorRef, DTensorRef, ShardedTensorRef)):
         chars[0] -= len(prefix) + 1
         if chars[0] < 0:
-            raise FormatError(f"the object graph names more than {MAX_NAME_CHARS:,} characters of tensor names: "
-                              "refused")
+            raise FormatError(
+                f"the object graph names more than {MAX_NAME_CHARS:,} characters of tensor names: refused"
+            )
     if isinstance(obj, TensorRef):
         yield prefix, obj
     elif isinstance(obj, DTensorRef):  # the bytes this file holds: the rank's local tensor
@@ -890,7 +957,11 @@ class TupleFold:
         usz = set(sizes)
         dims: set = set()
         nd = len(size)
-        if set(map(len, uniq)) <= {nd} and set(map(len, usz)) <= {nd} and set(map(type, uniq)) | set(map(type, usz)) <= {tuple}:
+        if (
+            set(map(len, uniq)) <= {nd}
+            and set(map(len, usz)) <= {nd}
+            and set(map(type, uniq)) | set(map(type, usz)) <= {tuple}
+        ):
             if uniq:
                 for d, col in enumerate(zip(*uniq)):
                     if any(col):

@@ -21,8 +21,18 @@ MAX_FACT_CHARS = 1024
 MAX_FACT_ITEMS = 32
 MAX_FACT_DEPTH = 4
 MARKERS = ("latest", "latest_universal", "latest_checkpointed_iteration.txt")
-TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json", "vocab.txt", "spiece.model", "chat_template.jinja"}
+TOKENIZER_FILES = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "vocab.txt",
+    "spiece.model",
+    "chat_template.jinja",
+}
 
 
 class PlainFiles(FileFormat):
@@ -62,7 +72,7 @@ class TextFiles(FileFormat):
 def bounded(v: Any, depth: int = 0) -> Any:
     """``v`` (a value from a JSON document) cut to the sizes above."""
     if isinstance(v, str):
-        return v if len(v) <= MAX_FACT_CHARS else v[:MAX_FACT_CHARS - 1] + "…"
+        return v if len(v) <= MAX_FACT_CHARS else v[: MAX_FACT_CHARS - 1] + "…"
     if isinstance(v, (list, dict)) and depth >= MAX_FACT_DEPTH:
         return "…"
     if isinstance(v, list):
@@ -75,7 +85,9 @@ def bounded(v: Any, depth: int = 0) -> Any:
 def _json_facts(node: Node) -> None:
     f = cast(JsonFacts, node.facts)
     if node.size > MAX_JSON_BYTES:
-        f.update(NodeFacts(error=f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read", error_kind="too-large"))
+        f.update(
+            NodeFacts(error=f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read", error_kind="too-large")
+        )
         return
     try:
         doc = json.loads(node.abspath.read_bytes())

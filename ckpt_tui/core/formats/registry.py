@@ -36,13 +36,18 @@ class BackupFiles(FileFormat):
 
 FORMATS: tuple[Format, ...] = (
     BackupFiles(),
-    DcpFiles(), DcpFolder(),
+    DcpFiles(),
+    DcpFolder(),
     DeepSpeedUniversal(),
-    DeepSpeedStatesFiles(), DeepSpeedOptimStatesFiles(), DeepSpeedTag(),
+    DeepSpeedStatesFiles(),
+    DeepSpeedOptimStatesFiles(),
+    DeepSpeedTag(),
     DcpSafetensorsFolder(),
-    SafetensorsFiles(), HfModelFolder(),
+    SafetensorsFiles(),
+    HfModelFolder(),
     PlainFiles(),
-    VerlRankFiles(), VerlFolder(),
+    VerlRankFiles(),
+    VerlFolder(),
     TorchSave(),
     TextFiles(),
 )

@@ -36,12 +36,14 @@ class SafetensorsFiles(FileFormat):
         if node.format == "safetensors":
             h = stfmt.read_header(node.abspath)
             params, nbytes, dtypes, count = h.totals()  # set_tensor_facts, without a TensorInfo per tensor
-            cast(SafetensorsFacts, node.facts).update(SafetensorsFacts(param_count=params, tensor_bytes=nbytes,
-                                                                       dtypes=dtypes, tensor_count=count))
+            cast(SafetensorsFacts, node.facts).update(
+                SafetensorsFacts(param_count=params, tensor_bytes=nbytes, dtypes=dtypes, tensor_count=count)
+            )
             if h.metadata:
                 # keys and values cut as a JSON file's facts are (DCP_SHARDING_INFO is read in full from the header)
                 cast(SafetensorsFacts, node.facts)["header_metadata"] = {
-                    bounded(k): bounded(v) for k, v in islice(h.metadata.items(), 8)}
+                    bounded(k): bounded(v) for k, v in islice(h.metadata.items(), 8)
+                }
             return
         # a weight index: model.safetensors.index.json, or pytorch_model.bin.index.json (format json)
         doc = stfmt.read_index(node.abspath)
@@ -110,15 +112,22 @@ class HfModelFolder(FolderFormat):
                 wm_files = sorted({str(v) for v in stfmt.read_index(ic.abspath)["weight_map"].values()})
             except (FormatError, OSError):
                 pass
-        shards = [cast(SafetensorsFacts, c.facts) for c in node.children
-                  if c.name in set(wm_files) and "param_count" in c.facts]
+        shards = [
+            cast(SafetensorsFacts, c.facts)
+            for c in node.children
+            if c.name in set(wm_files) and "param_count" in c.facts
+        ]
         if shards:
             dts: list[str] = []
             for sf in shards:
                 dts += [d for d in sf.get("dtypes", []) if d not in dts]
-            icf.update(SafetensorsIndexFacts(param_count=sum(sf["param_count"] for sf in shards),
-                                             tensor_bytes=sum(sf.get("tensor_bytes", 0) for sf in shards),
-                                             dtypes=dts))
+            icf.update(
+                SafetensorsIndexFacts(
+                    param_count=sum(sf["param_count"] for sf in shards),
+                    tensor_bytes=sum(sf.get("tensor_bytes", 0) for sf in shards),
+                    dtypes=dts,
+                )
+            )
         missing = [x for x in wm_files if x not in names]
         if missing:
             f["index_missing_files"] = [fact_text(x) for x in missing[:MAX_INDEX_NAMES]]

@@ -31,8 +31,18 @@ class SafetensorsHeader:
     ``tensors`` and ``offsets`` are built when first asked for, ``totals()`` without either (inspect of a header of
     10^6 tensors builds no per-tensor object)."""
 
-    def __init__(self, path: Path, size: int, header_len: int, names: list[str], dtypes: list[str], shapes: list,
-                 begins: list[int], ends: list[int], metadata: Optional[dict] = None):
+    def __init__(
+        self,
+        path: Path,
+        size: int,
+        header_len: int,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list,
+        begins: list[int],
+        ends: list[int],
+        metadata: Optional[dict] = None,
+    ):
         self.path, self.size, self.header_len = path, size, header_len
         self.names, self.dtypes, self.shapes, self.begins, self.ends = names, dtypes, shapes, begins, ends
         self.metadata = metadata or {}
@@ -52,17 +62,40 @@ class SafetensorsHeader:
     def totals(self) -> tuple[int, int, list[str], int]:
         """(elements, bytes, dtypes most frequent first, tensors): what ``set_tensor_facts`` makes of ``tensors``."""
         counts = Counter(self.dtypes)
-        return (sum(map(prod, self.shapes)), sum(self.ends) - sum(self.begins),
-                sorted(counts, key=lambda d: -counts[d]), len(self.names))
+        return (
+            sum(map(prod, self.shapes)),
+            sum(self.ends) - sum(self.begins),
+            sorted(counts, key=lambda d: -counts[d]),
+            len(self.names),
+        )
 
 
 # Every dtype the safetensors library (0.8) knows, and its bits per element: a header naming another is refused by
 # the library, so it is corrupt here too. The ones ckpt-tui has no torch dtype for (FROM_ST_CODE) are valid headers
 # it cannot list (kind "unreadable", not "corrupt").
 ST_BITS: dict[str, int] = {
-    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
 }
 _U64 = 1 << 64  # the library reads offsets and dims as usize: a JSON int, 0 <= x < 2**64
 _FIELDS = ("dtype", "shape", "data_offsets")
@@ -147,8 +180,10 @@ def _no_duplicates_possible(raw: bytes, header: dict) -> bool:
     """Each field named once per entry and ``__metadata__`` at most once, by counting the names in the text (any
     other spelling, a name inside a string or a duplicate tensor name: read again with the duplicate check)."""
     n = len(header) - ("__metadata__" in header)
-    return (raw.count(b'"dtype"') == raw.count(b'"shape"') == raw.count(b'"data_offsets"') == n
-            and raw.count(b'"__metadata__"') <= 1)
+    return (
+        raw.count(b'"dtype"') == raw.count(b'"shape"') == raw.count(b'"data_offsets"') == n
+        and raw.count(b'"__metadata__"') <= 1
+    )
 
 
 def _pairs(pairs: list, dups: dict) -> dict:
@@ -222,8 +257,13 @@ def _columns(header: dict) -> Optional[tuple[list, list, list, list]]:
         offs = list(map(itemgetter("data_offsets"), entries))
     except KeyError:
         return None
-    if (set(map(type, dtypes)) - {str} or set(dtypes) - set(ST_BITS) or set(map(type, shapes)) - {list}
-            or set(map(type, offs)) - {list} or set(map(len, offs)) - {2}):
+    if (
+        set(map(type, dtypes)) - {str}
+        or set(dtypes) - set(ST_BITS)
+        or set(map(type, shapes)) - {list}
+        or set(map(type, offs)) - {list}
+        or set(map(len, offs)) - {2}
+    ):
         return None
     begins = list(map(itemgetter(0), offs))
     ends = list(map(itemgetter(1), offs))
@@ -268,16 +308,20 @@ def _tensors(header: dict, data_len: int) -> tuple[list, list, list, list, list]
     end = stops[-1] if stops else 0
     if end > data_len:
         last = names[-1 if order is None else order[-1]]
-        raise FormatError(f"tensor {last!r} ends at byte {end} of the data block, which has {data_len}: "
-                          "the file is truncated", "truncated")
+        raise FormatError(
+            f"tensor {last!r} ends at byte {end} of the data block, which has {data_len}: the file is truncated",
+            "truncated",
+        )
     if end != data_len:
         # safetensors requires the tensors to cover the data block exactly ("incomplete buffer")
-        raise FormatError(f"the tensors cover {end} bytes of a {data_len}-byte data block: the header length or "
-                          "the offsets are wrong")
+        raise FormatError(
+            f"the tensors cover {end} bytes of a {data_len}-byte data block: the header length or the offsets are wrong"
+        )
     unread = set(dtypes) - set(FROM_ST_CODE)
     if unread:
-        raise FormatError(f"dtype {', '.join(sorted(unread))} (valid safetensors) has no torch dtype ckpt-tui reads",
-                          "unreadable")
+        raise FormatError(
+            f"dtype {', '.join(sorted(unread))} (valid safetensors) has no torch dtype ckpt-tui reads", "unreadable"
+        )
     return names, list(map(_TORCH_NAME.__getitem__, dtypes)), shapes, begins, ends
 
 

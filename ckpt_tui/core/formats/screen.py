@@ -75,11 +75,14 @@ def require(paths: Iterable, *, trust_pickles: bool = False, loader: str = "the 
             problems.append(f"{p}: cannot read: {e.strerror or e}")
             continue
         if unsafe and not trust_pickles:
-            problems.append(f"{p}: unsafe-pickle: names code outside ckpt-tui's allowlist "
-                            f"({', '.join(sorted(unsafe)[:6])}); pass --trust-pickles only if you trust its source")
+            problems.append(
+                f"{p}: unsafe-pickle: names code outside ckpt-tui's allowlist "
+                f"({', '.join(sorted(unsafe)[:6])}); pass --trust-pickles only if you trust its source"
+            )
     if problems:
-        raise ScreenError(f"refusing to hand these files to {loader}, which would unpickle them:\n  "
-                          + "\n  ".join(problems))
+        raise ScreenError(
+            f"refusing to hand these files to {loader}, which would unpickle them:\n  " + "\n  ".join(problems)
+        )
 
 
 def tag_files(tag_dir) -> list[Path]:
@@ -195,8 +198,10 @@ def torch_load(path, **kwargs):
         raise ScreenError(f"refusing to load {path}: torch's own reader cannot list its globals ({e})") from None
     outside = sorted(q for q in names if not _admits(q))
     if outside:
-        raise ScreenError(f"refusing to load {path}: torch's own reader finds globals outside ckpt-tui's allowlist "
-                          f"({', '.join(outside[:6])}): unsafe-pickle") from None
+        raise ScreenError(
+            f"refusing to load {path}: torch's own reader finds globals outside ckpt-tui's allowlist "
+            f"({', '.join(outside[:6])}): unsafe-pickle"
+        ) from None
     classes = _classes(names)
     if classes:
         try:

@@ -47,7 +47,7 @@ def fact_text(k: Any) -> str:
         text = k if isinstance(k, str) else _REPR.repr(k)
     except ValueError:  # an int of more than 4,300 digits has no str()
         text = f"<{type(k).__name__}>"
-    return text if len(text) <= MAX_KEY_CHARS else text[:MAX_KEY_CHARS - 1] + "…"
+    return text if len(text) <= MAX_KEY_CHARS else text[: MAX_KEY_CHARS - 1] + "…"
 
 
 def read_torch_file(node: Node) -> TorchFile:
@@ -97,7 +97,7 @@ def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
                 seen.add(id(v))
                 stack.append((name + ".", v))
             elif isinstance(v, torch.Tensor):
-                yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), v
+                yield (name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name), v
 
 
 class TorchFileFormat(FileFormat):

@@ -84,8 +84,11 @@ def _read_zip(path: Path, size: int) -> TorchFile:
         zf = zipfile.ZipFile(path if isinstance(path, Path) else open_read(path))  # remote: ranged GETs
     except zipfile.BadZipFile:
         # starts like a zip but has no end-of-central-directory record: cut short while being written
-        raise FormatError(f"zip archive without its central directory (file is {size} bytes): "
-                          "the file was cut short, most likely by an interrupted save", "truncated") from None
+        raise FormatError(
+            f"zip archive without its central directory (file is {size} bytes): "
+            "the file was cut short, most likely by an interrupted save",
+            "truncated",
+        ) from None
     except (OSError, ValueError, NotImplementedError, EOFError, UnicodeDecodeError, Exception) as e:
         # a corrupt directory can make zipfile raise almost anything (e.g. "zip file version 25.5")
         raise FormatError(f"unreadable zip archive: {type(e).__name__}: {e}") from None
@@ -96,8 +99,9 @@ def _read_zip(path: Path, size: int) -> TorchFile:
         for i in infos:
             # local header (30 bytes + name + extra) + data must fit inside the file
             if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
-                raise FormatError(f"entry {i.filename} runs past the end of the file ({size} bytes): truncated",
-                                  "truncated")
+                raise FormatError(
+                    f"entry {i.filename} runs past the end of the file ({size} bytes): truncated", "truncated"
+                )
             if i.filename.startswith(prefix + "data/"):
                 data_bytes += i.file_size
         if info.file_size > MAX_PICKLE_BYTES:
@@ -110,8 +114,10 @@ def _read_zip(path: Path, size: int) -> TorchFile:
         names = {i.filename for i in infos}
         missing = [k for k in up.storages if f"{prefix}data/{k}" not in names]
         if missing:
-            raise FormatError(f"{len(missing)} tensor storage(s) named in data.pkl are missing from the archive "
-                              f"(e.g. data/{missing[0]})")
+            raise FormatError(
+                f"{len(missing)} tensor storage(s) named in data.pkl are missing from the archive "
+                f"(e.g. data/{missing[0]})"
+            )
         return TorchFile(path, size, up, True, data_bytes)
 
 
@@ -130,8 +136,9 @@ def loader_record(infos: list) -> tuple[zipfile.ZipInfo, str]:
         raise FormatError("zip archive without entries: not a torch.save file")
     first = _raw_name(infos[0])
     if "/" not in first:
-        raise FormatError(f"zip archive whose first entry {first!r} is in no folder: not a torch.save file "
-                          "(torch.load refuses it)")
+        raise FormatError(
+            f"zip archive whose first entry {first!r} is in no folder: not a torch.save file (torch.load refuses it)"
+        )
     prefix = first.split("/", 1)[0] + "/"
     seen: set[str] = set()
     pkls = []
@@ -140,20 +147,26 @@ def loader_record(infos: list) -> tuple[zipfile.ZipInfo, str]:
         if "\x00" in name or name != i.filename:
             raise FormatError(f"zip entry name {name!r} holds a NUL byte: refused, readers would disagree on it")
         if name in seen:
-            raise FormatError(f"zip archive names {name!r} twice: which copy a reader takes is its own choice, so "
-                              "the file is refused before anything unpickles it")
+            raise FormatError(
+                f"zip archive names {name!r} twice: which copy a reader takes is its own choice, so "
+                "the file is refused before anything unpickles it"
+            )
         seen.add(name)
         if not name.startswith(prefix):
-            raise FormatError(f"zip entry {name!r} lies outside the archive's folder {prefix!r}: refused (torch.save "
-                              "writes every entry there)")
+            raise FormatError(
+                f"zip entry {name!r} lies outside the archive's folder {prefix!r}: refused (torch.save "
+                "writes every entry there)"
+            )
         if name == "data.pkl" or name.endswith("/data.pkl"):
             pkls.append(i)
     if not pkls:
         raise FormatError("zip archive without data.pkl: not a torch.save file")
     if len(pkls) > 1 or _raw_name(pkls[0]) != prefix + "data.pkl":
         names = ", ".join(_raw_name(i) for i in pkls[:4])
-        raise FormatError(f"zip archive with {len(pkls)} data.pkl entries ({names}); torch.load reads only "
-                          f"{prefix}data.pkl: refused before anything unpickles it")
+        raise FormatError(
+            f"zip archive with {len(pkls)} data.pkl entries ({names}); torch.load reads only "
+            f"{prefix}data.pkl: refused before anything unpickles it"
+        )
     return pkls[0], prefix
 
 
@@ -265,4 +278,3 @@ class FileWindow:
         data = self.f.read(n)
         self.pos += len(data)
         return data
-

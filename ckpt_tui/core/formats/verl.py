@@ -65,11 +65,17 @@ class VerlFolder(FolderFormat):
         # them), else the largest the names carry
         world = f.get("config_world_size") if f.get("config_world_size") in worlds else max(worlds, default=None)
         f["world_size"] = world
-        f.update(VerlFacts(ranks_present=sorted(r for w, r in files.get("model", ()) if w == world),
-                           rank_file_worlds=worlds))
+        f.update(
+            VerlFacts(ranks_present=sorted(r for w, r in files.get("model", ()) if w == world), rank_file_worlds=worlds)
+        )
         if world:
-            missing = [f"{k}_world_size_{world}_rank_{r}.pt" for k in KINDS if k in files for r in range(world)
-                       if (world, r) not in files[k]]
+            missing = [
+                f"{k}_world_size_{world}_rank_{r}.pt"
+                for k in KINDS
+                if k in files
+                for r in range(world)
+                if (world, r) not in files[k]
+            ]
             if missing:
                 f["missing_files"] = missing
         node.role = "model+optimizer" if files.get("optim") else "model"
@@ -103,7 +109,6 @@ class VerlFolder(FolderFormat):
                 raise NotExportable(str(e)) from None
             raise
 
-
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
         """verl's merger's own reading (``FSDPModelMerger``): ``torch.load`` every rank's model file (unrestricted:
         only after the safety screen) and ``torch.cat`` the DTensors' local tensors along their Shard dim.
@@ -115,8 +120,10 @@ class VerlFolder(FolderFormat):
 
         f = cast(VerlFacts, node.facts)
         if f.get("sharded_as") == "ShardedTensor":
-            raise NotExportable("no reference loader for verl FSDP1 rank files: torch loads ShardedTensors only "
-                                "inside a process group of the saving size (and verl's merger cannot read them)")
+            raise NotExportable(
+                "no reference loader for verl FSDP1 rank files: torch loads ShardedTensors only "
+                "inside a process group of the saving size (and verl's merger cannot read them)"
+            )
         import logging
 
         from torch.distributed.tensor import DTensor
@@ -126,8 +133,10 @@ class VerlFolder(FolderFormat):
         level = mesh_log.level  # the PGs were created": true and harmless here, not the user's concern
         mesh_log.setLevel(logging.ERROR)
         try:
-            sds = [torch_load(node.abspath / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", mmap=True)
-                   for r in range(world)]
+            sds = [
+                torch_load(node.abspath / f"model_world_size_{world}_rank_{r}.pt", map_location="cpu", mmap=True)
+                for r in range(world)
+            ]
         finally:
             mesh_log.setLevel(level)
         for name in sds[0]:
@@ -137,12 +146,12 @@ class VerlFolder(FolderFormat):
                 t = torch.cat([p._local_tensor for p in parts], dim=pl.dim) if pl.is_shard() else parts[0]._local_tensor
             else:
                 t = parts[0]
-            yield (name[len(strip_prefix):] if strip_prefix and name.startswith(strip_prefix) else name), t
+            yield (name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name), t
 
 
 def _global_tensors(obj) -> Iterator[TensorInfo]:
     from .pickles import DTensorRef, ShardedTensorRef, TensorRef
 
-    for k, v in (obj.items() if isinstance(obj, dict) else ()):
+    for k, v in obj.items() if isinstance(obj, dict) else ():
         if isinstance(v, (DTensorRef, ShardedTensorRef, TensorRef)):
             yield TensorInfo(str(k), tuple(v.shape), v.dtype, v.nbytes)

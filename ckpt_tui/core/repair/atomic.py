@@ -44,17 +44,22 @@ def tmp_prefix(target: Path) -> str:
 def check_unchanged(path: Path, before: Optional[Stamp]) -> None:
     now = stamp(path)
     if now != before:
-        raise RepairError(f"{path} changed while the repair ran (size/mtime/inode differ): a job may still be "
-                          "writing this checkpoint. Nothing was replaced; run the repair again once it has finished.")
+        raise RepairError(
+            f"{path} changed while the repair ran (size/mtime/inode differ): a job may still be "
+            "writing this checkpoint. Nothing was replaced; run the repair again once it has finished."
+        )
 
 
 def _os_error(e: OSError, what: str) -> RepairError:
     if e.errno == errno.EROFS:
-        return RepairError(f"{what}: the filesystem is read-only. Nothing was changed; copy the checkpoint to a "
-                           "writable place and repair the copy.")
+        return RepairError(
+            f"{what}: the filesystem is read-only. Nothing was changed; copy the checkpoint to a "
+            "writable place and repair the copy."
+        )
     if e.errno in (errno.EACCES, errno.EPERM):
-        return RepairError(f"{what}: permission denied. Nothing was changed; run as the checkpoint's owner or fix "
-                           "its mode (`ls -l`).")
+        return RepairError(
+            f"{what}: permission denied. Nothing was changed; run as the checkpoint's owner or fix its mode (`ls -l`)."
+        )
     if e.errno == errno.ENOSPC:
         return RepairError(f"{what}: no space left on the device. Nothing was changed.")
     return RepairError(f"{what}: {e.strerror or e}. Nothing was changed.")
@@ -89,9 +94,11 @@ def refuse_links(root: Path, target: Path) -> None:
 
 def link_refusal(link: Path, shown: Optional[str] = None) -> str:
     """Why a repair refuses the symbolic link ``link`` (``shown``: it as the user can type it)."""
-    return (f"{shown or link} is a symbolic link (to {os.path.realpath(link)}): a repair through it would change "
-            "what it points to, not this checkpoint. Nothing was changed; repair the checkpoint it points to "
-            "there, or replace the link with a copy")
+    return (
+        f"{shown or link} is a symbolic link (to {os.path.realpath(link)}): a repair through it would change "
+        "what it points to, not this checkpoint. Nothing was changed; repair the checkpoint it points to "
+        "there, or replace the link with a copy"
+    )
 
 
 def preflight(folder: Path, needed: int) -> None:
@@ -104,9 +111,11 @@ def preflight(folder: Path, needed: int) -> None:
         if e.kind == "no-space":
             from ..units import naturalsize
 
-            raise RepairError(f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old "
-                              f"file is kept as the backup) and only {naturalsize(e.free)} is free. Nothing was "
-                              "changed.") from None
+            raise RepairError(
+                f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old "
+                f"file is kept as the backup) and only {naturalsize(e.free)} is free. Nothing was "
+                "changed."
+            ) from None
         raise _os_error(e, str(folder)) from None
     except OSError as e:
         raise _os_error(e, str(folder)) from None
@@ -124,7 +133,7 @@ def cleanup_leftovers(target: Path) -> list[Path]:
     for n in names:
         if not n.startswith(pre):
             continue
-        pid = n[len(pre):].split(".", 1)[0]
+        pid = n[len(pre) :].split(".", 1)[0]
         if pid.isdigit() and _alive(int(pid)):
             continue
         p = target.parent / n
@@ -164,9 +173,19 @@ def backup_state(target: Path) -> str:
     return "ours" if (bs.st_ino, bs.st_dev) == (ts.st_ino, ts.st_dev) else "other"
 
 
-def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: bool, needed: int,
-                 watch: tuple[Path, ...] = (), verify: Optional[Callable[[Path], None]] = None,
-                 on_progress=None, cancel=None, label: str = "", root: Optional[Path] = None) -> Optional[Path]:
+def replace_file(
+    target: Path,
+    write: Callable[[BinaryIO], None],
+    *,
+    backup: bool,
+    needed: int,
+    watch: tuple[Path, ...] = (),
+    verify: Optional[Callable[[Path], None]] = None,
+    on_progress=None,
+    cancel=None,
+    label: str = "",
+    root: Optional[Path] = None,
+) -> Optional[Path]:
     """Write ``target`` anew through ``write(fileobj)``: temp file beside it, fsync, checks, backup by
     hard link, ``os.replace``, fsync of the folder. ``verify(tmp)`` re-reads the written temp file
     before anything is replaced (raise to abort). ``watch``: files (besides the target) whose
@@ -186,8 +205,10 @@ def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: boo
     if bak is not None:
         st = backup_state(target)
         if st == "other":
-            raise RepairError(f"a backup {bak} already exists and is not the current file: move it away (it may be "
-                              "the only copy of an earlier version). Nothing was changed.")
+            raise RepairError(
+                f"a backup {bak} already exists and is not the current file: move it away (it may be "
+                "the only copy of an earlier version). Nothing was changed."
+            )
     tmp = folder / f"{tmp_prefix(target)}{os.getpid()}"
     fd = None
     try:
@@ -216,8 +237,10 @@ def replace_file(target: Path, write: Callable[[BinaryIO], None], *, backup: boo
                 os.link(target, bak)
             except OSError as e:
                 if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise RepairError(f"cannot keep a backup of {target}: this filesystem does not allow hard "
-                                      f"links ({e.strerror}). Nothing was changed.") from None
+                    raise RepairError(
+                        f"cannot keep a backup of {target}: this filesystem does not allow hard "
+                        f"links ({e.strerror}). Nothing was changed."
+                    ) from None
                 raise _os_error(e, str(bak)) from None
             made_link = True
             report(on_progress, 2, 3, "files", "backup kept")

@@ -58,12 +58,12 @@ def read_entries(f: BinaryIO, file_size: int) -> list[Entry]:
     i = tail.rfind(struct.pack("<I", EOCD_SIG))
     if i < 0:
         raise EditError("not a zip file (no end-of-central-directory record)")
-    (_, disk, cd_disk, n_disk, n, cd_size, cd_off, clen) = struct.unpack("<IHHHHIIH", tail[i:i + 22])
+    (_, disk, cd_disk, n_disk, n, cd_size, cd_off, clen) = struct.unpack("<IHHHHIIH", tail[i : i + 22])
     if disk or cd_disk or n_disk != n:
         raise EditError("multi-disk zip archives are not supported")
     eocd_pos = file_size - tail_len + i
     if n == 0xFFFF or cd_off == U32 or cd_size == U32:
-        loc = tail[i - 20:i]
+        loc = tail[i - 20 : i]
         if len(loc) != 20 or struct.unpack("<I", loc[:4])[0] != LOC64_SIG:
             raise EditError("zip64 end-of-central-directory locator missing")
         (_, _, e64_off, _) = struct.unpack("<IIQI", loc)
@@ -79,12 +79,13 @@ def read_entries(f: BinaryIO, file_size: int) -> list[Entry]:
     out: list[Entry] = []
     p = 0
     for _ in range(n):
-        if cd[p:p + 4] != struct.pack("<I", CENTRAL_SIG):
+        if cd[p : p + 4] != struct.pack("<I", CENTRAL_SIG):
             raise EditError("corrupt central directory")
         (_, _, _, flags, method, _, _, crc, csize, usize, nl, el, cl, _, _, _, off) = struct.unpack(
-            "<IHHHHHHIIIHHHHHII", cd[p:p + 46])
-        name = cd[p + 46:p + 46 + nl]
-        extra = cd[p + 46 + nl:p + 46 + nl + el]
+            "<IHHHHHHIIIHHHHHII", cd[p : p + 46]
+        )
+        name = cd[p + 46 : p + 46 + nl]
+        extra = cd[p + 46 + nl : p + 46 + nl + el]
         if usize == U32 or csize == U32 or off == U32:
             vals = _zip64_extra(extra)
             k = 0
@@ -114,10 +115,10 @@ def read_entries(f: BinaryIO, file_size: int) -> list[Entry]:
 def _zip64_extra(extra: bytes) -> list[int]:
     p = 0
     while p + 4 <= len(extra):
-        hid, hl = struct.unpack("<HH", extra[p:p + 4])
+        hid, hl = struct.unpack("<HH", extra[p : p + 4])
         if hid == 1:
-            body = extra[p + 4:p + 4 + hl]
-            return [struct.unpack("<Q", body[i:i + 8])[0] for i in range(0, len(body) - 7, 8)]
+            body = extra[p + 4 : p + 4 + hl]
+            return [struct.unpack("<Q", body[i : i + 8])[0] for i in range(0, len(body) - 7, 8)]
         p += 4 + hl
     raise EditError("zip64 sizes announced but no zip64 extra field")
 
@@ -141,7 +142,7 @@ def encode_value(v) -> bytes:
     if isinstance(v, float):
         return b"G" + struct.pack(">d", v)
     if isinstance(v, int):
-        if -(2 ** 31) <= v < 2 ** 31:
+        if -(2**31) <= v < 2**31:
             return b"J" + struct.pack("<i", v)
         raise EditError("integer too large")
     if isinstance(v, str):
@@ -224,16 +225,22 @@ def _central(name: bytes, offset: int, crc: int, size: int, flags: int) -> bytes
     extra = struct.pack("<HH", 1, 8 * len(vals)) + b"".join(struct.pack("<Q", v) for v in vals) if vals else b""
     s = U32 if size >= U32 else size
     o = U32 if offset >= U32 else offset
-    return struct.pack("<IHHHHHHIIIHHHHHII", CENTRAL_SIG, 0, 0, flags, 0, 0, 0, crc, s, s, len(name), len(extra),
-                       0, 0, 0, 0, o) + name + extra
+    return (
+        struct.pack(
+            "<IHHHHHHIIIHHHHHII", CENTRAL_SIG, 0, 0, flags, 0, 0, 0, crc, s, s, len(name), len(extra), 0, 0, 0, 0, o
+        )
+        + name
+        + extra
+    )
 
 
 def _end_records(n: int, cd_off: int, cd_size: int) -> bytes:
     e64_off = cd_off + cd_size
     e64 = struct.pack("<IQHHIIQQQQ", EOCD64_SIG, 44, 0x031E, 0x2D, 0, 0, n, n, cd_size, cd_off)
     loc = struct.pack("<IIQI", LOC64_SIG, 0, e64_off, 1)
-    eocd = struct.pack("<IHHHHIIH", EOCD_SIG, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF), min(cd_size, U32),
-                       min(cd_off, U32), 0)
+    eocd = struct.pack(
+        "<IHHHHIIH", EOCD_SIG, 0, 0, min(n, 0xFFFF), min(n, 0xFFFF), min(cd_size, U32), min(cd_off, U32), 0
+    )
     return e64 + loc + eocd
 
 
@@ -250,8 +257,14 @@ def storage_alignment(src: BinaryIO, entries: list[Entry]) -> int:
     return 64
 
 
-def rewrite_zip(src: BinaryIO, entries: list[Entry], replacements: dict[bytes, bytes], dst: BinaryIO,
-                on_bytes: Optional[Callable[[int], None]] = None, cancel=None) -> int:
+def rewrite_zip(
+    src: BinaryIO,
+    entries: list[Entry],
+    replacements: dict[bytes, bytes],
+    dst: BinaryIO,
+    on_bytes: Optional[Callable[[int], None]] = None,
+    cancel=None,
+) -> int:
     """Write the archive to ``dst`` with ``replacements`` (record name -> new data); every other
     record's data is copied byte for byte, its CRC re-checked. Returns bytes written."""
     align = storage_alignment(src, entries)
@@ -291,8 +304,10 @@ def rewrite_zip(src: BinaryIO, entries: list[Entry], replacements: dict[bytes, b
                 if on_bytes:
                     on_bytes(len(buf))
             if (c & U32) != e.crc:
-                raise EditError(f"record {e.name.decode(errors='replace')} fails its CRC check: the file is corrupt "
-                                "or is being written")
+                raise EditError(
+                    f"record {e.name.decode(errors='replace')} fails its CRC check: the file is corrupt "
+                    "or is being written"
+                )
         pos += size
         if flags & 0x08:
             d = _descriptor(crc, size)

@@ -69,8 +69,15 @@ def repairs_for(rep) -> list[Repair]:
 
 
 def _cannot(rep, f: Finding, rid: str, why: str, notes: tuple[str, ...] = ()) -> Repair:
-    return Repair(rid, f.code, f.path, f"cannot repair {f.code} at {rep.inventory.shown(f.path)}", Plan(f"No change: {why}", (), notes),
-                  root=rep.inventory.path, can_apply=False)
+    return Repair(
+        rid,
+        f.code,
+        f.path,
+        f"cannot repair {f.code} at {rep.inventory.shown(f.path)}",
+        Plan(f"No change: {why}", (), notes),
+        root=rep.inventory.path,
+        can_apply=False,
+    )
 
 
 def _link(rep, f: Finding, rid: str, target: Path) -> Optional[Repair]:
@@ -109,12 +116,22 @@ def _universal_info(rep, f: Finding) -> Repair:
     new_size = size + (len(new) - len(pkl)) + 64  # upper bound (alignment padding may shift by < 64)
     bak = backup_path(target)
     steps = (
-        PlanStep("backup", _rel(inv, bak), _rel(inv, target), 0,
-                 "hard link to the current file: the original stays as it is, no copy, no extra space"),
-        PlanStep("write", _rel(inv, target), None, new_size,
-                 f"adds {UCI_KEY} = {UCI_VALUE!r} to the top-level dict (+{len(new) - len(pkl)} pickle bytes "
-                 f"inserted before STOP); the other {len(entries) - 1} zip records are copied byte for byte "
-                 "(written to a temp file beside it, fsync'd, then os.replace)"),
+        PlanStep(
+            "backup",
+            _rel(inv, bak),
+            _rel(inv, target),
+            0,
+            "hard link to the current file: the original stays as it is, no copy, no extra space",
+        ),
+        PlanStep(
+            "write",
+            _rel(inv, target),
+            None,
+            new_size,
+            f"adds {UCI_KEY} = {UCI_VALUE!r} to the top-level dict (+{len(new) - len(pkl)} pickle bytes "
+            f"inserted before STOP); the other {len(entries) - 1} zip records are copied byte for byte "
+            "(written to a temp file beside it, fsync'd, then os.replace)",
+        ),
     )
     notes = (
         f"needs {new_size:,} bytes free in {_rel(inv, target.parent)} (the old file is kept as the backup)",
@@ -124,13 +141,15 @@ def _universal_info(rep, f: Finding) -> Repair:
     )
     title = f"add universal_checkpoint_info to {_rel(inv, target)}"
     r = Repair("universal-info", f.code, f.path, title, Plan(title, steps, notes), root=root)
-    r.action = lambda on_progress, cancel: _apply_universal_info(target, on_progress, cancel, lambda x: _rel(inv, x),
-                                                                 root=root)
+    r.action = lambda on_progress, cancel: _apply_universal_info(
+        target, on_progress, cancel, lambda x: _rel(inv, x), root=root
+    )
     return r
 
 
-def _apply_universal_info(target: Path, on_progress, cancel, show=str,
-                          root: Optional[Path] = None) -> tuple[bool, str, Optional[Path], list[Path]]:
+def _apply_universal_info(
+    target: Path, on_progress, cancel, show=str, root: Optional[Path] = None
+) -> tuple[bool, str, Optional[Path], list[Path]]:
     if not target.is_file():
         raise RepairError(f"{target} no longer exists")
     with open(target, "rb") as src:
@@ -168,13 +187,26 @@ def _apply_universal_info(target: Path, on_progress, cancel, show=str,
                     elif b.data_offset % 64 and a.data_offset % 64 == 0:
                         raise RepairError(f"verification failed: record {a.name!r} lost its alignment")
                 obj = safe_loads(read_pickle(t, pickle_entry(got)), persistent=True).obj
-                if not isinstance(obj, dict) or obj.get(UCI_KEY) != UCI_VALUE or \
-                        set(obj) != set(top) | {UCI_KEY}:
+                if not isinstance(obj, dict) or obj.get(UCI_KEY) != UCI_VALUE or set(obj) != set(top) | {UCI_KEY}:
                     raise RepairError("verification failed: the re-read top-level dict is not the old one plus the key")
 
-        bak = replace_file(target, write, backup=True, needed=size + len(new) - len(pkl) + 4096, verify=verify,
-                           on_progress=on_progress, cancel=cancel, label="verified", root=root)
-    return True, f"added {UCI_KEY} = {UCI_VALUE!r} to {show(target)}; the original is kept as {show(bak)}", bak, [target]
+        bak = replace_file(
+            target,
+            write,
+            backup=True,
+            needed=size + len(new) - len(pkl) + 4096,
+            verify=verify,
+            on_progress=on_progress,
+            cancel=cancel,
+            label="verified",
+            root=root,
+        )
+    return (
+        True,
+        f"added {UCI_KEY} = {UCI_VALUE!r} to {show(target)}; the original is kept as {show(bak)}",
+        bak,
+        [target],
+    )
 
 
 # ------------------------------------------------------------------ latest / latest_universal / megatron
@@ -215,8 +247,11 @@ def _latest(rep, f: Finding) -> Repair:
         else:
             tags = inv.deepspeed_tags(parent)
         if not tags:
-            tags = [c for c in parent.children if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal")
-                                                                 or step_of(c.name) is not None)]
+            tags = [
+                c
+                for c in parent.children
+                if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal") or step_of(c.name) is not None)
+            ]
     complete = [c for c in tags if _complete(rep, c)]
     target = parent.abspath / name
     link = _link(rep, f, "latest", target)
@@ -238,18 +273,27 @@ def _latest(rep, f: Finding) -> Repair:
             old = None
     steps = []
     if target.exists():
-        steps.append(PlanStep("backup", _rel(inv, backup_path(target)), _rel(inv, target), 0,
-                              "hard link to the current file"))
-    steps.append(PlanStep("write", _rel(inv, target), None, len(content),
-                          f"{old!r} -> {content!r}" if old is not None else f"new file containing {content!r}"))
+        steps.append(
+            PlanStep("backup", _rel(inv, backup_path(target)), _rel(inv, target), 0, "hard link to the current file")
+        )
+    steps.append(
+        PlanStep(
+            "write",
+            _rel(inv, target),
+            None,
+            len(content),
+            f"{old!r} -> {content!r}" if old is not None else f"new file containing {content!r}",
+        )
+    )
     skipped = [t.name for t in tags if t not in complete]
     notes = [f"`{best.name}` is the newest tag with no error finding"]
     if skipped:
         notes.append(f"skipped incomplete: {', '.join(skipped[:6])}")
     title = f"point {_rel(inv, target)} at {best.name}"
     r = Repair("latest", f.code, f.path, title, Plan(title, tuple(steps), tuple(notes)), root=root)
-    r.action = lambda on_progress, cancel: _apply_latest(target, content, parent.abspath / best.name, on_progress, cancel,
-                                                        lambda x: _rel(inv, x), root=root)
+    r.action = lambda on_progress, cancel: _apply_latest(
+        target, content, parent.abspath / best.name, on_progress, cancel, lambda x: _rel(inv, x), root=root
+    )
     return r
 
 
@@ -263,8 +307,15 @@ def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel,
         except OSError as e:
             raise RepairError(f"{target}: {e.strerror}") from None
     data = content.encode()
-    bak = replace_file(target, lambda fh: fh.write(data), backup=True, needed=len(data) + 4096,
-                       on_progress=on_progress, cancel=cancel, root=root)
+    bak = replace_file(
+        target,
+        lambda fh: fh.write(data),
+        backup=True,
+        needed=len(data) + 4096,
+        on_progress=on_progress,
+        cancel=cancel,
+        root=root,
+    )
     msg = f"{show(target)} now names {content}" + (f"; the old file is kept as {show(bak)}" if bak else "")
     return True, msg, bak, [target]
 
@@ -293,7 +344,13 @@ def check_metadata_tmp(folder: Path, trust: bool = False) -> tuple[bool, str]:
     for info in sd.values():
         d = getattr(info, "__dict__", {})
         rp, off, ln = d.get("relative_path"), d.get("offset"), d.get("length")
-        if not isinstance(rp, str) or not isinstance(off, int) or not isinstance(ln, int) or "/" in rp or rp in ("", ".", ".."):
+        if (
+            not isinstance(rp, str)
+            or not isinstance(off, int)
+            or not isinstance(ln, int)
+            or "/" in rp
+            or rp in ("", ".", "..")
+        ):
             return False, ".metadata.tmp has a malformed storage record"
         need[rp] = max(need.get(rp, 0), off + ln)
     for rp, end in sorted(need.items()):
@@ -312,7 +369,9 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     root = inv.path
     node = inv.node(f.path)
     folder = node.abspath if node else root / f.path
-    link = _link(rep, f, "dcp-metadata", folder / ".metadata.tmp") or _link(rep, f, "dcp-metadata", folder / ".metadata")
+    link = _link(rep, f, "dcp-metadata", folder / ".metadata.tmp") or _link(
+        rep, f, "dcp-metadata", folder / ".metadata"
+    )
     if link is not None:
         return link
     ok, why = check_metadata_tmp(folder, inv.trust_pickles)
@@ -320,13 +379,23 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     tmp = folder / ".metadata.tmp"
     if not ok:
         sib = last_complete_sibling(inv, node) if node is not None else None
-        note = (f"the last complete checkpoint beside it is `{sib}`",) if sib else \
-            ("no complete sibling checkpoint was found here",)
+        note = (
+            (f"the last complete checkpoint beside it is `{sib}`",)
+            if sib
+            else ("no complete sibling checkpoint was found here",)
+        )
         return _cannot(rep, f, "dcp-metadata", f".metadata cannot be rebuilt from .metadata.tmp: {why}", note)
     size = tmp.stat().st_size
-    steps = (PlanStep("write", _rel(inv, target), _rel(inv, tmp), size,
-                      "copy of .metadata.tmp (torch writes .metadata.tmp, then renames it; the rename did not happen); "
-                      ".metadata.tmp is left in place"),)
+    steps = (
+        PlanStep(
+            "write",
+            _rel(inv, target),
+            _rel(inv, tmp),
+            size,
+            "copy of .metadata.tmp (torch writes .metadata.tmp, then renames it; the rename did not happen); "
+            ".metadata.tmp is left in place",
+        ),
+    )
     title = f"rebuild {_rel(inv, target)} from .metadata.tmp"
     r = Repair("dcp-metadata", f.code, f.path, title, Plan(title, steps, (why,)), root=root)
     trust = inv.trust_pickles
@@ -351,8 +420,17 @@ def _apply_dcp(folder: Path, trust: bool, on_progress, cancel, root: Optional[Pa
         if p.read_bytes() != data:
             raise RepairError("verification failed: the written .metadata differs from .metadata.tmp")
 
-    replace_file(target, lambda fh: fh.write(data), backup=False, needed=len(data) + 4096, watch=(tmp,),
-                 verify=verify, on_progress=on_progress, cancel=cancel, root=root)
+    replace_file(
+        target,
+        lambda fh: fh.write(data),
+        backup=False,
+        needed=len(data) + 4096,
+        watch=(tmp,),
+        verify=verify,
+        on_progress=on_progress,
+        cancel=cancel,
+        root=root,
+    )
     return True, f"wrote .metadata ({len(data)} bytes) from .metadata.tmp ({why})", None, [target]
 
 

@@ -55,15 +55,20 @@ class Repair(JsonFields):
         return run_repair(self, on_progress=on_progress, cancel=cancel)
 
 
-
 def run_repair(r: Repair, on_progress=None, cancel=None) -> RepairResult:
     """Run ``r``'s action, turn its failure into a result that says nothing was changed, re-inspect
     and say whether the finding is gone."""
     from ..report import inspect
 
     if not r.can_apply or r.action is None:
-        return RepairResult(r.id, r.code, r.path, False, False, r.plan.title if not r.plan.notes else
-                            r.plan.title + " — " + "; ".join(r.plan.notes))
+        return RepairResult(
+            r.id,
+            r.code,
+            r.path,
+            False,
+            False,
+            r.plan.title if not r.plan.notes else r.plan.title + " — " + "; ".join(r.plan.notes),
+        )
     try:
         changed, msg, bak, written = r.action(on_progress, cancel)
     except Cancelled:
@@ -75,11 +80,18 @@ def run_repair(r: Repair, on_progress=None, cancel=None) -> RepairResult:
     except FormatError as e:
         return RepairResult(r.id, r.code, r.path, False, False, f"{e}. Nothing was changed.")
     except OSError as e:
-        return RepairResult(r.id, r.code, r.path, False, False,
-                            f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}. Nothing was changed.")
+        return RepairResult(
+            r.id,
+            r.code,
+            r.path,
+            False,
+            False,
+            f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}. Nothing was changed.",
+        )
     rep = inspect(r.root, trust_pickles=r.trust_pickles)
     gone = not any(x.code == r.code and x.path == r.path for x in rep.findings)
     if not gone:
         msg += f"; but re-inspecting still reports {r.code} at {r.path}"
-    return RepairResult(r.id, r.code, r.path, gone, changed, msg, gone, str(bak) if bak else None,
-                        [str(p) for p in written])
+    return RepairResult(
+        r.id, r.code, r.path, gone, changed, msg, gone, str(bak) if bak else None, [str(p) for p in written]
+    )

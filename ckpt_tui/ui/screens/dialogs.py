@@ -78,8 +78,12 @@ class MessageDialog(Dialog):
     """A result or an error: the message, and where the log is — never a traceback."""
 
     AUTO_FOCUS = "#close"
-    BINDINGS = [Binding("escape", "close", "Close"), Binding("enter", "close", "Close"),
-                Binding("j", "scroll(1)", "Down", show=False), Binding("k", "scroll(-1)", "Up", show=False)]
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("enter", "close", "Close"),
+        Binding("j", "scroll(1)", "Down", show=False),
+        Binding("k", "scroll(-1)", "Up", show=False),
+    ]
 
     def __init__(self, title: str, body, error: bool = False):
         super().__init__(classes="error" if error else "")
@@ -109,11 +113,15 @@ FINDING_HELP = {c.code: c.help for c in CODES.values()}  # the registry's one-li
 class HelpScreen(Dialog):
     """Every key (and, for one that cannot run now, why), then every finding code. j/k scroll."""
 
-    BINDINGS = [Binding("escape", "close", "Close"), Binding("question_mark", "close", "Close"),
-                Binding("q", "close", "Close"),
-                Binding("j,down", "scroll(1)", "Down", show=False), Binding("k,up", "scroll(-1)", "Up", show=False),
-                Binding("space,pagedown", "page(1)", "Page down", show=False),
-                Binding("pageup", "page(-1)", "Page up", show=False)]
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("question_mark", "close", "Close"),
+        Binding("q", "close", "Close"),
+        Binding("j,down", "scroll(1)", "Down", show=False),
+        Binding("k,up", "scroll(-1)", "Up", show=False),
+        Binding("space,pagedown", "page(1)", "Page down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+    ]
 
     def __init__(self, why_not: Optional[dict[str, Optional[str]]] = None):
         super().__init__()

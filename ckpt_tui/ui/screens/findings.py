@@ -20,9 +20,13 @@ class FindingsScreen(ModalScreen):
     FindingsScreen DataTable { height: 1fr; min-height: 4; }
     FindingsScreen #finding-message { height: auto; max-height: 14; padding: 0 1; border-top: solid $primary; }
     """
-    BINDINGS = [Binding("escape", "close", "Close"), Binding("f", "close", "Close", show=False),
-                Binding("x", "fix", "Fix"), Binding("j", "down", "Down", show=False),
-                Binding("k", "up", "Up", show=False)]
+    BINDINGS = [
+        Binding("escape", "close", "Close"),
+        Binding("f", "close", "Close", show=False),
+        Binding("x", "fix", "Fix"),
+        Binding("j", "down", "Down", show=False),
+        Binding("k", "up", "Up", show=False),
+    ]
 
     def __init__(self, findings):
         super().__init__()

@@ -165,8 +165,9 @@ class MainScreen(JobActions, Screen):
                 if row is not None:
                     row.outcome = "cancelling"
 
-        self.app.push_screen(ConfirmDialog(f"Cancel {info.title}?", info.cleanup_note, yes="Cancel job",
-                                           no="Keep running"), answer)
+        self.app.push_screen(
+            ConfirmDialog(f"Cancel {info.title}?", info.cleanup_note, yes="Cancel job", no="Keep running"), answer
+        )
 
     # ------------------------------------------------------------------ scanning
     def start_scan(self) -> None:
@@ -183,8 +184,9 @@ class MainScreen(JobActions, Screen):
                     sent[0] = True  # the walk is complete: draw the whole tree at once
                     self.post_message(TreeReady(self._early_root))
 
-            return inspect(self.path, on_node=on_node, on_progress=on_progress, cancel=cancel,
-                           trust_pickles=self.trust_pickles)
+            return inspect(
+                self.path, on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=self.trust_pickles
+            )
 
         self.start_job(JobInfo("scan", f"scan {self.path.name}"), scan, exclusive=True)
 
@@ -214,7 +216,9 @@ class MainScreen(JobActions, Screen):
             by_path.setdefault(f.path, []).append(f)
         counts = {s: sum(1 for f in report.findings if f.severity == s) for s in GLYPH}
         marks = "  ".join(f"{g} {counts[s]}" for s, g in GLYPH.items() if counts[s])
-        self.query_one("#summary", Static).update(plain(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems")))
+        self.query_one("#summary", Static).update(
+            plain(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
+        )
         tree = self.query_one(CheckpointTree)
         tree.load(inv.root, by_path)
         target = inv.model_path()
@@ -268,8 +272,11 @@ class MainScreen(JobActions, Screen):
             self.listing = cached
             return
         parsed = self.report.inventory.parsed
-        self.start_job(JobInfo("tensors", f"tensors {comp.name}"),
-                       lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed), exclusive=True)
+        self.start_job(
+            JobInfo("tensors", f"tensors {comp.name}"),
+            lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed),
+            exclusive=True,
+        )
 
     @staticmethod
     def tensors_of(path: str, comp: Node, note: str, parsed) -> tuple:
@@ -304,8 +311,9 @@ class MainScreen(JobActions, Screen):
         self.query_one(TensorTable).set_stats(stats)
         nan = sum(1 for s in stats if s.nan)
         inf = sum(1 for s in stats if s.inf)
-        bad = [f"{nan} tensor{'s' if nan != 1 else ''} with NaN"] * bool(nan) + \
-              [f"{inf} tensor{'s' if inf != 1 else ''} with Inf"] * bool(inf)
+        bad = [f"{nan} tensor{'s' if nan != 1 else ''} with NaN"] * bool(nan) + [
+            f"{inf} tensor{'s' if inf != 1 else ''} with Inf"
+        ] * bool(inf)
         line.update(f"✖ {', '.join(bad)} (of {len(stats)})" if bad else f"✔ {len(stats)} tensors, no NaN/Inf")
         line.set_class(bool(bad), "bad")
 

@@ -16,14 +16,16 @@ class ResumeWizard(TagConversionWizard):
     OUT_HELP = "The torch DCP folder (outside the run, beside it):"
 
     def why(self, f: DeepSpeedZeroFacts) -> str:
-        return (f"`{self.report.inventory.shown(self.tag_path, slash=True)}` is a DeepSpeed ZeRO-"
-                f"{f.get('zero_stage', '?')} checkpoint saved by {f.get('world_size', '?')} ranks.\n\n"
-                "To continue this run under torch FSDP2 (fully_shard) or DDP, at any number of ranks, ckpt-tui "
-                "writes a torch.distributed.checkpoint folder holding the model (the run's fp32 masters), the "
-                "optimizer (torch AdamW: exp_avg, exp_avg_sq and step of every parameter) and the step, in the form "
-                "torch's get_state_dict/set_state_dict use. Every tensor is read back with torch's dcp.load and "
-                "compared bit-exact before the folder gets its name. The source is not modified.\n\n"
-                "At the end it shows the code that loads it.")
+        return (
+            f"`{self.report.inventory.shown(self.tag_path, slash=True)}` is a DeepSpeed ZeRO-"
+            f"{f.get('zero_stage', '?')} checkpoint saved by {f.get('world_size', '?')} ranks.\n\n"
+            "To continue this run under torch FSDP2 (fully_shard) or DDP, at any number of ranks, ckpt-tui "
+            "writes a torch.distributed.checkpoint folder holding the model (the run's fp32 masters), the "
+            "optimizer (torch AdamW: exp_avg, exp_avg_sq and step of every parameter) and the step, in the form "
+            "torch's get_state_dict/set_state_dict use. Every tensor is read back with torch's dcp.load and "
+            "compared bit-exact before the folder gets its name. The source is not modified.\n\n"
+            "At the end it shows the code that loads it."
+        )
 
     def default_out(self, tag_dir: Path) -> Path:
         from ...core.convert.torch_dcp import default_out

@@ -52,7 +52,8 @@ class Wizard(ModalScreen):
         name = self.STEPS[self.step]
         self.query_one(ContentSwitcher).current = name
         self.query_one("#step-label", Static).update(
-            f"Step {self.step + 1} of {len(self.STEPS)}: {self.step_titles()[self.step]}")
+            f"Step {self.step + 1} of {len(self.STEPS)}: {self.step_titles()[self.step]}"
+        )
         last = self.step == len(self.STEPS) - 1
         nxt = self.query_one("#next", Button)
         nxt.label = (self.run_label() if last else "Next") + " (enter)"
@@ -212,9 +213,13 @@ class ExportWizard(PlannedWizard):
             where = inv.shown(self.optimizer_at, slash=inv.node(self.optimizer_at).is_dir)
             self.candidates = self.candidates + [
                 (OPTIMIZER, f"the optimizer state ({where}): exp_avg, exp_avg_sq per parameter"),
-                (BOTH, "both: the model weights and the optimizer state, side by side in one folder")]
-        self.default = selected_path if selected_path in [c[0] for c in self.candidates] else (
-            self.candidates[0][0] if self.candidates else ".")
+                (BOTH, "both: the model weights and the optimizer state, side by side in one folder"),
+            ]
+        self.default = (
+            selected_path
+            if selected_path in [c[0] for c in self.candidates]
+            else (self.candidates[0][0] if self.candidates else ".")
+        )
         self.output_bytes: dict[str, object] = {}  # source -> bytes the export writes, or why it cannot say
 
     def step_titles(self):
@@ -226,25 +231,47 @@ class ExportWizard(PlannedWizard):
     def panes(self) -> ComposeResult:
         inv = self.report.inventory
         with Vertical(id="source", classes="pane"):
-            yield Static("The model weights to export. ckpt-tui picked the model component of this checkpoint;"
-                         " pick another if you want." + (" Or its optimizer state (optimizer.safetensors + "
-                                                         "optimizer_config.json), or both."
-                                                         if self.optimizer_at is not None else ""), classes="explain")
-            ol = OptionList(*[Option(plain(desc if p in (OPTIMIZER, BOTH) else f"{p}  —  {desc}"), id=p)
-                              for p, desc in self.candidates], id="source-list")
+            yield Static(
+                "The model weights to export. ckpt-tui picked the model component of this checkpoint;"
+                " pick another if you want."
+                + (
+                    " Or its optimizer state (optimizer.safetensors + optimizer_config.json), or both."
+                    if self.optimizer_at is not None
+                    else ""
+                ),
+                classes="explain",
+            )
+            ol = OptionList(
+                *[
+                    Option(plain(desc if p in (OPTIMIZER, BOTH) else f"{p}  —  {desc}"), id=p)
+                    for p, desc in self.candidates
+                ],
+                id="source-list",
+            )
             yield ol
         with Vertical(id="output", classes="pane"):
-            yield Static("A new folder. Files are written to a hidden temp folder beside it and moved into place "
-                         "only when complete and verified; the checkpoint is never modified.", classes="explain")
+            yield Static(
+                "A new folder. Files are written to a hidden temp folder beside it and moved into place "
+                "only when complete and verified; the checkpoint is never modified.",
+                classes="explain",
+            )
             yield SafeInput(value=inv.user_form(_default_out(inv)), id="out")
             yield Static("", id="space")
         with Vertical(id="dtype", classes="pane"):
             yield Static("", id="dtype-note", classes="explain")
-            yield OptionList(Option("keep (as stored)", id="keep"), Option("fp32", id="fp32"),
-                             Option("bf16", id="bf16"), Option("fp16", id="fp16"), id="dtype-list")
+            yield OptionList(
+                Option("keep (as stored)", id="keep"),
+                Option("fp32", id="fp32"),
+                Option("bf16", id="bf16"),
+                Option("fp16", id="fp16"),
+                id="dtype-list",
+            )
         with Vertical(id="shards", classes="pane"):
-            yield Static("Max shard size: above it the weights are split into model-0000k-of-0000n.safetensors "
-                         "plus model.safetensors.index.json (50GB is save_pretrained's default).", classes="explain")
+            yield Static(
+                "Max shard size: above it the weights are split into model-0000k-of-0000n.safetensors "
+                "plus model.safetensors.index.json (50GB is save_pretrained's default).",
+                classes="explain",
+            )
             yield Input(value="50GB", id="shard")
         yield from self.confirm_pane()
 
@@ -260,14 +287,18 @@ class ExportWizard(PlannedWizard):
         if name == "output":
             self._space()
         elif name == "dtype":
-            self.query_one("#dtype-note", Static).update(f"Output dtype of floating-point tensors: {self._dtype_note()}.")
+            self.query_one("#dtype-note", Static).update(
+                f"Output dtype of floating-point tensors: {self._dtype_note()}."
+            )
         super().enter_step(name)
 
     def _dtype_note(self) -> str:
         """What --dtype does to what is being exported (the dtype step's text)."""
         if self.component() == "optimizer":
-            return ("the optimizer state's masters and Adam moments are fp32: keep writes them as stored; "
-                    "bf16/fp16 lose the precision a resumed run needs")
+            return (
+                "the optimizer state's masters and Adam moments are fp32: keep writes them as stored; "
+                "bf16/fp16 lose the precision a resumed run needs"
+            )
         node = self.report.inventory.node(self.model_source())
         note = "keep writes the tensors as stored"
         if node is not None and node.format == "deepspeed-zero":
@@ -298,8 +329,12 @@ class ExportWizard(PlannedWizard):
             line.update(plain(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — {need}"))
         else:
             ok = "enough" if free > need else "NOT ENOUGH"
-            line.update(plain(f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — the export writes "
-                              f"about {size(need)} ({ok})."))
+            line.update(
+                plain(
+                    f"Free in {self.report.inventory.user_form(parent)}: {size(free)} — the export writes "
+                    f"about {size(need)} ({ok})."
+                )
+            )
 
     @work(thread=True, exclusive=True, group="sizing", exit_on_error=False)
     def _size_worker(self, src: str) -> None:
@@ -344,8 +379,13 @@ class ExportWizard(PlannedWizard):
     def options(self) -> dict:
         comp = self.component()
         src = _typed(self.report, ".") if comp != "model" else _typed(self.report, self.source())
-        return {"src": src, "out": self.query_one("#out", Input).value, "component": comp,
-                "dtype": self.dtype(), "max_shard_size": self.query_one("#shard", Input).value}
+        return {
+            "src": src,
+            "out": self.query_one("#out", Input).value,
+            "component": comp,
+            "dtype": self.dtype(),
+            "max_shard_size": self.query_one("#shard", Input).value,
+        }
 
     def dtype(self) -> str:
         ol = self.query_one("#dtype-list", OptionList)
@@ -383,12 +423,19 @@ class ExportWizard(PlannedWizard):
         # both: the two plans of one checkpoint, written side by side into OUT (core.export.both)
         pm, said_m = plan_export(o["src"], out, **kw)
         # the optimizer state as stored, whatever the model's dtype: bf16 moments would not resume the run
-        po, said_o = plan_export(o["src"], out, component="optimizer", dtype="keep",
-                                 max_shard_size=o["max_shard_size"])
+        po, said_o = plan_export(o["src"], out, component="optimizer", dtype="keep", max_shard_size=o["max_shard_size"])
         return (pm, po), "\n".join(
-            ["Both into one folder: each export is written and verified into a hidden folder beside it, then the "
-             "optimizer's files join the model's and the folder is renamed into place.", "", "The model:"]
-            + said_m + [pm.to_plan().describe(), "", "The optimizer state:"] + said_o + [po.to_plan().describe()])
+            [
+                "Both into one folder: each export is written and verified into a hidden folder beside it, then the "
+                "optimizer's files join the model's and the folder is renamed into place.",
+                "",
+                "The model:",
+            ]
+            + said_m
+            + [pm.to_plan().describe(), "", "The optimizer state:"]
+            + said_o
+            + [po.to_plan().describe()]
+        )
 
 
 class TagConversionWizard(PlannedWizard):
@@ -445,23 +492,30 @@ class TagConversionWizard(PlannedWizard):
 class UniversalWizard(TagConversionWizard):
     TITLE = "Convert to a DeepSpeed universal checkpoint"
     READY = "Press enter to convert (DeepSpeed's converter runs in the background). The plan:"
-    OUT_HELP = ("The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through "
-                "`latest_universal`):")
+    OUT_HELP = (
+        "The universal checkpoint's folder (beside the tag, so load_checkpoint finds it through `latest_universal`):"
+    )
 
     def why(self, f: DeepSpeedZeroFacts) -> str:
-        why = (f"`{self.report.inventory.shown(self.tag_path, slash=True)}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
-               f"{f.get('world_size', '?')} ranks. To resume with a different number of ranks, DeepSpeed needs a "
-               "universal checkpoint (per-parameter fp32 weights and optimizer state).\n\n")
+        why = (
+            f"`{self.report.inventory.shown(self.tag_path, slash=True)}` is a ZeRO-{f.get('zero_stage', '?')} checkpoint saved by "
+            f"{f.get('world_size', '?')} ranks. To resume with a different number of ranks, DeepSpeed needs a "
+            "universal checkpoint (per-parameter fp32 weights and optimizer state).\n\n"
+        )
         if f.get("universal_checkpoint_info") is False:
-            why += ("Its mp_rank_00_model_states.pt has no `universal_checkpoint_info`, so DeepSpeed's "
-                    "ds_to_universal stops with \"Required universal_checkpoint_info state is missing\". ckpt-tui "
-                    "runs DeepSpeed's own converter and supplies that info in memory: the source is not modified.")
+            why += (
+                "Its mp_rank_00_model_states.pt has no `universal_checkpoint_info`, so DeepSpeed's "
+                'ds_to_universal stops with "Required universal_checkpoint_info state is missing". ckpt-tui '
+                "runs DeepSpeed's own converter and supplies that info in memory: the source is not modified."
+            )
         else:
             why += "ckpt-tui runs DeepSpeed's own converter (ds_to_universal) in the background."
         if f.get("frozen_params"):
-            why += ("\n\nThis run has frozen parameters: a universal checkpoint restores only optimizer-tracked "
-                    "parameters, so ckpt-tui will also write their weights to frozen_params.safetensors and show "
-                    "how to load them.")
+            why += (
+                "\n\nThis run has frozen parameters: a universal checkpoint restores only optimizer-tracked "
+                "parameters, so ckpt-tui will also write their weights to frozen_params.safetensors and show "
+                "how to load them."
+            )
         return why
 
     def default_out(self, tag_dir: Path) -> Path:
@@ -494,9 +548,12 @@ class RepairWizard(Wizard):
             with VerticalScroll():  # the plan's description begins with the repair's title
                 yield Static(plain(self.repair.plan.describe()))  # it quotes the file: never markup
         with Vertical(id="confirm", classes="pane"):
-            yield Static("The original is kept as a backup (named in the plan above); the new file is written to a "
-                         "temp name, fsynced and moved into place. Afterwards ckpt-tui re-inspects the checkpoint."
-                         "\n\nPress enter to repair.", classes="explain")
+            yield Static(
+                "The original is kept as a backup (named in the plan above); the new file is written to a "
+                "temp name, fsynced and moved into place. Afterwards ckpt-tui re-inspects the checkpoint."
+                "\n\nPress enter to repair.",
+                classes="explain",
+            )
 
     def result(self):
         return {"repair": self.repair}

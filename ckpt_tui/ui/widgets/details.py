@@ -96,14 +96,23 @@ class TensorTable(Vertical):
 
     def _cells(self, r) -> dict:
         dtype = short_dtype(r.dtype) + (f"↑{short_dtype(r.upcast_from)}" if r.upcast_from else "")  # fp32↑bf16
-        cells = {"name": visible(r.name), "size": Text(size(r.nbytes)), "dtype": plain_text(dtype),
-                 "shape": plain_text(shape_text(r.shape))}
+        cells = {
+            "name": visible(r.name),
+            "size": Text(size(r.nbytes)),
+            "dtype": plain_text(dtype),
+            "shape": plain_text(shape_text(r.shape)),
+        }
         if self._with_stats:
             st = self.stats.get(r.name)
             fmt = lambda v: "" if v is None else f"{v:.3g}"
             bad = 0 if st is None else st.nan + st.inf
-            cells.update({"min": fmt(getattr(st, "min", None)), "max": fmt(getattr(st, "max", None)),
-                          "NaN/Inf": Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0")})
+            cells.update(
+                {
+                    "min": fmt(getattr(st, "min", None)),
+                    "max": fmt(getattr(st, "max", None)),
+                    "NaN/Inf": Text(f"✖ {bad}", style="bold red") if bad else ("" if st is None else "0"),
+                }
+            )
         return cells
 
     def _fit(self, cells: list[dict], room: Optional[int]) -> dict[str, int]:
@@ -141,14 +150,17 @@ class TensorTable(Vertical):
         for c, w in widths.items():
             table.add_column(c, width=w, key=c)
         name_w = widths["name"]
-        table.add_rows([[Text(middle_ellipsis(row["name"], name_w)) if c == "name" else row[c] for c in widths]
-                        for row in cells])
+        table.add_rows(
+            [[Text(middle_ellipsis(row["name"], name_w)) if c == "name" else row[c] for c in widths] for row in cells]
+        )
         if 0 < cursor < table.row_count:
             table.move_cursor(row=cursor, animate=False)
 
     def is_drawn(self) -> bool:
         """The table shows the current matches at its current width (what tests and snapshots wait for)."""
-        return self._drawn_width == self.content_size.width > 0 and self.query_one(DataTable).row_count == len(self._shown)
+        return self._drawn_width == self.content_size.width > 0 and self.query_one(DataTable).row_count == len(
+            self._shown
+        )
 
     def on_resize(self) -> None:
         if self.content_size.width != self._drawn_width:

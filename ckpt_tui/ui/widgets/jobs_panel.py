@@ -15,8 +15,13 @@ from textual.widgets import ProgressBar, Static
 from ...core.progress import Progress, RateMeter
 from ..format import plain, size
 
-OUTCOME_TEXT = {"running": "", "done": "✔ done", "failed": "✖ failed", "cancelling": "■ cancelling…",
-                "cancelled": "■ cancelled"}
+OUTCOME_TEXT = {
+    "running": "",
+    "done": "✔ done",
+    "failed": "✖ failed",
+    "cancelling": "■ cancelling…",
+    "cancelled": "■ cancelled",
+}
 
 
 class JobRow(Horizontal):

@@ -128,6 +128,7 @@ class CheckpointTree(Tree[Node]):
             if nxt is None:
                 break
             tnode, node = nxt, nxt.data
+
         def place():  # line numbers exist only after the tree has been laid out
             self.move_cursor(tnode)
             self.scroll_to_node(tnode, animate=False)

@@ -4,6 +4,7 @@ A *command* is a backticked span (or a line of a result) whose first word is a p
 would type: ``ckpt-tui``, ``accelerate``, ``python``, ``echo`` ... ``DIR`` in a command is the
 user's choice of output folder; the test gives it a fresh path.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,9 @@ def writes(cmd: str) -> bool:
 
 def with_dir(cmd: str, out: str) -> str:
     """``cmd`` with the placeholder DIR replaced by ``out`` (quoted)."""
-    return " ".join(shlex.quote(out) if w == "DIR" else shlex.quote(w) for w in words(cmd)) \
-        if "DIR" in words(cmd) else cmd
+    return (
+        " ".join(shlex.quote(out) if w == "DIR" else shlex.quote(w) for w in words(cmd)) if "DIR" in words(cmd) else cmd
+    )
 
 
 @dataclass
@@ -86,13 +88,27 @@ def run(cmd: str, cwd: Path, *, answer_yes: bool = False, timeout: int = 600) ->
     """Run ``cmd`` with bash, as typed, from ``cwd``. ``answer_yes``: on a terminal whose user types y
     at every prompt (``ckpt-tui fix`` asks before it writes)."""
     if not answer_yes:
-        p = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env(), capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            ["bash", "-c", cmd],
+            cwd=cwd,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         return Ran(cmd, cwd, p.returncode, p.stdout, p.stderr)
     master, slave = pty.openpty()
     try:
-        p = subprocess.Popen(["bash", "-c", cmd], cwd=cwd, env=env(), stdin=slave, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            ["bash", "-c", cmd],
+            cwd=cwd,
+            env=env(),
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         os.close(slave)
         slave = -1
         os.write(master, b"y\n" * 16)
@@ -116,6 +132,8 @@ class Tally:
     seen: set = field(default_factory=set)
 
     def line(self) -> str:
-        return (f"advice corpus: {self.cases} checkpoints, {self.commands} suggested commands run "
-                f"({self.dry_runs} of them with --dry-run first), {self.peers} peer commands, "
-                f"{self.snippets} load snippets executed")
+        return (
+            f"advice corpus: {self.cases} checkpoints, {self.commands} suggested commands run "
+            f"({self.dry_runs} of them with --dry-run first), {self.peers} peer commands, "
+            f"{self.snippets} load snippets executed"
+        )

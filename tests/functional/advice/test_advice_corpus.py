@@ -9,6 +9,7 @@ for real on a copy. After each real run, re-inspection must show what the advice
 finding gone, the universal checkpoint there, the export loadable by the snippet it printed). Peer
 commands (``accelerate merge-weights`` ...) run once per (peer, layout).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,6 +49,7 @@ def _entry(root: Path) -> tuple[Path, str]:
 
 # ---------------------------------------------------------------- corruptions (one of each kind)
 
+
 def _rm(rel):
     return lambda d: os.remove(d / rel)
 
@@ -61,6 +63,7 @@ def _truncate(rel):
         p = d / rel
         with open(p, "r+b") as f:
             f.truncate(os.path.getsize(p) // 2)
+
     return go
 
 
@@ -114,6 +117,7 @@ def _materialise(case: str, base: Path) -> Path:
 
 # ---------------------------------------------------------------- one form (relative or absolute)
 
+
 def _inspect(cwd: Path, entry: str) -> tuple[dict, str]:
     q = shlex.quote(entry)
     human = run(f"ckpt-tui inspect {q}", cwd)
@@ -150,8 +154,9 @@ def _check_paths(doc: dict, cwd: Path, entry: str) -> None:
             except ValueError:
                 continue
             if len(toks) == 1 and (toks[0] == entry or toks[0].startswith(entry.rstrip("/") + "/")):
-                assert (cwd / toks[0].rstrip("/")).exists() or os.path.lexists(cwd / toks[0].rstrip("/")), \
+                assert (cwd / toks[0].rstrip("/")).exists() or os.path.lexists(cwd / toks[0].rstrip("/")), (
                     f"{f['code']}: `{span}` does not exist from {cwd}"
+                )
 
 
 def _finding_still_there(doc: dict, cmd: str) -> list[dict]:

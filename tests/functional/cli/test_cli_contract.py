@@ -13,17 +13,20 @@ from tests.util import as_nobody
 
 
 def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_version_and_help_do_not_import_torch():
     r = run("--version")
     assert r.returncode == 0 and "ckpt-tui" in r.stdout
-    code = ("import sys; from ckpt_tui.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "bad = [m for m in ('torch', 'deepspeed', 'textual') if m in sys.modules]\n"
-            "print('IMPORTED', bad)")
+    code = (
+        "import sys; from ckpt_tui.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "bad = [m for m in ('torch', 'deepspeed', 'textual') if m in sys.modules]\n"
+        "print('IMPORTED', bad)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "IMPORTED []" in r.stdout, r.stdout + r.stderr
     assert "Exit codes" in r.stdout
@@ -74,7 +77,7 @@ def test_permission_denied_folder_and_file(shared_tmp):
     assert code == 2 and "permission denied" in text and "Traceback" not in text
     code, text = out["file"]
     assert code == 1
-    doc = json.loads(text[text.index("{"):])
+    doc = json.loads(text[text.index("{") :])
     f = [f for f in doc["findings"] if f["path"] == "model.pt"]
     assert f and f[0]["code"] == "unreadable" and "permission denied" in f[0]["message"]
 

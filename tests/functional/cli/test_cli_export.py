@@ -10,8 +10,9 @@ from safetensors.torch import load_file, save_file
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_export_picks_model_and_prints_summary(real_ckpt, tmp_path):
@@ -25,8 +26,16 @@ def test_export_picks_model_and_prints_summary(real_ckpt, tmp_path):
 
 
 def test_export_json_and_dry_run(real_ckpt, tmp_path):
-    r = run("export", real_ckpt("ds-zero2-bf16"), "--out", tmp_path / "o", "--dry-run", "--json", "--max-shard-size",
-            "100KB")
+    r = run(
+        "export",
+        real_ckpt("ds-zero2-bf16"),
+        "--out",
+        tmp_path / "o",
+        "--dry-run",
+        "--json",
+        "--max-shard-size",
+        "100KB",
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)["plan"]
     assert plan["steps"][0]["target"].startswith("model-00001-of-") and not (tmp_path / "o").exists()

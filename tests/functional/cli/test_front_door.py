@@ -6,13 +6,27 @@ import sys
 
 import pytest
 
-COMMANDS = ["help", "open", "inspect", "tensors", "export", "verify", "diff", "stats", "universal", "convert", "fix", "demo"]
+COMMANDS = [
+    "help",
+    "open",
+    "inspect",
+    "tensors",
+    "export",
+    "verify",
+    "diff",
+    "stats",
+    "universal",
+    "convert",
+    "fix",
+    "demo",
+]
 
 
 def ckpt_tui(*args, columns: int = 80):
     env = dict(os.environ, COLUMNS=str(columns))
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.parametrize("args", [[], *([c] for c in COMMANDS)], ids=lambda a: " ".join(a) or "ckpt-tui")

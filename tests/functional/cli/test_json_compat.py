@@ -2,6 +2,7 @@
 fixture (data/released_inspect_json.json: each document's key paths with their JSON types, and its
 node paths), every key is still there with the same type, and `nodes[]` still lists every file.
 New keys may appear (additive); a value may change only where it was wrong (CORRECTED)."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ REPLACED = {"torchtitan": "checkpoint", "megatron-dist": "checkpoints"}
 def shape(v, path: str = "", out: dict | None = None) -> dict[str, set[str]]:
     """Every key path of a JSON value (``[]`` for list items) with the JSON types found there."""
     out = {} if out is None else out
-    t = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
-         type(None): "null"}[type(v)]
+    t = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        type(None): "null",
+    }[type(v)]
     out.setdefault(path or "$", set()).add(t)
     if isinstance(v, dict):
         for k, x in v.items():
@@ -43,9 +51,12 @@ def shape(v, path: str = "", out: dict | None = None) -> dict[str, set[str]]:
 @pytest.mark.parametrize("variant", sorted(RELEASED))
 def test_inspect_json_is_additive(variant):
     old = RELEASED[variant]
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "inspect", str(fixture_path(variant) / REPLACED.get(variant, "")),
-                        "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", "inspect", str(fixture_path(variant) / REPLACED.get(variant, "")), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1
     if variant not in REPLACED:
@@ -54,6 +65,9 @@ def test_inspect_json_is_additive(variant):
     gone = [k for k in old["shape"] if k not in new]
     assert not gone, f"keys the released version printed are gone: {gone}"
     # a null the released version printed may have become a value (it was missing); nothing else may change
-    retyped = {k: (old_t, sorted(new[k])) for k, old_t in old["shape"].items()
-               if not set(old_t) - {"null"} - CORRECTED.get(k, set()) <= new[k]}
+    retyped = {
+        k: (old_t, sorted(new[k]))
+        for k, old_t in old["shape"].items()
+        if not set(old_t) - {"null"} - CORRECTED.get(k, set()) <= new[k]
+    }
     assert not retyped, f"keys whose JSON type changed: {retyped}"

@@ -1,6 +1,7 @@
 """What `ckpt-tui fix` leaves is shown for what it is: its backup has role `backup` (never read, no finding
 of its own), and folder sizes count a file with several names (the backup while it is a hard link of
 its target) once. Run on copies of real DeepSpeed checkpoints with the real `ckpt-tui fix`."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ def ckpt_tui(*args: str) -> subprocess.CompletedProcess:
     from ckpt_tui.samples import launch_env
 
     env = dict(launch_env(), PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_fix_backup_has_role_backup_and_sizes_add_only_the_new_file(real_ckpt_copy):

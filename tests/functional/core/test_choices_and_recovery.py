@@ -34,8 +34,14 @@ RECOVER = f"ckpt-tui export checkpoint-2/{TAG} --from-module-states --out DIR"
 def ckpt_tui(*args, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
 
 
 def run_printed(line: str, cwd: Path, out: Path) -> subprocess.CompletedProcess:
@@ -69,7 +75,8 @@ def one_message(r: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_broken_optimizer_states_refusal_names_module_states_and_its_command_recovers(
-        damage, real_ckpt_copy, real_ckpt, tmp_path):
+    damage, real_ckpt_copy, real_ckpt, tmp_path
+):
     run = real_ckpt_copy(FIXTURE)
     optim = run / "checkpoint-2" / TAG / OPTIM1
     if damage == "missing":
@@ -90,8 +97,9 @@ def test_broken_optimizer_states_refusal_names_module_states_and_its_command_rec
     assert_equals_run_weights(tmp_path / "from-refusal", real_ckpt)
 
     # the plan says it loudly too, before anything is written
-    r = ckpt_tui("export", f"checkpoint-2/{TAG}", "--from-module-states", "--out", tmp_path / "p", "--dry-run",
-                 "--json", cwd=run)
+    r = ckpt_tui(
+        "export", f"checkpoint-2/{TAG}", "--from-module-states", "--out", tmp_path / "p", "--dry-run", "--json", cwd=run
+    )
     assert r.returncode == 0, r.stderr
     notes = json.loads(r.stdout)["plan"]["notes"]
     assert any(n.startswith("HALF PRECISION (bf16)") and "NOT the fp32 master weights" in n for n in notes), notes
@@ -134,9 +142,11 @@ def test_dangling_latest_refused_with_candidates_and_accepted_with_tag(real_ckpt
     (run / "checkpoint-2" / "latest").write_text("global_step9")
     for cmd in (["export", "checkpoint-2", "--out", tmp_path / "o"], ["universal", "checkpoint-2", "--dry-run"]):
         err = one_message(ckpt_tui(*cmd, cwd=run))
-        assert ("checkpoint-2/latest names `global_step9`, which is not a folder beside it, so ckpt-tui will not "
-                f"guess which tag you mean. Tags in checkpoint-2/: {TAG}. Name one with --tag (e.g. --tag {TAG}), "
-                f"or give the tag folder itself (checkpoint-2/{TAG}).") in err, err
+        assert (
+            "checkpoint-2/latest names `global_step9`, which is not a folder beside it, so ckpt-tui will not "
+            f"guess which tag you mean. Tags in checkpoint-2/: {TAG}. Name one with --tag (e.g. --tag {TAG}), "
+            f"or give the tag folder itself (checkpoint-2/{TAG})."
+        ) in err, err
     assert not (tmp_path / "o").exists() and not (run / "checkpoint-2" / f"{TAG}_universal").exists()
     err = one_message(ckpt_tui("export", "checkpoint-2", "--tag", "global_step7", "--out", tmp_path / "o", cwd=run))
     assert f"--tag global_step7: no DeepSpeed tag folder `global_step7` in checkpoint-2/; its tags: {TAG}" in err
@@ -170,17 +180,22 @@ def test_export_and_universal_say_what_they_chose_and_why(real_ckpt_copy, tmp_pa
     here = run.parent
     r = ckpt_tui("export", run.name, "--out", tmp_path / "o", "--dry-run", cwd=here)
     assert r.returncode == 0, r.stderr
-    assert lines(r) == [f"ckpt-tui: exporting the newest complete checkpoint `{run.name}/checkpoint-2/` (step 2): "
-                        f"skipped newer `{run.name}/checkpoint-4/` (shard-missing)",
-                        f"ckpt-tui: the model is `{run.name}/checkpoint-2/{TAG}/` (`latest` names {TAG})"]
+    assert lines(r) == [
+        f"ckpt-tui: exporting the newest complete checkpoint `{run.name}/checkpoint-2/` (step 2): "
+        f"skipped newer `{run.name}/checkpoint-4/` (shard-missing)",
+        f"ckpt-tui: the model is `{run.name}/checkpoint-2/{TAG}/` (`latest` names {TAG})",
+    ]
     r = ckpt_tui("universal", run.name, "--dry-run", cwd=here)
     assert r.returncode == 0, r.stderr
-    assert lines(r)[:2] == [f"ckpt-tui: converting the newest complete checkpoint `{run.name}/checkpoint-2/` (step 2): "
-                            f"skipped newer `{run.name}/checkpoint-4/` (shard-missing)",
-                            f"ckpt-tui: converting `{run.name}/checkpoint-2/{TAG}/` (`latest` names {TAG})"]
+    assert lines(r)[:2] == [
+        f"ckpt-tui: converting the newest complete checkpoint `{run.name}/checkpoint-2/` (step 2): "
+        f"skipped newer `{run.name}/checkpoint-4/` (shard-missing)",
+        f"ckpt-tui: converting `{run.name}/checkpoint-2/{TAG}/` (`latest` names {TAG})",
+    ]
 
     # no `latest` at all: the newest tag, said
     (run / "checkpoint-2" / "latest").unlink()
     r = ckpt_tui("export", "checkpoint-2", "--out", tmp_path / "o", "--dry-run", cwd=run)
     assert r.returncode == 0 and lines(r) == [
-        f"ckpt-tui: the model is `checkpoint-2/{TAG}/` (no `latest` file in checkpoint-2/: the newest tag, step 2)"]
+        f"ckpt-tui: the model is `checkpoint-2/{TAG}/` (no `latest` file in checkpoint-2/: the newest tag, step 2)"
+    ]

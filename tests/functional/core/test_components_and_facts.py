@@ -2,6 +2,7 @@
 suggests (run for real, as printed), `export --component`, and facts taken from the files: optimizer
 DCP totals, framework names from evidence, per-tensor dtypes as export writes them (a frozen bf16
 parameter of a DeepSpeed run is upcast, and says so). All on real framework output."""
+
 from __future__ import annotations
 
 import json
@@ -51,6 +52,7 @@ def same(a: dict, b: dict) -> None:
 
 # ------------------------------------------------------------------ the model component
 
+
 def test_model_only_dcp_is_the_model_not_the_combined_one(real_ckpt):
     """`combined/` (model and optimizer in one dcp.save) sorts first; the model-only `model/` must win."""
     inv = inspect(real_ckpt("dcp-mixed")).inventory
@@ -71,8 +73,10 @@ def test_accelerate_merge_weights_works_only_where_suggested(real_ckpt, tmp_path
         assert (r.returncode == 0) == ok, (sub, r.stderr[-2000:])
         if not ok:
             assert "is invalid, expected torch.Tensor" in r.stderr
-    assert "Key `model` is invalid" in shell(f"accelerate merge-weights {src / 'combined'} {tmp_path / 'x'}",
-                                             tmp_path).stderr
+    assert (
+        "Key `model` is invalid"
+        in shell(f"accelerate merge-weights {src / 'combined'} {tmp_path / 'x'}", tmp_path).stderr
+    )
 
 
 def test_suggested_commands_run_from_the_users_folder(real_ckpt_copy, tmp_path):
@@ -91,8 +95,10 @@ def test_suggested_commands_run_from_the_users_folder(real_ckpt_copy, tmp_path):
     r = shell(f["command"].replace("DIR", "exported"), tmp_path)
     assert r.returncode == 0, r.stderr
     assert "the model is `dcp-mixed/model/`" in r.stderr
-    same(load_file(tmp_path / "exported" / "model.safetensors"),
-         load_file(tmp_path / "dcp-mixed" / "model_merged" / "model.safetensors"))
+    same(
+        load_file(tmp_path / "exported" / "model.safetensors"),
+        load_file(tmp_path / "dcp-mixed" / "model_merged" / "model.safetensors"),
+    )
 
 
 def test_only_a_combined_dcp_no_peer_command_and_the_export_runs(real_ckpt, tmp_path):
@@ -118,11 +124,14 @@ def test_combined_dcp_named_as_src_exports_its_model_part(real_ckpt, tmp_path):
     export(src / "combined", tmp_path / "combined", component="model")
     export(src / "model", tmp_path / "model")
     same(load_file(tmp_path / "combined" / "model.safetensors"), load_file(tmp_path / "model" / "model.safetensors"))
-    assert not any("optim" in k or k.startswith("state.") for k in load_file(tmp_path / "combined" / "model.safetensors"))
+    assert not any(
+        "optim" in k or k.startswith("state.") for k in load_file(tmp_path / "combined" / "model.safetensors")
+    )
 
 
-@pytest.mark.parametrize("given,said", [("dcp-mixed", "the optimizer state is `dcp-mixed/optimizer/`"),
-                                        ("dcp-mixed/combined", None)])
+@pytest.mark.parametrize(
+    "given,said", [("dcp-mixed", "the optimizer state is `dcp-mixed/optimizer/`"), ("dcp-mixed/combined", None)]
+)
 def test_component_optimizer_exports_the_optimizer_component(real_ckpt_copy, tmp_path, given, said):
     """A run folder holding a model and an optimizer DCP: `--component optimizer` says which it took; a
     combined model+optimizer DCP exports its optimizer half. (Refusals of optimizers not exportable yet:
@@ -132,7 +141,9 @@ def test_component_optimizer_exports_the_optimizer_component(real_ckpt_copy, tmp
     assert r.returncode == 0, r.stderr
     if said:
         assert said in r.stderr
-    assert (tmp_path / "out" / "optimizer.safetensors").is_file() and (tmp_path / "out" / "optimizer_config.json").is_file()
+    assert (tmp_path / "out" / "optimizer.safetensors").is_file() and (
+        tmp_path / "out" / "optimizer_config.json"
+    ).is_file()
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -143,8 +154,11 @@ def test_component_optimizer_without_one(real_ckpt, tmp_path):
 
 # ------------------------------------------------------------------ facts from the files
 
-@pytest.mark.parametrize("variant,sub", [("dcp-mixed", "optimizer"), ("hf-fsdp1", "checkpoint-2/optimizer_0"),
-                                         ("hf-fsdp2", "checkpoint-2/optimizer_0")])
+
+@pytest.mark.parametrize(
+    "variant,sub",
+    [("dcp-mixed", "optimizer"), ("hf-fsdp1", "checkpoint-2/optimizer_0"), ("hf-fsdp2", "checkpoint-2/optimizer_0")],
+)
 def test_optimizer_dcp_reports_its_dtypes_bytes_and_count(real_ckpt, variant, sub):
     path = real_ckpt(variant) / sub
     r = ckpt_tui("inspect", "--json", str(path), cwd=path.parent)
@@ -153,11 +167,15 @@ def test_optimizer_dcp_reports_its_dtypes_bytes_and_count(real_ckpt, variant, su
     facts = node["facts"]
     assert {"param_count", "tensor_bytes", "dtypes", "tensor_count", "containers"} <= set(facts)  # keys kept
     from torch.distributed.checkpoint import FileSystemReader
+
     meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
     tensors = {k: m for k, m in meta.items() if hasattr(m, "chunks")}
     assert facts["tensor_count"] == len(tensors) > 0
-    assert facts["dtypes"] == ["float32"] == sorted({str(m.properties.dtype).removeprefix("torch.")
-                                                     for m in tensors.values()})
+    assert (
+        facts["dtypes"]
+        == ["float32"]
+        == sorted({str(m.properties.dtype).removeprefix("torch.") for m in tensors.values()})
+    )
     assert facts["tensor_bytes"] == sum(m.size.numel() * 4 for m in tensors.values()) > 0
     assert facts["param_count"] == 0  # optimizer state, not model parameters
 
@@ -179,8 +197,12 @@ def test_framework_named_from_evidence_only(real_ckpt, tmp_path):
     assert inspect(ck).inventory.framework == "Accelerate + FSDP (sharded)"
 
 
-FROZEN = [("ds-zero1-frozen", ""), ("ds-zero2-frozen", ""), ("ds-zero3-frozen", ""),
-          ("hf-ds-zero2-tied-frozen", "checkpoint-2")]
+FROZEN = [
+    ("ds-zero1-frozen", ""),
+    ("ds-zero2-frozen", ""),
+    ("ds-zero3-frozen", ""),
+    ("hf-ds-zero2-tied-frozen", "checkpoint-2"),
+]
 
 
 @pytest.mark.parametrize("variant,sub", FROZEN)
@@ -210,8 +232,10 @@ def test_tensor_dtypes_are_what_export_writes_and_upcasts_are_marked(real_ckpt, 
     assert "float32 (upcast from bf16)" in line
     assert "1 frozen tensor(s) have no fp32 master" in table
     plan = ckpt_tui("export", str(src), "--out", "x", "--dry-run", cwd=tmp_path).stdout
-    assert (f"fp32 master weights, except 1 frozen parameter(s) that have none ({next(iter(frozen))}): stored in "
-            "bf16, written upcast to fp32") in " ".join(plan.split())
+    assert (
+        f"fp32 master weights, except 1 frozen parameter(s) that have none ({next(iter(frozen))}): stored in "
+        "bf16, written upcast to fp32"
+    ) in " ".join(plan.split())
 
 
 def test_no_upcast_mark_without_frozen_parameters(real_ckpt, tmp_path):

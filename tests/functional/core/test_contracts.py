@@ -18,9 +18,12 @@ def test_nodes_arrive_as_found_then_analyzed(real_ckpt):
     assert set(found) == every and set(analyzed) == every
     # the whole tree is delivered before any header is read
     assert max(i for i, (k, _) in enumerate(events) if k == "found") < min(
-        i for i, (k, _) in enumerate(events) if k == "analyzed")
+        i for i, (k, _) in enumerate(events) if k == "analyzed"
+    )
     # a folder is analysed after everything below it
-    assert analyzed.index("checkpoint-2/pytorch_model_fsdp_0/.metadata") < analyzed.index("checkpoint-2/pytorch_model_fsdp_0")
+    assert analyzed.index("checkpoint-2/pytorch_model_fsdp_0/.metadata") < analyzed.index(
+        "checkpoint-2/pytorch_model_fsdp_0"
+    )
 
 
 def test_progress_counts_files_and_cancel_stops(real_ckpt):
@@ -39,8 +42,14 @@ def test_progress_counts_files_and_cancel_stops(real_ckpt):
 
 
 def test_plan_is_printable_and_serialisable():
-    plan = Plan("Export model", (PlanStep("write", "out/model.safetensors", "ckpt/pytorch_model_fsdp_0", 2_000_000),
-                                 PlanStep("copy", "out/config.json", "run/config.json", 700)), ("tied: lm_head",))
+    plan = Plan(
+        "Export model",
+        (
+            PlanStep("write", "out/model.safetensors", "ckpt/pytorch_model_fsdp_0", 2_000_000),
+            PlanStep("copy", "out/config.json", "run/config.json", 700),
+        ),
+        ("tied: lm_head",),
+    )
     text = plan.describe()
     assert "write" in text and "out/model.safetensors" in text and "2.0 MB" in text and "note: tied" in text
     assert plan.to_json()["total_bytes"] == 2_000_700

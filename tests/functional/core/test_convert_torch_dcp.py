@@ -23,7 +23,7 @@ from tests.util import torchrun
 ROOT = Path(__file__).resolve().parents[3]
 
 # the FSDP2 side of the proof: TinyLM under fully_shard, the printed code, one step on this rank's share
-RESUME = r'''
+RESUME = r"""
 import json, os, sys
 import torch
 import torch.distributed as dist
@@ -56,11 +56,11 @@ dist.barrier()
 dist.destroy_process_group()
 sys.stdout.flush()
 os._exit(0)  # past torch's C++ teardown, which can abort a gloo rank at exit (as the fixture generators do)
-'''
+"""
 
 
 # frozen and tied runs (bf16, Adam with torch_adam): load under FSDP2 at 2 ranks, write what was loaded
-LOAD = r'''
+LOAD = r"""
 import os, sys
 import torch
 import torch.distributed as dist
@@ -92,13 +92,19 @@ dist.barrier()
 dist.destroy_process_group()
 sys.stdout.flush()
 os._exit(0)  # past torch's C++ teardown, which can abort a gloo rank at exit (as the fixture generators do)
-'''
+"""
 
 
 def cli(*args, cwd) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def printed_code(stdout: str) -> str:
@@ -106,7 +112,7 @@ def printed_code(stdout: str) -> str:
     lines = stdout.splitlines()
     start = lines.index("import torch")
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("step = "))
-    return "\n".join(lines[start:end + 1]) + "\n"
+    return "\n".join(lines[start : end + 1]) + "\n"
 
 
 @pytest.mark.parametrize("fixture", ["ds-resume-zero2", "ds-resume-zero3"])
@@ -128,8 +134,9 @@ def test_deepspeed_run_resumes_under_fsdp2_at_1_and_3_ranks(fixture, real_ckpt, 
     assert min((ref["params"][k] - masters[k]).abs().max().item() for k in ref["params"]) > 1e-4
     (tmp_path / "resume.py").write_text(RESUME)
     for world in (1, 3):
-        (res,) = torchrun(tmp_path / "resume.py", "load.py", run / "reference.pt", f"got{world}.pt", nproc=world,
-                          cwd=tmp_path)
+        (res,) = torchrun(
+            tmp_path / "resume.py", "load.py", run / "reference.pt", f"got{world}.pt", nproc=world, cwd=tmp_path
+        )
         assert res == {"step": ref["step"] - 1, "world": world}
         got = torch.load(tmp_path / f"got{world}.pt", weights_only=True)
         assert sorted(got) == sorted(ref["params"])
@@ -177,8 +184,9 @@ def test_output_is_get_state_dicts_form_and_inspects_as_combined_dcp(real_ckpt, 
     names = [t.name for t in plan.model]
     assert {k for k in md if k.startswith("model.")} == {f"model.{n}" for n in names}
     trainable = plan.param_groups[0]["params"]
-    assert {k for k in md if k.startswith("optimizer.state.")} == \
-        {f"optimizer.state.{n}.{s}" for n in trainable for s in ("step", "exp_avg", "exp_avg_sq")}
+    assert {k for k in md if k.startswith("optimizer.state.")} == {
+        f"optimizer.state.{n}.{s}" for n in trainable for s in ("step", "exp_avg", "exp_avg_sq")
+    }
     # torch AdamW's step: a float32 scalar tensor per parameter, the run's step
     st = {"optimizer": {"state": {n: {"step": torch.tensor(0.0)} for n in trainable}}, "step": -1}
     dcp.load(st, checkpoint_id=res.out)
@@ -216,8 +224,9 @@ def test_hf_trainer_bf16_source_carries_masters_and_rng(real_ckpt, tmp_path):
     assert {f.name for f in plan.carried} == {"rng_state_0.pth", "rng_state_1.pth"}
     assert any("fp32 masters are carried" in x for x in plan.not_carried)
     res = convert_to_torch_dcp(plan)
-    assert (res.out / "rng_state_1.pth").read_bytes() == (real_ckpt("hf-ds-zero2") / "checkpoint-2" /
-                                                          "rng_state_1.pth").read_bytes()
+    assert (res.out / "rng_state_1.pth").read_bytes() == (
+        real_ckpt("hf-ds-zero2") / "checkpoint-2" / "rng_state_1.pth"
+    ).read_bytes()
     assert "rng_state_0.pth" in res.instructions and "fp32 masters" in res.instructions
 
 
@@ -273,12 +282,23 @@ def test_cli_dry_run_writes_nothing_and_help_teaches(real_ckpt, tmp_path):
     r = cli("convert", run / "checkpoint", "--to", "torch-dcp", "--out", tmp_path / "o", "--dry-run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Convert" in r.stdout and "verify" in r.stdout and not (tmp_path / "o").exists()
-    r = cli("convert", run / "checkpoint", "--to", "torch-dcp", "--out", tmp_path / "o", "--dry-run", "--json",
-            cwd=tmp_path)
+    r = cli(
+        "convert", run / "checkpoint", "--to", "torch-dcp", "--out", tmp_path / "o", "--dry-run", "--json", cwd=tmp_path
+    )
     doc = json.loads(r.stdout)
     assert doc["plan"]["zero_stage"] == 3 and doc["plan"]["optimizer_class"] == "AdamW"
-    r = cli("convert", run / "checkpoint", "--to", "torch-dcp", "--out", tmp_path / "o", "--tag", "global_step9",
-            "--dry-run", cwd=tmp_path)
+    r = cli(
+        "convert",
+        run / "checkpoint",
+        "--to",
+        "torch-dcp",
+        "--out",
+        tmp_path / "o",
+        "--tag",
+        "global_step9",
+        "--dry-run",
+        cwd=tmp_path,
+    )
     assert r.returncode == 1 and "global_step9" in r.stderr and "Traceback" not in r.stderr, r.stderr
     h = cli("convert", "--help", cwd=tmp_path)
     assert h.returncode == 0 and "fully_shard" in h.stdout and "--to torch-dcp" in h.stdout
@@ -290,5 +310,7 @@ def test_refuses_what_torch_adam_cannot_continue(real_ckpt):
     with pytest.raises(TorchDcpError, match="bias_correction"):
         torch_dcp.plan._optimizer_class({"type": "Adam", "params": {"bias_correction": False}})
     assert torch_dcp.plan._optimizer_class({"type": "Adam", "params": {"torch_adam": True}})[0] == "AdamW"
-    assert torch_dcp.plan._optimizer_class({"type": "Adam", "params": {"torch_adam": True,
-                                                                        "adam_w_mode": False}})[0] == "Adam"
+    assert (
+        torch_dcp.plan._optimizer_class({"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}})[0]
+        == "Adam"
+    )

@@ -52,18 +52,30 @@ def torch_facts(folder: Path) -> dict:
     files: dict = {}
     for st in md.storage_data.values():
         files[st.relative_path] = max(files.get(st.relative_path, -1), st.offset + st.length)
-    return {"tensors": tensors, "offsets": offsets, "split_dims": dims, "chunks": count,
-            "bytes_entries": bytes_entries, "files": files}
+    return {
+        "tensors": tensors,
+        "offsets": offsets,
+        "split_dims": dims,
+        "chunks": count,
+        "bytes_entries": bytes_entries,
+        "files": files,
+    }
 
 
 def our_facts(info: dcpfmt.DcpInfo) -> dict:
-    return {"tensors": {t.name: (t.shape, t.dtype) for t in info.tensors},
-            "offsets": dcpfmt.chunk_layout(info), "split_dims": info.chunk_dims,
-            "chunks": info.chunk_count, "bytes_entries": info.bytes_entries, "files": info.files}
+    return {
+        "tensors": {t.name: (t.shape, t.dtype) for t in info.tensors},
+        "offsets": dcpfmt.chunk_layout(info),
+        "split_dims": info.chunk_dims,
+        "chunks": info.chunk_count,
+        "bytes_entries": info.bytes_entries,
+        "files": info.files,
+    }
 
 
 def general_read(folder: Path, monkeypatch) -> dcpfmt.DcpInfo:
     """``dcp.read`` through the general reader (every record a stand-in), as before the folding reader."""
+
     def refuse(f, facts=None):
         raise pickles.SummaryMismatch("forced")
 
@@ -77,8 +89,13 @@ def assert_same(folder: Path, monkeypatch) -> None:
     assert our_facts(info) == torch_facts(folder)
     old = general_read(folder, monkeypatch)
     assert our_facts(info) == our_facts(old)
-    assert (info.planner_data, info.version, info.unsafe, info.keys, info.metadata_bytes) == \
-        (old.planner_data, old.version, old.unsafe, old.keys, old.metadata_bytes)
+    assert (info.planner_data, info.version, info.unsafe, info.keys, info.metadata_bytes) == (
+        old.planner_data,
+        old.version,
+        old.unsafe,
+        old.keys,
+        old.metadata_bytes,
+    )
     assert dcpfmt.megatron_tensor_parallel(info) == dcpfmt.megatron_tensor_parallel(old)
     assert dcpfmt.megatron_stacked(info) == dcpfmt.megatron_stacked(old)
 
@@ -93,8 +110,9 @@ def test_folding_reader_used_on_fsdp2():
     assert storage is not None and not unsafe  # not the fallback
 
 
-def write_many_chunks(folder: Path, ranks: int = 64, *, gathered: bool = True, base: int = 0,
-                      protocol: int = pickle.DEFAULT_PROTOCOL) -> None:
+def write_many_chunks(
+    folder: Path, ranks: int = 64, *, gathered: bool = True, base: int = 0, protocol: int = pickle.DEFAULT_PROTOCOL
+) -> None:
     """A DCP .metadata of ``ranks`` ranks written with torch's classes as FileSystemWriter.finish does: tensors
     split on dim 0 (even, uneven with empty chunks past the end), one split on dim 1 (tensor-parallel), a 1-D and
     a 0-d tensor, a bytes entry; each rank's records its own objects (a pickle round trip, as gathered), or with
@@ -111,10 +129,16 @@ def write_many_chunks(folder: Path, ranks: int = 64, *, gathered: bool = True, b
         TensorStorageMetadata,
     )
 
-    shapes = {"emb.weight": (1000, 8), "layers.0.w": (128, 16), "layers.0.tp": (16, 256), "norm.weight": (256,),
-              "step": ()}
-    sdm: dict = {k: TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(s), [])
-                 for k, s in shapes.items()}
+    shapes = {
+        "emb.weight": (1000, 8),
+        "layers.0.w": (128, 16),
+        "layers.0.tp": (16, 256),
+        "norm.weight": (256,),
+        "step": (),
+    }
+    sdm: dict = {
+        k: TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(s), []) for k, s in shapes.items()
+    }
     sdm["extra"] = BytesStorageMetadata()
     storage: dict = {}
     shared: dict = {}  # one torch.Size per distinct chunk size, where not gathered
@@ -147,8 +171,10 @@ def write_many_chunks(folder: Path, ranks: int = 64, *, gathered: bool = True, b
         for k, offs, sz, fname, off, n in recs:
             if offs is not None:
                 sdm[k].chunks.append(ChunkStorageMetadata(offsets=offs, sizes=sz))
-        res = [(MetadataIndex(k, offs, len(sdm[k].chunks) - 1 if offs is not None else None),
-                _StorageInfo(fname, off, n)) for k, offs, sz, fname, off, n in recs]
+        res = [
+            (MetadataIndex(k, offs, len(sdm[k].chunks) - 1 if offs is not None else None), _StorageInfo(fname, off, n))
+            for k, offs, sz, fname, off, n in recs
+        ]
         storage.update(pickle.loads(pickle.dumps(res)) if gathered else res)
     md = Metadata(state_dict_metadata=sdm, planner_data={k: (k,) for k in sdm})
     md.version = "1.0.0"
@@ -202,8 +228,9 @@ def assert_compacted(folder: Path) -> None:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     md = FileSystemReader(str(folder)).read_metadata()
-    regular = {k for k, m in md.state_dict_metadata.items()
-               if isinstance(m, TensorStorageMetadata) and 1 <= len(m.size) <= 3}
+    regular = {
+        k for k, m in md.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata) and 1 <= len(m.size) <= 3
+    }
     chunks = sum(len(md.state_dict_metadata[k].chunks) for k in regular)
     entries = sum(1 for idx in md.storage_data if idx.fqn in regular)
     cut = 2 + (folder / ".metadata").stat().st_size // 65536
@@ -217,14 +244,17 @@ def test_fixtures_are_compacted(folder):
     assert_compacted(folder)
 
 
-@pytest.mark.parametrize("kw", [
-    pytest.param({"ranks": 1100}, id="1100-ranks"),  # lists of over 1,000 records (APPENDS batches), many frames
-    pytest.param({"ranks": 16, "gathered": False}, id="shared-sizes"),  # torch.Size references, not tuples
-    pytest.param({"ranks": 8, "base": 3 << 31}, id="past-4GiB"),  # LONG1 offsets
-    pytest.param({"ranks": 8, "protocol": 2}, id="protocol-2"),  # no frames: not rewritten
-    pytest.param({"ranks": 8, "protocol": 0}, id="protocol-0"),  # text opcodes: read line by line
-    pytest.param({"ranks": 64, "protocol": 5}, id="protocol-5"),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        pytest.param({"ranks": 1100}, id="1100-ranks"),  # lists of over 1,000 records (APPENDS batches), many frames
+        pytest.param({"ranks": 16, "gathered": False}, id="shared-sizes"),  # torch.Size references, not tuples
+        pytest.param({"ranks": 8, "base": 3 << 31}, id="past-4GiB"),  # LONG1 offsets
+        pytest.param({"ranks": 8, "protocol": 2}, id="protocol-2"),  # no frames: not rewritten
+        pytest.param({"ranks": 8, "protocol": 0}, id="protocol-0"),  # text opcodes: read line by line
+        pytest.param({"ranks": 64, "protocol": 5}, id="protocol-5"),
+    ],
+)
 def test_compacted_facts_equal_torch(tmp_path, monkeypatch, kw):
     folder = tmp_path / "dcp"
     write_many_chunks(folder, **kw)

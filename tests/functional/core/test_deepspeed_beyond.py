@@ -6,6 +6,7 @@ Recognised and named, model and optimizer shown, no false missing-rank finding (
 *_optim_states.pt), a real one where a pipeline file is gone; model and optimizer exports bit-exact against
 the oracle: a fresh DeepSpeed engine's ``load_checkpoint`` of the same checkpoint and its fp32 masters and Adam
 state (dumped by the generator to ``<variant>/oracle/``, outside the checkpoint) -- without --trust-pickles."""
+
 from __future__ import annotations
 
 import json
@@ -137,8 +138,15 @@ def test_zero_to_fp32_rejects_them(real_ckpt):
             get_fp32_state_dict_from_zero_checkpoint(str(real_ckpt(variant) / "checkpoint"))
 
 
-@pytest.mark.parametrize("gone", ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
-                                  "layer_02-model_states.pt", "layer_04-model_states.pt"])
+@pytest.mark.parametrize(
+    "gone",
+    [
+        "mp_rank_00_model_states.pt",
+        "mp_rank_01_model_states.pt",
+        "layer_02-model_states.pt",
+        "layer_04-model_states.pt",
+    ],
+)
 def test_a_missing_pipeline_file_is_reported(real_ckpt_copy, gone):
     copy = real_ckpt_copy("ds-pipeline") / "checkpoint"
     (copy / "global_step2" / gone).unlink()
@@ -164,7 +172,6 @@ def test_stage0_findings_never_ask_for_optim_states(real_ckpt_copy):
     assert any(x.severity == "error" for x in rep.findings)
 
 
-
 def test_stage0_module_weights_on_request(real_ckpt, tmp_path):
     """--from-module-states: the bf16 weights the engine computed with (stage 0 records no param_shapes)."""
     res = export(real_ckpt("ds-zero0-bf16") / "checkpoint", tmp_path / "out", from_module_states=True)
@@ -178,8 +185,11 @@ def test_universal_conversion_is_refused_with_the_reason(real_ckpt, tmp_path):
     """ds_to_universal fails on all four: `ckpt-tui universal` says so before running it."""
     from ckpt_tui.core.convert.universal.plan import UniversalError, universal_plan
 
-    for variant, why in (("ds-zero0-bf16", "stage 0"), ("ds-bf16-optimizer", "BF16_Optimizer"),
-                         ("ds-pipeline", "pipeline")):
+    for variant, why in (
+        ("ds-zero0-bf16", "stage 0"),
+        ("ds-bf16-optimizer", "BF16_Optimizer"),
+        ("ds-pipeline", "pipeline"),
+    ):
         with pytest.raises(UniversalError, match=why):
             universal_plan(real_ckpt(variant) / "checkpoint", tmp_path / variant)
 
@@ -199,8 +209,14 @@ def test_printed_load_code_loads_each_export(real_ckpt, tmp_path):
     cases = []
     for variant in IDS:
         shutil.copytree(real_ckpt(variant) / "checkpoint", tmp_path / variant)
-        r = subprocess.run(["ckpt-tui", "export", variant, "--out", f"{variant}-out"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            ["ckpt-tui", "export", variant, "--out", f"{variant}-out"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         cases.append((snippet_after(r.stdout), tmp_path, variant))
     run_load_snippets(cases)

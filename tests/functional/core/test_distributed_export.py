@@ -49,9 +49,25 @@ def hashes(folder: Path) -> dict[str, str]:
 
 
 def single(src: Path, out: Path, component: str = "model") -> dict[str, str]:
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(src), "--out", str(out),
-                        "--max-shard-size", SHARD, "--component", component], env=env(), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_tui",
+            "export",
+            str(src),
+            "--out",
+            str(out),
+            "--max-shard-size",
+            SHARD,
+            "--component",
+            component,
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return hashes(out)
 
@@ -61,14 +77,39 @@ def torchrun(*args: str) -> list[str]:
 
 
 def export_args(src: Path, out: Path, component: str = "model") -> list[str]:
-    return ["-m", "ckpt_tui", "export", str(src), "--out", str(out), "--max-shard-size", SHARD, "--json",
-            "--component", component]
+    return [
+        "-m",
+        "ckpt_tui",
+        "export",
+        str(src),
+        "--out",
+        str(out),
+        "--max-shard-size",
+        SHARD,
+        "--json",
+        "--component",
+        component,
+    ]
 
 
 def node(rank: int, port: int, src: Path, out: Path) -> list[str]:
-    return torchrun("--nnodes", "2", "--node_rank", str(rank), "--nproc_per_node", "1", "--rdzv_backend", "c10d",
-                    "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "ckpt-tui-test", "--max_restarts", "0",
-                    *export_args(src, out))
+    return torchrun(
+        "--nnodes",
+        "2",
+        "--node_rank",
+        str(rank),
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        "ckpt-tui-test",
+        "--max_restarts",
+        "0",
+        *export_args(src, out),
+    )
 
 
 def leftovers(out: Path) -> list[str]:
@@ -98,9 +139,21 @@ def test_one_launcher_two_processes_match_single_export(tmp_path, name, componen
     want = single(src, tmp_path / "single", component)
     assert len(want) >= 4  # shards + index (+ optimizer_config.json)
     out = tmp_path / "dist"
-    r = subprocess.run(torchrun("--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                                *export_args(src, out, component)), env=env(), capture_output=True, text=True,
-                       timeout=180)
+    r = subprocess.run(
+        torchrun(
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            *export_args(src, out, component),
+        ),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     check_result(r.stdout, src, out, want, component)
 
@@ -108,8 +161,10 @@ def test_one_launcher_two_processes_match_single_export(tmp_path, name, componen
 def test_two_launchers_as_two_nodes_match_single_export(src, tmp_path):
     want = single(src, tmp_path / "single")
     out, port = tmp_path / "dist", free_port()
-    procs = [subprocess.Popen(node(i, port, src, out), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in (0, 1)]
+    procs = [
+        subprocess.Popen(node(i, port, src, out), env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in (0, 1)
+    ]
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     check_result("".join(o for o, _ in outs), src, out, want)
@@ -138,9 +193,16 @@ def test_kill_9_of_one_rank_mid_write_ends_the_other_without_output(src, tmp_pat
     procs: list[subprocess.Popen] = []
     try:
         for i in (0, 1):
-            procs.append(subprocess.Popen(node(i, port, src, out), env=stall if i == victim else env(),
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    node(i, port, src, out),
+                    env=stall if i == victim else env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
             if i == 0:
                 wait_listening(port, procs[0])
         deadline = time.monotonic() + 120
@@ -179,10 +241,16 @@ def test_plain_environment_without_torchrun_rank_0_hosts_the_store(src, tmp_path
     per process: no torchrun agent, so rank 0 hosts the store on MASTER_PORT."""
     want = single(src, tmp_path / "single")
     out, port = tmp_path / "dist", free_port()
-    procs = [subprocess.Popen([sys.executable, *export_args(src, out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                                 MASTER_PORT=str(port)))
-             for r in (1, 0)]  # rank 1 first: it waits for rank 0's store
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *export_args(src, out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+        )
+        for r in (1, 0)
+    ]  # rank 1 first: it waits for rank 0's store
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     assert outs[0] == ("", "")  # a rank other than 0 prints nothing
@@ -195,10 +263,16 @@ def test_rank_0_refusing_the_output_stops_every_rank(src, tmp_path):
     out, port = tmp_path / "dist", free_port()
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    procs = [subprocess.Popen([sys.executable, *export_args(src, out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                                 MASTER_PORT=str(port)))
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *export_args(src, out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [1, 1], outs
     # rank 1 names rank 0's reason, read from rank 0's start record ("rank 0 could not start: …") or, when
@@ -212,11 +286,16 @@ def test_launcher_stopping_the_other_local_rank_cleans_up(src, tmp_path):
     """One launcher, two processes: when one dies, torchrun stops the other with SIGTERM; that rank removes
     the temp folder before it exits (SIGTERM is turned into an interruption, not a silent death)."""
     out, pid_file = tmp_path / "dist", tmp_path / "stalled.pid"
-    p = subprocess.Popen(torchrun("--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                                  *export_args(src, out)),
-                         env=env(CKPT_TUI_TEST_STALL_AFTER_BYTES="1", CKPT_TUI_TEST_STALL_RANK="1",
-                                 CKPT_TUI_TEST_STALL_PIDFILE=str(pid_file)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        torchrun("--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()), *export_args(src, out)),
+        env=env(
+            CKPT_TUI_TEST_STALL_AFTER_BYTES="1", CKPT_TUI_TEST_STALL_RANK="1", CKPT_TUI_TEST_STALL_PIDFILE=str(pid_file)
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not pid_file.exists() or not pid_file.read_text():
@@ -245,8 +324,10 @@ def test_rank_0_progress_counts_every_rank(src, tmp_path, monkeypatch):
     from ckpt_tui.core.export.write import ExportError
 
     port, out = free_port(), tmp_path / "dist"
-    stores = [dist.TCPStore("127.0.0.1", port, 2, is_master=r == 0, wait_for_workers=False,
-                            timeout=timedelta(seconds=20)) for r in (0, 1)]
+    stores = [
+        dist.TCPStore("127.0.0.1", port, 2, is_master=r == 0, wait_for_workers=False, timeout=timedelta(seconds=20))
+        for r in (0, 1)
+    ]
     monkeypatch.setenv(STALL_ENV, "1")
     monkeypatch.setenv("CKPT_TUI_TEST_STALL_RANK", "0")
     plans = [plan_export(str(src), str(out), max_shard_size=SHARD)[0] for _ in (0, 1)]
@@ -255,8 +336,12 @@ def test_rank_0_progress_counts_every_rank(src, tmp_path, monkeypatch):
 
     def run(r):
         try:
-            execute_distributed(plans[r], StoreGroup(stores[r], r, 2, hosts_store=r == 0), on_progress=seen.append if r == 0 else None,
-                                cancel=cancel if r == 0 else None)
+            execute_distributed(
+                plans[r],
+                StoreGroup(stores[r], r, 2, hosts_store=r == 0),
+                on_progress=seen.append if r == 0 else None,
+                cancel=cancel if r == 0 else None,
+            )
         except ExportError as e:
             errors.append((r, str(e)))
 
@@ -277,11 +362,27 @@ def test_rank_0_progress_counts_every_rank(src, tmp_path, monkeypatch):
 
 def test_dry_run_under_a_launcher_prints_the_plan_once(src, tmp_path):
     out = tmp_path / "dist"
-    procs = [subprocess.Popen([sys.executable, "-m", "ckpt_tui", "export", str(src), "--out", str(out),
-                               "--max-shard-size", SHARD, "--dry-run"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"))
-             for r in (0, 1)]  # port 1: nobody listens; a dry run never joins the store
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ckpt_tui",
+                "export",
+                str(src),
+                "--out",
+                str(out),
+                "--max-shard-size",
+                SHARD,
+                "--dry-run",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
+        )
+        for r in (0, 1)
+    ]  # port 1: nobody listens; a dry run never joins the store
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "model-00003-of-00003.safetensors" in outs[0][0] and outs[1] == ("", "")

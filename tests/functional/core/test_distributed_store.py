@@ -31,13 +31,20 @@ PREFIX = "ckpt_tui/export/run/0/"  # what connect_from_env uses: a trailing "/",
 
 
 def torch_master(use_libuv: bool, timeout: float = 10.0) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=use_libuv,
-                         timeout=timedelta(seconds=timeout))
+    return dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=use_libuv, timeout=timedelta(seconds=timeout)
+    )
 
 
 def torch_client(port: int, timeout: float = 10.0, use_libuv: bool = True) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, use_libuv=use_libuv,
-                         timeout=timedelta(seconds=timeout))
+    return dist.TCPStore(
+        "127.0.0.1",
+        port,
+        is_master=False,
+        wait_for_workers=False,
+        use_libuv=use_libuv,
+        timeout=timedelta(seconds=timeout),
+    )
 
 
 @pytest.mark.parametrize("use_libuv", [True, False], ids=["libuv", "classic"])
@@ -150,8 +157,9 @@ time.sleep(600)
 def test_a_store_that_vanishes_or_goes_silent_raises_within_the_timeout(host, how):
     """kill -9 of the store's process: the next request fails at once; a store that stops answering
     (SIGSTOP: the connection stays open) fails within the client's timeout. Never a hang."""
-    p = subprocess.Popen([sys.executable, "-c", HOST_STORE, host], stdout=subprocess.PIPE, text=True,
-                         env=env(), start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOST_STORE, host], stdout=subprocess.PIPE, text=True, env=env(), start_new_session=True
+    )
     try:
         port = int(p.stdout.readline())
         c = TCPStoreClient("127.0.0.1", port, timeout=2.0)
@@ -167,8 +175,11 @@ def test_a_store_that_vanishes_or_goes_silent_raises_within_the_timeout(host, ho
                 c.check(["a"])
         took = time.monotonic() - t0
         assert took < (1.0 if how == "kill-9" else 3.5), (took, e.value)
-        assert ("closed" in str(e.value) or "reset" in str(e.value)) if how == "kill-9" else \
-            "no answer from the store within 2 s" in str(e.value)
+        assert (
+            ("closed" in str(e.value) or "reset" in str(e.value))
+            if how == "kill-9"
+            else "no answer from the store within 2 s" in str(e.value)
+        )
         with pytest.raises(StoreError):  # and it stays failed, at once
             c.get("a")
         group = StoreGroup(c, 1, 2)  # what the export sees: its own message, as with torch's client
@@ -261,10 +272,25 @@ def test_ranks_under_torchrun_do_not_import_torch(tmp_path, store):
     src = fixture_path("fsdp2-dcp")
     want = single(src, tmp_path / "single")
     out, logs = tmp_path / "dist", tmp_path / "logs"
-    r = subprocess.run(torchrun("--nnodes", "1", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                                "--log-dir", str(logs), "--redirects", "2", *export_args(src, out)),
-                       env=env(PYTHONPROFILEIMPORTTIME="1", **{STORE_ENV: store}), capture_output=True, text=True,
-                       timeout=180)
+    r = subprocess.run(
+        torchrun(
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            "--log-dir",
+            str(logs),
+            "--redirects",
+            "2",
+            *export_args(src, out),
+        ),
+        env=env(PYTHONPROFILEIMPORTTIME="1", **{STORE_ENV: store}),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     check_result(r.stdout, src, out, want)
     for log in rank_logs(logs):

@@ -1,4 +1,5 @@
 """deepspeed_source / universal_source against DeepSpeed itself (zero_to_fp32), bit for bit."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,11 +21,22 @@ ENGINE = "global_step2"
 HF = "checkpoint-2/global_step2"
 LIGHTNING = "checkpoints/epoch=0-step=2.ckpt/checkpoint"
 VARIANTS = {
-    "ds-zero1-bf16": ENGINE, "ds-zero2-bf16": ENGINE, "ds-zero3-bf16": ENGINE, "ds-zero2-fp32": ENGINE,
-    "ds-zero2-tied": ENGINE, "ds-zero1-frozen": ENGINE, "ds-zero2-frozen": ENGINE, "ds-zero3-frozen": ENGINE,
-    "ds-zero2-3ranks": ENGINE, "ds-zero3-3ranks": ENGINE,
-    "hf-ds-zero1": HF, "hf-ds-zero2": HF, "hf-ds-zero3": HF, "hf-ds-zero2-tied-frozen": HF,
-    "lightning-ds-zero2": LIGHTNING, "lightning-ds-zero3": LIGHTNING,
+    "ds-zero1-bf16": ENGINE,
+    "ds-zero2-bf16": ENGINE,
+    "ds-zero3-bf16": ENGINE,
+    "ds-zero2-fp32": ENGINE,
+    "ds-zero2-tied": ENGINE,
+    "ds-zero1-frozen": ENGINE,
+    "ds-zero2-frozen": ENGINE,
+    "ds-zero3-frozen": ENGINE,
+    "ds-zero2-3ranks": ENGINE,
+    "ds-zero3-3ranks": ENGINE,
+    "hf-ds-zero1": HF,
+    "hf-ds-zero2": HF,
+    "hf-ds-zero3": HF,
+    "hf-ds-zero2-tied-frozen": HF,
+    "lightning-ds-zero2": LIGHTNING,
+    "lightning-ds-zero3": LIGHTNING,
 }
 FROZEN = {"ds-zero1-frozen", "ds-zero2-frozen", "ds-zero3-frozen", "hf-ds-zero2-tied-frozen"}
 
@@ -33,16 +45,18 @@ def _reference(tag_dir: Path, exclude_frozen: bool):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     with contextlib.redirect_stdout(io.StringIO()):
-        return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name,
-                                                        exclude_frozen_parameters=exclude_frozen)
+        return get_fp32_state_dict_from_zero_checkpoint(
+            str(tag_dir.parent), tag=tag_dir.name, exclude_frozen_parameters=exclude_frozen
+        )
 
 
 def _module_weights(tag_dir: Path) -> dict:
     return torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
 
 
-@pytest.mark.parametrize("variant,exclude_frozen",
-                         [(v, False) for v in VARIANTS] + [(v, True) for v in VARIANTS if v in FROZEN])
+@pytest.mark.parametrize(
+    "variant,exclude_frozen", [(v, False) for v in VARIANTS] + [(v, True) for v in VARIANTS if v in FROZEN]
+)
 def test_matches_zero_to_fp32(real_ckpt, variant, exclude_frozen):
     tag_dir = real_ckpt(variant) / VARIANTS[variant]
     ref = _reference(tag_dir, exclude_frozen)

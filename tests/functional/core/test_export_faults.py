@@ -53,8 +53,14 @@ def _sigint_as_in_a_terminal() -> None:
 
 
 def start(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "ckpt_tui", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_sigint_as_in_a_terminal,
+        **kw,
+    )
 
 
 @contextmanager
@@ -103,8 +109,14 @@ print("DONE", flush=True)
 # fraction. Each step reports its first and its last chunk, so every point is reached: the first
 # chunk written, mid-write, all written (before the index), the first chunk verified, mid-verify,
 # all verified (just before the final rename).
-KILL_POINTS = [("writing", 0.0), ("writing", 0.5), ("writing", 1.0),
-               ("verifying", 0.0), ("verifying", 0.5), ("verifying", 1.0)]
+KILL_POINTS = [
+    ("writing", 0.0),
+    ("writing", 0.5),
+    ("writing", 1.0),
+    ("verifying", 0.0),
+    ("verifying", 0.5),
+    ("verifying", 1.0),
+]
 
 
 def test_kill_minus_9_at_every_step(big, tmp_path):
@@ -115,8 +127,13 @@ def test_kill_minus_9_at_every_step(big, tmp_path):
     script.write_text(KILLER)
     for label, frac in KILL_POINTS:
         out = tmp_path / f"out-{label}-{frac}"
-        proc = subprocess.Popen([sys.executable, str(script), str(big), str(out)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(big), str(out)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         killed_at = None
         try:
             for line in proc.stdout:
@@ -156,8 +173,12 @@ def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
     else:
         assert tmp.is_dir()  # a kill -9 cannot clean up: the next run does
     # the next run cleans up what a killed one left, and succeeds
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(out), "--no-verify"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", "export", str(big), "--out", str(out), "--no-verify"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert not list(tmp_path.glob(".out.tmp-*")) and (out / "model.safetensors").is_file()
 
@@ -165,8 +186,12 @@ def test_kill_or_interrupt_mid_export(big, tmp_path, signum, code):
 def test_second_export_into_the_same_folder_refuses(small, tmp_path):
     out = tmp_path / "out"
     with export_frozen_mid_way(small, out) as (p, lease, tmp):
-        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "export", str(small), "--out", str(out)],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "ckpt_tui", "export", str(small), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 1 and "another ckpt-tui is exporting" in r.stderr
         assert tmp.is_dir()  # the refused export touched nothing of the running one
         lease.release()
@@ -193,8 +218,10 @@ def test_source_changing_during_export_is_detected(small, tmp_path):
 def test_disk_full_on_a_real_small_filesystem(real_ckpt, tmp_path):
     src = real_ckpt("hf-fsdp1") / "checkpoint-2"
     before = digest(src)
-    script = (f"mount -t tmpfs -o size=256k tmpfs {tmp_path} && mkdir {tmp_path}/mnt && "
-              f"{sys.executable} -m ckpt_tui export {src} --out {tmp_path}/mnt/out; echo rc=$?; ls -a {tmp_path}/mnt")
+    script = (
+        f"mount -t tmpfs -o size=256k tmpfs {tmp_path} && mkdir {tmp_path}/mnt && "
+        f"{sys.executable} -m ckpt_tui export {src} --out {tmp_path}/mnt/out; echo rc=$?; ls -a {tmp_path}/mnt"
+    )
     r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     if "mount" in r.stderr and "rc=" not in r.stdout:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")

@@ -1,6 +1,7 @@
 """The export wizard's domain answers come from the core: which components it offers (model weights
 only, not the files inside them) and the free space an export needs (``export_needs``: exactly what the
 export writes, never the optimizer states). On real checkpoints."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,9 +20,12 @@ def test_export_candidates_are_model_weights_not_their_parts(real_ckpt):
     assert [p for p, _ in inv.export_candidates()] == ["checkpoint-2/global_step2", "checkpoint-2/model.safetensors"]
 
 
-NEEDS = [("hf-ds-zero2", "checkpoint-2/global_step2", {}), ("ds-zero2-bf16", "global_step2", {"dtype": "bf16"}),
-         ("hf-model-sharded", "model.safetensors.index.json", {"max_shard_size": "100KB"}),
-         ("fsdp2-dcp", ".", {})]
+NEEDS = [
+    ("hf-ds-zero2", "checkpoint-2/global_step2", {}),
+    ("ds-zero2-bf16", "global_step2", {"dtype": "bf16"}),
+    ("hf-model-sharded", "model.safetensors.index.json", {"max_shard_size": "100KB"}),
+    ("fsdp2-dcp", ".", {}),
+]
 
 
 @pytest.mark.parametrize("variant,rel,opts", NEEDS)

@@ -48,13 +48,16 @@ def flat(d, prefix=""):
     return out
 
 
-@pytest.mark.parametrize("variant,sub,pick", [
-    ("hf-fsdp1", "checkpoint-2/pytorch_model_fsdp_0", None),
-    ("hf-fsdp2", "checkpoint-2/pytorch_model_fsdp_0", None),
-    ("fsdp1-dcp", "", None),
-    ("fsdp2-dcp", "", "model"),
-    ("lightning-fsdp", "checkpoints/epoch=0-step=2.ckpt", "model"),
-])
+@pytest.mark.parametrize(
+    "variant,sub,pick",
+    [
+        ("hf-fsdp1", "checkpoint-2/pytorch_model_fsdp_0", None),
+        ("hf-fsdp2", "checkpoint-2/pytorch_model_fsdp_0", None),
+        ("fsdp1-dcp", "", None),
+        ("fsdp2-dcp", "", "model"),
+        ("lightning-fsdp", "checkpoints/epoch=0-step=2.ckpt", "model"),
+    ],
+)
 def test_dcp_equals_dcp_to_torch_save(real_ckpt, tmp_path, variant, sub, pick):
     src = real_ckpt(variant) / sub if sub else real_ckpt(variant)
     res = export(src, tmp_path / "out")
@@ -88,27 +91,51 @@ def test_torchtitan_model_keys_at_top_level(real_ckpt, tmp_path):
     src = real_ckpt("torchtitan") / "checkpoint/step-1"
     export(src, tmp_path / "out")
     ref = dcp_oracle(src, tmp_path)
-    model = {k: v for k, v in flat(ref).items()
-             if k.split(".")[0] not in ("optimizer", "lr_scheduler", "dataloader", "train_state")}
+    model = {
+        k: v
+        for k, v in flat(ref).items()
+        if k.split(".")[0] not in ("optimizer", "lr_scheduler", "dataloader", "train_state")
+    }
     same(load_file(tmp_path / "out" / "model.safetensors"), model)
 
 
 def test_first_user_report_equals_accelerate_merge_weights(real_ckpt, tmp_path):
     """Pointed at checkpoint-2 (not the sub-folder), we pick the model; accelerate needs the sub-folder."""
     ck = real_ckpt("hf-fsdp1") / "checkpoint-2"
-    bad = subprocess.run([sys.executable, "-m", "accelerate.commands.accelerate_cli", "merge-weights", str(ck),
-                          str(tmp_path / "acc_bad")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.accelerate_cli",
+            "merge-weights",
+            str(ck),
+            str(tmp_path / "acc_bad"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and ".metadata" in bad.stderr  # the reported failure, still there
-    r = subprocess.run([sys.executable, "-m", "accelerate.commands.accelerate_cli", "merge-weights",
-                        str(ck / "pytorch_model_fsdp_0"), str(tmp_path / "acc")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.accelerate_cli",
+            "merge-weights",
+            str(ck / "pytorch_model_fsdp_0"),
+            str(tmp_path / "acc"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     res = export(ck, tmp_path / "ours")
     assert any("pytorch_model_fsdp_0" in n for n in res.notes)
     same(load_file(tmp_path / "ours" / "model.safetensors"), load_file(tmp_path / "acc" / "model.safetensors"))
 
 
-@pytest.mark.parametrize("variant,sub", [("fsdp-full", ""), ("hf-model-bin", ""), ("plain-pt", ""),
-                                         ("megatron-legacy", "")])
+@pytest.mark.parametrize(
+    "variant,sub", [("fsdp-full", ""), ("hf-model-bin", ""), ("plain-pt", ""), ("megatron-legacy", "")]
+)
 def test_torch_files_equal_torch_load(real_ckpt, tmp_path, variant, sub):
     res = export(real_ckpt(variant), tmp_path / "out")
     files = [p for p in real_ckpt(variant).rglob("*") if p.suffix in (".bin", ".pt") and p.name != "training_args.bin"]
@@ -122,11 +149,19 @@ def test_torch_files_equal_torch_load(real_ckpt, tmp_path, variant, sub):
 def test_every_dtype_survives_and_casting(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    sd = {"f32": torch.randn(3, 4), "bf16": torch.randn(5, dtype=torch.bfloat16), "f16": torch.randn(2, 2).half(),
-          "i64": torch.arange(6).reshape(2, 3), "i8": torch.tensor([-1, 2], dtype=torch.int8),
-          "u8": torch.tensor([255], dtype=torch.uint8), "b": torch.tensor([True, False]), "scalar": torch.tensor(3.5),
-          "empty": torch.zeros(0, 4), "f64": torch.randn(2, dtype=torch.float64),
-          "view": torch.arange(12.0).reshape(3, 4).t()}  # a non-contiguous view
+    sd = {
+        "f32": torch.randn(3, 4),
+        "bf16": torch.randn(5, dtype=torch.bfloat16),
+        "f16": torch.randn(2, 2).half(),
+        "i64": torch.arange(6).reshape(2, 3),
+        "i8": torch.tensor([-1, 2], dtype=torch.int8),
+        "u8": torch.tensor([255], dtype=torch.uint8),
+        "b": torch.tensor([True, False]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "f64": torch.randn(2, dtype=torch.float64),
+        "view": torch.arange(12.0).reshape(3, 4).t(),
+    }  # a non-contiguous view
     torch.save(sd, src / "model.pt")
     export(src, tmp_path / "keep")
     got = load_file(tmp_path / "keep" / "model.safetensors")
@@ -153,8 +188,11 @@ def test_sharded_output_index_and_from_pretrained(real_ckpt, tmp_path):
             for k in f.keys():
                 assert idx["weight_map"][k] == s
     assert set(idx["weight_map"]) == {k for s in shards for k in load_file(out / s)}
-    assert idx["metadata"]["total_size"] == res.bytes == sum(
-        t.numel() * t.element_size() for s in shards for t in load_file(out / s).values())
+    assert (
+        idx["metadata"]["total_size"]
+        == res.bytes
+        == sum(t.numel() * t.element_size() for s in shards for t in load_file(out / s).values())
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     ref = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(out))
     state = flat(dcp_oracle(ck / "pytorch_model_fsdp_0", tmp_path))
@@ -215,8 +253,19 @@ def test_dry_run_plan_is_pure(real_ckpt, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("variant", ["ds-zero1-bf16", "ds-zero2-bf16", "ds-zero3-bf16", "ds-zero2-tied",
-                                     "ds-zero2-frozen", "ds-zero3-frozen", "ds-zero2-3ranks", "ds-zero3-3ranks"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "ds-zero1-bf16",
+        "ds-zero2-bf16",
+        "ds-zero3-bf16",
+        "ds-zero2-tied",
+        "ds-zero2-frozen",
+        "ds-zero3-frozen",
+        "ds-zero2-3ranks",
+        "ds-zero3-3ranks",
+    ],
+)
 def test_deepspeed_export_equals_zero_to_fp32(real_ckpt, tmp_path, variant):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -27,8 +27,10 @@ def test_dcp_metadata_missing_names_last_complete_sibling(real_ckpt, tmp_path):
     f = only(rep, "dcp-metadata-missing")[0]
     assert f.severity == "error" and f.path == "checkpoint-4/pytorch_model_fsdp_0"
     assert f"`{run / 'checkpoint-2'}/`" in f.message and "ranks 0, 1" in f.message  # inspected by absolute path
-    assert [(c["path"], c["complete"]) for c in rep.inventory.checkpoints] == [("checkpoint-4", False),
-                                                                              ("checkpoint-2", True)]
+    assert [(c["path"], c["complete"]) for c in rep.inventory.checkpoints] == [
+        ("checkpoint-4", False),
+        ("checkpoint-2", True),
+    ]
 
 
 def test_rank_local_metadata_is_not_missing(real_ckpt):
@@ -67,8 +69,10 @@ def test_zero3_model_states_missing(real_ckpt_copy):
 
 def test_world_size_mismatch_from_mixed_runs(real_ckpt, real_ckpt_copy):
     d = real_ckpt_copy("ds-zero2-bf16")
-    shutil.copy(real_ckpt("ds-zero2-3ranks") / "global_step2" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt",
-                d / "global_step2")
+    shutil.copy(
+        real_ckpt("ds-zero2-3ranks") / "global_step2" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt",
+        d / "global_step2",
+    )
     f = only(inspect(d), "world-size-mismatch")[0]
     assert "bf16_zero_pp_rank_2" in f.message
 
@@ -142,8 +146,10 @@ def test_unsafe_pickle_in_a_real_checkpoint(real_ckpt_copy, tmp_path):
 
 def test_mixed_dtypes_and_tied_in_a_torch_file(tmp_path):
     emb = torch.randn(8, 4)
-    torch.save({"embed.weight": emb, "lm_head.weight": emb, "norm.weight": torch.ones(4, dtype=torch.bfloat16)},
-               tmp_path / "pytorch_model.bin")
+    torch.save(
+        {"embed.weight": emb, "lm_head.weight": emb, "norm.weight": torch.ones(4, dtype=torch.bfloat16)},
+        tmp_path / "pytorch_model.bin",
+    )
     rep = inspect(tmp_path)
     assert "bfloat16" in only(rep, "mixed-dtypes")[0].message
     assert "embed.weight = lm_head.weight" in only(rep, "tied-weights")[0].message

@@ -1,5 +1,6 @@
 """Importing any ckpt_tui.core module must not pull in the UI (textual, rich) or the heavy
 frameworks (torch, deepspeed): core reads headers and is used by the CLI's fast paths."""
+
 from __future__ import annotations
 
 import json

@@ -31,17 +31,63 @@ CASES = [
     ("ds-zero3-3ranks", "", "deepspeed", {}, set(), set()),
     ("universal", "", "universal", {"model": "global_step2_universal"}, set(), {"latest-missing"}),
     ("universal-zero2", "", "universal", {}, set(), set()),
-    ("hf-ds-zero1", "checkpoint-2", "hf-trainer-deepspeed", {"model": "global_step2"}, {"universal-info-missing"}, set()),
-    ("hf-ds-zero2", "checkpoint-2", "hf-trainer-deepspeed", {"model": "global_step2"}, {"universal-info-missing"}, set()),
-    ("hf-ds-zero3", "checkpoint-2", "hf-trainer-deepspeed", {"model": "global_step2"}, set(), {"universal-info-missing"}),
+    (
+        "hf-ds-zero1",
+        "checkpoint-2",
+        "hf-trainer-deepspeed",
+        {"model": "global_step2"},
+        {"universal-info-missing"},
+        set(),
+    ),
+    (
+        "hf-ds-zero2",
+        "checkpoint-2",
+        "hf-trainer-deepspeed",
+        {"model": "global_step2"},
+        {"universal-info-missing"},
+        set(),
+    ),
+    (
+        "hf-ds-zero3",
+        "checkpoint-2",
+        "hf-trainer-deepspeed",
+        {"model": "global_step2"},
+        set(),
+        {"universal-info-missing"},
+    ),
     ("hf-ds-zero2-tied-frozen", "checkpoint-2", "hf-trainer-deepspeed", {}, {"tied-weights", "frozen-params"}, set()),
-    ("hf-fsdp1", "checkpoint-2", "hf-trainer-fsdp", {"model": "pytorch_model_fsdp_0", "optimizer": "optimizer_0"},
-     {"dcp-components"}, set()),
-    ("hf-fsdp2", "checkpoint-2", "hf-trainer-fsdp", {"model": "pytorch_model_fsdp_0", "optimizer": "optimizer_0"},
-     {"dcp-components"}, set()),
-    ("lightning-ds-zero2", "checkpoints/epoch=0-step=2.ckpt", "lightning-deepspeed", {"model": "checkpoint"},
-     {"universal-info-missing"}, set()),
-    ("lightning-ds-zero3", "checkpoints/epoch=0-step=2.ckpt", "lightning-deepspeed", {"model": "checkpoint"}, set(), set()),
+    (
+        "hf-fsdp1",
+        "checkpoint-2",
+        "hf-trainer-fsdp",
+        {"model": "pytorch_model_fsdp_0", "optimizer": "optimizer_0"},
+        {"dcp-components"},
+        set(),
+    ),
+    (
+        "hf-fsdp2",
+        "checkpoint-2",
+        "hf-trainer-fsdp",
+        {"model": "pytorch_model_fsdp_0", "optimizer": "optimizer_0"},
+        {"dcp-components"},
+        set(),
+    ),
+    (
+        "lightning-ds-zero2",
+        "checkpoints/epoch=0-step=2.ckpt",
+        "lightning-deepspeed",
+        {"model": "checkpoint"},
+        {"universal-info-missing"},
+        set(),
+    ),
+    (
+        "lightning-ds-zero3",
+        "checkpoints/epoch=0-step=2.ckpt",
+        "lightning-deepspeed",
+        {"model": "checkpoint"},
+        set(),
+        set(),
+    ),
     ("lightning-fsdp", "checkpoints/epoch=0-step=2.ckpt", "lightning-fsdp", {"model": "."}, set(), set()),
     ("fsdp1-dcp", "", "dcp", {"model": "."}, set(), set()),
     ("fsdp2-dcp", "", "dcp", {"model": ".", "optimizer": "."}, set(), set()),
@@ -52,7 +98,14 @@ CASES = [
     ("dcp-safetensors", "", "hf-model", {}, set(), set()),
     ("torchtitan", "checkpoint/step-1", "torchtitan", {"model": ".", "optimizer": "."}, set(), {"unsafe-pickle"}),
     ("megatron-dist", "checkpoints", "megatron-dist", {"model": "iter_0000010"}, set(), {"unsafe-pickle"}),
-    ("megatron-legacy", "", "megatron-legacy", {"model+optimizer": "iter_0000010/mp_rank_00/model_optim_rng.pt"}, set(), set()),
+    (
+        "megatron-legacy",
+        "",
+        "megatron-legacy",
+        {"model+optimizer": "iter_0000010/mp_rank_00/model_optim_rng.pt"},
+        set(),
+        set(),
+    ),
     ("accelerate-save-state", "", "accelerate", {"model": "model.safetensors"}, set(), set()),
     ("hf-model-sharded", "", "hf-model", {"model": "model.safetensors.index.json"}, set(), set()),
     ("hf-model-bin", "", "hf-model", {"model": "pytorch_model.bin"}, set(), set()),
@@ -80,9 +133,17 @@ def test_layout_components_findings(real_ckpt, variant, sub, layout, comps, pres
         assert tensors and all(t.nbytes >= 0 for t in tensors)
 
 
-@pytest.mark.parametrize("variant,stage,world,prefix", [
-    ("ds-zero1-bf16", 1, 2, "bf16_"), ("ds-zero2-bf16", 2, 2, "bf16_"), ("ds-zero3-bf16", 3, 2, "bf16_"),
-    ("ds-zero2-fp32", 2, 2, ""), ("ds-zero2-3ranks", 2, 3, "bf16_"), ("ds-zero3-3ranks", 3, 3, "bf16_")])
+@pytest.mark.parametrize(
+    "variant,stage,world,prefix",
+    [
+        ("ds-zero1-bf16", 1, 2, "bf16_"),
+        ("ds-zero2-bf16", 2, 2, "bf16_"),
+        ("ds-zero3-bf16", 3, 2, "bf16_"),
+        ("ds-zero2-fp32", 2, 2, ""),
+        ("ds-zero2-3ranks", 2, 3, "bf16_"),
+        ("ds-zero3-3ranks", 3, 3, "bf16_"),
+    ],
+)
 def test_deepspeed_facts(real_ckpt, variant, stage, world, prefix):
     rep = inspect(real_ckpt(variant))
     f = rep.inventory.node("global_step2").facts

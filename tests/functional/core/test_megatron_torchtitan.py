@@ -3,6 +3,7 @@
 ``CheckpointManager.save``), inspected without --trust-pickles and exported bit-exact against their oracles:
 megatron-core's own ``dist_checkpointing.load`` on one rank (``oracle/``, made in the framework's venv) and
 torch's ``dcp_to_torch_save`` for torchtitan (torch alone reads it: no framework needed)."""
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ def node(rep, path: str):
 
 
 # ---------------------------------------------------------------- Megatron-Core torch_dist
+
 
 def test_megatron_metadata_and_common_state_read_as_data(real_ckpt):
     """.metadata holds every rank's save plan (SavePlan/WriteItem/TensorWriteData), common.pt the args: all inert data
@@ -90,7 +92,10 @@ def test_megatron_export_equals_dist_checkpointing_load(real_ckpt, tmp_path, sub
         seen.add(ours_name)
     assert seen == set(ours)
     # the names are the checkpoint's: megatron's local layer spec loads input_layernorm from the TE-spec key
-    assert keys["decoder.layers.1.input_layernorm.weight"] == ["decoder.layers.self_attention.linear_qkv.layer_norm_weight", 1]
+    assert keys["decoder.layers.1.input_layernorm.weight"] == [
+        "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+        1,
+    ]
     assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in ours
     # `ckpt-tui verify OUT --against SRC`: torch's own DCP loader, the stacks sliced the same way
     from ckpt_tui.core.verify import verify
@@ -118,13 +123,16 @@ def test_megatron_files_of_another_world_size(real_ckpt, tmp_path):
 
 # ---------------------------------------------------------------- torchtitan CheckpointManager
 
+
 def test_torchtitan_run_full_and_model_only(real_ckpt):
     run = real_ckpt("torchtitan") / "checkpoint"
     rep = inspect(run)
     inv = rep.inventory
     assert inv.layout == "run-folder"
     assert [(c["path"], c["step"], c["layout"]) for c in inv.checkpoints] == [
-        ("step-2", 2, "torchtitan"), ("step-1", 1, "torchtitan")]
+        ("step-2", 2, "torchtitan"),
+        ("step-1", 1, "torchtitan"),
+    ]
     assert "unsafe-pickle" not in codes(rep)
     # each checkpoint of the run names its framework (the details pane's framework row)
     assert {inv.node(c).framework for c in ("step-1", "step-2")} == {"torchtitan"}
@@ -170,10 +178,14 @@ def test_torchtitan_missing_rank_file(real_ckpt, tmp_path):
 
 # ---------------------------------------------------------------- the TUI shows them
 
-@pytest.mark.parametrize("variant,sub,expect,child", [
-    ("megatron-dist", "checkpoints", "Megatron-Core (torch_dist), TP=2, 2 ranks, step 10", "iter_0000010/"),
-    ("torchtitan", "checkpoint", "torchtitan, 2 ranks, step 2", "step-1/"),
-])
+
+@pytest.mark.parametrize(
+    "variant,sub,expect,child",
+    [
+        ("megatron-dist", "checkpoints", "Megatron-Core (torch_dist), TP=2, 2 ranks, step 10", "iter_0000010/"),
+        ("torchtitan", "checkpoint", "torchtitan, 2 ranks, step 2", "step-1/"),
+    ],
+)
 async def test_tui_shows_framework_and_layout(real_ckpt, variant, sub, expect, child):
     from ckpt_tui.ui.app import make_app
     from tests.functional.ui.test_app import wait_for
@@ -199,8 +211,11 @@ def test_torchtitan_optimizer_export_equals_dcp_to_torch_save(real_ckpt, tmp_pat
     ours = load_file(tmp_path / "out" / "optimizer.safetensors")
     dcp_to_torch_save(src, tmp_path / "ref.pt")
     ref = torch.load(tmp_path / "ref.pt", weights_only=False)["optimizer"]
-    states = {k.removeprefix("state."): v for k, v in ref.items()
-              if k.startswith("state.") and k.endswith((".exp_avg", ".exp_avg_sq"))}
+    states = {
+        k.removeprefix("state."): v
+        for k, v in ref.items()
+        if k.startswith("state.") and k.endswith((".exp_avg", ".exp_avg_sq"))
+    }
     assert states and set(states) == set(ours)
     for k, v in states.items():
         assert ours[k].dtype == v.dtype and torch.equal(ours[k], v), k

@@ -2,6 +2,7 @@
 own `ds_to_universal` (run for real through `ckpt-tui universal` on a copy): every parameter's
 exp_avg, exp_avg_sq and fp32 master, the step, the param groups; frozen parameters (no optimizer
 state) accounted for; a sharded output; names as the model export has them; the refusals."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,15 @@ def state_tensor(path: Path) -> torch.Tensor:
     return obj["param"] if isinstance(obj, dict) else obj
 
 
-CASES = [("ds-zero1-bf16", 1, []), ("ds-zero2-bf16", 2, []), ("ds-zero3-bf16", 3, []),
-         ("ds-zero1-frozen", 1, ["embed_tokens.weight"]), ("ds-zero3-frozen", 3, ["embed_tokens.weight"]),
-         ("ds-zero2-3ranks", 2, []), ("ds-zero3-3ranks", 3, [])]  # 3 ranks: uneven partitions, padding
+CASES = [
+    ("ds-zero1-bf16", 1, []),
+    ("ds-zero2-bf16", 2, []),
+    ("ds-zero3-bf16", 3, []),
+    ("ds-zero1-frozen", 1, ["embed_tokens.weight"]),
+    ("ds-zero3-frozen", 3, ["embed_tokens.weight"]),
+    ("ds-zero2-3ranks", 2, []),
+    ("ds-zero3-3ranks", 3, []),
+]  # 3 ranks: uneven partitions, padding
 
 
 @pytest.mark.parametrize("variant,stage,frozen", CASES, ids=[c[0] for c in CASES])
@@ -95,8 +102,9 @@ def test_sharded_output(real_ckpt, tmp_path):
     one, many = load_file(tmp_path / "one" / "optimizer.safetensors"), load_optimizer_export(tmp_path / "many")
     assert sorted(one) == sorted(many) == sorted(index["weight_map"])
     assert all(torch.equal(one[k], many[k]) for k in one)
-    assert (tmp_path / "many" / "optimizer_config.json").read_text() == \
-        (tmp_path / "one" / "optimizer_config.json").read_text()
+    assert (tmp_path / "many" / "optimizer_config.json").read_text() == (
+        tmp_path / "one" / "optimizer_config.json"
+    ).read_text()
 
 
 def test_fp32_run_writes_no_master(real_ckpt, tmp_path):
@@ -152,9 +160,14 @@ def test_the_printed_load_code_runs_as_printed(real_ckpt, tmp_path, shard):
     args = ["export", str(real_ckpt("ds-zero2-bf16")), "--out", "out", "--component", "optimizer"]
     r = ckpt_tui(*args, *(["--max-shard-size", shard] if shard else []), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    got = run_printed(snippet_after(r.stdout), tmp_path,
-                      "{'keys': sorted(sd), 'step': config['step'], 'groups': len(config['param_groups'])}")
-    assert got["keys"] == sorted(load_optimizer_export(tmp_path / "out")) and any(k.endswith(".exp_avg_sq") for k in got["keys"])
+    got = run_printed(
+        snippet_after(r.stdout),
+        tmp_path,
+        "{'keys': sorted(sd), 'step': config['step'], 'groups': len(config['param_groups'])}",
+    )
+    assert got["keys"] == sorted(load_optimizer_export(tmp_path / "out")) and any(
+        k.endswith(".exp_avg_sq") for k in got["keys"]
+    )
     assert got["step"] == 2 and got["groups"] >= 1
 
 
@@ -177,8 +190,8 @@ def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
     from tests.snippets import run_printed, snippet_after
 
     text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    block = text[text.index("$ ckpt-tui export checkpoint-2 --component optimizer --out optim/\n"):]
-    command, said, *shown = block[:block.index("```")].splitlines()
+    block = text[text.index("$ ckpt-tui export checkpoint-2 --component optimizer --out optim/\n") :]
+    command, said, *shown = block[: block.index("```")].splitlines()
     shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", tmp_path / "checkpoint-2")
     r = ckpt_tui(*command.split()[2:], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -189,12 +202,15 @@ def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
 
     assert [seconds(x) for x in r.stdout.splitlines()] == [seconds(x) for x in shown]
     master = "sd['model.embed_tokens.weight.master']"
-    got = run_printed(snippet_after(r.stdout), tmp_path,
-                      f"{{'keys': sorted(sd), 'shape': list({master}.shape), 'dtype': str({master}.dtype),"
-                      " 'config': {k: config[k] for k in ('step', 'zero_stage')},"
-                      " 'opt': [config['optimizer']['type'], config['optimizer']['params']['lr']],"
-                      " 'groups': [(len(g['params']), sorted(k for k in ('lr', 'betas', 'eps', 'weight_decay') if k in g))"
-                      " for g in config['param_groups']]}")
+    got = run_printed(
+        snippet_after(r.stdout),
+        tmp_path,
+        f"{{'keys': sorted(sd), 'shape': list({master}.shape), 'dtype': str({master}.dtype),"
+        " 'config': {k: config[k] for k in ('step', 'zero_stage')},"
+        " 'opt': [config['optimizer']['type'], config['optimizer']['params']['lr']],"
+        " 'groups': [(len(g['params']), sorted(k for k in ('lr', 'betas', 'eps', 'weight_decay') if k in g))"
+        " for g in config['param_groups']]}",
+    )
     names = sorted({k.rsplit(".", 1)[0] for k in got["keys"]})
     assert len(names) == 21 and len(got["keys"]) == 63
     assert all(f"{n}.{s}" in got["keys"] for n in names for s in ("exp_avg", "exp_avg_sq", "master"))

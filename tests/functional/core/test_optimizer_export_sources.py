@@ -3,6 +3,7 @@
 Accelerate `optimizer.bin`), bit-exact against torch's own readers: `dcp_to_torch_save` of the DCP,
 `torch.load(weights_only=True)` of the file. Names as the model export of the same checkpoint has them;
 index-keyed state named only where the model's parameters line up with it, else `param_<i>`."""
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,16 @@ def check_against(sd: dict, cfg: dict, ref_opt: dict, names_of) -> None:
 
 
 # (fixture, what SRC is inside it, the optimizer DCP folder inside SRC)
-DCP_CASES = [("hf-fsdp1", ".", "checkpoint-2/optimizer_0"), ("hf-fsdp2", ".", "checkpoint-2/optimizer_0"),
-             ("dcp-mixed", ".", "optimizer"), ("dcp-mixed", "combined", "."), ("fsdp2-dcp", ".", "."),
-             ("demo", "fsdp-trainer-run", "checkpoint-20/optimizer_0"),
-             ("torchtitan", "checkpoint/step-1", "."),  # a flattened optimizer state dict: state.<fqn>.exp_avg as one key
-             ("lightning-fsdp", ".", "checkpoints/epoch=0-step=2.ckpt")]  # one DCP holds model and optimizer_0
+DCP_CASES = [
+    ("hf-fsdp1", ".", "checkpoint-2/optimizer_0"),
+    ("hf-fsdp2", ".", "checkpoint-2/optimizer_0"),
+    ("dcp-mixed", ".", "optimizer"),
+    ("dcp-mixed", "combined", "."),
+    ("fsdp2-dcp", ".", "."),
+    ("demo", "fsdp-trainer-run", "checkpoint-20/optimizer_0"),
+    ("torchtitan", "checkpoint/step-1", "."),  # a flattened optimizer state dict: state.<fqn>.exp_avg as one key
+    ("lightning-fsdp", ".", "checkpoints/epoch=0-step=2.ckpt"),
+]  # one DCP holds model and optimizer_0
 
 
 def unflatten(opt: dict) -> dict:
@@ -84,7 +90,7 @@ def test_dcp_matches_dcp_to_torch_save(real_ckpt, tmp_path, fixture, src, dcp):
     ref = torch.load(tmp_path / "ref.pt", weights_only=False)  # torchtitan keeps BytesIO state beside: trusted fixture
     top = [k for k in ("optimizer", "optim", "optimizer_0") if k in ref]
     strip = "model." if fixture == "lightning-fsdp" else ""  # the LightningModule's attribute, as for the model
-    check_against(sd, cfg, unflatten(ref[top[0]] if top else ref), lambda fqn: fqn[len(strip):])
+    check_against(sd, cfg, unflatten(ref[top[0]] if top else ref), lambda fqn: fqn[len(strip) :])
 
     # names as the model export of the same checkpoint has them
     export(src, tmp_path / "model")
@@ -102,10 +108,12 @@ def test_dcp_matches_dcp_to_torch_save(real_ckpt, tmp_path, fixture, src, dcp):
 
 
 # (fixture, file, the optimizer state in torch.load's object, names by index: "model" or "param")
-FILE_CASES = [("plain-pt-optim", "checkpoint.pt", lambda o: o["optimizer"], "model"),
-              ("lightning-file-optim", "last.ckpt", lambda o: o["optimizer_states"][0], "model"),
-              ("plain-pt-optim-groups", "checkpoint.pt", lambda o: o["optimizer"], "param"),
-              ("accelerate-save-state", "optimizer.bin", lambda o: o, "param")]
+FILE_CASES = [
+    ("plain-pt-optim", "checkpoint.pt", lambda o: o["optimizer"], "model"),
+    ("lightning-file-optim", "last.ckpt", lambda o: o["optimizer_states"][0], "model"),
+    ("plain-pt-optim-groups", "checkpoint.pt", lambda o: o["optimizer"], "param"),
+    ("accelerate-save-state", "optimizer.bin", lambda o: o, "param"),
+]
 
 
 @pytest.mark.parametrize("fixture,file,pick,named", FILE_CASES, ids=[c[0] for c in FILE_CASES])
@@ -146,8 +154,10 @@ def test_sharded_output_and_needs(real_ckpt, tmp_path):
     written = sum(p.stat().st_size for p in (tmp_path / "many").iterdir())
     report = inspect(src)
     assert plan.output_bytes == written
-    assert export_needs(report, report.inventory.model_node("checkpoint-2"), component="optimizer",
-                        max_shard_size="40KB") == written
+    assert (
+        export_needs(report, report.inventory.model_node("checkpoint-2"), component="optimizer", max_shard_size="40KB")
+        == written
+    )
 
 
 def test_what_the_wizard_is_offered(real_ckpt):
@@ -198,8 +208,11 @@ def test_cli_and_the_printed_load_code_run_as_printed(real_ckpt, tmp_path):
     r = ckpt_tui(*line.split()[1:], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "verified ✓" in r.stdout and "optimizer_config.json" in r.stdout
-    got = run_printed(snippet_after(r.stdout), tmp_path,
-                      "{'keys': sorted(sd), 'step': config['step'], 'groups': len(config['param_groups'])}")
+    got = run_printed(
+        snippet_after(r.stdout),
+        tmp_path,
+        "{'keys': sorted(sd), 'step': config['step'], 'groups': len(config['param_groups'])}",
+    )
     assert got["keys"] == sorted(load_optimizer_export(tmp_path / "optim")) and got["step"] == 2 and got["groups"] == 2
     r = ckpt_tui("verify", "optim", "--against", "checkpoint-2", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("✓"), r.stdout + r.stderr
@@ -228,7 +241,9 @@ def test_both_side_by_side_in_one_folder(real_ckpt, tmp_path, fixture):
     assert rm.verified and ro.verified and rm.out == ro.out == tmp_path / "both"
     export(src, tmp_path / "model")
     export(src, tmp_path / "optim", component="optimizer")
-    assert sorted(os.listdir(tmp_path / "both")) == sorted(os.listdir(tmp_path / "model") + os.listdir(tmp_path / "optim"))
+    assert sorted(os.listdir(tmp_path / "both")) == sorted(
+        os.listdir(tmp_path / "model") + os.listdir(tmp_path / "optim")
+    )
     for f in os.listdir(tmp_path / "both"):
         other = tmp_path / ("model" if (tmp_path / "model" / f).exists() else "optim") / f
         assert (tmp_path / "both" / f).read_bytes() == other.read_bytes(), f

@@ -19,8 +19,14 @@ STRIPPED = "stripped the LightningModule attribute prefix `model.` from every na
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=_env())
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env=_env(),
+    )
 
 
 def _env():
@@ -47,7 +53,7 @@ def test_lightning_export_strips_the_one_attribute_prefix(real_ckpt, tmp_path, n
     plain = source_names(src)
     assert plain and all(n.startswith("model.") for n in plain)  # LitLM.model = TinyLM()
     res = export(src, tmp_path / "default")
-    assert names_in(tmp_path / "default") == {n[len("model."):] for n in plain}
+    assert names_in(tmp_path / "default") == {n[len("model.") :] for n in plain}
     assert res.stripped_prefix == "model." and STRIPPED in res.notes
     v = verify(tmp_path / "default", src)
     assert v.ok and v.compared == len(plain) and v.stripped_prefix == "model."
@@ -73,8 +79,9 @@ def test_no_prefix_is_stripped_outside_lightning(real_ckpt, tmp_path, name):
     src = real_ckpt(name)
     plan, _ = plan_export(src, tmp_path / "out")
     assert plan.prefix.strip is None and not plan.prefix.lightning
-    assert [t.name for f in plan.files for t in f.tensors] == \
-        [n for n in source_names(src) if n not in {a for a, _ in plan.dropped_tied}]
+    assert [t.name for f in plan.files for t in f.tensors] == [
+        n for n in source_names(src) if n not in {a for a, _ in plan.dropped_tied}
+    ]
     assert not any("LightningModule" in n for n in plan.to_plan().notes)
 
 
@@ -148,7 +155,7 @@ def test_verify_passes_on_default_and_kept_lightning_exports(exports):
 
 # -- single-file Lightning .ckpt (the `state_dict` entry), one attribute and several ------------------
 
-GEN = r'''
+GEN = r"""
 import sys
 from pathlib import Path
 import lightning as L
@@ -171,7 +178,7 @@ for cls, name in ((One, "one.ckpt"), (Two, "two.ckpt")):
                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(out))
     trainer.fit(cls(), torch.utils.data.DataLoader([batch(i, 0, bs=1)[0] for i in range(2)], batch_size=2))
     trainer.save_checkpoint(out / name)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +200,9 @@ def test_lightning_ckpt_files_one_attribute_stripped_several_kept(lightning_file
     assert "nothing stripped" in two.stdout and "`head.`, `model.`" in two.stdout
     assert {n.split(".")[0] for n in names_in(d / "two-out")} == {"model", "head"}
     assert "`model` is your LightningModule" in two.stdout
-    run_load_snippets([(snippet_after(one.stdout), d, "lightning-file-one"),
-                       (snippet_after(two.stdout), d, "lightning-file-two")])
+    run_load_snippets(
+        [(snippet_after(one.stdout), d, "lightning-file-one"), (snippet_after(two.stdout), d, "lightning-file-two")]
+    )
     v = verify(d / "one-out", d / "one.ckpt")  # torch.load of the file's state_dict entry
     assert v.ok and v.compared == 17 and v.stripped_prefix == "model."
     v = verify(d / "two-out", d / "two.ckpt")
@@ -203,13 +211,13 @@ def test_lightning_ckpt_files_one_attribute_stripped_several_kept(lightning_file
 
 def test_the_readme_example_is_what_export_prints(real_ckpt, tmp_path):
     text = (ROOT / "README.md").read_text()
-    block = text[text.index("$ ckpt-tui export lightning-run --out merged\n"):]
-    block = block[:block.index("```")]
+    block = text[text.index("$ ckpt-tui export lightning-run --out merged\n") :]
+    block = block[: block.index("```")]
     command, note, *code = block.splitlines()
     shutil.copytree(real_ckpt("lightning-ds-zero2"), tmp_path / "lightning-run")
     r = cli(*command.split()[2:], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert note + "\n" in r.stdout
-    printed = r.stdout[r.stdout.index("Load it with:\n"):].splitlines()
+    printed = r.stdout[r.stdout.index("Load it with:\n") :].splitlines()
     assert printed == code
     run_load_snippets([(snippet_after(r.stdout), tmp_path, "lightning-ds-zero2")])

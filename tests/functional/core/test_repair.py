@@ -1,6 +1,7 @@
 """Repairs (`ckpt-tui fix`) on real checkpoints written by the real frameworks, or really corrupted
 copies of them: dry run changes nothing, apply fixes and re-inspects, idempotent, backup intact,
 refusals leave everything as it was, and a repair killed at any point leaves the old or the new file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -147,9 +148,19 @@ def test_ds_to_universal_without_inject_succeeds_after_fix(real_ckpt_copy, tmp_p
     for variant in ("lightning-ds-zero2", "hf-ds-zero2"):
         root = real_ckpt_copy(variant)
         tag = root / TAGS[variant]
-        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag),
-               "--output_folder", str(tmp_path / variant / "out"), "--num_extract_workers", "1",
-               "--num_merge_workers", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(tag),
+            "--output_folder",
+            str(tmp_path / variant / "out"),
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+        ]
         p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
         assert p.returncode != 0 and "universal_checkpoint_info" in (p.stdout + p.stderr)
         assert _only(root, "universal-info")[0].apply().ok
@@ -158,7 +169,7 @@ def test_ds_to_universal_without_inject_succeeds_after_fix(real_ckpt_copy, tmp_p
         assert (tmp_path / variant / "out" / "zero" / "optimizer_state.pt").is_file()
 
 
-RESUME = textwrap.dedent('''
+RESUME = textwrap.dedent("""
     import sys, json, torch, deepspeed
     from ckpt_tui.samples._common import TinyLM, init_dist, seed_all
     from ckpt_tui.samples.ds_engine import ds_config
@@ -193,7 +204,7 @@ RESUME = textwrap.dedent('''
         print("RESULT " + json.dumps(out), flush=True)
     from ckpt_tui.samples._common import finish
     finish()
-''')
+""")
 
 
 def test_fixed_checkpoint_resumes_in_deepspeed_and_next_time_advice(real_ckpt_copy, tmp_path):
@@ -207,8 +218,17 @@ def test_fixed_checkpoint_resumes_in_deepspeed_and_next_time_advice(real_ckpt_co
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
     nxt = tmp_path / "next"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-           json.dumps(jobs), str(nxt)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        json.dumps(jobs),
+        str(nxt),
+    ]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400, cwd=tmp_path)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert line, p.stdout[-3000:] + p.stderr[-3000:]
@@ -362,7 +382,7 @@ def test_permission_denied_nothing_changed(real_ckpt, shared_tmp):
 
 # ------------------------------------------------------------------ kill -9 at several points
 
-KILLER = textwrap.dedent('''
+KILLER = textwrap.dedent("""
     import sys, time
     from ckpt_tui.core.report import inspect
     from ckpt_tui.core.repair import repairs_for
@@ -373,11 +393,13 @@ KILLER = textwrap.dedent('''
         time.sleep(0.3)
     res = r.apply(on_progress=on_progress)
     print("DONE", res.ok, flush=True)
-''')
+""")
 
 
-@pytest.mark.parametrize("variant,rid,rel", [("ds-zero2-bf16", "universal-info", "global_step2/" + MS),
-                                             ("ds-zero2-bf16", "latest", "latest")])
+@pytest.mark.parametrize(
+    "variant,rid,rel",
+    [("ds-zero2-bf16", "universal-info", "global_step2/" + MS), ("ds-zero2-bf16", "latest", "latest")],
+)
 def test_kill_minus_9_leaves_old_or_new(real_ckpt_copy, tmp_path, variant, rid, rel):
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
@@ -399,8 +421,13 @@ def test_kill_minus_9_leaves_old_or_new(real_ckpt_copy, tmp_path, variant, rid, 
         b = backup_path(root / rel)
         if b.exists():
             b.unlink()
-        proc = subprocess.Popen([sys.executable, str(script), str(root), rid], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, env=_env(), text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(root), rid],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=_env(),
+            text=True,
+        )
         events = 0
         killed = False
         for line in proc.stdout:
@@ -432,8 +459,14 @@ def test_kill_minus_9_leaves_old_or_new(real_ckpt_copy, tmp_path, variant, rid, 
 
 
 def _cli(*args, stdin=subprocess.DEVNULL):
-    return subprocess.run([*FIX, *args], capture_output=True, text=True,
-                          stdin=stdin, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    return subprocess.run(
+        [*FIX, *args],
+        capture_output=True,
+        text=True,
+        stdin=stdin,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
 
 
 def test_cli_fix_contract(real_ckpt_copy, tmp_path):

@@ -1,12 +1,11 @@
 """After the in-place `universal-info` repair, the HF Trainer still resumes the checkpoint (2 ranks,
 as saved), on CPU with the real Trainer and DeepSpeed."""
 
-
 from ckpt_tui.core.repair import repairs_for
 from ckpt_tui.core.report import inspect
 from tests.util import torchrun
 
-HF_RESUME = r'''
+HF_RESUME = r"""
 import json, os, sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, finish, init_dist
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
@@ -28,7 +27,7 @@ if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleav
     os.write(1, ("RESULT " + json.dumps({"global_step": tr.state.global_step,
                                           "engine_steps": tr.deepspeed.global_steps}) + "\n").encode())
 finish()  # leave without the interpreter's teardown (see _common.finish)
-'''
+"""
 
 
 def test_hf_trainer_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
@@ -43,7 +42,7 @@ def test_hf_trainer_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
     assert results == [{"global_step": 3, "engine_steps": 3}]
 
 
-LIGHTNING_RESUME = r'''
+LIGHTNING_RESUME = r"""
 import json, os, sys, torch
 import lightning as L
 from ckpt_tui.samples._common import finish, init_dist, seed_all
@@ -64,7 +63,7 @@ if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleav
     os.write(1, ("RESULT " + json.dumps({"global_step": trainer.global_step,
                                           "epoch": trainer.current_epoch}) + "\n").encode())
 finish()  # leave without the interpreter's teardown (see _common.finish)
-'''
+"""
 
 
 def test_lightning_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
@@ -89,13 +88,17 @@ def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     res = convert_to_universal(universal_plan(ck))
     assert f"ckpt_path={str(ck)!r}" in res.instructions
     script = tmp_path / "resume.py"
-    script.write_text(LIGHTNING_RESUME.replace('"zero_optimization": {"stage": 2}',
-                                               '"zero_optimization": {"stage": 2}, "checkpoint": {"load_universal": True}'))
+    script.write_text(
+        LIGHTNING_RESUME.replace(
+            '"zero_optimization": {"stage": 2}',
+            '"zero_optimization": {"stage": 2}, "checkpoint": {"load_universal": True}',
+        )
+    )
     results = torchrun(script, ck, tmp_path / "run", nproc=1, cwd=tmp_path)
     assert [x["global_step"] for x in results] == [4], results
 
 
-HF_SAVE_WITH_INFO = r'''
+HF_SAVE_WITH_INFO = r"""
 import sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, finish, init_dist, seed_all
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
@@ -111,9 +114,9 @@ model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
 model.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}   # the README's one line
 Trainer(model=model, args=args, train_dataset=_Data()).train()
 finish()  # leave without the interpreter's teardown (see _common.finish)
-'''
+"""
 
-LIGHTNING_SAVE_WITH_INFO = r'''
+LIGHTNING_SAVE_WITH_INFO = r"""
 import os, sys, torch
 import lightning as L
 from ckpt_tui.samples._common import finish, init_dist, seed_all
@@ -138,15 +141,17 @@ trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", 
                     callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=os.path.join(out, "checkpoints"))])
 trainer.fit(WithInfo(), torch.utils.data.DataLoader(lc._Data(), batch_size=2))
 finish()  # leave without the interpreter's teardown (see _common.finish)
-'''
+"""
 
 
 def test_next_time_advice_makes_deepspeed_write_the_key(tmp_path):
     """The README's one line for HF Trainer and for Lightning: the saved checkpoint then has
     universal_checkpoint_info, so ds_to_universal accepts it and the finding does not appear."""
 
-    for name, code, ck in (("hf", HF_SAVE_WITH_INFO, "checkpoint-2"),
-                           ("lightning", LIGHTNING_SAVE_WITH_INFO, "checkpoints/epoch=0-step=2.ckpt")):
+    for name, code, ck in (
+        ("hf", HF_SAVE_WITH_INFO, "checkpoint-2"),
+        ("lightning", LIGHTNING_SAVE_WITH_INFO, "checkpoints/epoch=0-step=2.ckpt"),
+    ):
         script = tmp_path / f"save_{name}.py"
         script.write_text(code)
         out = tmp_path / name

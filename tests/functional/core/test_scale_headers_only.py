@@ -1,6 +1,7 @@
 """Headers only, at scale: a 1,024-rank, ~1 TB (sparse) HF Trainer + FSDP checkpoint is inspected
 by reading its ``.metadata`` and nothing of the 1,024 shard files; and the CLI starts without
 importing torch, deepspeed or textual."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -97,10 +98,13 @@ os.write(2, ("\n" + json.dumps(sorted(m for m in ("torch", "deepspeed", "textual
 """
 
 
-@pytest.mark.parametrize("what, banned", [
-    ("import", {"torch", "deepspeed", "textual", "rich"}),
-    ("--help", {"torch", "deepspeed", "textual"}),
-])
+@pytest.mark.parametrize(
+    "what, banned",
+    [
+        ("import", {"torch", "deepspeed", "textual", "rich"}),
+        ("--help", {"torch", "deepspeed", "textual"}),
+    ],
+)
 def test_cli_startup_is_light(what, banned):
     p = subprocess.run([sys.executable, "-c", _MODULES, what], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-4000:]

@@ -2,6 +2,7 @@
 `ckpt-tui tensors`) and that the listing is what the file really holds: every DeepSpeed model-states
 and optim-states file of real ZeRO-2/ZeRO-3 and HF Trainer checkpoints listed from headers equals
 torch.load of the file (names, shapes, dtypes); the optim-states reader an optimizer export will use."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,9 @@ def test_every_states_file_lists_what_torch_load_holds(real_ckpt, variant):
         rows = list(list_tensors(comp, inv.parsed))
         got = {t.name: (tuple(t.shape), t.dtype) for t in rows}
         assert len(got) == len(rows) and got == loaded(p), p.name
-        assert all(t.nbytes == numel(t.shape) * torch.empty(0, dtype=getattr(torch, t.dtype)).element_size()
-                   for t in rows)
+        assert all(
+            t.nbytes == numel(t.shape) * torch.empty(0, dtype=getattr(torch, t.dtype)).element_size() for t in rows
+        )
         if OPTIM_STATES_RE.match(p.name):
             names = " ".join(got)
             assert "exp_avg" in names and "exp_avg_sq" in names and ("fp32_groups" in names or "fp32_flat" in names)
@@ -63,8 +65,13 @@ def test_every_states_file_lists_what_torch_load_holds(real_ckpt, variant):
 
 def _cli_tensors(path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", "tensors", "--json", str(path)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", "tensors", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("variant", list(TAGS))
@@ -143,8 +150,13 @@ def test_listable_dcp_files_show_their_folder_and_universal_param_folders(real_c
     assert [(t.name, t.shape, t.dtype) for t in list_tensors(comp)] == [("fp32.pt", tuple(real.shape), "float32")]
 
 
-@pytest.mark.parametrize("variant,rel", [("ds-zero2-bf16", "global_step2/mp_rank_00_model_states.pt"),
-                                         ("lightning-ds-zero2", "checkpoints/epoch=0-step=2.ckpt/checkpoint/mp_rank_00_model_states.pt")])
+@pytest.mark.parametrize(
+    "variant,rel",
+    [
+        ("ds-zero2-bf16", "global_step2/mp_rank_00_model_states.pt"),
+        ("lightning-ds-zero2", "checkpoints/epoch=0-step=2.ckpt/checkpoint/mp_rank_00_model_states.pt"),
+    ],
+)
 def test_stats_are_named_as_the_listing_names_them(real_ckpt, variant, rel):
     """`ckpt-tui stats` of a DeepSpeed model-states file reads the `module` weights (named `X`, as export
     names them); the listing of the same file names them `module.X`: each statistic carries the listing's

@@ -93,8 +93,11 @@ def test_convert_real(real_ckpt, real_ckpt_copy, tmp_path, variant, sub, tag, co
     seen = []
     res = convert_to_universal(plan, on_progress=seen.append)
     assert res.verification.ok, res.verification.problems
-    assert seen and seen[-1].done == seen[-1].total == plan.expected_files or any(
-        p.done == plan.expected_files for p in seen)
+    assert (
+        seen
+        and seen[-1].done == seen[-1].total == plan.expected_files
+        or any(p.done == plan.expected_files for p in seen)
+    )
     # the source is byte-identical, apart from what we added beside the tag (copies only)
     after = tree_sums(base)
     added = set(after) - set(sums)
@@ -245,8 +248,14 @@ def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt_copy, tmp_path):
     marker = str(tmp_path / TMP_PREFIX)
     script = tmp_path / "kill9.py"
     script.write_text(KILL9)
-    cli = subprocess.Popen([sys.executable, str(script), str(src), str(out)], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    cli = subprocess.Popen(
+        [sys.executable, str(script), str(src), str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     lease = None
     try:
         assert cli.stdout.readline() == "PLANNED\n", cli.stderr.read()
@@ -255,8 +264,9 @@ def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt_copy, tmp_path):
         cli.stdin.flush()
         lease.wait_blocked(proc=cli)  # the converter is mid-conversion, waiting on that file
         running = converter_pids(marker)
-        assert any("ds_to_universal" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                   for p in running), "the converter is not running"
+        assert any(
+            "ds_to_universal" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") for p in running
+        ), "the converter is not running"
         os.kill(cli.pid, signal.SIGKILL)
         cli.wait()
         assert wait_gone(marker, 10) == [], "converter/watchdog outlived ckpt-tui"
@@ -275,14 +285,16 @@ def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt_copy, tmp_path):
 
 
 def test_cli(real_ckpt, tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ckpt_tui", "universal", *a], capture_output=True,
-                                    text=True, cwd=ROOT)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", "universal", *a], capture_output=True, text=True, cwd=ROOT
+    )
     r = run(str(tmp_path / "nope"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = run(str(real_ckpt("hf-fsdp1") / "checkpoint-2"))
     assert r.returncode == 1 and "not a DeepSpeed ZeRO checkpoint" in r.stderr and "Traceback" not in r.stderr
-    r = run(str(real_ckpt("ds-zero2-frozen")), "--out", str(tmp_path / "uc"), "--dry-run", "--json",
-            "--target-stage", "3")
+    r = run(
+        str(real_ckpt("ds-zero2-frozen")), "--out", str(tmp_path / "uc"), "--dry-run", "--json", "--target-stage", "3"
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1 and doc["plan"]["frozen"] == ["embed_tokens.weight"]
@@ -295,7 +307,7 @@ def test_cli(real_ckpt, tmp_path):
     assert r.returncode == 1 and "not empty" in r.stderr
 
 
-LOAD_SCRIPT = r'''
+LOAD_SCRIPT = r"""
 import json, sys
 from pathlib import Path
 import torch
@@ -327,7 +339,7 @@ engine.step()
 torch.save({"masters": masters, "frozen_before": frozen_before, "frozen_after": frozen_after}, out_dir / "state.pt")
 (out_dir / "out.json").write_text(json.dumps({"load_path": load_path, "global_steps": steps_loaded,
     "after_step": engine.global_steps, "world": deepspeed.comm.get_world_size(), "loss": float(loss)}))
-'''
+"""
 
 
 def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
@@ -348,8 +360,14 @@ def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
     from ckpt_tui.samples import launch_env
 
     env = launch_env()  # the fixture generators' env: DeepSpeed's CPU comm op is already built in their cache
-    r = subprocess.run([sys.executable, str(script), str(ckdir), str(tmp_path), str(tmp_path / "snippet.py")],
-                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(script), str(ckdir), str(tmp_path), str(tmp_path / "snippet.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["world"] == 1 and out["global_steps"] == 2 and out["after_step"] == 3
@@ -365,7 +383,7 @@ def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
     assert torch.equal(st["frozen_after"], frozen_ckpt)  # the exported file did
 
 
-HF_RESUME = r'''
+HF_RESUME = r"""
 import json, sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, init_dist
 from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
@@ -384,7 +402,7 @@ model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
 tr = Trainer(model=model, args=args, train_dataset=_Data())
 tr.train(resume_from_checkpoint=ck)
 print("RESULT " + json.dumps({"global_step": tr.state.global_step, "engine_steps": tr.deepspeed.global_steps}))
-'''
+"""
 
 
 def test_hf_trainer_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
@@ -398,8 +416,14 @@ def test_hf_trainer_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
     assert f"resume_from_checkpoint={str(ck)!r}" in res.instructions
     script = tmp_path / "resume.py"
     script.write_text(HF_RESUME)
-    r = subprocess.run([sys.executable, str(script), str(ck), str(tmp_path / "run")], capture_output=True, text=True,
-                       env=launch_env(), timeout=300, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(script), str(ck), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
     assert json.loads(line[7:]) == {"global_step": 3, "engine_steps": 3}
@@ -414,8 +438,11 @@ def test_frozen_parameters_exported_afterwards_as_the_instructions_say(real_ckpt
 
     real_ckpt_copy("ds-zero2-frozen")
     sh = lambda cmd: subprocess.run(cmd, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    r = sh("ckpt-tui universal ds-zero2-frozen --no-export-frozen".replace("ckpt-tui", shlex.quote(
-        sys.executable) + " -m ckpt_tui"))
+    r = sh(
+        "ckpt-tui universal ds-zero2-frozen --no-export-frozen".replace(
+            "ckpt-tui", shlex.quote(sys.executable) + " -m ckpt_tui"
+        )
+    )
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "ds-zero2-frozen" / "frozen_params.safetensors").exists()
     uni = tmp_path / "ds-zero2-frozen" / "global_step2_universal"
@@ -434,6 +461,7 @@ def test_frozen_parameters_exported_afterwards_as_the_instructions_say(real_ckpt
     frozen = tmp_path / "ds-zero2-frozen" / "frozen_params.safetensors"
     assert frozen.is_file() and {p: p.stat().st_mtime_ns for p in uni.rglob("*")} == before
     from safetensors.torch import load_file
+
     assert "embed_tokens.weight" in load_file(frozen)
     r = sh(f"{shlex.quote(sys.executable)} -m ckpt_tui inspect ds-zero2-frozen --json")
     f = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "universal-info-missing"][0]

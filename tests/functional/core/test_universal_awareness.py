@@ -25,8 +25,9 @@ UNI = "checkpoint-2/global_step2_universal"
 def ckpt_tui(*args, cwd):
     """The console script as a user runs it, from ``cwd`` (paths relative to it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 def run_printed(command: str, cwd):
@@ -76,10 +77,22 @@ def test_after_conversion_inspect_says_how_to_load_not_convert(converted):
     assert f["severity"] == "info" and f["command"] is None and f["fix"] is None
     assert "`checkpoint-2/global_step2_universal/` is its universal checkpoint (21 parameters" in f["message"]
     # the very text `ckpt-tui universal` prints, with the paths as the user gave them
-    want = load_instructions(UniversalLoad(
-        out_shown=UNI, out_name="global_step2_universal", ckdir_shown="checkpoint-2", ckdir_code="checkpoint-2",
-        ckdir_name="checkpoint-2", stage=2, global_step=2, frozen=[], buffers=[], framework="HF Trainer + DeepSpeed",
-        frozen_code="checkpoint-2/frozen_params.safetensors", frozen_exported=False))
+    want = load_instructions(
+        UniversalLoad(
+            out_shown=UNI,
+            out_name="global_step2_universal",
+            ckdir_shown="checkpoint-2",
+            ckdir_code="checkpoint-2",
+            ckdir_name="checkpoint-2",
+            stage=2,
+            global_step=2,
+            frozen=[],
+            buffers=[],
+            framework="HF Trainer + DeepSpeed",
+            frozen_code="checkpoint-2/frozen_params.safetensors",
+            frozen_exported=False,
+        )
+    )
     assert f["message"].endswith("\n" + want)
     # an absolute path given: absolute paths shown
     f = finding(inspect_json(str(converted / "checkpoint-2"), ROOT), "universal-info-missing", "global_step2")
@@ -99,8 +112,14 @@ def test_the_printed_resume_line_resumes_from_the_users_folder(converted, tmp_pa
     assert ck == "checkpoint-2"
     script = tmp_path / "resume.py"
     script.write_text(HF_RESUME)
-    r = subprocess.run([sys.executable, str(script), ck, str(tmp_path / "out")], capture_output=True, text=True,
-                       env=launch_env(), timeout=600, cwd=converted)
+    r = subprocess.run(
+        [sys.executable, str(script), ck, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+        timeout=600,
+        cwd=converted,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
     assert json.loads(res[7:]) == {"global_step": 3, "engine_steps": 3}
@@ -108,7 +127,7 @@ def test_the_printed_resume_line_resumes_from_the_users_folder(converted, tmp_pa
 
 def test_universal_folder_is_one_line_unless_all(converted):
     r = ckpt_tui("inspect", "checkpoint-2", cwd=converted)
-    tree = r.stdout[:r.stdout.index("\nFindings")]
+    tree = r.stdout[: r.stdout.index("\nFindings")]
     uni = [ln for ln in tree.splitlines() if "global_step2_universal/" in ln]
     assert len(uni) == 1 and "(21 parameters with fp32, exp_avg, exp_avg_sq, step; 115K params" in uni[0]
     assert "21 parameter folders in zero/; --all lists them" in tree
@@ -152,7 +171,9 @@ def test_roles_and_summary_facts_in_json(real_ckpt):
             seen.add(name)
     assert seen == set(roles)
     uf = nodes["global_step2_universal"]["facts"]
-    fp32 = [torch.load(p, weights_only=False)["param"] for p in sorted(root.glob("global_step2_universal/zero/*/fp32.pt"))]
+    fp32 = [
+        torch.load(p, weights_only=False)["param"] for p in sorted(root.glob("global_step2_universal/zero/*/fp32.pt"))
+    ]
     assert uf["param_folders"] == len(fp32) == 17 and uf["states"] == ["fp32", "exp_avg", "exp_avg_sq", "step"]
     assert uf["tensor_bytes"] == sum(t.numel() * t.element_size() for t in fp32)
     assert uf["param_count"] == sum(t.numel() for t in fp32) and uf["dtypes"] == ["float32"]

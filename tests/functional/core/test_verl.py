@@ -2,6 +2,7 @@
 FSDP2 rank files of DTensors, FSDP1 rank files of ShardedTensors. Read without a process group and without
 --trust-pickles; recognised, diagnosed, exported (model and optimizer) bit-exact against verl's own model merger
 (`python -m verl.model_merger merge --backend fsdp`, bf16) and the full state torch itself gathered (fp32)."""
+
 from __future__ import annotations
 
 import json
@@ -38,6 +39,7 @@ def oracle(variant: str, name: str):
 
 # -- the restricted unpickler on the real rank files -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rank_files_read_as_inert_shards_without_a_process_group(variant):
     full = oracle(variant, "model_full.pt")
@@ -63,8 +65,10 @@ def test_rank_files_read_as_inert_shards_without_a_process_group(variant):
 
 # -- inspect ------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant,head", [("verl-fsdp2", "FSDP2 (DTensor) rank files"),
-                                          ("verl-fsdp1", "FSDP1 (ShardedTensor) rank files")])
+
+@pytest.mark.parametrize(
+    "variant,head", [("verl-fsdp2", "FSDP2 (DTensor) rank files"), ("verl-fsdp1", "FSDP1 (ShardedTensor) rank files")]
+)
 def test_inspect_names_the_layout_framework_and_parts(variant, head):
     rep = inspect(fixture_path(variant) / "checkpoints")
     inv = rep.inventory
@@ -110,6 +114,7 @@ def test_fsdp_config_of_another_world_size_is_a_mismatch(real_ckpt_copy):
 
 # -- export: model --------------------------------------------------------------------------------------------------
 
+
 def test_model_export_matches_verl_model_merger_and_torch(tmp_path):
     """Without --trust-pickles: fp32 equal to the full state torch gathered from the live model; cast to bf16 (what
     verl's merger writes) equal to the merger's model.safetensors; the config and tokenizer come along."""
@@ -118,7 +123,9 @@ def test_model_export_matches_verl_model_merger_and_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     got = load_file(tmp_path / "out" / "model.safetensors")
     full = oracle("verl-fsdp2", "model_full.pt")
-    assert sorted(got) == sorted(full) and all(got[k].dtype == torch.float32 and torch.equal(got[k], full[k]) for k in full)
+    assert sorted(got) == sorted(full) and all(
+        got[k].dtype == torch.float32 and torch.equal(got[k], full[k]) for k in full
+    )
     merged = load_file(src / "oracle" / "merged" / "model.safetensors")
     assert sorted(merged) == sorted(got)
     for k, v in merged.items():
@@ -149,8 +156,14 @@ def test_the_printed_load_code_runs_as_printed(tmp_path):
     code = snippet_after(r.stdout)
     assert "AutoModelForCausalLM.from_pretrained" in code
     check = code + "\nprint(type(model).__name__, sum(p.numel() for p in model.parameters()))\n"
-    p = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    p = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     assert p.returncode == 0, p.stderr
     n = sum(t.numel() for t in oracle("verl-fsdp1", "model_full.pt").values())
     assert p.stdout.strip().splitlines()[-1] == f"LlamaForCausalLM {n}"
@@ -158,11 +171,14 @@ def test_the_printed_load_code_runs_as_printed(tmp_path):
 
 # -- export: optimizer ----------------------------------------------------------------------------------------------
 
+
 def _optim_export(variant: str, tmp_path: Path) -> tuple[dict, dict]:
     r = ckpt_tui("export", str(fixture_path(variant) / ACTOR), "--out", "out", "--component", "optimizer", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(tmp_path / "out")) == ["optimizer.safetensors", "optimizer_config.json"]
-    return load_file(tmp_path / "out" / "optimizer.safetensors"), json.loads((tmp_path / "out" / "optimizer_config.json").read_text())
+    return load_file(tmp_path / "out" / "optimizer.safetensors"), json.loads(
+        (tmp_path / "out" / "optimizer_config.json").read_text()
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -201,6 +217,7 @@ def test_fsdp1_optimizer_export_matches_the_flat_pieces_assembled_by_torch(tmp_p
 
 # -- the TUI ------------------------------------------------------------------------------------------------------
 
+
 async def test_tui_shows_the_verl_layout_and_its_parts():
     from ckpt_tui.ui.app import make_app
     from tests.functional.ui.test_app import wait_for
@@ -218,8 +235,9 @@ async def test_tui_shows_the_verl_layout_and_its_parts():
 
 
 def test_one_rank_file_alone_is_refused_not_exported_as_a_shard(tmp_path):
-    r = ckpt_tui("export", str(fixture_path("verl-fsdp2") / ACTOR / "model_world_size_2_rank_0.pt"), "--out", "out",
-                 cwd=tmp_path)
+    r = ckpt_tui(
+        "export", str(fixture_path("verl-fsdp2") / ACTOR / "model_world_size_2_rank_0.pt"), "--out", "out", cwd=tmp_path
+    )
     assert r.returncode != 0 and not (tmp_path / "out").exists()  # a rank's shards are not the model
 
 

@@ -24,8 +24,13 @@ from ckpt_tui.core.formats import dcp_stream
 
 # what a test may leave in its HOME: ckpt-tui's own cache of screened metadata digests (core/formats/pickles.py)
 OWN_CACHE = (".cache", ".cache/ckpt-tui", ".cache/ckpt-tui/screened")
-SENTINEL = {".bashrc": b"echo hello\n", "victim.txt": b"precious\n", ".ssh/authorized_keys": b"ssh-ed25519 AAAA\n",
-            "work/run/notes.md": b"# notes\n", "work/run/checkpoint-9/latest": b"global_step9"}
+SENTINEL = {
+    ".bashrc": b"echo hello\n",
+    "victim.txt": b"precious\n",
+    ".ssh/authorized_keys": b"ssh-ed25519 AAAA\n",
+    "work/run/notes.md": b"# notes\n",
+    "work/run/checkpoint-9/latest": b"global_step9",
+}
 
 
 def _tree(root: Path) -> dict[str, tuple]:
@@ -47,8 +52,9 @@ def _tree(root: Path) -> dict[str, tuple]:
 
 def _canaries(*roots: Path) -> list[str]:
     """Every entry named CANARY under ``roots`` (unreadable folders skipped; links not followed)."""
-    return [os.path.join(d, n) for root in roots for d, dirs, files in os.walk(root) for n in dirs + files
-            if n == "CANARY"]
+    return [
+        os.path.join(d, n) for root in roots for d, dirs, files in os.walk(root) for n in dirs + files if n == "CANARY"
+    ]
 
 
 def guard_problems(guard: dict) -> list[str]:
@@ -58,8 +64,9 @@ def guard_problems(guard: dict) -> list[str]:
     left = sorted(_tree(guard["elsewhere"]))
     if left:
         problems.append(f"written into the working folder: {left}")
-    home = [p for p in sorted(_tree(guard["home"]))
-            if p not in OWN_CACHE and not p.startswith(".cache/ckpt-tui/screened/")]
+    home = [
+        p for p in sorted(_tree(guard["home"])) if p not in OWN_CACHE and not p.startswith(".cache/ckpt-tui/screened/")
+    ]
     if home:
         problems.append(f"written into HOME: {home}")
     now = _tree(guard["sentinel"])
@@ -148,8 +155,11 @@ def metadata_payload_after_string(data: bytes, canary: Path) -> bytes:
     def build(n: int, pay: bytes) -> tuple[bytes, int]:
         s = first.group(0) * n
         mine = b"B" + len(s).to_bytes(4, "little") + s + pay + b"0"
-        pieces = ([data[a:b] for a, b in spans[:j]] + [data[lo:first.end()], mine, data[first.end():hi]]
-                  + [data[a:b] for a, b in spans[j + 1:]])
+        pieces = (
+            [data[a:b] for a, b in spans[:j]]
+            + [data[lo : first.end()], mine, data[first.end() : hi]]
+            + [data[a:b] for a, b in spans[j + 1 :]]
+        )
         cand = data[:2] + b"".join(map(_frame, pieces))
         out, *_ = dcp_stream.compact(cand)
         return cand, len(mine) - len(out[2 + 2 * (j + 1)])  # how much the rewrite took out of the string
@@ -188,8 +198,11 @@ def two_data_pkl(path: Path, canary: Path) -> None:
 
     orig = _zip_entries(path)
     prefix = orig[0][0].split("/", 1)[0]
-    benign = [(f"{prefix}/sub/{n[len(prefix) + 1:]}", d) for n, d in orig
-              if n == f"{prefix}/data.pkl" or n.startswith(f"{prefix}/data/")]
+    benign = [
+        (f"{prefix}/sub/{n[len(prefix) + 1 :]}", d)
+        for n, d in orig
+        if n == f"{prefix}/data.pkl" or n.startswith(f"{prefix}/data/")
+    ]
     obj = torch.load(path, map_location="cpu", weights_only=False)  # our own trusted fixture, before the payload
     obj["zz_hook"] = Payload(canary)
     buf = io.BytesIO()

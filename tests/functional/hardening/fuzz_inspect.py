@@ -68,11 +68,11 @@ def mutate(data: bytes, muts) -> bytes:
         if op == "flip":
             b[p] ^= (val[0] if val else 0xFF) or 1
         elif op == "set":
-            b[p:p + len(val)] = val
+            b[p : p + len(val)] = val
         elif op == "insert":
             b[p:p] = val
         elif op == "delete":
-            del b[p:p + max(1, len(val))]
+            del b[p : p + max(1, len(val))]
         elif op == "truncate":
             del b[p:]
     return bytes(b)
@@ -126,7 +126,9 @@ def dcp_string_mutation(data: bytes, records: int, pos: int, opcode: str, pad: i
     body = rec * records + bytes(pad)
     if opcode in ("C", "\x8c") and len(body) > 255:
         body = body[:255]
-    head = (opcode.encode("latin1") + (bytes([len(body)]) if opcode in ("C", "\x8c") else len(body).to_bytes(4, "little")))
+    head = opcode.encode("latin1") + (
+        bytes([len(body)]) if opcode in ("C", "\x8c") else len(body).to_bytes(4, "little")
+    )
     mine = head + body + PAYLOAD + b"0"
     spans = dcp_stream.frames(data)
     if not spans:
@@ -158,11 +160,17 @@ def check_screen(ck: Path, f: Path, data: bytes, seed: int, kind: str, seconds: 
         return
     rep = inspect(ck)
     parent = rel.rsplit("/", 1)[0] if "/" in rel else "."
-    hit = [x for x in rep.findings if x.severity == "error" and x.path in (rel, parent)
-           and (kind != "dcp" or x.code in ("unsafe-pickle", "file-corrupt", "file-truncated"))]
+    hit = [
+        x
+        for x in rep.findings
+        if x.severity == "error"
+        and x.path in (rel, parent)
+        and (kind != "dcp" or x.code in ("unsafe-pickle", "file-corrupt", "file-truncated"))
+    ]
     if not hit:
-        e = AssertionError(f"{kind} mutation of {rel}: no error finding on it "
-                           f"({sorted((x.code, x.path) for x in rep.findings)})")
+        e = AssertionError(
+            f"{kind} mutation of {rel}: no error finding on it ({sorted((x.code, x.path) for x in rep.findings)})"
+        )
         save_crash(seed, data, e)
         raise e
 
@@ -207,8 +215,11 @@ def save_crash(seed: int, data: bytes, e: BaseException) -> Path:
     h = hashlib.sha256(data).hexdigest()[:16]
     p = folder / f"seed{seed}-{h}.bin"
     p.write_bytes(data)
-    (folder / f"seed{seed}-{h}.json").write_text(json.dumps(
-        {"seed": SEEDS[seed], "error": "".join(traceback.format_exception_only(type(e), e)).strip()}, indent=1))
+    (folder / f"seed{seed}-{h}.json").write_text(
+        json.dumps(
+            {"seed": SEEDS[seed], "error": "".join(traceback.format_exception_only(type(e), e)).strip()}, indent=1
+        )
+    )
     print(f"fuzz_inspect: crashing input saved as {p}", file=sys.stderr, flush=True)
     return p
 
@@ -224,6 +235,7 @@ def run(cases: int, memory_mb: int = 3072, seed: int | None = None) -> dict:
     try:
         seeds = prepare(work)
         import ckpt_tui.core.report  # noqa: F401  imported before the memory limit
+
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, hard))  # soft limit: restorable
         op = st.sampled_from(["flip", "set", "insert", "delete", "truncate"])
@@ -231,13 +243,28 @@ def run(cases: int, memory_mb: int = 3072, seed: int | None = None) -> dict:
 
         structured = st.one_of(
             st.tuples(st.just("zip"), st.sampled_from(["dup", "shadow", "stray"]), st.integers(0, 64)),
-            st.tuples(st.just("dcp"), st.integers(0, 12), st.integers(0, 64),
-                      st.sampled_from(["B", "C", "X", "\x8c"]), st.integers(0, 64)))
+            st.tuples(
+                st.just("dcp"),
+                st.integers(0, 12),
+                st.integers(0, 64),
+                st.sampled_from(["B", "C", "X", "\x8c"]),
+                st.integers(0, 64),
+            ),
+        )
 
-        @settings(max_examples=cases, deadline=None, database=None, derandomize=seed is not None,
-                  suppress_health_check=list(HealthCheck), print_blob=True)
-        @given(which=st.integers(0, len(seeds) - 1), muts=st.lists(mut, min_size=1, max_size=6),
-               shape=st.one_of(st.none(), st.none(), structured))
+        @settings(
+            max_examples=cases,
+            deadline=None,
+            database=None,
+            derandomize=seed is not None,
+            suppress_health_check=list(HealthCheck),
+            print_blob=True,
+        )
+        @given(
+            which=st.integers(0, len(seeds) - 1),
+            muts=st.lists(mut, min_size=1, max_size=6),
+            shape=st.one_of(st.none(), st.none(), structured),
+        )
         def prop(which, muts, shape):
             i, ck, f, orig = seeds[which]
             stats["cases"] += 1
@@ -266,7 +293,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.functional.hardening.fuzz_inspect")
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--memory-mb", type=int, default=3072)
-    ap.add_argument("--crashes", default=None, help="save crashing inputs here (default: ~/.cache/ckpt-tui/fuzz-crashes)")
+    ap.add_argument(
+        "--crashes", default=None, help="save crashing inputs here (default: ~/.cache/ckpt-tui/fuzz-crashes)"
+    )
     args = ap.parse_args(argv)
     global NEW_CRASHES
     NEW_CRASHES = args.crashes

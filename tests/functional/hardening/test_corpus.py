@@ -17,8 +17,20 @@ MEMORY_LIMIT_MB = 3072  # torch-free inspector; far above what a header read nee
 
 
 def run_corpus(paths, seconds=20.0):
-    r = subprocess.run([sys.executable, "-m", "tests.functional.hardening.corpus_runner", str(MEMORY_LIMIT_MB), str(seconds),
-                        *map(str, paths)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.functional.hardening.corpus_runner",
+            str(MEMORY_LIMIT_MB),
+            str(seconds),
+            *map(str, paths),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
 
@@ -64,18 +76,23 @@ def corpus(real_ckpt, tmp_path_factory):
     st_src, st_rel = files["st"]
     data = (st_src / st_rel).read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     d = case("st-huge-header", st_src)
     (d / st_rel).write_bytes(struct.pack("<Q", 2**63) + data[8:])
-    for label, mutate in (("overlap", lambda h, k: h[k].__setitem__("data_offsets", [0, h[k]["data_offsets"][1] - h[k]["data_offsets"][0]])),
-                          ("out-of-range", lambda h, k: h[k].__setitem__("data_offsets", [10**12, 10**12 + 4])),
-                          ("negative", lambda h, k: h[k].__setitem__("shape", [-1]))):
+    for label, mutate in (
+        (
+            "overlap",
+            lambda h, k: h[k].__setitem__("data_offsets", [0, h[k]["data_offsets"][1] - h[k]["data_offsets"][0]]),
+        ),
+        ("out-of-range", lambda h, k: h[k].__setitem__("data_offsets", [10**12, 10**12 + 4])),
+        ("negative", lambda h, k: h[k].__setitem__("shape", [-1])),
+    ):
         h = json.loads(json.dumps(header))
         keys = [k for k in h if k != "__metadata__"]
         mutate(h, keys[-1])
         raw = json.dumps(h).encode()
         d = case(f"st-{label}", st_src)
-        (d / st_rel).write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+        (d / st_rel).write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
     # a zip without its central directory
     z_src, z_rel = files["zero2"]
     zdata = (z_src / z_rel).read_bytes()
@@ -140,8 +157,9 @@ def test_every_case_gives_a_finding_or_a_clear_error(corpus):
 
 def test_the_cli_never_prints_a_traceback(corpus):
     for d in corpus[::7]:
-        r = subprocess.run([sys.executable, "-m", "ckpt_tui", "inspect", str(d), "--json"], capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "ckpt_tui", "inspect", str(d), "--json"], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode in (0, 1), (d, r.stderr)
         assert "Traceback" not in r.stderr
         json.loads(r.stdout)

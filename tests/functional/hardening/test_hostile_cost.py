@@ -167,8 +167,13 @@ def test_the_streamed_json_is_the_bytes_json_dumps_writes(real_ckpt, tmp_path):
     from ckpt_tui.core.safetext import json_safe
 
     hostile = "a\x1b[2J\x9b31m\u202e\u2028\udc80é"
-    doc = {"s": hostile, "n": [1, -2, 2.5, float("nan"), float("inf"), -float("inf"), True, False, None, 10 ** 30],
-           "e": [[], {}, (), [{}]], "k": {7: 1, 2.5: 2, True: 3, False: 0, None: 4, hostile: 5}, "t": (1, ("x",))}
+    doc = {
+        "s": hostile,
+        "n": [1, -2, 2.5, float("nan"), float("inf"), -float("inf"), True, False, None, 10**30],
+        "e": [[], {}, (), [{}]],
+        "k": {7: 1, 2.5: 2, True: 3, False: 0, None: 4, hostile: 5},
+        "t": (1, ("x",)),
+    }
     doc["real"] = inspect(real_ckpt("hf-model-bin")).to_json()
     for indent in (1, 2):
         for ascii_ in (True, False):
@@ -187,8 +192,10 @@ def test_the_streamed_json_is_the_bytes_json_dumps_writes(real_ckpt, tmp_path):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         emit_json({"s": hostile}, ensure_ascii=False)
-    assert out.getvalue() == json_safe(json.dumps({"schema_version": 1, "s": hostile}, indent=2,
-                                                  ensure_ascii=False)) + "\n"
+    assert (
+        out.getvalue()
+        == json_safe(json.dumps({"schema_version": 1, "s": hostile}, indent=2, ensure_ascii=False)) + "\n"
+    )
 
 
 def _many_long_globals(n: int = 100, width: int = 300) -> list:
@@ -201,8 +208,10 @@ def _many_long_globals(n: int = 100, width: int = 300) -> list:
     sys.modules[mod.__name__] = mod
     out = []
     for i in range(n):
+
         def fn():
             return None
+
         fn.__name__ = fn.__qualname__ = f"f{i:04d}_" + "x" * width
         fn.__module__ = mod.__name__
         setattr(mod, fn.__name__, fn)
@@ -271,11 +280,11 @@ def _rewrite_safetensors_header(path, change) -> None:
     """``path``'s JSON header changed by ``change(header)``, the tensor bytes after it as they were."""
     b = path.read_bytes()
     n = int.from_bytes(b[:8], "little")
-    header = json.loads(b[8:8 + n])
+    header = json.loads(b[8 : 8 + n])
     change(header)
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
-    path.write_bytes(len(text).to_bytes(8, "little") + text + b[8 + n:])
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b[8 + n :])
 
 
 def test_safetensors_header_metadata_values_are_bounded(real_ckpt, tmp_path):
@@ -286,8 +295,7 @@ def test_safetensors_header_metadata_values_are_bounded(real_ckpt, tmp_path):
     ck = tmp_path / "ck"
     shutil.copytree(real_ckpt("hf-model-sharded"), ck)
     shard = ck / "model-00001-of-00005.safetensors"
-    _rewrite_safetensors_header(shard, lambda h: h["__metadata__"].update({"big": "v" * 1_000_000,
-                                                                           "k" * 5000: "x"}))
+    _rewrite_safetensors_header(shard, lambda h: h["__metadata__"].update({"big": "v" * 1_000_000, "k" * 5000: "x"}))
     facts = inspect(ck).inventory.node(shard.name).facts
     assert "error" not in facts, facts
     md = facts["header_metadata"]
@@ -330,7 +338,9 @@ def test_an_index_naming_many_shard_files_has_bounded_facts_and_is_still_checked
     idx.write_text(json.dumps(doc))
     rep = inspect(ck)
     facts = rep.inventory.node("model.safetensors.index.json").facts
-    assert len(facts["shard_files"]) == MAX_SHARD_FILES and facts["shard_files_total"] == 5000 + len(want["shard_files"])
+    assert len(facts["shard_files"]) == MAX_SHARD_FILES and facts["shard_files_total"] == 5000 + len(
+        want["shard_files"]
+    )
     assert all(len(n) <= MAX_KEY_CHARS for n in facts["shard_files"])
     assert len(json.dumps(facts)) <= MAX_SHARD_FILES * (MAX_KEY_CHARS + 4) + FACTS_CAP  # not 5,000 names of 312
     assert facts["param_count"] == want["param_count"]  # the real shards, found by their full names
@@ -348,13 +358,17 @@ def test_a_long_dcp_sharding_info_is_still_read_in_full(real_ckpt, tmp_path):
     shutil.copytree(real_ckpt("dcp-safetensors"), ck)
     want = inspect(real_ckpt("dcp-safetensors")).inventory.node("sharded").facts
     for shard in (ck / "sharded").glob("*.safetensors"):
+
         def pad(h):
             info = json.loads(h["__metadata__"]["DCP_SHARDING_INFO"])
             h["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info, indent=64)
             assert len(h["__metadata__"]["DCP_SHARDING_INFO"]) > MAX_FACT_CHARS
+
         _rewrite_safetensors_header(shard, pad)
     got = inspect(ck).inventory.node("sharded").facts
-    assert got["tensor_count"] == want["tensor_count"] > 0 and got.get("storage") == want.get("storage") == "safetensors"
+    assert (
+        got["tensor_count"] == want["tensor_count"] > 0 and got.get("storage") == want.get("storage") == "safetensors"
+    )
 
 
 def test_tensor_names_under_a_huge_non_string_key_are_bounded(real_ckpt, tmp_path):

@@ -66,9 +66,14 @@ class Killable:
     """The writer's own code in a process of its own, killed with SIGKILL (never asked to stop)."""
 
     def __init__(self, tmp: Path, kind: str, where: Path, src: Path):
-        self.proc = subprocess.Popen([sys.executable, str(tmp / "killed.py"), kind, str(where), str(src)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(tmp / "killed.py"), kind, str(where), str(src)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         self.name = self.proc.stdout.readline().strip()  # written once the temp folder is there: no sleep
         assert self.name, self.proc.stderr.read()
 
@@ -142,8 +147,9 @@ def test_a_killed_conversions_temp_folder_is_listed_not_read_and_its_rm_removes_
     assert (ck / w.name / "inner").is_dir()  # what the kill left
     doc = inspect_json(given)
     commands = check_listed(given, doc, pristine, [w.name])
-    assert "next ckpt-tui universal writing its output in hf-ds-zero2/checkpoint-2" in leftover_findings(doc)[0][
-        "message"]
+    assert (
+        "next ckpt-tui universal writing its output in hf-ds-zero2/checkpoint-2" in leftover_findings(doc)[0]["message"]
+    )
     code, text, _ = cli("inspect", given)
     flat = " ".join(text.split())  # the text report wraps its lines
     assert f"leftover-temp {given}/{w.name}" in flat and commands[0] in flat
@@ -158,8 +164,10 @@ def test_a_killed_exports_temp_folder_and_lock_are_listed_and_their_rm_removes_t
     pristine = findings(inspect_json(given))
     with Killable(tmp, "export", run, ck / "model.safetensors") as w:
         live = leftover_findings(inspect_json(given))
-        assert sorted((f["severity"], f["path"]) for f in live) == [("info", ".merged.ckpt-tui.lock"),
-                                                                     ("info", w.name)], live
+        assert sorted((f["severity"], f["path"]) for f in live) == [
+            ("info", ".merged.ckpt-tui.lock"),
+            ("info", w.name),
+        ], live
         w.kill()
     doc = inspect_json(given)
     commands = check_listed(given, doc, pristine, [w.name, ".merged.ckpt-tui.lock"])
@@ -220,8 +228,10 @@ def test_an_overwrites_old_output_and_a_repairs_temp_file_are_listed_and_their_c
     assert mv and mv[1] == f"mv -- {given}/{old.name} {given}/merged", left[old.name]["message"]
     assert "rm " not in left[old.name]["message"]  # the user's previous output: put back, never removed
     assert "next ckpt-tui fix that rewrites latest" in left[f"checkpoint-2/{part.name}"]["message"]
-    rms = [re.search(r"`(rm (?:-rf )?-- [^`]+)`", left[p]["message"])[1] for p in (".merged.ckpt-tui.lock",
-                                                                                f"checkpoint-2/{part.name}")]
+    rms = [
+        re.search(r"`(rm (?:-rf )?-- [^`]+)`", left[p]["message"])[1]
+        for p in (".merged.ckpt-tui.lock", f"checkpoint-2/{part.name}")
+    ]
     assert rms == [f"rm -- {given}/.merged.ckpt-tui.lock", f"rm -- {given}/checkpoint-2/{part.name}"]
     want = (ck / "model.safetensors").read_bytes()
     before = tree(tmp)
@@ -231,7 +241,15 @@ def test_an_overwrites_old_output_and_a_repairs_temp_file_are_listed_and_their_c
     assert (run / "merged" / "model.safetensors").read_bytes() == want
     assert not old.exists() and not part.exists() and not (run / ".merged.ckpt-tui.lock").exists()
     moved = {f"{given}/merged", f"{given}/merged/model.safetensors"}
-    assert [c for c in changed_outside(before, tree(tmp), f"{given}/{old.name}", f"{given}/.merged.ckpt-tui.lock",
-                                         f"{given}/checkpoint-2/{part.name}")
-            if c not in moved and c not in (given, f"{given}/checkpoint-2")] == []
+    assert [
+        c
+        for c in changed_outside(
+            before,
+            tree(tmp),
+            f"{given}/{old.name}",
+            f"{given}/.merged.ckpt-tui.lock",
+            f"{given}/checkpoint-2/{part.name}",
+        )
+        if c not in moved and c not in (given, f"{given}/checkpoint-2")
+    ] == []
     assert leftover_findings(inspect_json(given)) == []

@@ -28,8 +28,9 @@ TENSOR = "model.model.layers.0.self_attn.q_proj.weight"  # (64, 64), two chunks 
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def clean(r) -> None:
@@ -152,8 +153,7 @@ COVER = [
     ((8, 4), [((0, 0), (8, 4)), ((3, 0), (0, 4))], (False, False)),  # an empty chunk overlaps nothing
     ((8, 4), [((0, 0), (4, 2)), ((0, 2), (4, 2)), ((4, 0), (4, 2)), ((4, 2), (4, 2))], (False, False)),  # TP x FSDP
     ((8, 4), [((0, 0), (4, 2)), ((0, 2), (4, 2)), ((4, 0), (4, 2))], (True, False)),
-    ((8, 4), [((0, 0), (4, 2)), ((0, 2), (4, 2)), ((4, 0), (4, 2)), ((4, 2), (4, 2)), ((4, 2), (4, 2))],
-     (False, True)),
+    ((8, 4), [((0, 0), (4, 2)), ((0, 2), (4, 2)), ((4, 0), (4, 2)), ((4, 2), (4, 2)), ((4, 2), (4, 2))], (False, True)),
     ((8, 4), [((0, 0), (8, 2)), ((0, 2), (4, 2)), ((4, 2), (4, 2))], (False, False)),  # irregular, exact
     ((8, 4), [((0, 0), (8, 2)), ((0, 2), (4, 2)), ((5, 2), (3, 2))], (True, False)),
     ((8, 4), [((0, 0), (8, 3)), ((0, 2), (8, 2))], (False, True)),
@@ -188,7 +188,7 @@ def real_st() -> tuple[dict, bytes]:
 
     raw = (fixture_path("hf-model-sharded") / "model-00001-of-00005.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def write_st(path: Path, header_bytes: bytes, data: bytes) -> Path:
@@ -202,19 +202,23 @@ def first(h: dict) -> str:
 
 def edit(fn):
     """A mutation of the parsed header (a deep copy), written back as JSON."""
+
     def go(h, data):
         h = copy.deepcopy(h)
         fn(h)
         return json.dumps(h).encode(), data
+
     return go
 
 
 def raw_sub(old: str, new: str):
     """A mutation of the header's text (what JSON cannot say once parsed: duplicate keys, -0, NaN, bytes)."""
+
     def go(h, data):
         text = json.dumps(h)
         assert old in text
         return text.replace(old, new, 1).encode(), data
+
     return go
 
 
@@ -240,20 +244,21 @@ MUTATIONS = {
     "three-offsets": set_offsets(lambda o: [o[0], o[1], o[1]]),
     "offsets-object": set_offsets(lambda o: {"begin": o[0], "end": o[1]}),
     "negative-offset": set_offsets(lambda o: [o[0] - 4, o[1] - 4]),
-    "huge-offset": set_offsets(lambda o: [o[0] + 2 ** 64, o[1] + 2 ** 64]),
+    "huge-offset": set_offsets(lambda o: [o[0] + 2**64, o[1] + 2**64]),
     "float-shape": entry(lambda e: e.__setitem__("shape", [float(d) for d in e["shape"]])),
     "bool-shape": entry(lambda e: e.__setitem__("shape", [True] + e["shape"])),
     "string-shape": entry(lambda e: e.__setitem__("shape", [str(d) for d in e["shape"]])),
     "scalar-shape": entry(lambda e: e.__setitem__("shape", e["shape"][0])),
-    "overflow-shape": entry(lambda e: e.__setitem__("shape", [2 ** 32, 2 ** 32, 4] + e["shape"])),
+    "overflow-shape": entry(lambda e: e.__setitem__("shape", [2**32, 2**32, 4] + e["shape"])),
     "negative-shape": entry(lambda e: e.__setitem__("shape", [-d for d in e["shape"]])),
     "lowercase-dtype": entry(lambda e: e.__setitem__("dtype", e["dtype"].lower())),
     "unknown-dtype": entry(lambda e: e.__setitem__("dtype", "F12")),
     "dtype-not-string": entry(lambda e: e.__setitem__("dtype", 4)),
     "missing-dtype": entry(lambda e: e.pop("dtype")),
     "extra-field": entry(lambda e: e.__setitem__("note", {"any": [1, 2.5, None]})),
-    "entry-as-array": edit(lambda h: h.__setitem__(first(h), [h[first(h)][k] for k in ("dtype", "shape",
-                                                                                      "data_offsets")])),
+    "entry-as-array": edit(
+        lambda h: h.__setitem__(first(h), [h[first(h)][k] for k in ("dtype", "shape", "data_offsets")])
+    ),
     "entry-null": edit(lambda h: h.__setitem__(first(h), None)),
     "entry-string": edit(lambda h: h.__setitem__(first(h), "F32")),
     "metadata-int-value": edit(lambda h: h["__metadata__"].__setitem__("step", 3)),
@@ -272,12 +277,14 @@ MUTATIONS = {
     "trailing-bytes": lambda h, data: (json.dumps(h).encode(), data + b"\0" * 8),
     "short-data": lambda h, data: (json.dumps(h).encode(), data[:-4]),
     "overlap": lambda h, data: _overlap(h, data),
-    "empty-tensor-inside": edit(lambda h: h.__setitem__("e", {"dtype": "F32", "shape": [0],
-                                                               "data_offsets": [4, 4]})),
-    "empty-tensor-at-end": lambda h, data: (json.dumps({**h, "e": {"dtype": "F32", "shape": [0, 3], "data_offsets":
-                                                                    [len(data), len(data)]}}).encode(), data),
-    "empty-tensor-at-start": edit(lambda h: h.__setitem__("e", {"dtype": "BF16", "shape": [0],
-                                                                 "data_offsets": [0, 0]})),
+    "empty-tensor-inside": edit(lambda h: h.__setitem__("e", {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]})),
+    "empty-tensor-at-end": lambda h, data: (
+        json.dumps({**h, "e": {"dtype": "F32", "shape": [0, 3], "data_offsets": [len(data), len(data)]}}).encode(),
+        data,
+    ),
+    "empty-tensor-at-start": edit(
+        lambda h: h.__setitem__("e", {"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]})
+    ),
     "size-mismatch": entry(lambda e: e.__setitem__("shape", e["shape"][:-1] + [e["shape"][-1] - 1])),
     "duplicate-tensor-name": lambda h, data: _duplicate_name(h, data),
     "duplicate-field": raw_sub('"dtype": ', '"dtype": "F32", "dtype": '),
@@ -324,7 +331,7 @@ def _overlap(h, data):
     end0 = h[names[0]]["data_offsets"][1]
     for k in names[1:]:
         h[k]["data_offsets"] = [x - 4 for x in h[k]["data_offsets"]]
-    return json.dumps(h).encode(), data[:end0 - 4] + data[end0:]
+    return json.dumps(h).encode(), data[: end0 - 4] + data[end0:]
 
 
 def _duplicate_name(h, data):

@@ -75,9 +75,11 @@ def test_hidden_dcp_payload_is_found_and_refused_by_every_command(dcp_hidden, ca
     unsafe = [f for f in doc["findings"] if f["code"] == "unsafe-pickle"]
     assert code == 1 and unsafe and unsafe[0]["path"] == "pytorch_model_fsdp_0"
     assert "builtins.open" in unsafe[0]["message"]
-    for args in (("export", dcp_hidden, "--out", tmp_path / "o1"),
-                 ("stats", dcp_hidden),
-                 ("diff", dcp_hidden, dcp_hidden)):
+    for args in (
+        ("export", dcp_hidden, "--out", tmp_path / "o1"),
+        ("stats", dcp_hidden),
+        ("diff", dcp_hidden, dcp_hidden),
+    ):
         code, out = cli(*args)
         assert refused(code, out, "unsafe-pickle"), (args, code, out)
         assert not canary.exists(), args
@@ -109,13 +111,16 @@ def test_two_data_pkl_is_refused_by_every_command(zip_two_pkl, canary, tmp_path)
         bad = [f for f in doc["findings"] if f["path"] == where and f["severity"] == "error"]
         assert code == 1 and bad, out
         assert "data.pkl" in bad[0]["message"], bad
-    for args in (("export", single, "--out", tmp_path / "o1"),
-                 ("export", ds, "--out", tmp_path / "o2"),
-                 ("stats", single), ("stats", ds),
-                 ("diff", single, ds),
-                 ("universal", ds, "--out", tmp_path / "u"),
-                 ("convert", ds, "--to", "torch-dcp", "--out", tmp_path / "c"),
-                 ("fix", ds, "--yes")):
+    for args in (
+        ("export", single, "--out", tmp_path / "o1"),
+        ("export", ds, "--out", tmp_path / "o2"),
+        ("stats", single),
+        ("stats", ds),
+        ("diff", single, ds),
+        ("universal", ds, "--out", tmp_path / "u"),
+        ("convert", ds, "--to", "torch-dcp", "--out", tmp_path / "c"),
+        ("fix", ds, "--yes"),
+    ):
         code, out = cli(*args)
         if args[0] == "fix":
             assert "Traceback" not in out and not canary.exists()
@@ -214,9 +219,14 @@ def test_a_planted_build_cannot_change_how_a_later_file_reads(real_ckpt, tmp_pat
         "    torchfile.read(sys.argv[2])\n"
         "except Exception:\n"
         "    pass\n"
-        "print(json.dumps([alone, count(ms)]))\n")
-    r = subprocess.run([sys.executable, "-c", code, str(ck / "global_step2" / "mp_rank_00_model_states.pt"),
-                        str(planted)], capture_output=True, text=True, timeout=120)
+        "print(json.dumps([alone, count(ms)]))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(ck / "global_step2" / "mp_rank_00_model_states.pt"), str(planted)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     alone, after = json.loads(r.stdout)
     assert alone > 0 and after == alone
@@ -228,8 +238,9 @@ def test_a_planted_build_cannot_hide_a_checkpoints_parameters(real_ckpt, tmp_pat
     shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ck)
     clean = json.loads(cli("inspect", ck, "--json")[1])
     _replace_pickle(ck / "rng_state_0.pth", ck / "aaa.pt", PLANT_ODICT)
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", "inspect", str(ck), "--json"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", "inspect", str(ck), "--json"], capture_output=True, text=True, timeout=120
+    )
     doc = json.loads(r.stdout)
 
     def tag(d):
@@ -251,8 +262,9 @@ COSTLY = {
     # set(a stand-in): iterating it through __getitem__ would never end
     "set-stub": b"\x80\x02cbuiltins\nset\ncargparse\nNamespace\n)R\x85R.",
     # frozenset of a list, 10,000 times over: each call within its cap, the file over its budget
-    "budget": (b"\x80\x02cbuiltins\nfrozenset\nq\x00]q\x01(" + b"K\x01" * 1000 + b"e("
-               + b"h\x00h\x01\x85R" * 5000 + b"l."),
+    "budget": (
+        b"\x80\x02cbuiltins\nfrozenset\nq\x00]q\x01(" + b"K\x01" * 1000 + b"e(" + b"h\x00h\x01\x85R" * 5000 + b"l."
+    ),
 }
 
 
@@ -274,8 +286,13 @@ def test_costly_pickles_give_a_finding_quickly_under_a_memory_limit(real_ckpt, t
         p = tmp_path / f"{name}.pt"
         _replace_pickle(rng, p, pkl)
         paths.append(p)
-    r = subprocess.run([sys.executable, "-m", "tests.functional.hardening.corpus_runner", "1024", "10",
-                        *map(str, paths)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.functional.hardening.corpus_runner", "1024", "10", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = {Path(d["path"]).stem: d for d in map(json.loads, r.stdout.splitlines())}
     for name in cases:
@@ -329,8 +346,9 @@ def test_a_shared_graph_beside_the_weights_exports_and_verifies(real_ckpt, tmp_p
         signal.signal(signal.SIGALRM, old)
 
 
-@pytest.mark.parametrize("name, rel", [("hf-fsdp1", "checkpoint-2/pytorch_model_fsdp_0"),
-                                       ("hf-fsdp1", "checkpoint-2/optimizer_0")])
+@pytest.mark.parametrize(
+    "name, rel", [("hf-fsdp1", "checkpoint-2/pytorch_model_fsdp_0"), ("hf-fsdp1", "checkpoint-2/optimizer_0")]
+)
 def test_dcps_reader_gets_the_metadata_ckpt_tui_unpickled(real_ckpt, name, rel):
     """Defence in depth: torch's DCP reader is handed the Metadata ckpt-tui's allowlist unpickler built with torch's
     own classes (equal to what pickle.load gives), and never unpickles the file itself."""
@@ -386,8 +404,11 @@ def test_bytes_read_in_full_and_clean_get_the_fast_reader(real_ckpt, tmp_path, m
 
     def kinds():
         obj = dcp.read_metadata_summary(meta)[0]
-        return {type(md.__dict__["chunks"]) for md in obj.__dict__["state_dict_metadata"].values()
-                if "chunks" in md.__dict__}
+        return {
+            type(md.__dict__["chunks"])
+            for md in obj.__dict__["state_dict_metadata"].values()
+            if "chunks" in md.__dict__
+        }
 
     with monkeypatch.context() as m:
         m.setattr(dcp, "screened_clean", lambda d: False)  # bytes never seen: the read as written
@@ -414,8 +435,9 @@ def ds_payload(real_ckpt, tmp_path, canary):
     return ck
 
 
-def test_a_screen_that_missed_a_payload_is_caught_by_torchs_own_reader(ds_payload, real_ckpt, canary, tmp_path,
-                                                                       monkeypatch):
+def test_a_screen_that_missed_a_payload_is_caught_by_torchs_own_reader(
+    ds_payload, real_ckpt, canary, tmp_path, monkeypatch
+):
     """Were ckpt-tui's screen ever to pass a payload (here: made to pass everything), the loaders still read the
     file through torch's weights_only unpickler, which finds the global ckpt-tui's allowlist does not admit: verify
     refuses, no canary. DeepSpeed's zero_to_fp32 reads every file of the tag this way too."""

@@ -49,11 +49,11 @@ def rewrite_safetensors(path, renames):
     """Rename tensors in a real safetensors file's header (the data bytes stay where they are)."""
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     header = {renames.get(k, k): v for k, v in header.items()}
     text = json.dumps(header, ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
 
 
 def rewrite_dcp_keys(meta_path, renames):
@@ -62,11 +62,14 @@ def rewrite_dcp_keys(meta_path, renames):
 
     meta = pickle.loads(meta_path.read_bytes())  # our own fixture, before the change
     meta.state_dict_metadata = {renames.get(k, k): v for k, v in meta.state_dict_metadata.items()}
-    meta.storage_data = {MetadataIndex(renames.get(i.fqn, i.fqn), i.offset, i.index): v
-                         for i, v in meta.storage_data.items()}
+    meta.storage_data = {
+        MetadataIndex(renames.get(i.fqn, i.fqn), i.offset, i.index): v for i, v in meta.storage_data.items()
+    }
     if isinstance(meta.planner_data, dict):
-        meta.planner_data = {renames.get(k, k): (v[:-1] + (renames[k].split(".", 1)[1],) if k in renames else v)
-                             for k, v in meta.planner_data.items()}
+        meta.planner_data = {
+            renames.get(k, k): (v[:-1] + (renames[k].split(".", 1)[1],) if k in renames else v)
+            for k, v in meta.planner_data.items()
+        }
     meta_path.write_bytes(pickle.dumps(meta))
 
 
@@ -86,8 +89,10 @@ def hostile(tmp_path_factory, real_ckpt):
     rewrite_safetensors(st / "model.safetensors", {"lm_head.weight": TENSOR_A, "model.norm.weight": TENSOR_B})
     dcp = tmp / "dcp"
     shutil.copytree(real_ckpt("fsdp2-dcp"), dcp)
-    rewrite_dcp_keys(dcp / ".metadata", {"model.position_scale": TENSOR_A.replace("model.", "model.", 1),
-                                         "model.layers.0.norm.bias": TENSOR_B})
+    rewrite_dcp_keys(
+        dcp / ".metadata",
+        {"model.position_scale": TENSOR_A.replace("model.", "model.", 1), "model.layers.0.norm.bias": TENSOR_B},
+    )
     return {"tmp": tmp, "ck": ck, "crash": crash, "st": st, "dcp": dcp, "orig": real_ckpt("hf-ds-zero2")}
 
 
@@ -103,16 +108,18 @@ def cli(*args):
 
     from ckpt_tui.cli import main_group
 
-    r = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"}).invoke(main_group, [str(a) for a in args],
-                                                                  catch_exceptions=False)
+    r = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"}).invoke(
+        main_group, [str(a) for a in args], catch_exceptions=False
+    )
     return Ran(r.exit_code, r.stdout_bytes, r.stderr_bytes)
 
 
 def cli_process(*args):
     """The command as its own process, as a user runs it."""
     env = dict(os.environ, COLUMNS="400", NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, timeout=300,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, timeout=300, env=env
+    )
 
 
 def assert_clean(out: bytes, what: str) -> str:
@@ -179,8 +186,9 @@ def test_cli_in_a_terminal_writes_only_its_own_styles(hostile):
     main, sub = pty.openpty()
     env = dict(os.environ, COLUMNS="400", TERM="xterm-256color")
     env.pop("NO_COLOR", None)
-    p = subprocess.Popen([sys.executable, "-m", "ckpt_tui", "inspect", str(hostile["ck"])], stdin=sub, stdout=sub,
-                         stderr=sub, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ckpt_tui", "inspect", str(hostile["ck"])], stdin=sub, stdout=sub, stderr=sub, env=env
+    )
     os.close(sub)
     out = b""
     while True:
@@ -208,9 +216,14 @@ def test_cli_error_messages_quoting_a_path_are_visible(hostile):
 
 
 def test_json_escapes_c0_c1_and_bidi(hostile):
-    for args in (("inspect", "--json", hostile["ck"]), ("inspect", "--json", hostile["dcp"]),
-                 ("tensors", "--json", hostile["st"]), ("tensors", "--json", hostile["dcp"]),
-                 ("fix", "--dry-run", "--json", hostile["ck"]), ("stats", "--json", hostile["st"])):
+    for args in (
+        ("inspect", "--json", hostile["ck"]),
+        ("inspect", "--json", hostile["dcp"]),
+        ("tensors", "--json", hostile["st"]),
+        ("tensors", "--json", hostile["dcp"]),
+        ("fix", "--dry-run", "--json", hostile["ck"]),
+        ("stats", "--json", hostile["st"]),
+    ):
         r = cli(*args)
         text = assert_clean(r.stdout, " ".join(map(str, args[:2])))
         strings = set(strings_of(json.loads(text)))  # the escapes decode to the same strings
@@ -233,6 +246,7 @@ def strings_of(v):
 
 
 # ------------------------------------------------------------------ the TUI through Pilot
+
 
 def terminal_output(app) -> str:
     """What the app would write to the terminal for the whole screen now (its cursor moves and SGR styles)."""
@@ -289,7 +303,7 @@ async def test_tui_never_parses_data_as_markup(hostile, tmp_path, monkeypatch):
         assert "CLICKME[/]" in text and "[@click=" in text  # the message's brackets are literal text
         for y, line in enumerate(screen_lines(app)):  # a click where CLICKME is drawn changes nothing
             if "CLICKME" in line:
-                await pilot.click(offset=(len(line[:line.index("CLICKME")]) + 2, y))
+                await pilot.click(offset=(len(line[: line.index("CLICKME")]) + 2, y))
         await pilot.pause(0.2)
         assert not (tmp_path / "victim.txt").exists()
         assert app.crash is None
@@ -347,6 +361,7 @@ async def test_tui_tensor_names_and_export_wizard(hostile, which):
 
 # ------------------------------------------------------------------ a real terminal
 
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_tmux_pane_title_clipboard_and_bytes_unchanged(hostile, tmp_path):
     """In tmux with set-clipboard on: the pane's title, tmux's paste buffers and the raw bytes the pane received
@@ -356,8 +371,7 @@ def test_tmux_pane_title_clipboard_and_bytes_unchanged(hostile, tmp_path):
     log = tmp_path / "pane.log"
     go = tmp_path / "go"
     # the app starts once the pane is logged and the options set: nothing it writes is missed
-    cmd = (f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done; "
-           f"exec {sys.executable} -m ckpt_tui {hostile['ck']}'")
+    cmd = f"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done; exec {sys.executable} -m ckpt_tui {hostile['ck']}'"
     with Tmux(cmd, {"TERM": "xterm-256color"}, cwd=tmp_path) as t:
         t._tmux("set-option", "-g", "set-clipboard", "on")
         t._tmux("set-option", "-g", "allow-rename", "on")
@@ -383,6 +397,7 @@ def test_tmux_pane_title_clipboard_and_bytes_unchanged(hostile, tmp_path):
 
 
 # ------------------------------------------------------------------ object storage
+
 
 def test_s3_keys_are_shown_visibly(real_ckpt, tmp_path):
     """A key in a bucket is a name like any other: inspect (text and --json) of the URL shows it visibly."""

@@ -53,9 +53,11 @@ def on_main(app) -> bool:
 
 async def refused_in_dialog(pilot, app, title: str, word: str, canary) -> None:
     """A MessageDialog says why (``title`` in its heading, ``word`` in its body); enter closes it, back to the tree."""
-    await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog) and bool(app.screen.query("VerticalScroll "
-                                                                                                   "Static")),
-                   timeout=120)
+    await wait_for(
+        pilot,
+        lambda: isinstance(app.screen, MessageDialog) and bool(app.screen.query("VerticalScroll Static")),
+        timeout=120,
+    )
     text = screen_text(app)
     assert title in text and word in text and "Traceback" not in text, text
     assert not canary.exists() and app.crash is None

@@ -74,8 +74,11 @@ def world(real_ckpt_copy, tmp_path, monkeypatch):
 
 
 def changed_outside(before: dict, after: dict, *allowed: str) -> list[str]:
-    return sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)
-                  and not any(k == a or k.startswith(a + "/") for a in allowed))
+    return sorted(
+        k
+        for k in set(before) | set(after)
+        if before.get(k) != after.get(k) and not any(k == a or k.startswith(a + "/") for a in allowed)
+    )
 
 
 # ------------------------------------------------------------------ 1. OUT and the source
@@ -101,8 +104,9 @@ def test_export_out_may_not_be_hold_or_lie_inside_a_source(world, component):
         assert code == 1, (out, err)
         assert said in err and SOURCE_REFUSAL in err and "Traceback" not in err, (out, err)
     # the dry run says it too (and so the TUI's wizard, which plans the same way)
-    code, out, err = cli("export", "hf-ds-zero2/checkpoint-2", "--out", "hf-ds-zero2", "--dry-run", "--component",
-                         component)
+    code, out, err = cli(
+        "export", "hf-ds-zero2/checkpoint-2", "--out", "hf-ds-zero2", "--dry-run", "--component", component
+    )
     assert code == 1 and "holds the source" in err and out == "", err
     # the run folder as SRC: OUT inside it is inside the source
     code, _, err = cli("export", "hf-ds-zero2", "--out", "hf-ds-zero2/merged", "--component", component)
@@ -136,10 +140,12 @@ def test_the_tui_both_export_may_not_write_a_source(world):
 def test_conversions_may_not_write_a_source(world):
     tmp, run, ck = world
     before = tree(tmp)
-    for args, said in ((("universal", ck, "--out", ck / "global_step2" / "u"), "is inside the source"),
-                       (("universal", ck, "--out", ck), "holds the source"),
-                       (("convert", ck, "--to", "torch-dcp", "--out", ck / "dcp"), "is inside the checkpoint"),
-                       (("convert", ck, "--to", "torch-dcp", "--out", run), "holds the checkpoint")):
+    for args, said in (
+        (("universal", ck, "--out", ck / "global_step2" / "u"), "is inside the source"),
+        (("universal", ck, "--out", ck), "holds the source"),
+        (("convert", ck, "--to", "torch-dcp", "--out", ck / "dcp"), "is inside the checkpoint"),
+        (("convert", ck, "--to", "torch-dcp", "--out", run), "holds the checkpoint"),
+    ):
         code, _, err = cli(*args, "--dry-run")
         assert code == 1 and said in err and "Traceback" not in err, (args, err)
     assert changed_outside(before, tree(tmp)) == []
@@ -204,8 +210,9 @@ def test_fix_refuses_a_symlinked_tag_folder(real_ckpt_copy, tmp_path, monkeypatc
     from ckpt_tui.core.repair.atomic import RepairError, replace_file
 
     with pytest.raises(RepairError, match="symbolic link"):
-        replace_file(ck / "global_step2" / "mp_rank_00_model_states.pt", lambda f: f.write(b"x"), backup=True,
-                     needed=1, root=ck)
+        replace_file(
+            ck / "global_step2" / "mp_rank_00_model_states.pt", lambda f: f.write(b"x"), backup=True, needed=1, root=ck
+        )
     assert changed_outside(before, tree(tmp_path)) == []
 
 
@@ -270,8 +277,11 @@ def hostile_s3(tmp_path_factory):
         server.upload("hostile", ck, "clean")
         for prefix, extra in (("dotdot", "global_step2/../../../../escaped.txt"), ("empty", "global_step2//x.pt")):
             # a real file of the checkpoint beside the planted key: refused at the listing, nothing is read
-            s3.upload_file(str(ck / "global_step2" / "mp_rank_00_model_states.pt"), "hostile",
-                           f"{prefix}/global_step2/mp_rank_00_model_states.pt")
+            s3.upload_file(
+                str(ck / "global_step2" / "mp_rank_00_model_states.pt"),
+                "hostile",
+                f"{prefix}/global_step2/mp_rank_00_model_states.pt",
+            )
             s3.put_object(Bucket="hostile", Key=f"{prefix}/{extra}", Body=b"planted")
         yield server
     finally:
@@ -294,9 +304,18 @@ def test_object_keys_that_leave_the_prefix_are_refused(hostile_s3, tmp_path, mon
     code, _, err = cli("export", "s3://hostile/clean", "--out", "merged")
     assert code == 0, err
     # a verify killed while it downloads leaves its temp folder (owned, its lock held until the kill) ...
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from ckpt_tui.core.fsutil import owned_temp; "
-                             f"print(owned_temp({str(base)!r}, 'ckpt-tui-verify-'), flush=True); sys.stdin.read()"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from ckpt_tui.core.fsutil import owned_temp; "
+            f"print(owned_temp({str(base)!r}, 'ckpt-tui-verify-'), flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     killed = Path(proc.stdout.readline().strip())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -339,8 +358,14 @@ def test_the_both_export_sweeps_what_a_killed_one_left(world):
     tmp, run, ck = world
     script = tmp / "both_kill.py"
     script.write_text(BOTH_KILL)
-    proc = subprocess.Popen([sys.executable, str(script), str(ck), str(tmp / "merged")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ck), str(tmp / "merged")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     lease = None
     try:
         assert proc.stdout.readline() == "PLANNED\n", proc.stderr.read()
@@ -395,8 +420,14 @@ def test_universal_sweeps_the_temp_folder_a_killed_run_left(world):
     tmp, run, ck = world
     script = tmp / "universal_kill.py"
     script.write_text(UNIVERSAL_KILL)
-    proc = subprocess.Popen([sys.executable, str(script), str(ck)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ck)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         assert proc.stdout.readline() == "RUNNING\n", proc.stderr.read()
         os.kill(proc.pid, signal.SIGKILL)
@@ -452,13 +483,16 @@ def test_a_tag_given_as_src_protects_its_checkpoint_from_removal(world):
     folder beside the tag, where `fix`'s advice and the TUI put the export, is allowed."""
     tmp, run, ck = world
     before = tree(tmp)
-    code, _, err = cli("export", "hf-ds-zero2/checkpoint-2/global_step2", "--out", "hf-ds-zero2/checkpoint-2",
-                       "--overwrite")
+    code, _, err = cli(
+        "export", "hf-ds-zero2/checkpoint-2/global_step2", "--out", "hf-ds-zero2/checkpoint-2", "--overwrite"
+    )
     assert code == 1 and "holds the source" in err, err
     assert changed_outside(before, tree(tmp)) == []
-    code, _, err = cli("export", "hf-ds-zero2/checkpoint-2/global_step2", "--out",
-                       "hf-ds-zero2/checkpoint-2/global_step2_exported")
+    code, _, err = cli(
+        "export", "hf-ds-zero2/checkpoint-2/global_step2", "--out", "hf-ds-zero2/checkpoint-2/global_step2_exported"
+    )
     assert code == 0, err
     # only the new folder, and the mtime of the folder that holds it
     assert changed_outside(before, tree(tmp), "hf-ds-zero2/checkpoint-2/global_step2_exported") == [
-        "hf-ds-zero2/checkpoint-2"]
+        "hf-ds-zero2/checkpoint-2"
+    ]

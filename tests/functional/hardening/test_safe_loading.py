@@ -46,8 +46,9 @@ def hostile(real_ckpt, tmp_path):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_no_command_runs_the_payload(hostile):

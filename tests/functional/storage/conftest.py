@@ -37,9 +37,15 @@ def moto_server_exe() -> str:
 def base_env(endpoint: str) -> dict:
     """This process's environment with dummy keys and ``endpoint``, and no credentials from elsewhere."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return env | {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                  "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-                  "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    return env | {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
 
 
 class MotoServer:
@@ -51,8 +57,13 @@ class MotoServer:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = base_env(self.endpoint)
         self.log = open(log, "ab")
-        self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(self.port)], stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env | (extra_env or {}))
+        self.proc = subprocess.Popen(
+            [exe, "-H", "127.0.0.1", "-p", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env | (extra_env or {}),
+        )
         deadline = time.monotonic() + 60
         while True:  # ready when it answers, not after a number of seconds
             try:
@@ -66,9 +77,13 @@ class MotoServer:
     def client(self, service: str = "s3", **keys):
         import boto3
 
-        return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=keys.get("key", "testing"),
-                            aws_secret_access_key=keys.get("secret", "testing"))
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=keys.get("key", "testing"),
+            aws_secret_access_key=keys.get("secret", "testing"),
+        )
 
     def upload(self, bucket: str, src: Path, prefix: str) -> None:
         s3 = self.client()

@@ -43,8 +43,14 @@ print(json.dumps({"doc": rep.to_json(), "rchar": b - a}))
 
 def cli(args, env, timeout=120):
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "ckpt_tui", *args], capture_output=True, text=True, env=env,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckpt_tui", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return r, time.monotonic() - t0
 
 
@@ -55,8 +61,10 @@ def same_form(doc: dict, root: str) -> str:
     doc = dict(doc)
     doc.pop("path")
     doc.pop("bytes_fetched", None)
-    doc["findings"] = [{k: v for k, v in f.items() if k != "command"} | {"fix": f["fix"] if f["fix"] == "export" else None}
-                       for f in doc["findings"]]
+    doc["findings"] = [
+        {k: v for k, v in f.items() if k != "command"} | {"fix": f["fix"] if f["fix"] == "export" else None}
+        for f in doc["findings"]
+    ]
     for n in doc["nodes"]:
         n["facts"] = {k: v for k, v in n["facts"].items() if k != "hard_links"}
     return json.dumps(doc, indent=1, sort_keys=True).replace(root.rstrip("/"), "ROOT")
@@ -77,9 +85,16 @@ def test_inspect_of_a_url_is_the_local_inspection(s3, name):
     assert "bytes_fetched" not in got["doc"]  # a local document keeps its released shape
 
 
-@pytest.mark.parametrize("name,component", [("fsdp2-dcp", "model"), ("fsdp2-dcp", "optimizer"),
-                                            ("hf-ds-zero2", "model"), ("hf-ds-zero2", "optimizer"),
-                                            ("hf-model-sharded", "model")])
+@pytest.mark.parametrize(
+    "name,component",
+    [
+        ("fsdp2-dcp", "model"),
+        ("fsdp2-dcp", "optimizer"),
+        ("hf-ds-zero2", "model"),
+        ("hf-ds-zero2", "optimizer"),
+        ("hf-model-sharded", "model"),
+    ],
+)
 def test_export_from_a_url_is_bit_identical(s3, tmp_path, name, component):
     local_out, remote_out = tmp_path / "local", tmp_path / "remote"
     r, _ = cli(["export", str(fixture_path(name)), "--component", component, "--out", str(local_out)], s3.env)
@@ -178,19 +193,25 @@ def test_access_denied_is_one_line(tmp_path):
 
 
 def test_without_the_extra_says_how_to_install(tmp_path):
-    code = ("import sys; sys.modules['s3fs'] = None; sys.modules['fsspec'] = None\n"
-            "from ckpt_tui.cli import main; sys.exit(main(['inspect', 's3://bucket/run/checkpoint-2000']))")
+    code = (
+        "import sys; sys.modules['s3fs'] = None; sys.modules['fsspec'] = None\n"
+        "from ckpt_tui.cli import main; sys.exit(main(['inspect', 's3://bucket/run/checkpoint-2000']))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr.strip() == ("ckpt-tui: s3:// paths need the optional object-storage support: "
-                                "pip install 'ckpt-tui[s3]'")
+    assert r.stderr.strip() == (
+        "ckpt-tui: s3:// paths need the optional object-storage support: pip install 'ckpt-tui[s3]'"
+    )
 
 
 @pytest.mark.skipif(not HAVE_TMUX, reason="tmux is not installed")
 def test_the_tui_opens_a_url_in_tmux_and_exports_it_to_a_local_folder(s3, tmp_path):
     url = f"s3://{BUCKET}/hf-ds-zero2/checkpoint-2"
-    with Tmux(f"{sys.executable} -m ckpt_tui {url}", s3.env | {"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
-              cwd=tmp_path) as t:
+    with Tmux(
+        f"{sys.executable} -m ckpt_tui {url}",
+        s3.env | {"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    ) as t:
         s = t.wait_for("model and optimizer in")
         assert "global_step2/" in s
         s = t.export_with_defaults(timeout=120)
@@ -239,14 +260,21 @@ def test_ranged_reads_come_in_order_and_give_back_their_memory(s3, monkeypatch):
     assert storage._budget._value == storage.FETCH_BUDGET
 
 
-@pytest.mark.parametrize("args", [["fix", "s3://bucket/run/checkpoint-2000", "--dry-run"],
-                                  ["universal", "s3://bucket/run/checkpoint-2000", "--dry-run"],
-                                  ["convert", "s3://bucket/run/checkpoint-2000", "--to", "torch-dcp", "--out", "x"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fix", "s3://bucket/run/checkpoint-2000", "--dry-run"],
+        ["universal", "s3://bucket/run/checkpoint-2000", "--dry-run"],
+        ["convert", "s3://bucket/run/checkpoint-2000", "--to", "torch-dcp", "--out", "x"],
+    ],
+)
 def test_commands_that_write_beside_a_checkpoint_say_it_must_be_local(args):
     r, _ = cli(args, None)
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"ckpt-tui: s3://bucket/run/checkpoint-2000: `ckpt-tui {args[0]}` works on a "
-                                "checkpoint on local disk (it writes beside it); copy it to a local folder first")
+    assert r.stderr.strip() == (
+        f"ckpt-tui: s3://bucket/run/checkpoint-2000: `ckpt-tui {args[0]}` works on a "
+        "checkpoint on local disk (it writes beside it); copy it to a local folder first"
+    )
 
 
 def test_findings_of_a_url_offer_only_what_works(s3, tmp_path):

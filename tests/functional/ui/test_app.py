@@ -115,8 +115,7 @@ async def test_export_wizard_runs_and_verifies(fsdp_ckpt, tmp_path):
             await press_and_wait(pilot, "enter", lambda: step_ready(wiz, step))
         await wait_for(pilot, lambda: wiz.plan is not None)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: message_shown(app, "verified ✔"),
-                       timeout=60)
+        await wait_for(pilot, lambda: message_shown(app, "verified ✔"), timeout=60)
         assert (out / "model.safetensors").is_file()
         job = [w for w, info in app.main.jobs.items() if info.kind == "export"][0]
         row = app.main.query_one(JobRow)
@@ -248,11 +247,13 @@ async def test_repair_wizard_fixes_in_place_and_rescans(ds_ckpt):
         await wait_for(pilot, lambda: step_ready(wiz, 0))
         await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))  # the diff, then confirm
         await pilot.press("enter")
-        await wait_for(pilot, lambda: message_shown(app, "Repaired"),
-                       timeout=60)
+        await wait_for(pilot, lambda: message_shown(app, "Repaired"), timeout=60)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.report is not None and "universal-info-missing" not in
-                       {f.code for f in app.report.findings}, timeout=60)
+        await wait_for(
+            pilot,
+            lambda: app.report is not None and "universal-info-missing" not in {f.code for f in app.report.findings},
+            timeout=60,
+        )
 
 
 async def test_the_scan_shows_its_progress_in_the_summary(tmp_path, monkeypatch):

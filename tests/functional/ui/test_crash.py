@@ -31,8 +31,11 @@ sys.exit(run_app(app, debug=debug))
 def _run(tmp_path, kind: str, ckpt, debug: bool = False) -> Tmux:
     script = tmp_path / "broken.py"
     script.write_text(BROKEN)
-    return Tmux(f"{sys.executable} {script} {kind} {ckpt} {'debug' if debug else 'plain'}",
-                {"TERM": "xterm-256color", "XDG_CACHE_HOME": tmp_path / "cache"}, size=(100, 30))
+    return Tmux(
+        f"{sys.executable} {script} {kind} {ckpt} {'debug' if debug else 'plain'}",
+        {"TERM": "xterm-256color", "XDG_CACHE_HOME": tmp_path / "cache"},
+        size=(100, 30),
+    )
 
 
 @pytest.mark.parametrize("kind,error", [("stylesheet", "StylesheetError"), ("key", "RuntimeError")])

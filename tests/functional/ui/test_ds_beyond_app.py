@@ -7,10 +7,12 @@ from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.widgets.details import TensorTable
 from tests.functional.ui.test_app import wait_for
 
-CASES = [("ds-zero0-bf16", "ZeRO stage 0", "FP16_UnfusedOptimizer", 17),
-         ("ds-zero0-fp32", "ZeRO stage 0", "torch optimizer", 17),
-         ("ds-bf16-optimizer", "BF16_Optimizer (ZeRO-1)", "BF16_Optimizer", 17),
-         ("ds-pipeline", "pipeline parallel, 2 stages", "torch optimizer", 16)]
+CASES = [
+    ("ds-zero0-bf16", "ZeRO stage 0", "FP16_UnfusedOptimizer", 17),
+    ("ds-zero0-fp32", "ZeRO stage 0", "torch optimizer", 17),
+    ("ds-bf16-optimizer", "BF16_Optimizer (ZeRO-1)", "BF16_Optimizer", 17),
+    ("ds-pipeline", "pipeline parallel, 2 stages", "torch optimizer", 16),
+]
 
 
 @pytest.mark.parametrize("variant,words,optimizer,tensors", CASES, ids=[c[0] for c in CASES])

@@ -51,16 +51,19 @@ async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path,
 
         node = app.report.inventory.node("pytorch_model_fsdp_0")
         await wait_for(pilot, lambda: isinstance(wiz.output_bytes.get(BOTH), int))
-        assert wiz.output_bytes[BOTH] == export_needs(app.report, node) + export_needs(app.report, node,
-                                                                                       component="optimizer")
+        assert wiz.output_bytes[BOTH] == export_needs(app.report, node) + export_needs(
+            app.report, node, component="optimizer"
+        )
         text = screen_text(app)
         assert "The model:" in text and "The optimizer state:" in text
         await pilot.press("enter")
-        await wait_for(pilot, lambda: message_shown(app, "Load it with:"),
-                       timeout=120)
+        await wait_for(pilot, lambda: message_shown(app, "Load it with:"), timeout=120)
         shown = screen_text(app)
-    assert sorted(os.listdir(tmp_path / "both")) == ["model.safetensors", "optimizer.safetensors",
-                                                     "optimizer_config.json"]
+    assert sorted(os.listdir(tmp_path / "both")) == [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "optimizer_config.json",
+    ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     parts = shown.split("Load it with:\n")
     assert len(parts) == 3  # the model's code, then the optimizer's

@@ -16,8 +16,7 @@ async def test_export_done_dialog_shows_the_snippet_that_loads(real_ckpt, tmp_pa
         await wait_for(pilot, lambda: app.report is not None)
         plan, _ = plan_export(src, tmp_path / "tui-out")  # the wizard passes the folder typed in its field
         job = app.main.run_export(plan)
-        await wait_for(pilot, lambda: message_shown(app, "Load it with:"),
-                       timeout=60)
+        await wait_for(pilot, lambda: message_shown(app, "Load it with:"), timeout=60)
         shown = screen_text(app)
         code = job.result.load_code
     # shown as is: the tied line's [brackets] are code, not markup

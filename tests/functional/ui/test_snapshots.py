@@ -25,9 +25,16 @@ def _ready(theme=None):
                 return False  # the main screen is not composed yet
             node = app.query_one("#tree").cursor_node
             tensors = app.query_one(TensorTable)
-            return (app.report is not None and tensors.rows and node is not None
-                    and node.data is not None and app.selected is not None and node.data.path == app.selected.path
-                    and node.data.path != "." and tensors.is_drawn())
+            return (
+                app.report is not None
+                and tensors.rows
+                and node is not None
+                and node.data is not None
+                and app.selected is not None
+                and node.data.path == app.selected.path
+                and node.data.path != "."
+                and tensors.is_drawn()
+            )
 
         while not settled():
             assert time.monotonic() - t0 < 60, "the main screen did not settle"
@@ -65,8 +72,9 @@ def test_main_no_color(snap_compare, real_ckpt, monkeypatch):
 
 
 def test_help(snap_compare, real_ckpt, monkeypatch):
-    assert snap_compare(_app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready(),
-                        press=["question_mark"])
+    assert snap_compare(
+        _app(real_ckpt, monkeypatch), terminal_size=(80, 24), run_before=_ready(), press=["question_mark"]
+    )
 
 
 @pytest.mark.parametrize("key", ["ds-zero2-bf16", "hf-fsdp1"])

@@ -45,8 +45,10 @@ async def test_errors_lead_the_details_pane_the_findings_panel_and_x(dangling):
     app = make_app(dangling)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.report is not None and app.selected is not None)
-        assert {f.code: f.severity for f in app.report.findings} == {"latest-dangling": "error",
-                                                                     "universal-info-missing": "warning"}
+        assert {f.code: f.severity for f in app.report.findings} == {
+            "latest-dangling": "error",
+            "universal-info-missing": "warning",
+        }
         assert app.selected.path == "global_step2"  # the model: its own finding is the warning
         facts = text_of(app.main.query_one(Facts))
         assert facts.index("latest-dangling") < facts.index("universal-info-missing")
@@ -127,8 +129,9 @@ async def test_keys_that_need_the_scan_are_dimmed_while_it_runs(real_ckpt, tmp_p
             await press_and_wait(pilot, "escape", lambda: app.screen is main)
             lease.release()
             await wait_for(pilot, lambda: main.report is not None, timeout=60)
-            await wait_for(pilot, lambda: not any(k.has_class("-disabled") for k in main.query(FooterKey)
-                                                  if k.key in "eufx"))
+            await wait_for(
+                pilot, lambda: not any(k.has_class("-disabled") for k in main.query(FooterKey) if k.key in "eufx")
+            )
             assert main.check_action("export", ()) is True
 
 

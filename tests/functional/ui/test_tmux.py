@@ -58,8 +58,12 @@ def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
     new width: the shape stays and each name keeps its layer index (issue 12)."""
     ck = real_ckpt("hf-ds-zero2")
     # without COLUMNS/LINES (the test run sets them): the size comes from the terminal, and follows its resize
-    with Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui {ck.name}", {"TERM": "xterm-256color"},
-              size=(120, 40), cwd=ck.parent) as t:
+    with Tmux(
+        f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui {ck.name}",
+        {"TERM": "xterm-256color"},
+        size=(120, 40),
+        cwd=ck.parent,
+    ) as t:
         t.wait_for("optimizer in")
         t.wait_for("model.layers.0.self_attn.q_proj.weight")  # 120 columns: the table's names whole
         t.keys("j", "Enter")  # the cursor starts on checkpoint-2/: open global_step2/ below it
@@ -80,8 +84,12 @@ def test_errors_first_model_states_tensors_and_stats_in_tmux(real_ckpt, tmp_path
     d = tmp_path / "ds"
     shutil.copytree(real_ckpt("ds-zero2-bf16"), d)
     (d / "latest").write_text("global_step999")
-    with Tmux(f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui ds", {"TERM": "xterm-256color"},
-              size=(120, 40), cwd=tmp_path) as t:
+    with Tmux(
+        f"env -u COLUMNS -u LINES {sys.executable} -m ckpt_tui ds",
+        {"TERM": "xterm-256color"},
+        size=(120, 40),
+        cwd=tmp_path,
+    ) as t:
         s = t.wait_for("universal-info-missing")
         first = [ln for ln in s.splitlines() if "latest-dangling" in ln or "universal-info-missing" in ln]
         assert "latest-dangling" in first[0], s  # the error leads the details pane

@@ -25,14 +25,23 @@ async def test_universal_folder_collapsed_with_summary_and_expands_on_demand(rea
         assert not uni.children  # its files are not even loaded until it is opened
         await press_and_wait(pilot, "enter", lambda: uni.is_expanded and len(uni.children) == 3)
         zero = child(uni, "zero")
-        assert {c.data.name for c in uni.children} == {"zero", "zero_pp_rank_0_mp_rank_00_model_states.pt",
-                                                       "zero_pp_rank_1_mp_rank_00_model_states.pt"}
+        assert {c.data.name for c in uni.children} == {
+            "zero",
+            "zero_pp_rank_0_mp_rank_00_model_states.pt",
+            "zero_pp_rank_1_mp_rank_00_model_states.pt",
+        }
         await press_and_wait(pilot, "j", lambda: tree.cursor_node is zero)
         await press_and_wait(pilot, "enter", lambda: zero.is_expanded and len(zero.children) == 17)
         param = child(zero, "lm_head.weight")
         tree.select_path(param.data.path + "/fp32.pt")  # what enter on a finding does: opens the way down
-        await wait_for(pilot, lambda: param.is_expanded and tree.cursor_node is not None
-                       and tree.cursor_node.data.path.endswith("lm_head.weight/fp32.pt"))
+        await wait_for(
+            pilot,
+            lambda: (
+                param.is_expanded
+                and tree.cursor_node is not None
+                and tree.cursor_node.data.path.endswith("lm_head.weight/fp32.pt")
+            ),
+        )
         assert {c.data.name for c in param.children} == {"fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"}
         roles = {c.data.name: c.data.role for c in param.children}
         assert roles == {"fp32.pt": "model", "exp_avg.pt": "optimizer", "exp_avg_sq.pt": "optimizer"}

@@ -21,8 +21,15 @@ from ckpt_tui.ui.widgets.tree import CheckpointTree
 from tests.fixtures import REGISTRY, SKIPPED, fixture_path
 
 ALL = [k for k in REGISTRY if k not in SKIPPED]
-TWO_LAYER = ["ds-zero2-bf16", "hf-ds-zero2", "hf-fsdp1", "fsdp2-dcp", "hf-model-sharded", "lightning-ds-zero2",
-             "universal"]  # the model and folder layouts the fixtures cover, each a 2-layer model
+TWO_LAYER = [
+    "ds-zero2-bf16",
+    "hf-ds-zero2",
+    "hf-fsdp1",
+    "fsdp2-dcp",
+    "hf-model-sharded",
+    "lightning-ds-zero2",
+    "universal",
+]  # the model and folder layouts the fixtures cover, each a 2-layer model
 
 
 def widget_lines(app, widget) -> list[str]:
@@ -31,7 +38,7 @@ def widget_lines(app, widget) -> list[str]:
     compositor = app.screen._compositor
     lines = [strip.text for strip in compositor.render_strips()]
     r = compositor.find_widget(widget).visible_region
-    return [line[r.x:r.right] for line in lines[r.y:r.bottom]]
+    return [line[r.x : r.right] for line in lines[r.y : r.bottom]]
 
 
 async def wait_for(pilot, cond, what: str, timeout: float = 60.0) -> None:
@@ -99,7 +106,7 @@ def table_rows(app) -> tuple[str, list[str]]:
     """The tensor table's header and its visible rows, as shown."""
     table = app.query_one(TensorTable).query_one(DataTable)
     lines = widget_lines(app, table)
-    return lines[0], [line for line in lines[1:1 + table.row_count]]
+    return lines[0], [line for line in lines[1 : 1 + table.row_count]]
 
 
 @contextlib.asynccontextmanager
@@ -168,8 +175,9 @@ async def test_at_80_columns_every_tensor_row_shows_its_layer_index_and_shape(ke
             m = re.match(r"(.*?)([^.]+\.\d+)\.", r.name)
             if m:  # `model.layers.10`: the layer index with its own name (a long wrapper start may give way)
                 start = m.group(1) + m.group(2)
-                assert (start + "." in line or start + "…" in line or f"…{m.group(2)}…" in line), \
+                assert start + "." in line or start + "…" in line or f"…{m.group(2)}…" in line, (
                     f"{r.name!r} lost its layer: {line!r}"
+                )
                 indexed += 1
             assert shape_text(r.shape) in line, f"the shape of {r.name!r} is cut: {line!r}"
         assert indexed >= 3  # the rows shown are layer rows, not just the embedding

@@ -18,6 +18,7 @@ tests/unit/trees.py writes them back at their offsets, the holes as sparse zeros
 the real sizes and the real headers at their real offsets. After packing, each variant is
 rebuilt and must give the same ``inspect()`` report as the real checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -138,8 +139,11 @@ def main(argv: list[str]) -> int:
         for variant in variants:
             kept = sum(p.stat().st_size for p in (HERE / variant).rglob("*") if p.is_file())
             same = same_report(trees.tree(variant, Path(tmp)), fixture_path(variant))
-            print(f"{variant:24} {len(manifest[variant]['files']):4} files {kept:8} bytes kept  "
-                  f"{'same report' if same else 'REPORT DIFFERS'}", flush=True)
+            print(
+                f"{variant:24} {len(manifest[variant]['files']):4} files {kept:8} bytes kept  "
+                f"{'same report' if same else 'REPORT DIFFERS'}",
+                flush=True,
+            )
             if not same:
                 bad.append(variant)
     if bad:

@@ -14,5 +14,14 @@ from .instructions import instructions, load_code
 from .plan import TMP_PREFIX, TorchDcpError, TorchDcpPlan, default_out, torch_dcp_plan
 from .run import TorchDcpResult, convert_to_torch_dcp
 
-__all__ = ["TMP_PREFIX", "TorchDcpError", "TorchDcpPlan", "TorchDcpResult", "convert_to_torch_dcp", "default_out",
-           "instructions", "load_code", "torch_dcp_plan"]
+__all__ = [
+    "TMP_PREFIX",
+    "TorchDcpError",
+    "TorchDcpPlan",
+    "TorchDcpResult",
+    "convert_to_torch_dcp",
+    "default_out",
+    "instructions",
+    "load_code",
+    "torch_dcp_plan",
+]

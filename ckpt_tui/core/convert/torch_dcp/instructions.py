@@ -29,20 +29,29 @@ def load_code(plan) -> str:
 
 def instructions(plan) -> str:
     sh = plan.shown
-    lines = [f"torch.distributed.checkpoint: {sh(plan.out)}  (model + {plan.optimizer_class} state + step "
-             f"{plan.global_step}; loads at any world size)",
-             "",
-             "Resume under torch FSDP2 (or DDP): on every rank, after building the same model and wrapping it "
-             "(fully_shard(...) per block and on the root, or DDP), run:",
-             "",
-             load_code(plan).rstrip("\n"),
-             "",
-             "then train on as usual (the optimizer's hyper-parameters are restored from the checkpoint)."]
+    lines = [
+        f"torch.distributed.checkpoint: {sh(plan.out)}  (model + {plan.optimizer_class} state + step "
+        f"{plan.global_step}; loads at any world size)",
+        "",
+        "Resume under torch FSDP2 (or DDP): on every rank, after building the same model and wrapping it "
+        "(fully_shard(...) per block and on the root, or DDP), run:",
+        "",
+        load_code(plan).rstrip("\n"),
+        "",
+        "then train on as usual (the optimizer's hyper-parameters are restored from the checkpoint).",
+    ]
     if plan.carried:
-        lines += ["", f"Copied as they were into {sh(plan.out)}: " + ", ".join(f.name for f in plan.carried)
-                  + (" (scheduler.pt is the state of the run's torch LR scheduler: build the same scheduler over "
-                     "this optimizer and load it with its load_state_dict)"
-                     if any(f.name == "scheduler.pt" for f in plan.carried) else "")]
+        lines += [
+            "",
+            f"Copied as they were into {sh(plan.out)}: "
+            + ", ".join(f.name for f in plan.carried)
+            + (
+                " (scheduler.pt is the state of the run's torch LR scheduler: build the same scheduler over "
+                "this optimizer and load it with its load_state_dict)"
+                if any(f.name == "scheduler.pt" for f in plan.carried)
+                else ""
+            ),
+        ]
     if plan.not_carried:
         lines += ["", "Not carried over:"] + [f"  - {x}" for x in plan.not_carried]
     return "\n".join(lines)

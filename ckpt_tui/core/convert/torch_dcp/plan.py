@@ -42,8 +42,22 @@ class OptimTensor:
 
 @dataclass
 class TorchDcpPlan(TagPlan):
-    json_keys = ("src", "tag_dir", "out", "zero_stage=stage", "world_size", "global_step", "framework",
-                 "optimizer_class", "hyper", "train_dtype", "strip_prefix", "carried", "not_carried", "warnings")
+    json_keys = (
+        "src",
+        "tag_dir",
+        "out",
+        "zero_stage=stage",
+        "world_size",
+        "global_step",
+        "framework",
+        "optimizer_class",
+        "hyper",
+        "train_dtype",
+        "strip_prefix",
+        "carried",
+        "not_carried",
+        "warnings",
+    )
 
     model: list[SourceTensor]  # names already final (prefix stripped); tied aliases have tied_to
     optim: list[OptimTensor]
@@ -67,11 +81,17 @@ class TorchDcpPlan(TagPlan):
         sh = self.shown
         n_params = sum(1 for t in self.model if not t.tied_to)
         steps = [
-            PlanStep("mkdir", sh(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"),
-            PlanStep("write", sh(self.out.parent / f"{TMP_PREFIX}XXXX"), source=sh(self.tag_dir),
-                     bytes=self.estimated_bytes,
-                     detail=f"torch.distributed.checkpoint: model ({n_params} tensors, fp32 masters) + optimizer "
-                            f"({len(self.optim)} state tensors, {self.optimizer_class}) + step {self.global_step}"),
+            PlanStep(
+                "mkdir", sh(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"
+            ),
+            PlanStep(
+                "write",
+                sh(self.out.parent / f"{TMP_PREFIX}XXXX"),
+                source=sh(self.tag_dir),
+                bytes=self.estimated_bytes,
+                detail=f"torch.distributed.checkpoint: model ({n_params} tensors, fp32 masters) + optimizer "
+                f"({len(self.optim)} state tensors, {self.optimizer_class}) + step {self.global_step}",
+            ),
         ]
         for f in self.carried:
             steps.append(PlanStep("copy", f.name, source=sh(f), bytes=f.stat().st_size if f.exists() else 0))
@@ -83,13 +103,19 @@ class TorchDcpPlan(TagPlan):
         notes = [f"source {sh(self.tag_dir)} (ZeRO-{self.stage}, {self.world_size} ranks) is only read, never modified"]
         notes += [f"not carried over: {x}" for x in self.not_carried]
         notes += self.warnings
-        return Plan(f"Convert {sh(self.tag_dir)} to a torch.distributed.checkpoint for FSDP2/DDP in {sh(self.out)}",
-                    tuple(steps), tuple(notes))
+        return Plan(
+            f"Convert {sh(self.tag_dir)} to a torch.distributed.checkpoint for FSDP2/DDP in {sh(self.out)}",
+            tuple(steps),
+            tuple(notes),
+        )
 
     def to_json(self) -> dict:
-        return as_json(self, self.json_keys) | {"tensors": len(self.model), "optimizer_tensors": len(self.optim),
-                                                 "carried": [str(p) for p in self.carried],
-                                                 "plan": self.to_plan().to_json()}
+        return as_json(self, self.json_keys) | {
+            "tensors": len(self.model),
+            "optimizer_tensors": len(self.optim),
+            "carried": [str(p) for p in self.carried],
+            "plan": self.to_plan().to_json(),
+        }
 
 
 def default_out(tag_dir: Path) -> Path:
@@ -99,7 +125,7 @@ def default_out(tag_dir: Path) -> Path:
     the user) reads the run folder."""
     ck = Path(tag_dir).parent
     run = ck.parent
-    name = ck.name[:-len(".ckpt")] if ck.name.endswith(".ckpt") else ck.name
+    name = ck.name[: -len(".ckpt")] if ck.name.endswith(".ckpt") else ck.name
     if run.parent == run:  # the checkpoint sits at the filesystem's root
         return ck.parent / f"{name}-torch-dcp"
     return run.parent / f"{run.name}-{name}-torch-dcp"
@@ -108,22 +134,29 @@ def default_out(tag_dir: Path) -> Path:
 def _optimizer_class(cfg: Optional[dict]) -> tuple[str, list[str]]:
     """torch's class that DeepSpeed's optimizer config amounts to, and warnings."""
     if not isinstance(cfg, dict):
-        return "AdamW", ["the DeepSpeed config names no optimizer (a client optimizer?): its state is carried as "
-                         "torch.optim.AdamW's; check that this is the update rule the run used"]
+        return "AdamW", [
+            "the DeepSpeed config names no optimizer (a client optimizer?): its state is carried as "
+            "torch.optim.AdamW's; check that this is the update rule the run used"
+        ]
     typ = str(cfg.get("type", "")).lower()
     params = cfg.get("params") if isinstance(cfg.get("params"), dict) else {}
     warn = []
     if typ not in ("adam", "adamw"):
-        raise TorchDcpError(f"the run's optimizer is {cfg.get('type')!r}: only Adam/AdamW state maps onto "
-                            "torch.optim.AdamW/Adam")
+        raise TorchDcpError(
+            f"the run's optimizer is {cfg.get('type')!r}: only Adam/AdamW state maps onto torch.optim.AdamW/Adam"
+        )
     if params.get("bias_correction") is False:
-        raise TorchDcpError("the run's Adam has bias_correction: false; torch's Adam/AdamW always correct the bias, "
-                            "so the resumed run would update differently")
+        raise TorchDcpError(
+            "the run's Adam has bias_correction: false; torch's Adam/AdamW always correct the bias, "
+            "so the resumed run would update differently"
+        )
     # DeepSpeed: type AdamW, or Adam with adam_w_mode (default true), is decoupled weight decay (torch AdamW)
     adamw = typ == "adamw" or params.get("adam_w_mode", True) is not False
     if not params.get("torch_adam"):
-        warn.append("the run used DeepSpeed's own Adam kernel (FusedAdam/DeepSpeedCPUAdam), not torch's: the same "
-                    "update rule, but not bit-identical arithmetic")
+        warn.append(
+            "the run used DeepSpeed's own Adam kernel (FusedAdam/DeepSpeedCPUAdam), not torch's: the same "
+            "update rule, but not bit-identical arithmetic"
+        )
     return ("AdamW" if adamw else "Adam"), warn
 
 
@@ -136,8 +169,15 @@ def _torch_group_defaults(cls: str) -> dict:
     return {k: v for k, v in getattr(torch.optim, cls)([p]).param_groups[0].items() if k != "params"}
 
 
-def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: bool = False,
-                   strip_prefix: Optional[str] = None, keep_prefix: bool = False) -> TorchDcpPlan:
+def torch_dcp_plan(
+    src,
+    out=None,
+    *,
+    tag: Optional[str] = None,
+    trust_pickles: bool = False,
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+) -> TorchDcpPlan:
     """Resolve SRC to a DeepSpeed ZeRO tag and say what converting it to torch DCP in ``out`` will
     write. Raises ``ScanError`` for an unreadable path, :class:`TorchDcpError` where it cannot convert."""
     from ...export import prefix as prefixes
@@ -148,14 +188,18 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     rep, node, said = resolve_tag(src, tag, trust_pickles, TorchDcpError)
     inv = rep.inventory
     if node is None or node.format != "deepspeed-zero":
-        raise TorchDcpError(f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); --to torch-dcp converts a "
-                            "DeepSpeed tag folder (global_stepN/ with *_optim_states.pt files), or the checkpoint "
-                            "folder holding one")
+        raise TorchDcpError(
+            f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); --to torch-dcp converts a "
+            "DeepSpeed tag folder (global_stepN/ with *_optim_states.pt files), or the checkpoint "
+            "folder holding one"
+        )
     tag_dir = node.abspath
     errs = [x for x in rep.findings if x.severity == "error" and node.contains(x.path) and x.code != "unsafe-pickle"]
     if errs:
-        raise TorchDcpError(f"{tag_dir} has errors and cannot be converted: "
-                            + "; ".join(f"{x.code} {x.path}: {x.message}" for x in errs[:4]))
+        raise TorchDcpError(
+            f"{tag_dir} has errors and cannot be converted: "
+            + "; ".join(f"{x.code} {x.path}: {x.message}" for x in errs[:4])
+        )
     try:
         zt = open_zero_tag(tag_dir)
         model_src = deepspeed_source(tag_dir)
@@ -172,7 +216,7 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     strip = choice.strip
 
     def fqn(n: str) -> str:
-        return n[len(strip):] if strip and n.startswith(strip) else n
+        return n[len(strip) :] if strip and n.startswith(strip) else n
 
     model: list[SourceTensor] = []
     for t in model_src.tensors:
@@ -195,8 +239,10 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
     for g in config["param_groups"]:
         step = g.get("step")
         if step is None:
-            raise TorchDcpError(f"{tag_dir}: no optimizer step recorded for the group of {g['params'][:1]} "
-                                "(saved before the first step?)")
+            raise TorchDcpError(
+                f"{tag_dir}: no optimizer step recorded for the group of {g['params'][:1]} "
+                "(saved before the first step?)"
+            )
         group = dict(defaults)
         for k in HYPER:
             v = g.get(k, ds_params.get(k))  # the saved param group's, else the DeepSpeed config's
@@ -209,29 +255,39 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
         for n in group["params"]:
             steps[n] = step
     if defaulted:
-        warnings.append(f"neither the checkpoint nor its DeepSpeed config records {', '.join(defaulted)}: torch's "
-                        "defaults were written; pass the run's values to the optimizer and check them after loading")
+        warnings.append(
+            f"neither the checkpoint nor its DeepSpeed config records {', '.join(defaulted)}: torch's "
+            "defaults were written; pass the run's values to the optimizer and check them after loading"
+        )
     hyper = {k: groups[0][k] for k in ("lr", "betas", "eps", "weight_decay") if groups and k in groups[0]}
     if len(groups) > 1:
-        warnings.append(f"the run had {len(groups)} param groups: build the optimizer with the same groups "
-                        "(the hyper-parameters of each are restored from the checkpoint)")
+        warnings.append(
+            f"the run had {len(groups)} param groups: build the optimizer with the same groups "
+            "(the hyper-parameters of each are restored from the checkpoint)"
+        )
 
     train_dtype = zt.train_dtype
     not_carried = []
     if train_dtype in ("bfloat16", "float16"):
-        not_carried.append(f"the {'bf16' if train_dtype == 'bfloat16' else 'fp16'} module weights: the fp32 masters "
-                           "are carried instead, as the parameters (an FSDP2 run keeps fp32 parameters; train in "
-                           f"{'bf16' if train_dtype == 'bfloat16' else 'fp16'} with fully_shard(mp_policy="
-                           "MixedPrecisionPolicy(param_dtype=...)))")
+        not_carried.append(
+            f"the {'bf16' if train_dtype == 'bfloat16' else 'fp16'} module weights: the fp32 masters "
+            "are carried instead, as the parameters (an FSDP2 run keeps fp32 parameters; train in "
+            f"{'bf16' if train_dtype == 'bfloat16' else 'fp16'} with fully_shard(mp_policy="
+            "MixedPrecisionPolicy(param_dtype=...)))"
+        )
     if ms.get("lr_scheduler") is not None:
-        not_carried.append("DeepSpeed's LR scheduler state (lr_scheduler in the model states): not a torch "
-                           "scheduler; rebuild it and set it to the step")
+        not_carried.append(
+            "DeepSpeed's LR scheduler state (lr_scheduler in the model states): not a torch "
+            "scheduler; rebuild it and set it to the step"
+        )
     if train_dtype == "float16":
         not_carried.append("the fp16 loss scaler state")
     if model_src.tensors and any(t.frozen for t in model_src.tensors):
         not_carried.append("optimizer state of frozen parameters (they have none; their weights are carried)")
-    not_carried.append("DeepSpeed's engine counters (global_samples, skipped_steps) and client state "
-                       "(a Lightning/Trainer loop state, the data sampler)")
+    not_carried.append(
+        "DeepSpeed's engine counters (global_samples, skipped_steps) and client state "
+        "(a Lightning/Trainer loop state, the data sampler)"
+    )
     carried = []
     ck = tag_dir.parent
     for f in sorted(ck.iterdir()) if ck.is_dir() else []:
@@ -242,8 +298,10 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
             else:  # never copied out of the checkpoint through a link
                 not_carried.append(f"{f.name}: {why}, so it was not copied")
     if any(f.name.startswith("rng_state") for f in carried):
-        warnings.append(f"rng_state_*.pth are per rank of the {zt.world}-rank run: copied as they are; at another "
-                        "world size ranks without a file start from fresh RNG state")
+        warnings.append(
+            f"rng_state_*.pth are per rank of the {zt.world}-rank run: copied as they are; at another "
+            "world size ranks without a file start from fresh RNG state"
+        )
     if not any(f.name.startswith("rng_state") for f in carried):
         not_carried.append("RNG state (the checkpoint holds none in torch form)")
     if choice.note:
@@ -257,12 +315,29 @@ def torch_dcp_plan(src, out=None, *, tag: Optional[str] = None, trust_pickles: b
         preflight_output(out, need=2 * estimated, source=tag_dir.parent)
     except OutputError as e:
         raise TorchDcpError(output_refusal(e, out, tag_dir)) from None
-    return TorchDcpPlan(src=src, tag_dir=tag_dir, out=out, stage=zt.stage, world_size=zt.world,
-                        global_step=ms.get("global_steps") if isinstance(ms.get("global_steps"), int) else None,
-                        framework=inv.framework, model=model, optim=optim, param_groups=groups, steps=steps,
-                        optimizer_class=cls, hyper=hyper, train_dtype=train_dtype, strip_prefix=strip,
-                        carried=carried, not_carried=not_carried, estimated_bytes=estimated, warnings=warnings,
-                        said=said, given=os.fspath(src))
+    return TorchDcpPlan(
+        src=src,
+        tag_dir=tag_dir,
+        out=out,
+        stage=zt.stage,
+        world_size=zt.world,
+        global_step=ms.get("global_steps") if isinstance(ms.get("global_steps"), int) else None,
+        framework=inv.framework,
+        model=model,
+        optim=optim,
+        param_groups=groups,
+        steps=steps,
+        optimizer_class=cls,
+        hyper=hyper,
+        train_dtype=train_dtype,
+        strip_prefix=strip,
+        carried=carried,
+        not_carried=not_carried,
+        estimated_bytes=estimated,
+        warnings=warnings,
+        said=said,
+        given=os.fspath(src),
+    )
 
 
 def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:

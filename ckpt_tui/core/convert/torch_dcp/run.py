@@ -32,8 +32,17 @@ FILE_BYTES = 256 << 20  # tensors per .distcp file: the memory bound of the writ
 
 @dataclass
 class TorchDcpResult(JsonFields):
-    json_keys = ("out", "seconds", "tensors", "bytes=nbytes", "files", "carried", "not_carried", "instructions",
-                 "warnings")
+    json_keys = (
+        "out",
+        "seconds",
+        "tensors",
+        "bytes=nbytes",
+        "files",
+        "carried",
+        "not_carried",
+        "instructions",
+        "warnings",
+    )
 
     out: Path
     seconds: float
@@ -61,7 +70,7 @@ def read_tensor(t: SourceTensor):
     for r in t.ranges or ():
         with open(r.path, "rb") as f:
             f.seek(r.offset)
-            n = f.readinto(mv[pos:pos + r.length])
+            n = f.readinto(mv[pos : pos + r.length])
         if n != r.length:
             raise OSError(f"{r.path}: expected {r.length} bytes at {r.offset}, got {n}")
         pos += r.length
@@ -89,8 +98,11 @@ def _state(plan: TorchDcpPlan):
     for o in plan.optim:
         s = opt_state.setdefault(o.fqn, {"step": torch.tensor(float(plan.steps[o.fqn]), dtype=torch.float32)})
         s[o.key] = meta(o.source)
-    state = {"model": model, "optimizer": {"state": opt_state, "param_groups": [dict(g) for g in plan.param_groups]},
-             "step": plan.global_step if plan.global_step is not None else 0}
+    state = {
+        "model": model,
+        "optimizer": {"state": opt_state, "param_groups": [dict(g) for g in plan.param_groups]},
+        "step": plan.global_step if plan.global_step is not None else 0,
+    }
     return state, loaders
 
 
@@ -201,19 +213,26 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
             for k in path:
                 got = got[k]
             if not torch.equal(got, read_tensor(s)):
-                raise TorchDcpError(f"verification failed: {'.'.join(path)} read back from the output differs from "
-                                    "the source")
+                raise TorchDcpError(
+                    f"verification failed: {'.'.join(path)} read back from the output differs from the source"
+                )
             done += s.nbytes
         report(on_progress, done, total, "bytes", "verifying")
-    back: dict = {"optimizer": {"state": {fqn: {"step": torch.tensor(0.0)} for fqn in plan.steps},
-                                "param_groups": [{k: None for k in g} for g in plan.param_groups]},
-                  "step": -1}
+    back: dict = {
+        "optimizer": {
+            "state": {fqn: {"step": torch.tensor(0.0)} for fqn in plan.steps},
+            "param_groups": [{k: None for k in g} for g in plan.param_groups],
+        },
+        "step": -1,
+    }
     with _quiet():
         dcp.load(back, storage_reader=reader, no_dist=True)
     for fqn, st in plan.steps.items():
         if float(back["optimizer"]["state"][fqn]["step"]) != float(st):
-            raise TorchDcpError(f"verification failed: the step of {fqn} reads back as "
-                                f"{back['optimizer']['state'][fqn]['step']}, not {st}")
+            raise TorchDcpError(
+                f"verification failed: the step of {fqn} reads back as "
+                f"{back['optimizer']['state'][fqn]['step']}, not {st}"
+            )
     if back["optimizer"]["param_groups"] != plan.param_groups or back["step"] != (plan.global_step or 0):
         raise TorchDcpError("verification failed: the param groups or the step read back differ from what was written")
     return len(items)
@@ -221,19 +240,29 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
 
 def note(plan: TorchDcpPlan) -> dict:
     """The content of conversion.json."""
-    return {"converted_by": "ckpt-tui convert --to torch-dcp", "source": str(plan.tag_dir),
-            "source_framework": plan.framework, "zero_stage": plan.stage, "source_world_size": plan.world_size,
-            "step": plan.global_step, "optimizer": {"class": f"torch.optim.{plan.optimizer_class}",
-                                                    "hyper_parameters": {k: list(v) if isinstance(v, tuple) else v
-                                                                         for k, v in plan.hyper.items()}},
-            "parameters": "fp32 masters" + (f" (the run trained in {plan.train_dtype})"
-                                            if plan.train_dtype in ("bfloat16", "float16") else ""),
-            "strip_prefix": plan.strip_prefix, "carried_files": [f.name for f in plan.carried],
-            "not_carried": plan.not_carried, "warnings": plan.warnings}
+    return {
+        "converted_by": "ckpt-tui convert --to torch-dcp",
+        "source": str(plan.tag_dir),
+        "source_framework": plan.framework,
+        "zero_stage": plan.stage,
+        "source_world_size": plan.world_size,
+        "step": plan.global_step,
+        "optimizer": {
+            "class": f"torch.optim.{plan.optimizer_class}",
+            "hyper_parameters": {k: list(v) if isinstance(v, tuple) else v for k, v in plan.hyper.items()},
+        },
+        "parameters": "fp32 masters"
+        + (f" (the run trained in {plan.train_dtype})" if plan.train_dtype in ("bfloat16", "float16") else ""),
+        "strip_prefix": plan.strip_prefix,
+        "carried_files": [f.name for f in plan.carried],
+        "not_carried": plan.not_carried,
+        "warnings": plan.warnings,
+    }
 
 
-def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress] = None,
-                         cancel=None) -> TorchDcpResult:
+def convert_to_torch_dcp(
+    plan: TorchDcpPlan, *, on_progress: Optional[OnProgress] = None, cancel=None
+) -> TorchDcpResult:
     """Write ``plan``'s output (see the module). Raises :class:`TorchDcpError` on failure and
     :class:`Cancelled` on cancel; either way nothing is left under the final name."""
     t0 = time.monotonic()
@@ -242,8 +271,10 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
         check_output_folder(out)
     except OutputError as e:
         raise TorchDcpError(output_refusal(e, out, plan.tag_dir)) from None
-    sources = sorted({r.path for t in plan.model for r in (t.ranges or ())}
-                     | {r.path for o in plan.optim for r in (o.source.ranges or ())})
+    sources = sorted(
+        {r.path for t in plan.model for r in (t.ranges or ())}
+        | {r.path for o in plan.optim for r in (o.source.ranges or ())}
+    )
     before = snapshot(sources)
     tmp = temp_beside(out, TMP_PREFIX, TorchDcpError)
     inner = tmp / out.name
@@ -262,6 +293,14 @@ def convert_to_torch_dcp(plan: TorchDcpPlan, *, on_progress: Optional[OnProgress
         move_into_place(inner, out, TorchDcpError)
     finally:
         remove_temp(tmp)
-    return TorchDcpResult(out=out, seconds=time.monotonic() - t0, tensors=n, nbytes=nbytes, files=files,
-                          carried=[f.name for f in plan.carried], not_carried=list(plan.not_carried),
-                          instructions=instructions(plan), warnings=list(plan.warnings))
+    return TorchDcpResult(
+        out=out,
+        seconds=time.monotonic() - t0,
+        tensors=n,
+        nbytes=nbytes,
+        files=files,
+        carried=[f.name for f in plan.carried],
+        not_carried=list(plan.not_carried),
+        instructions=instructions(plan),
+        warnings=list(plan.warnings),
+    )

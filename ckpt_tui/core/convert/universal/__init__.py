@@ -22,6 +22,18 @@ from .plan import FROZEN_FILE, TMP_PREFIX, UniversalError, UniversalPlan, univer
 from .run import UniversalResult, convert_to_universal, write_latest
 from .verify import UniversalVerification, verify_universal
 
-__all__ = ["FROZEN_FILE", "TMP_PREFIX", "UniversalError", "UniversalPlan", "UniversalResult", "UniversalVerification",
-           "convert_to_universal", "export_frozen", "frozen_load_code", "instructions", "universal_plan",
-           "verify_universal", "write_latest"]
+__all__ = [
+    "FROZEN_FILE",
+    "TMP_PREFIX",
+    "UniversalError",
+    "UniversalPlan",
+    "UniversalResult",
+    "UniversalVerification",
+    "convert_to_universal",
+    "export_frozen",
+    "frozen_load_code",
+    "instructions",
+    "universal_plan",
+    "verify_universal",
+    "write_latest",
+]

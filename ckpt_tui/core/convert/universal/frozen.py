@@ -20,8 +20,14 @@ def export_frozen(tag_dir, dest, *, names: Optional[list[str]] = None) -> dict[s
 
     tag_dir, dest = Path(tag_dir), Path(dest)
     src = deepspeed_source(tag_dir)
-    ms = next((p for p in (tag_dir / "mp_rank_00_model_states.pt", tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt")
-               if p.is_file()), None)
+    ms = next(
+        (
+            p
+            for p in (tag_dir / "mp_rank_00_model_states.pt", tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt")
+            if p.is_file()
+        ),
+        None,
+    )
     buffers: set[str] = set()
     if ms is not None:
         obj = torchfile.read(ms).obj
@@ -37,6 +43,7 @@ def export_frozen(tag_dir, dest, *, names: Optional[list[str]] = None) -> dict[s
     if not tensors:
         return {}
     with atomic_path(dest) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "source": str(tag_dir),
-                                               "written_by": "ckpt-tui universal"})
+        save_file(
+            tensors, str(tmp), metadata={"format": "pt", "source": str(tag_dir), "written_by": "ckpt-tui universal"}
+        )
     return {k: tuple(v.shape) for k, v in tensors.items()}

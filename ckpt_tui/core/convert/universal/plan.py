@@ -32,14 +32,28 @@ class UniversalError(ExportError):
 
 def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
     """What the output preflight found, said for the conversion."""
-    return common.output_refusal(e, out, f"the source {tag_dir}",
-                                 " (the converter writes its slices and the result side by side)")
+    return common.output_refusal(
+        e, out, f"the source {tag_dir}", " (the converter writes its slices and the result side by side)"
+    )
 
 
 @dataclass
 class UniversalPlan(TagPlan):
-    json_keys = ("src", "tag_dir", "out", "zero_stage=stage", "world_size", "global_step", "framework",
-                 "inject_missing_state", "trainable", "frozen", "buffers", "expected_files", "warnings")
+    json_keys = (
+        "src",
+        "tag_dir",
+        "out",
+        "zero_stage=stage",
+        "world_size",
+        "global_step",
+        "framework",
+        "inject_missing_state",
+        "trainable",
+        "frozen",
+        "buffers",
+        "expected_files",
+        "warnings",
+    )
 
     layout: str
     inject_missing_state: bool
@@ -67,9 +81,19 @@ class UniversalPlan(TagPlan):
         return self.out.parent / FROZEN_FILE
 
     def command(self, output_folder: Path) -> list[str]:
-        cmd = [sys.executable, "-m", CONVERTER_MODULE, "--input_folder", str(self.tag_dir),
-               "--output_folder", str(output_folder), "--num_extract_workers", str(_workers()),
-               "--num_merge_workers", "1"]
+        cmd = [
+            sys.executable,
+            "-m",
+            CONVERTER_MODULE,
+            "--input_folder",
+            str(self.tag_dir),
+            "--output_folder",
+            str(output_folder),
+            "--num_extract_workers",
+            str(_workers()),
+            "--num_merge_workers",
+            "1",
+        ]
         if self.inject_missing_state:
             cmd.append("--inject_missing_state")
         return cmd
@@ -77,29 +101,53 @@ class UniversalPlan(TagPlan):
     def to_plan(self) -> Plan:
         sh = self.shown
         if self.frozen_only:
-            return Plan(f"Write the frozen parameters of {sh(self.tag_dir)} beside the universal checkpoint "
-                        f"{sh(self.out)} (already there and complete: not converted again)",
-                        (PlanStep("write", sh(self.frozen_file), source=sh(self.tag_dir),
-                                  detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)"),),
-                        (f"source {sh(self.tag_dir)} is only read, never modified",))
+            return Plan(
+                f"Write the frozen parameters of {sh(self.tag_dir)} beside the universal checkpoint "
+                f"{sh(self.out)} (already there and complete: not converted again)",
+                (
+                    PlanStep(
+                        "write",
+                        sh(self.frozen_file),
+                        source=sh(self.tag_dir),
+                        detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)",
+                    ),
+                ),
+                (f"source {sh(self.tag_dir)} is only read, never modified",),
+            )
         steps = [
-            PlanStep("mkdir", sh(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"),
-            PlanStep("run", " ".join(self.command(self.out.parent / f"{TMP_PREFIX}XXXX" / "inner" / self.out.name)),
-                     source=sh(self.tag_dir), bytes=self.estimated_bytes,
-                     detail=f"DeepSpeed's converter, {self.expected_files} state files expected; log in the temp folder"),
-            PlanStep("run", "verify", detail="every parameter's state files present; fp32 bit-exact vs the source masters"),
+            PlanStep(
+                "mkdir", sh(self.out.parent / f"{TMP_PREFIX}XXXX"), detail="private temp folder beside the output"
+            ),
+            PlanStep(
+                "run",
+                " ".join(self.command(self.out.parent / f"{TMP_PREFIX}XXXX" / "inner" / self.out.name)),
+                source=sh(self.tag_dir),
+                bytes=self.estimated_bytes,
+                detail=f"DeepSpeed's converter, {self.expected_files} state files expected; log in the temp folder",
+            ),
+            PlanStep(
+                "run", "verify", detail="every parameter's state files present; fp32 bit-exact vs the source masters"
+            ),
             PlanStep("replace", sh(self.out), detail="os.replace of the verified folder"),
             PlanStep("write", sh(self.out.parent / "latest_universal"), detail=f"contains {self.out.name!r}"),
         ]
         if self.export_frozen and (self.frozen or self.buffers):
-            steps.append(PlanStep("write", sh(self.frozen_file),
-                                  detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)"))
+            steps.append(
+                PlanStep(
+                    "write",
+                    sh(self.frozen_file),
+                    detail=f"{len(self.frozen)} frozen param(s) + {len(self.buffers)} buffer(s)",
+                )
+            )
         notes = [f"source {sh(self.tag_dir)} (ZeRO-{self.stage}, {self.world_size} ranks) is only read, never modified"]
         if self.inject_missing_state:
             notes.append("universal_checkpoint_info is missing: --inject_missing_state supplies it in memory")
         notes += self.warnings
-        return Plan(f"Convert {sh(self.tag_dir)} to a DeepSpeed universal checkpoint in {sh(self.out)}", tuple(steps),
-                    tuple(notes))
+        return Plan(
+            f"Convert {sh(self.tag_dir)} to a DeepSpeed universal checkpoint in {sh(self.out)}",
+            tuple(steps),
+            tuple(notes),
+        )
 
     def to_json(self) -> dict:
         # the document counts the trainable parameters and adds the printable plan
@@ -110,8 +158,15 @@ def _workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: Optional[int] = None,
-                   export_frozen: bool = True, tag: Optional[str] = None) -> UniversalPlan:
+def universal_plan(
+    src,
+    out=None,
+    *,
+    trust_pickles: bool = False,
+    target_stage: Optional[int] = None,
+    export_frozen: bool = True,
+    tag: Optional[str] = None,
+) -> UniversalPlan:
     """Resolve SRC to a ZeRO tag folder (``tag``: that tag beside the one `latest` names; a `latest`
     naming no tag folder is refused without it) and say what converting it will do, and which tag
     it chose and why (``said``). Writes nothing.
@@ -127,31 +182,40 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     inv = rep.inventory
     if node is None or node.format != "deepspeed-zero":
         if node is not None and node.format == "deepspeed-universal" or inv.layout == "universal":
-            raise UniversalError(f"{src} is already a DeepSpeed universal checkpoint: load it with "
-                                 '{"checkpoint": {"load_universal": true}}')
-        raise UniversalError(f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); universal conversion "
-                             "needs a DeepSpeed tag folder (global_stepN/) with *_optim_states.pt files")
+            raise UniversalError(
+                f"{src} is already a DeepSpeed universal checkpoint: load it with "
+                '{"checkpoint": {"load_universal": true}}'
+            )
+        raise UniversalError(
+            f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); universal conversion "
+            "needs a DeepSpeed tag folder (global_stepN/) with *_optim_states.pt files"
+        )
     f = cast(DeepSpeedZeroFacts, node.facts)
     tag_dir = node.abspath
     names = [c.name for c in node.children]
     if f.get("pipeline") or any(LAYER_RE.match(n) for n in names):
-        raise UniversalError("pipeline-parallel checkpoints (layer_*-model_states.pt) are not supported here: "
-                             "ds_to_universal handles them only for Megatron-DeepSpeed layouts")
+        raise UniversalError(
+            "pipeline-parallel checkpoints (layer_*-model_states.pt) are not supported here: "
+            "ds_to_universal handles them only for Megatron-DeepSpeed layouts"
+        )
     if f.get("moe") or any(MOE_RE.search(n) for n in names):
-        raise UniversalError("MoE checkpoints (expert_*/expp_rank_* files) are not supported: convert them with "
-                             "the tooling of the framework that wrote them")
+        raise UniversalError(
+            "MoE checkpoints (expert_*/expp_rank_* files) are not supported: convert them with "
+            "the tooling of the framework that wrote them"
+        )
     if (f.get("mp_world_size") or 1) > 1:
         raise UniversalError(f"model-parallel checkpoints (mp_world_size={f['mp_world_size']}) are not supported here")
-    errs = [x for x in rep.findings if x.severity == "error" and node.contains(x.path)
-            and x.code != "unsafe-pickle"]
+    errs = [x for x in rep.findings if x.severity == "error" and node.contains(x.path) and x.code != "unsafe-pickle"]
     if errs:
         lines = "; ".join(f"{x.code} {x.path}: {x.message}" for x in errs[:4])
         raise UniversalError(f"{tag_dir} has errors, DeepSpeed cannot convert it: {lines}")
     unsafe = [x for x in rep.findings if x.code == "unsafe-pickle" and node.contains(x.path)]
     if unsafe and not trust_pickles:
-        raise UniversalError(f"{unsafe[0].path} names code outside ckpt-tui's allowlist; DeepSpeed's converter "
-                             "unpickles without restriction and would run it. Convert only a checkpoint you trust, "
-                             "with --trust-pickles")
+        raise UniversalError(
+            f"{unsafe[0].path} names code outside ckpt-tui's allowlist; DeepSpeed's converter "
+            "unpickles without restriction and would run it. Convert only a checkpoint you trust, "
+            "with --trust-pickles"
+        )
     try:  # ds_to_universal torch.loads every rank's states file without restriction: each one screened first
         screen.require(screen.tag_files(tag_dir), trust_pickles=trust_pickles, loader="DeepSpeed's ds_to_universal")
     except (FormatError, OSError) as e:
@@ -194,8 +258,9 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
         out = default_out(tag_dir)
     out = Path(os.path.abspath(out))
     parent = out.parent
-    frozen_only = bool(export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists()
-                       and _complete_universal(rep, out))
+    frozen_only = bool(
+        export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists() and _complete_universal(rep, out)
+    )
     if not frozen_only:
         try:
             preflight_output(out, need=2 * estimated, source=tag_dir)
@@ -207,30 +272,55 @@ def universal_plan(src, out=None, *, trust_pickles: bool = False, target_stage: 
     if (frozen or buffers) and not export_frozen:
         what = []
         if frozen:
-            what.append(f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:3])}{', ...' if len(frozen) > 3 else ''})")
+            what.append(
+                f"{len(frozen)} frozen parameter(s) ({', '.join(frozen[:3])}{', ...' if len(frozen) > 3 else ''})"
+            )
         if buffers:
             what.append(f"{len(buffers)} buffer(s) ({', '.join(buffers[:3])}{', ...' if len(buffers) > 3 else ''})")
         warnings.append(
             " and ".join(what) + ": load_universal restores only optimizer-tracked parameters, so these keep "
             "whatever the model was built with on resume"
             + (" (ZeRO-3: the converter leaves frozen parameters out entirely)" if stage == 3 and frozen else "")
-            + ". --no-export-frozen left them out; without it they are written to " + FROZEN_FILE + " next to the "
-            "output, to load into the model as the instructions show.")
+            + ". --no-export-frozen left them out; without it they are written to "
+            + FROZEN_FILE
+            + " next to the "
+            "output, to load into the model as the instructions show."
+        )
     if target_stage is not None and target_stage != stage:
         if (target_stage == 3) != (stage == 3):
-            warnings.append(f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}: DeepSpeed fails to "
-                            "load a universal checkpoint across ZeRO-1/2 <-> ZeRO-3 (a bare AssertionError). "
-                            f"Resume with ZeRO-{stage}" + (" (or ZeRO-1/2)" if stage in (1, 2) else "") + ".")
+            warnings.append(
+                f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}: DeepSpeed fails to "
+                "load a universal checkpoint across ZeRO-1/2 <-> ZeRO-3 (a bare AssertionError). "
+                f"Resume with ZeRO-{stage}" + (" (or ZeRO-1/2)" if stage in (1, 2) else "") + "."
+            )
         else:
-            warnings.append(f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}; ZeRO-1 <-> 2 loads "
-                            "(measured with deepspeed 0.19.8 on CPU).")
-    return UniversalPlan(src=src, tag_dir=tag_dir, out=out, stage=stage, world_size=int(f.get("world_size") or 0),
-                         global_step=f.get("global_step"), framework=inv.framework, layout=inv.layout,
-                         inject_missing_state=(stage <= 2 and not f.get("universal_checkpoint_info")),
-                         trainable=trainable, frozen=frozen, buffers=buffers, expected_files=expected,
-                         estimated_bytes=estimated, trust_pickles=trust_pickles, target_stage=target_stage,
-                         export_frozen=export_frozen, warnings=warnings, said=said, frozen_only=frozen_only,
-                         given=os.fspath(src))
+            warnings.append(
+                f"target ZeRO-{target_stage} differs from the source's ZeRO-{stage}; ZeRO-1 <-> 2 loads "
+                "(measured with deepspeed 0.19.8 on CPU)."
+            )
+    return UniversalPlan(
+        src=src,
+        tag_dir=tag_dir,
+        out=out,
+        stage=stage,
+        world_size=int(f.get("world_size") or 0),
+        global_step=f.get("global_step"),
+        framework=inv.framework,
+        layout=inv.layout,
+        inject_missing_state=(stage <= 2 and not f.get("universal_checkpoint_info")),
+        trainable=trainable,
+        frozen=frozen,
+        buffers=buffers,
+        expected_files=expected,
+        estimated_bytes=estimated,
+        trust_pickles=trust_pickles,
+        target_stage=target_stage,
+        export_frozen=export_frozen,
+        warnings=warnings,
+        said=said,
+        frozen_only=frozen_only,
+        given=os.fspath(src),
+    )
 
 
 def default_out(tag_dir: Path) -> Path:

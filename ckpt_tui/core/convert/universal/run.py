@@ -72,8 +72,10 @@ def watchdog_command(parent_pid: int, cmd: list[str]) -> tuple[list[str], dict]:
 
     root = str(Path(ckpt_tui.__file__).resolve().parent.parent)
     old = os.environ.get("PYTHONPATH")
-    env = {PYTHONPATH_VAR: "-" if old is None else "+" + old,
-           "PYTHONPATH": root if not old else root + os.pathsep + old}
+    env = {
+        PYTHONPATH_VAR: "-" if old is None else "+" + old,
+        "PYTHONPATH": root if not old else root + os.pathsep + old,
+    }
     return [sys.executable, "-m", WATCHDOG_MODULE, str(parent_pid), *cmd], env
 
 
@@ -84,8 +86,19 @@ def write_latest(folder: Path) -> Path:
 
 @dataclass
 class UniversalResult(JsonFields):
-    json_keys = ("out", "latest_file", "seconds", "files", "verification", "log=log_path", "frozen", "buffers",
-                 "frozen_file", "instructions", "warnings")
+    json_keys = (
+        "out",
+        "latest_file",
+        "seconds",
+        "files",
+        "verification",
+        "log=log_path",
+        "frozen",
+        "buffers",
+        "frozen_file",
+        "instructions",
+        "warnings",
+    )
 
     out: Path
     latest_file: Path
@@ -104,8 +117,14 @@ class UniversalResult(JsonFields):
         return as_json(self, self.json_keys) | {"seconds": round(self.seconds, 3)}
 
 
-def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgress] = None, cancel=None,
-                         log_path=None, export_frozen_params: Optional[bool] = None) -> UniversalResult:
+def convert_to_universal(
+    plan: UniversalPlan,
+    *,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+    log_path=None,
+    export_frozen_params: Optional[bool] = None,
+) -> UniversalResult:
     """Run DeepSpeed's converter for ``plan``, verify, move into place, write ``latest_universal``.
 
     The converter's output (tqdm, prints) goes to ``log_path`` (default: a file in the temp folder,
@@ -117,12 +136,24 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
     out = plan.out
     if plan.frozen_only:  # the universal folder is there and complete: write only what it cannot restore
         export_frozen(plan.tag_dir, plan.frozen_file)
-        return UniversalResult(out=out, latest_file=out.parent / "latest_universal", seconds=time.monotonic() - t0,
-                               files=0, verification=UniversalVerification(ok=True, checked=0, notes=[
-                                   "the universal checkpoint was already there and complete: not converted again"]),
-                               log_path=None, frozen=list(plan.frozen), buffers=list(plan.buffers),
-                               frozen_file=plan.frozen_file, instructions=instructions(plan, plan.frozen_file),
-                               warnings=list(plan.warnings), frozen_only=True)
+        return UniversalResult(
+            out=out,
+            latest_file=out.parent / "latest_universal",
+            seconds=time.monotonic() - t0,
+            files=0,
+            verification=UniversalVerification(
+                ok=True,
+                checked=0,
+                notes=["the universal checkpoint was already there and complete: not converted again"],
+            ),
+            log_path=None,
+            frozen=list(plan.frozen),
+            buffers=list(plan.buffers),
+            frozen_file=plan.frozen_file,
+            instructions=instructions(plan, plan.frozen_file),
+            warnings=list(plan.warnings),
+            frozen_only=True,
+        )
     try:
         check_output_folder(out)  # again: time has passed since the plan
     except OutputError as e:
@@ -145,8 +176,16 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
         with open(log_file, "ab") as log:
             log.write(("$ " + " ".join(plan.command(inner)) + "\n").encode())
             log.flush()
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    cwd=str(tmp), start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(tmp),
+                start_new_session=True,
+                close_fds=True,
+            )
         total = plan.expected_files
         last = -1
         while True:
@@ -167,8 +206,10 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
             tail = _tail(log_file)
             if own_log:  # a new file renamed into place: never written through a link planted under that name
                 atomic_write(keep_log_on_failure, Path(log_file).read_bytes())
-            raise UniversalError(f"DeepSpeed's converter failed (exit {rc}): {tail}"
-                                 + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})"))
+            raise UniversalError(
+                f"DeepSpeed's converter failed (exit {rc}): {tail}"
+                + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})")
+            )
         report(on_progress, total, total, "files", "converting")
         check_unchanged(before, _tag_snapshot(plan.tag_dir), plan.tag_dir, UniversalError)
         report(on_progress, 0, None, "files", "verifying")
@@ -196,10 +237,19 @@ def convert_to_universal(plan: UniversalPlan, *, on_progress: Optional[OnProgres
     if export_frozen_params and (plan.frozen or plan.buffers):
         export_frozen(plan.tag_dir, plan.frozen_file)
         frozen_file = plan.frozen_file
-    return UniversalResult(out=out, latest_file=latest, seconds=time.monotonic() - t0, files=files, verification=ver,
-                           log_path=final_log, frozen=list(plan.frozen), buffers=list(plan.buffers),
-                           frozen_file=frozen_file, instructions=instructions(plan, frozen_file),
-                           warnings=list(plan.warnings) + ver.notes)
+    return UniversalResult(
+        out=out,
+        latest_file=latest,
+        seconds=time.monotonic() - t0,
+        files=files,
+        verification=ver,
+        log_path=final_log,
+        frozen=list(plan.frozen),
+        buffers=list(plan.buffers),
+        frozen_file=frozen_file,
+        instructions=instructions(plan, frozen_file),
+        warnings=list(plan.warnings) + ver.notes,
+    )
 
 
 def _tail(path: Path, n: int = 600) -> str:

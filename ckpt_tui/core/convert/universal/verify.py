@@ -59,8 +59,11 @@ def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerific
         raise UniversalError(f"{tag_dir}: {e}") from None
     from ...formats import torchfile
 
-    stage = 3 if any(p.name.startswith("zero_pp_rank_") and p.name.endswith("_model_states.pt")
-                     for p in tag_dir.iterdir()) else 2
+    stage = (
+        3
+        if any(p.name.startswith("zero_pp_rank_") and p.name.endswith("_model_states.pt") for p in tag_dir.iterdir())
+        else 2
+    )
     buffer_names: set[str] = set()
     ms = tag_dir / ("mp_rank_00_model_states.pt" if stage <= 2 else "zero_pp_rank_0_mp_rank_00_model_states.pt")
     obj = torchfile.read(ms).obj
@@ -85,12 +88,16 @@ def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerific
             fp = pdir / "fp32.pt"
             if not fp.is_file():
                 if stage == 3 and is_buf:
-                    res.notes.append(f"buffer {t.name} is not in the universal checkpoint (ZeRO-3); "
-                                     "load_universal does not restore buffers")
+                    res.notes.append(
+                        f"buffer {t.name} is not in the universal checkpoint (ZeRO-3); "
+                        "load_universal does not restore buffers"
+                    )
                 elif stage == 3:
                     res.frozen_absent.append(t.name)
                 else:
-                    res.problems.append(f"{'buffer' if is_buf else 'frozen param'} {t.name}: zero/{t.name}/fp32.pt missing")
+                    res.problems.append(
+                        f"{'buffer' if is_buf else 'frozen param'} {t.name}: zero/{t.name}/fp32.pt missing"
+                    )
                 continue
             got = _load_state(fp)
             if not _bits_equal(got, to_torch(t).to(got.dtype)):
@@ -112,10 +119,14 @@ def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerific
         for s in ("exp_avg", "exp_avg_sq"):
             st = _load_state(pdir / f"{s}.pt")
             if getattr(st, "numel", lambda: -1)() != want.numel():
-                res.problems.append(f"{t.name}: {s}.pt holds {getattr(st, 'shape', '?')}, expected {want.numel()} elements")
+                res.problems.append(
+                    f"{t.name}: {s}.pt holds {getattr(st, 'shape', '?')}, expected {want.numel()} elements"
+                )
         res.checked += 1
     if res.frozen_absent:
-        res.notes.append(f"{len(res.frozen_absent)} frozen param(s) absent from the universal checkpoint (ZeRO-3 "
-                         f"leaves them out): {', '.join(res.frozen_absent[:5])}")
+        res.notes.append(
+            f"{len(res.frozen_absent)} frozen param(s) absent from the universal checkpoint (ZeRO-3 "
+            f"leaves them out): {', '.join(res.frozen_absent[:5])}"
+        )
     res.ok = not res.problems
     return res

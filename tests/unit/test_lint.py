@@ -1,6 +1,6 @@
 """The house rules that a tool can check, checked on every test run: ruff (pyflakes, pycodestyle, import
-order) and import-linter's layer contracts in pyproject.toml (cli -> ui -> core, never back; the core imports
-no textual/rich; formats below the scan)."""
+order), ruff's formatter, and import-linter's layer contracts in pyproject.toml (cli -> ui -> core, never
+back; the core imports no textual/rich; formats below the scan)."""
 
 import subprocess
 import sys
@@ -16,6 +16,12 @@ def _run(*cmd):
 
 def test_ruff_is_clean():
     r = _run(sys.executable, "-m", "ruff", "check", "ckpt_tui", "tests", "bench", "screenshots")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format_is_applied():
+    # the formatting commit is listed in .git-blame-ignore-revs (git blame --ignore-revs-file)
+    r = _run(sys.executable, "-m", "ruff", "format", "--check", "ckpt_tui", "tests", "bench", "screenshots")
     assert r.returncode == 0, r.stdout + r.stderr
 
 

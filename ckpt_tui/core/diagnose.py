@@ -24,8 +24,8 @@ from .facts import (
     TextFacts,
     VerlFacts,
 )
-from .formats.dcp_folder import merges_with_accelerate
-from .formats.deepspeed import OPTIM_STATES_RE
+from .formats.dcp.format import merges_with_accelerate
+from .formats.deepspeed.reader import OPTIM_STATES_RE
 from .names import step_of
 from .storage import is_url
 from .types import SEVERITY_RANK, Finding, Inventory, Node, numel, shell_path, user_path
@@ -690,7 +690,7 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
     """The universal checkpoint ``ckpt-tui universal`` writes for ``tag`` (``<tag>_universal/`` beside
     it, named by ``latest_universal``) when it is there and complete, from the scan's facts (headers
     only): (it, None); else (None, (the path of an unusable one, why)) or (None, None) when there is none."""
-    from .formats.deepspeed import UNIVERSAL_STATES, TagFacts
+    from .formats.deepspeed.reader import UNIVERSAL_STATES, TagFacts
 
     if tag.path == ".":
         return None, None  # its folder was not scanned
@@ -731,7 +731,7 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
 def _load_instructions(inv: Inventory, tag: Node, uni: Node) -> str:
     """The load instructions ``ckpt-tui universal`` prints, for ``uni`` found beside ``tag``."""
     from .convert.universal.instructions import FROZEN_FILE, UniversalLoad, load_instructions
-    from .formats.deepspeed import TagFacts
+    from .formats.deepspeed.reader import TagFacts
 
     f = cast(DeepSpeedZeroFacts, tag.facts)
     tf = inv.parsed.get(tag, TagFacts)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from .diagnose import diagnose, mark_complete
-from .formats.pickles import gc_paused
+from .formats.unpickle import gc_paused
 from .progress import OnProgress
 from .scan import OnNode, scan
 from .storage import bytes_fetched, is_url

@@ -17,8 +17,8 @@ from typing import Callable, Optional, cast
 from .facts import LeftoverFacts, NodeFacts, SpecialFacts
 from .formats import FormatError
 from .formats.format import Format
-from .formats.pickles import gc_paused
 from .formats.registry import classify_file, detect_folder
+from .formats.unpickle import gc_paused
 from .layout import describe
 from .leftovers import recognise, tree_size
 from .progress import Cancelled, OnProgress, check_cancel, progress_scope, report

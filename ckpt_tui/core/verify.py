@@ -52,7 +52,7 @@ class VerifyResult(JsonFields):
 def _output_tensors(out: Path, stem: Optional[str] = None) -> dict[str, tuple[Path, str]]:
     """name -> (file, safetensors dtype) of an export folder or file (``stem``: only ``stem.safetensors``
     and its shards ``stem-0000k-of-0000n.safetensors``)."""
-    from .formats import safetensors_header as stfmt
+    from .formats.safetensors import header as stfmt
 
     out = Path(out)
     files = [out] if out.is_file() else sorted(out.glob("*.safetensors"))
@@ -211,7 +211,7 @@ def verify(
 
 def is_optimizer_export(out: Path) -> bool:
     """An ``--component optimizer`` output: optimizer_config.json beside optimizer*.safetensors, no model."""
-    from .export.deepspeed_optim import CONFIG_FILE
+    from .formats.deepspeed.optim import CONFIG_FILE
 
     return (
         out.is_dir()
@@ -224,7 +224,7 @@ def is_optimizer_export(out: Path) -> bool:
 def _config_problems(cfg, planned: dict, outs: dict) -> list[str]:
     """What is wrong with an export's optimizer_config.json: not the step and param groups the source has,
     or a parameter whose tensors are exported but that no param group names (or the reverse)."""
-    from .export.deepspeed_optim import CONFIG_FILE
+    from .formats.deepspeed.optim import CONFIG_FILE
 
     if not isinstance(cfg, dict) or not isinstance(cfg.get("param_groups"), list):
         return [f"{CONFIG_FILE} has no param_groups list"]
@@ -262,7 +262,7 @@ def verify_optimizer(
     import json
 
     from .export.api import plan_export
-    from .export.deepspeed_optim import CONFIG_FILE
+    from .formats.deepspeed.optim import CONFIG_FILE
 
     out = Path(out)
     plan, _ = plan_export(
@@ -296,7 +296,7 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
     if kind == "torch-file-optimizer":
         import torch
 
-        from .export.torch_optim import find_optimizer_state
+        from .formats.torch_save.optim import find_optimizer_state
 
         res.reference = "torch.load" + ("" if trust_pickles else "(weights_only=True)")
         screen.require([plan.source.path], trust_pickles=trust_pickles, loader="torch.load")
@@ -309,7 +309,7 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
                     if leaf != "step" and isinstance(t, torch.Tensor):
                         yield f"{name}.{leaf}", t
     elif kind == "dcp-optimizer":
-        from .export.dcp_optim import reference_tensors
+        from .formats.dcp.optim import reference_tensors
 
         res.reference = "torch DCP loader"
         screen.require(
@@ -318,7 +318,7 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
         for name, t in reference_tensors(plan.source.path):
             yield (name[len(strip) :] if strip and name.startswith(strip) else name), t
     elif kind == "verl-optimizer":
-        from .export.verl_source import optimizer_reference_tensors
+        from .formats.verl.source import optimizer_reference_tensors
 
         res.reference = "torch.load of every rank's optim file, joined as verl's model merger joins shards"
         folder = Path(plan.source.path)

@@ -3,9 +3,9 @@ read the ordinary way (tuples) and records the rewrite took out (their pickled t
 
 import pytest
 
-from ckpt_tui.core.formats.dcp import storage_ends, storage_ends_fast
-from ckpt_tui.core.formats.dcp_stream import ChunkFold, encode_offsets, encode_sizes
-from ckpt_tui.core.formats.pickles import TupleFold
+from ckpt_tui.core.formats.dcp.reader import storage_ends, storage_ends_fast
+from ckpt_tui.core.formats.dcp.stream import ChunkFold, encode_offsets, encode_sizes
+from ckpt_tui.core.formats.unpickle import TupleFold
 
 
 def from_tokens(size, offs, sizes):

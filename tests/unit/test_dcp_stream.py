@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from ckpt_tui.core.formats import dcp_stream
+from ckpt_tui.core.formats.dcp import stream as dcp_stream
 
 VALUES = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**40, -1, -(2**31), -(2**31) - 1, -(2**40)]
 

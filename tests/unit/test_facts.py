@@ -17,7 +17,7 @@ from .facts import undeclared
 WRITERS = [
     Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "scan.py",
     Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "leftovers.py",  # the scan's leftover facts
-    *sorted((Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "formats").glob("*.py")),
+    *sorted((Path(__file__).resolve().parents[2] / "ckpt_tui" / "core" / "formats").rglob("*.py")),
 ]
 
 

@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 
-from ckpt_tui.core.formats.dcp import megatron_stacked, megatron_tensor_parallel, read
-from ckpt_tui.core.formats.pickles import Record, safe_loads
+from ckpt_tui.core.formats.dcp.reader import megatron_stacked, megatron_tensor_parallel, read
+from ckpt_tui.core.formats.unpickle import Record, safe_loads
 
 from . import trees
 

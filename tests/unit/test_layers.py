@@ -90,6 +90,6 @@ def test_no_private_name_imported_across_modules():
 def test_graph_sees_imports():  # the checks above would pass vacuously on a broken parser
     edges, _ = _graph()
     assert "ckpt_tui.core.formats.registry" in edges["ckpt_tui.core.scan"]
-    assert "ckpt_tui.core.formats.dcp" in edges["ckpt_tui.core.formats.dcp_folder"]
+    assert "ckpt_tui.core.formats.dcp.reader" in edges["ckpt_tui.core.formats.dcp.format"]
     assert "ckpt_tui.core.report" in edges["ckpt_tui.core.repair.run"]  # an import inside a function
     assert "ckpt_tui.ui.run" in edges["ckpt_tui.cli.inspect"]

@@ -9,7 +9,7 @@ from typing import Optional, cast
 
 from ..facts import DeepSpeedZeroFacts, TextFacts
 from ..formats import FormatError
-from ..formats.deepspeed import OPTIM_STATES_RE
+from ..formats.deepspeed.reader import OPTIM_STATES_RE
 from ..formats.format import NotExportable
 from ..formats.registry import format_of
 from ..names import step_of
@@ -227,7 +227,7 @@ def source_for(
     """``node``'s model weights as an export source, opened by its format (``from_module_states``:
     a DeepSpeed tag's module weights instead of its fp32 masters)."""
     if from_module_states:
-        from .deepspeed_source import module_states_source
+        from ..formats.deepspeed.source import module_states_source
         from .sources import strip_names
 
         try:
@@ -422,7 +422,7 @@ def _plan_optimizer(
     ``optimizer_config.json``; names as the model export of the same checkpoint has them. Reads DeepSpeed
     ZeRO tags, torch DCP optimizer folders and torch files with an optimizer state dict; others are
     refused, saying so. ``report``: ``src`` inspected already."""
-    from .deepspeed_optim import deepspeed_optimizer_source
+    from ..formats.deepspeed.optim import deepspeed_optimizer_source
 
     report = report if report is not None else inspect(src, trust_pickles=trust_pickles)
     try:
@@ -453,7 +453,7 @@ def _plan_optimizer(
     )
     try:
         if node.format == "verl-fsdp":
-            from .verl_source import verl_optimizer_source
+            from ..formats.verl.source import verl_optimizer_source
 
             source, config, model_names = verl_optimizer_source(node.abspath, trust_pickles=trust_pickles)
         else:
@@ -489,7 +489,7 @@ def _optimizer_plan(
 ) -> ExportPlan:
     """The plan of an optimizer ``source``: the model export's prefix decision (``node``: the model's
     node, ``model_names``: its names) applied to the tensors and to ``config``, which goes beside them."""
-    from .deepspeed_optim import CONFIG_FILE, strip_config
+    from ..formats.deepspeed.optim import CONFIG_FILE, strip_config
 
     prefix = choose(node, model_names, strip_prefix=strip_prefix, keep_prefix=keep_prefix)
     strip_names(source, prefix.strip)
@@ -526,8 +526,8 @@ def _plan_torch_optimizer(
     inv = report.inventory
     opt = optimizer_component(report)
     if opt is None and model is not None and model.format == "dcp":  # Lightning FSDP: one DCP holds both
-        from ..formats import dcp as dcpfmt
-        from .dcp_optim import has_optimizer_state
+        from ..formats.dcp import reader as dcpfmt
+        from ..formats.dcp.optim import has_optimizer_state
 
         try:
             opt = model if has_optimizer_state(dcpfmt.read(model.abspath)) else None
@@ -562,11 +562,11 @@ def _plan_torch_optimizer(
             model_what = f"the model's names cannot be read: {e}"
     try:
         if opt.format == "dcp":
-            from .dcp_optim import dcp_optimizer_source
+            from ..formats.dcp.optim import dcp_optimizer_source
 
             source, config = dcp_optimizer_source(opt.abspath, [n for n, _ in model_tensors or []])
         else:
-            from .torch_optim import torch_optimizer_source
+            from ..formats.torch_save.optim import torch_optimizer_source
 
             source, config = torch_optimizer_source(
                 opt.abspath, model_tensors, model_what=model_what, trust_pickles=trust_pickles

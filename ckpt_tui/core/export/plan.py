@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE, ST_CODE, short_dtype
-from ..formats.pickles import gc_paused
+from ..formats.unpickle import gc_paused
 from ..fsutil import regular_inside
 from ..storage import as_path, is_url
 from ..types import Plan, PlanStep, in_user_form

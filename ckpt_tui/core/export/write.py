@@ -561,7 +561,7 @@ def verify_files(
 
 
 def _verify_files(files: list, folder: Path, counter, cancel, fds: dict, bad: list) -> None:
-    from ..formats import safetensors_header as stfmt
+    from ..formats.safetensors import header as stfmt
 
     for f in files:
         h = stfmt.read_header(folder / f.name)

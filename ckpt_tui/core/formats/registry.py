@@ -9,13 +9,13 @@ from typing import Optional, cast
 from ..facts import BackupFacts
 from ..names import backed_up_name
 from ..types import Node, Parsed
-from .dcp_folder import DcpFiles, DcpFolder, DcpSafetensorsFolder
-from .deepspeed_folder import DeepSpeedOptimStatesFiles, DeepSpeedStatesFiles, DeepSpeedTag, DeepSpeedUniversal
+from .dcp.format import DcpFiles, DcpFolder, DcpSafetensorsFolder
+from .deepspeed.format import DeepSpeedOptimStatesFiles, DeepSpeedStatesFiles, DeepSpeedTag, DeepSpeedUniversal
 from .format import FileFormat, FolderFormat, Format
-from .plain_files import PlainFiles, TextFiles
-from .safetensors_file import HfModelFolder, SafetensorsFiles
-from .torch_save import TorchSave
-from .verl import VerlFolder, VerlRankFiles
+from .plain.format import PlainFiles, TextFiles
+from .safetensors.format import HfModelFolder, SafetensorsFiles
+from .torch_save.format import TorchSave
+from .verl.format import VerlFolder, VerlRankFiles
 
 
 class BackupFiles(FileFormat):

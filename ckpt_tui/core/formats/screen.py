@@ -35,7 +35,7 @@ def _identity(path: Path) -> tuple:
 
 
 def is_metadata(path: Path) -> bool:
-    from .dcp import RANK_META_RE
+    from .dcp.reader import RANK_META_RE
 
     return path.name == ".metadata" or bool(RANK_META_RE.match(path.name))
 
@@ -49,11 +49,11 @@ def screen_file(path) -> frozenset:
     if hit is not None:
         return hit
     if is_metadata(path):
-        from .dcp import screen_metadata
+        from .dcp.reader import screen_metadata
 
         unsafe = frozenset(screen_metadata(path))
     else:
-        from . import torchfile
+        from .torch_save import torchfile
 
         unsafe = frozenset(torchfile.read(path).unsafe)
     if _identity(path) == key:  # unchanged while it was read
@@ -92,7 +92,7 @@ def tag_files(tag_dir) -> list[Path]:
 
 
 def dcp_metadata_files(folder) -> list[Path]:
-    from .dcp import metadata_files
+    from .dcp.reader import metadata_files
 
     glob_meta, ranks = metadata_files(Path(folder))
     return [glob_meta] if glob_meta else list(ranks)
@@ -130,8 +130,8 @@ def dcp_reader(folder, *, trust_pickles: bool = False):
 
     class ScreenedReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            from .dcp import RANK_META_RE
-            from .pickles import torch_metadata
+            from .dcp.reader import RANK_META_RE
+            from .unpickle import torch_metadata
 
             rank = kwargs.get("rank")
             name = f"__{rank}.metadata" if rank is not None else ".metadata"
@@ -154,7 +154,7 @@ def dcp_reader(folder, *, trust_pickles: bool = False):
 
 def _admits(q: str) -> bool:
     """Does ckpt-tui's own allowlist read the global ``q`` (as a stand-in or one of its safe functions)?"""
-    from .pickles import FUNCTIONS, RECORD_GLOBALS, STUB_GLOBALS, TUPLE_GLOBALS
+    from .unpickle import FUNCTIONS, RECORD_GLOBALS, STUB_GLOBALS, TUPLE_GLOBALS
 
     return q in STUB_GLOBALS or q in RECORD_GLOBALS or q in TUPLE_GLOBALS or q in FUNCTIONS
 

@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Optional
 
-from ..formats.pickles import safe_loads
+from ..formats.unpickle import safe_loads
 from ..progress import check_cancel
 
 U32 = 0xFFFFFFFF

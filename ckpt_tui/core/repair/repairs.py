@@ -157,7 +157,7 @@ def _apply_universal_info(
         entries = read_entries(src, size)
         e = pickle_entry(entries)
         pkl = read_pickle(src, e)
-        from ..formats.pickles import safe_loads
+        from ..formats.unpickle import safe_loads
 
         top = safe_loads(pkl, persistent=True).obj
         if isinstance(top, dict) and UCI_KEY in top:
@@ -326,7 +326,7 @@ def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel,
 def check_metadata_tmp(folder: Path, trust: bool = False) -> tuple[bool, str]:
     """Is ``folder/.metadata.tmp`` a complete DCP Metadata whose every storage record lies inside an
     existing shard file? Returns (ok, reason)."""
-    from ..formats.dcp import read_metadata_file
+    from ..formats.dcp.reader import read_metadata_file
 
     tmp = folder / ".metadata.tmp"
     try:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from ckpt_tui.core.export.api import export, plan_export
 from ckpt_tui.core.export.write import ExportError
-from ckpt_tui.core.formats.dcp_folder import merges_with_accelerate
+from ckpt_tui.core.formats.dcp.format import merges_with_accelerate
 from ckpt_tui.core.report import inspect
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,8 +15,8 @@ import torch
 
 from ckpt_tui.core.convert import torch_dcp
 from ckpt_tui.core.convert.torch_dcp import TMP_PREFIX, TorchDcpError, convert_to_torch_dcp, torch_dcp_plan
-from ckpt_tui.core.export.deepspeed_source import deepspeed_source
 from ckpt_tui.core.export.sources import to_torch
+from ckpt_tui.core.formats.deepspeed.source import deepspeed_source
 from ckpt_tui.core.progress import Cancelled
 from tests.util import torchrun
 
@@ -148,7 +148,7 @@ def test_deepspeed_run_resumes_under_fsdp2_at_1_and_3_ranks(fixture, real_ckpt, 
 def test_frozen_and_tied_bf16_runs_load_under_fsdp2_bit_exact(fixture, kind, real_ckpt, tmp_path):
     """A bf16 run's fp32 masters become the parameters; a frozen parameter has its weight and no state;
     tied weights load once; each exp_avg/exp_avg_sq and step is the source's, bit-exact, after resharding."""
-    from ckpt_tui.core.export.deepspeed_optim import deepspeed_optimizer_source
+    from ckpt_tui.core.formats.deepspeed.optim import deepspeed_optimizer_source
 
     tag = real_ckpt(fixture) / "global_step2"
     r = cli("convert", real_ckpt(fixture), "--to", "torch-dcp", "--out", tmp_path / "out", cwd=tmp_path)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tui.core.formats import dcp as dcpfmt
-from ckpt_tui.core.formats import dcp_stream, pickles
+from ckpt_tui.core.formats import unpickle as pickles
+from ckpt_tui.core.formats.dcp import reader as dcpfmt
+from ckpt_tui.core.formats.dcp import stream as dcp_stream
 from tests.fixtures import fixture_path
 
 FIXTURES = ("fsdp2-dcp", "hf-fsdp2", "megatron-dist", "torchtitan", "dcp-mixed")

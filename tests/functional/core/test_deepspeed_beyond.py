@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from ckpt_tui.core.export.api import export
-from ckpt_tui.core.formats import torchfile
+from ckpt_tui.core.formats.torch_save import torchfile
 from ckpt_tui.core.report import inspect
 
 VARIANTS = {  # variant -> (layout words, optimizer class, data-parallel ranks, fp32 masters apart from the weights)
@@ -225,7 +225,7 @@ def test_printed_load_code_loads_each_export(real_ckpt, tmp_path):
 def test_a_zero2_tag_without_its_optim_files_is_not_taken_for_stage_0(real_ckpt_copy):
     """Stage 0 is recognised by what DeepSpeed saved (the optimizer inside the model states, ds_config stage 0),
     never by the absence of *_optim_states.pt: a ZeRO-2 tag that lost them still reports them missing."""
-    from ckpt_tui.core.export.deepspeed_source import tag_source
+    from ckpt_tui.core.formats.deepspeed.source import tag_source
 
     tag = real_ckpt_copy("ds-zero2-bf16") / "global_step2"
     for f in tag.glob("*_optim_states.pt"):

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from ckpt_tui.core.export.api import export
 from ckpt_tui.core.export.write import ExportError
-from ckpt_tui.core.formats import dcp as dcpfmt
-from ckpt_tui.core.formats.pickles import Record, safe_loads
+from ckpt_tui.core.formats.dcp import reader as dcpfmt
+from ckpt_tui.core.formats.unpickle import Record, safe_loads
 from ckpt_tui.core.report import inspect
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckpt_tui.core.formats.deepspeed import MODEL_STATES_RE, OPTIM_STATES_RE, read_optim_states
+from ckpt_tui.core.formats.deepspeed.reader import MODEL_STATES_RE, OPTIM_STATES_RE, read_optim_states
 from ckpt_tui.core.report import inspect
 from ckpt_tui.core.tensors import list_tensors, listable
 from ckpt_tui.core.types import numel

@@ -21,8 +21,8 @@ from ckpt_tui.core.convert.universal import (
     universal_plan,
     verify_universal,
 )
-from ckpt_tui.core.export.deepspeed_source import deepspeed_source
 from ckpt_tui.core.export.sources import to_torch
+from ckpt_tui.core.formats.deepspeed.source import deepspeed_source
 from ckpt_tui.core.progress import Cancelled
 from tests.util import FileLease
 

@@ -6,8 +6,9 @@ import pickle
 import pytest
 import torch
 
-from ckpt_tui.core.formats import FormatError, torchfile
-from ckpt_tui.core.formats.pickles import TensorRef, safe_loads
+from ckpt_tui.core.formats import FormatError
+from ckpt_tui.core.formats.torch_save import torchfile
+from ckpt_tui.core.formats.unpickle import TensorRef, safe_loads
 from ckpt_tui.core.report import inspect
 
 

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from ckpt_tui.core.export.api import export
 from ckpt_tui.core.export.write import ExportError
-from ckpt_tui.core.formats import torchfile
-from ckpt_tui.core.formats.pickles import DTensorRef, ShardedTensorRef, TensorRef
+from ckpt_tui.core.formats.torch_save import torchfile
+from ckpt_tui.core.formats.unpickle import DTensorRef, ShardedTensorRef, TensorRef
 from ckpt_tui.core.report import inspect
 from tests.fixtures import fixture_path
 

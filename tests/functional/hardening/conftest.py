@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tui.core.formats import dcp_stream
+from ckpt_tui.core.formats.dcp import stream as dcp_stream
 
 # ---- the guard: nothing outside the checkpoint and OUT changes ------------------------------------------------
 

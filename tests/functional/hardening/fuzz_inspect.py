@@ -119,7 +119,7 @@ def dcp_string_mutation(data: bytes, records: int, pos: int, opcode: str, pad: i
     """A string (``opcode``: BINBYTES, SHORT_BINBYTES, BINUNICODE or SHORT_BINUNICODE) holding ``records`` copies of
     the stream's first chunk (or storage) record and ``pad`` more bytes, then PAYLOAD, then POP, in a frame of its
     own inserted at the ``pos``-th frame boundary of a framed ``.metadata`` (else at its start)."""
-    from ckpt_tui.core.formats import dcp_stream
+    from ckpt_tui.core.formats.dcp import stream as dcp_stream
 
     found = dcp_stream.CHUNK_RE.search(data) or dcp_stream.STORAGE_RE.search(data)
     rec = found.group(0) if found else b"h\x00)\x81\x94}\x94(ub"

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from ckpt_tui.core.formats.torch_save import MAX_KEY_CHARS, MAX_KEYS
+from ckpt_tui.core.formats.torch_save.format import MAX_KEY_CHARS, MAX_KEYS
 from ckpt_tui.core.report import inspect
 
 FACTS_CAP = 16 * 1024  # bytes of one node's facts in the JSON document, however the file is built
@@ -128,7 +128,7 @@ def test_inspect_work_is_linear_in_files_and_findings(real_ckpt, tmp_path, build
 def test_a_config_json_of_huge_values_has_bounded_facts(real_ckpt, tmp_path):
     """The real config.json with `architectures` a list of 10,000 strings of 1,000 characters (10 MB, under the
     16 MB a JSON file may have) and `model_type` one 1 MB string: the facts quote them cut, not in full."""
-    from ckpt_tui.core.formats.plain_files import MAX_FACT_CHARS, MAX_FACT_ITEMS
+    from ckpt_tui.core.formats.plain.format import MAX_FACT_CHARS, MAX_FACT_ITEMS
 
     ck = tmp_path / "ck"
     shutil.copytree(real_ckpt("hf-model-bin"), ck)
@@ -220,7 +220,7 @@ def _many_long_globals(n: int = 100, width: int = 300) -> list:
 
 
 def _assert_bounded_unsafe(facts: dict) -> None:
-    from ckpt_tui.core.formats.torch_save import MAX_UNSAFE
+    from ckpt_tui.core.formats.torch_save.format import MAX_UNSAFE
 
     assert facts["unsafe_globals"], facts
     assert len(facts["unsafe_globals"]) <= MAX_UNSAFE and all(len(g) <= MAX_KEY_CHARS for g in facts["unsafe_globals"])
@@ -260,7 +260,7 @@ def test_dcp_containers_are_bounded_and_counted(real_ckpt, tmp_path):
 
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from ckpt_tui.core.formats.dcp_folder import MAX_CONTAINERS
+    from ckpt_tui.core.formats.dcp.format import MAX_CONTAINERS
 
     dcp = tmp_path / "dcp"
     shutil.copytree(real_ckpt("fsdp1-dcp"), dcp)
@@ -290,7 +290,7 @@ def _rewrite_safetensors_header(path, change) -> None:
 def test_safetensors_header_metadata_values_are_bounded(real_ckpt, tmp_path):
     """A real safetensors shard whose __metadata__ holds one 1,000,000-character value (and a long key): the fact
     quotes it cut to MAX_FACT_CHARS."""
-    from ckpt_tui.core.formats.plain_files import MAX_FACT_CHARS
+    from ckpt_tui.core.formats.plain.format import MAX_FACT_CHARS
 
     ck = tmp_path / "ck"
     shutil.copytree(real_ckpt("hf-model-sharded"), ck)
@@ -327,7 +327,7 @@ def test_an_index_naming_many_shard_files_has_bounded_facts_and_is_still_checked
     """A real sharded model's index naming 5,000 more shard files (300-character names) that are not there: its
     shard_files fact lists 1,024, each cut, with shard_files_total counting them; the folder check still reads the
     names in full from the index (the real shards' facts are summed, the missing files found)."""
-    from ckpt_tui.core.formats.safetensors_file import MAX_SHARD_FILES
+    from ckpt_tui.core.formats.safetensors.format import MAX_SHARD_FILES
 
     ck = tmp_path / "ck"
     shutil.copytree(real_ckpt("hf-model-sharded"), ck)
@@ -352,7 +352,7 @@ def test_a_long_dcp_sharding_info_is_still_read_in_full(real_ckpt, tmp_path):
     """header_metadata quotes values cut, but a DCP-in-safetensors folder's DCP_SHARDING_INFO (over 1,024
     characters in any real model: one entry per tensor) is read from the header in full: the real fixture with its
     sharding info re-written with padding (the same JSON value) is the same DCP."""
-    from ckpt_tui.core.formats.plain_files import MAX_FACT_CHARS
+    from ckpt_tui.core.formats.plain.format import MAX_FACT_CHARS
 
     ck = tmp_path / "ck"
     shutil.copytree(real_ckpt("dcp-safetensors"), ck)
@@ -374,8 +374,8 @@ def test_a_long_dcp_sharding_info_is_still_read_in_full(real_ckpt, tmp_path):
 def test_tensor_names_under_a_huge_non_string_key_are_bounded(real_ckpt, tmp_path):
     """The HF pytorch_model.bin's weights re-saved under a tuple key repeating one 1,000-character string 2,000
     times (2 MB as text, stored once): the walk names them by a bounded part for that key, never str() of it."""
-    from ckpt_tui.core.formats import torchfile
-    from ckpt_tui.core.formats.pickles import iter_tensors
+    from ckpt_tui.core.formats.torch_save import torchfile
+    from ckpt_tui.core.formats.unpickle import iter_tensors
 
     sd = torch.load(real_ckpt("hf-model-bin") / "pytorch_model.bin", weights_only=True)
     path = tmp_path / "pytorch_model.bin"

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from ckpt_tui.core.formats import FormatError
-from ckpt_tui.core.formats import dcp as dcpfmt
-from ckpt_tui.core.formats import safetensors_header as stfmt
+from ckpt_tui.core.formats.dcp import reader as dcpfmt
+from ckpt_tui.core.formats.safetensors import header as stfmt
 
 TENSOR = "model.model.layers.0.self_attn.q_proj.weight"  # (64, 64), two chunks of 32 rows in hf-fsdp1
 
@@ -93,7 +93,7 @@ def test_dcp_chunk_gap_is_an_error_and_export_refuses(fsdp_model, tmp_path):
     clean(r)
     assert r.returncode == 1 and "dcp-chunk-gap" in r.stderr and not (tmp_path / "out").exists()
     with pytest.raises(FormatError, match="unwritten"):  # the source itself refuses, whoever asks (stats, TUI)
-        from ckpt_tui.core.export.dcp_source import dcp_source
+        from ckpt_tui.core.formats.dcp.source import dcp_source
 
         dcp_source(gap)
 

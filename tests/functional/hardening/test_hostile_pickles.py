@@ -143,7 +143,8 @@ def test_two_data_pkl_never_reaches_torch_load_or_zero_to_fp32_in_verify(zip_two
 def test_shadowed_and_stray_zip_entries_are_refused(real_ckpt, tmp_path, shape):
     """A second entry of the same name (which one a reader takes is the reader's choice), or one outside the folder
     every entry of a torch.save archive shares: refused before anything reads the pickle."""
-    from ckpt_tui.core.formats import FormatError, torchfile
+    from ckpt_tui.core.formats import FormatError
+    from ckpt_tui.core.formats.torch_save import torchfile
 
     src = real_ckpt("hf-ds-zero2") / "checkpoint-2" / "global_step2" / "mp_rank_00_model_states.pt"
     path = tmp_path / "mp_rank_00_model_states.pt"
@@ -303,7 +304,7 @@ def test_costly_pickles_give_a_finding_quickly_under_a_memory_limit(real_ckpt, t
 
 def test_the_cap_is_named_in_the_finding(real_ckpt, tmp_path):
     from ckpt_tui.core.formats import FormatError
-    from ckpt_tui.core.formats.pickles import MAX_BYTES, MAX_DIMS, MAX_ITEMS, safe_loads
+    from ckpt_tui.core.formats.unpickle import MAX_BYTES, MAX_DIMS, MAX_ITEMS, safe_loads
 
     for name, cap in (("bytearray", MAX_BYTES), ("set-range", MAX_ITEMS), ("size-range", MAX_DIMS)):
         with pytest.raises(FormatError) as e:
@@ -312,7 +313,7 @@ def test_the_cap_is_named_in_the_finding(real_ckpt, tmp_path):
 
 
 def test_a_graph_of_shared_children_is_walked_once_per_object():
-    from ckpt_tui.core.formats.pickles import iter_tensors, safe_loads
+    from ckpt_tui.core.formats.unpickle import iter_tensors, safe_loads
 
     assert list(iter_tensors(safe_loads(_dag(60)).obj)) == []
 
@@ -372,8 +373,8 @@ def test_dcps_reader_gets_the_metadata_ckpt_tui_unpickled(real_ckpt, name, rel):
 def test_the_fast_reader_never_takes_records_from_inside_a_string(real_ckpt, tmp_path):
     """A clean .metadata (no payload) with a string of chunk-record bytes: even when its bytes are known clean (the
     fast reader allowed), its facts are those of the read as written: the records inside the string are data."""
-    from ckpt_tui.core.formats import dcp
-    from ckpt_tui.core.formats.pickles import mark_screened_clean
+    from ckpt_tui.core.formats.dcp import reader as dcp
+    from ckpt_tui.core.formats.unpickle import mark_screened_clean
 
     folder = tmp_path / "m"
     shutil.copytree(real_ckpt("hf-fsdp1") / "checkpoint-2" / "pytorch_model_fsdp_0", folder)
@@ -395,8 +396,9 @@ def test_the_fast_reader_never_takes_records_from_inside_a_string(real_ckpt, tmp
 def test_bytes_read_in_full_and_clean_get_the_fast_reader(real_ckpt, tmp_path, monkeypatch):
     """The fast reader still serves inspect for bytes already screened in full (its rewritten chunk runs folded:
     ChunkFold), and only for those: unknown bytes are read as written (TupleFold)."""
-    from ckpt_tui.core.formats import dcp, dcp_stream
-    from ckpt_tui.core.formats.pickles import TupleFold, mark_screened_clean
+    from ckpt_tui.core.formats.dcp import reader as dcp
+    from ckpt_tui.core.formats.dcp import stream as dcp_stream
+    from ckpt_tui.core.formats.unpickle import TupleFold, mark_screened_clean
 
     meta = tmp_path / ".metadata"
     data = (real_ckpt("hf-fsdp1") / "checkpoint-2" / "pytorch_model_fsdp_0" / ".metadata").read_bytes()
@@ -441,7 +443,8 @@ def test_a_screen_that_missed_a_payload_is_caught_by_torchs_own_reader(
     """Were ckpt-tui's screen ever to pass a payload (here: made to pass everything), the loaders still read the
     file through torch's weights_only unpickler, which finds the global ckpt-tui's allowlist does not admit: verify
     refuses, no canary. DeepSpeed's zero_to_fp32 reads every file of the tag this way too."""
-    from ckpt_tui.core.formats import pickles, screen
+    from ckpt_tui.core.formats import screen
+    from ckpt_tui.core.formats import unpickle as pickles
 
     exported(real_ckpt("hf-ds-zero2"), tmp_path)
     seeing = pickles.RestrictedUnpickler.find_class

@@ -260,8 +260,8 @@ async def test_the_scan_shows_its_progress_in_the_summary(tmp_path, monkeypatch)
     """While a large DCP .metadata is read, the summary line says how far (the tree alone would sit still)."""
     import threading
 
-    from ckpt_tui.core.formats import dcp as dcpfmt
-    from ckpt_tui.core.formats import dcp_stream
+    from ckpt_tui.core.formats.dcp import reader as dcpfmt
+    from ckpt_tui.core.formats.dcp import stream as dcp_stream
     from tests.functional.core.test_dcp_metadata_reader import write_many_chunks
 
     folder = tmp_path / "dcp"

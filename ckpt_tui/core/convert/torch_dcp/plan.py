@@ -181,8 +181,8 @@ def torch_dcp_plan(
     """Resolve SRC to a DeepSpeed ZeRO tag and say what converting it to torch DCP in ``out`` will
     write. Raises ``ScanError`` for an unreadable path, :class:`TorchDcpError` where it cannot convert."""
     from ...export import prefix as prefixes
-    from ...export.deepspeed_optim import deepspeed_optimizer_source
-    from ...export.deepspeed_source import deepspeed_source, open_zero_tag
+    from ...formats.deepspeed.optim import deepspeed_optimizer_source
+    from ...formats.deepspeed.source import deepspeed_source, open_zero_tag
 
     src = Path(src)
     rep, node, said = resolve_tag(src, tag, trust_pickles, TorchDcpError)

@@ -14,9 +14,9 @@ def export_frozen(tag_dir, dest, *, names: Optional[list[str]] = None) -> dict[s
     safetensors file ``dest`` (temp + fsync + ``os.replace``). Returns {name: shape}."""
     from safetensors.torch import save_file
 
-    from ...export.deepspeed_source import deepspeed_source
     from ...export.sources import to_torch
-    from ...formats import torchfile
+    from ...formats.deepspeed.source import deepspeed_source
+    from ...formats.torch_save import torchfile
 
     tag_dir, dest = Path(tag_dir), Path(dest)
     src = deepspeed_source(tag_dir)

@@ -173,9 +173,10 @@ def universal_plan(
 
     Raises ``ScanError`` for an unreadable path, :class:`UniversalError` where it cannot convert.
     """
-    from ...export.deepspeed_source import MOE_RE, deepspeed_source
-    from ...formats import FormatError, screen, torchfile
-    from ...formats.deepspeed import LAYER_RE
+    from ...formats import FormatError, screen
+    from ...formats.deepspeed.reader import LAYER_RE
+    from ...formats.deepspeed.source import MOE_RE, deepspeed_source
+    from ...formats.torch_save import torchfile
 
     src = Path(src)
     rep, node, said = resolve_tag(src, tag, trust_pickles, UniversalError)

@@ -48,8 +48,8 @@ def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerific
     fp32 bit-exact equal to the master reconstructed from the source. Frozen parameters and buffers
     (ZeRO-1/2): ``fp32`` equal to the upcast model weight; absent (ZeRO-3): reported.
     """
-    from ...export.deepspeed_source import deepspeed_source
     from ...export.sources import to_torch
+    from ...formats.deepspeed.source import deepspeed_source
     from ...progress import check_cancel
 
     universal_dir, tag_dir = Path(universal_dir), Path(tag_dir)
@@ -57,7 +57,7 @@ def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerific
         source = deepspeed_source(tag_dir)
     except ValueError as e:
         raise UniversalError(f"{tag_dir}: {e}") from None
-    from ...formats import torchfile
+    from ...formats.torch_save import torchfile
 
     stage = (
         3

@@ -17,14 +17,14 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-from ..formats import FormatError, screen
-from ..formats import dcp as dcpfmt
-from ..formats.pickles import Record, Stub, safe_loads
-from ..formats.torchfile import FileWindow
-from ..names import OPTIMIZER_KEYS
-from ..storage import as_path, open_read
-from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
-from .sources import Source, SourceTensor, read_bytes
+from ...export.sources import Source, SourceTensor, read_bytes
+from ...names import OPTIMIZER_KEYS
+from ...storage import as_path, open_read
+from .. import FormatError, screen
+from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
+from ..torch_save.torchfile import FileWindow
+from ..unpickle import Record, Stub, safe_loads
+from . import reader as dcpfmt
 
 KIND = "dcp-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
@@ -124,7 +124,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     the content of ``optimizer_config.json`` (names not yet prefix-stripped). ``model_names``: the model
     export's names of the same checkpoint (which of them have no optimizer state is said in the
     config). Raises FormatError with the reason."""
-    from .dcp_source import dcp_tensors
+    from .source import dcp_tensors
 
     folder = as_path(folder)
     info = dcpfmt.read(folder)

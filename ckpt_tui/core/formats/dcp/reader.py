@@ -13,13 +13,13 @@ from itertools import accumulate, compress, product, repeat
 from pathlib import Path
 from typing import Any, Optional
 
-from ..dtypes import ITEMSIZE
-from ..progress import check_cancel, report, scoped
-from ..storage import as_path, open_read
-from ..storage import size as storage_size
-from ..types import TensorInfo
-from . import FormatError, dcp_stream
-from .pickles import (
+from ...dtypes import ITEMSIZE
+from ...progress import check_cancel, report, scoped
+from ...storage import as_path, open_read
+from ...storage import size as storage_size
+from ...types import TensorInfo
+from .. import FormatError
+from ..unpickle import (
     MAX_PICKLE_BYTES,
     ChunkSummary,
     Record,
@@ -32,6 +32,7 @@ from .pickles import (
     safe_loads,
     screened_clean,
 )
+from . import stream as dcp_stream
 
 PROGRESS_FROM = 1 << 24  # a .metadata larger than this reports its reading (the scan's progress) and checks cancel
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")

@@ -8,14 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator, Optional, cast
 
-from ..facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts, TensorFacts
-from ..storage import open_read
-from ..types import Node, Parsed, TensorInfo, numel
-from . import FormatError, torchfile
-from . import deepspeed as dsfmt
-from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
-from .pickles import TensorRef, iter_tensors
-from .torch_save import MAX_UNSAFE, TorchFileFormat, fact_text, read_torch_file
+from ...facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts, TensorFacts
+from ...storage import open_read
+from ...types import Node, Parsed, TensorInfo, numel
+from .. import FormatError
+from ..format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+from ..torch_save import torchfile
+from ..torch_save.format import MAX_UNSAFE, TorchFileFormat, fact_text, read_torch_file
+from ..unpickle import TensorRef, iter_tensors
+from . import reader as dsfmt
 
 
 class DeepSpeedStatesFiles(TorchFileFormat):
@@ -258,8 +259,8 @@ class DeepSpeedTag(FolderFormat):
         yield from dsfmt.tensors(tf)
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        from ..export.deepspeed_source import tag_source
-        from ..export.sources import strip_names
+        from ...export.sources import strip_names
+        from .source import tag_source
 
         try:
             src = tag_source(node.abspath, exclude_frozen=exclude_frozen)
@@ -281,7 +282,7 @@ class DeepSpeedTag(FolderFormat):
         import os
 
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        from .screen import zero_to_fp32
+        from ..screen import zero_to_fp32
 
         get_fp32_state_dict_from_zero_checkpoint = zero_to_fp32().get_fp32_state_dict_from_zero_checkpoint
 
@@ -300,7 +301,7 @@ def _beyond_reference(tag_dir, layout: str):
     zero_to_fp32's own ZeRO-1/2 reconstruction (only its zero_stage check skipped); stage 0 the module,
     each parameter replaced by FP16_UnfusedOptimizer's fp32 master of the same place; a pipeline's layer
     files, keys prefixed with their layer index."""
-    from .screen import torch_load, zero_to_fp32
+    from ..screen import torch_load, zero_to_fp32
 
     z = zero_to_fp32()
     if layout == "bf16-optimizer":
@@ -450,8 +451,8 @@ class DeepSpeedUniversal(FolderFormat):
                 yield TensorInfo(d.name, t.shape, t.dtype, t.nbytes)
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        from ..export.deepspeed_source import universal_source
-        from ..export.sources import strip_names
+        from ...export.sources import strip_names
+        from .source import universal_source
 
         return strip_names(universal_source(node.abspath), strip_prefix)
 

@@ -16,11 +16,11 @@ from operator import itemgetter, mul, sub
 from pathlib import Path
 from typing import Optional
 
-from ..dtypes import FROM_ST_CODE
-from ..storage import as_path, open_read
-from ..storage import size as storage_size
-from ..types import TensorInfo
-from . import FormatError
+from ...dtypes import FROM_ST_CODE
+from ...storage import as_path, open_read
+from ...storage import size as storage_size
+from ...types import TensorInfo
+from .. import FormatError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_INDEX_BYTES = 64 * 1024 * 1024

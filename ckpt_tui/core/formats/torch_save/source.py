@@ -10,13 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..dtypes import ITEMSIZE
-from ..formats import FormatError, torchfile
-from ..formats import safetensors_header as stfmt
-from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef, gc_paused, iter_tensors
-from ..formats.torchfile import pick_state_dict
-from ..storage import as_path, open_read
-from .sources import ByteRange, Source, SourceTensor
+from ...dtypes import ITEMSIZE
+from ...export.sources import ByteRange, Source, SourceTensor
+from ...storage import as_path, open_read
+from .. import FormatError
+from ..safetensors import header as stfmt
+from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef, gc_paused, iter_tensors
+from . import torchfile
+from .torchfile import pick_state_dict
 
 
 def read_screened(path, trust_pickles: bool) -> "torchfile.TorchFile":

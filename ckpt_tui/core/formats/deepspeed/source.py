@@ -36,9 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..dtypes import ITEMSIZE, short_dtype
-from ..formats import FormatError, torchfile
-from ..formats.deepspeed import (
+from ...dtypes import ITEMSIZE, short_dtype
+from ...export.sources import ByteRange, Source, SourceTensor, read_ranges
+from ...storage import as_path, listdir
+from .. import FormatError
+from ..torch_save import torchfile
+from ..unpickle import TensorRef, iter_tensors
+from .reader import (
     LAYER_INDEX_RE,
     LAYER_RE,
     MODEL_STATES_RE,
@@ -48,9 +52,6 @@ from ..formats.deepspeed import (
     module_param_names,
     stage_value,
 )
-from ..formats.pickles import TensorRef, iter_tensors
-from ..storage import as_path, listdir
-from .sources import ByteRange, Source, SourceTensor, read_ranges
 
 MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
 MAX_RANGES_PER_TENSOR = 1 << 20

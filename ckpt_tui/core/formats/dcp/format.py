@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 from typing import Iterator, Optional, cast
 
-from ..facts import DcpFacts, NodeFacts, SafetensorsFacts
-from ..names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, TRAINING_STATE_KEYS
-from ..types import Node, Parsed, TensorInfo
-from . import FormatError
-from . import dcp as dcpfmt
-from .format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
-from .plain_files import MAX_FACT_CHARS
-from .safetensors_header import read_header
-from .torch_save import MAX_UNSAFE, fact_text
+from ...facts import DcpFacts, NodeFacts, SafetensorsFacts
+from ...names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, TRAINING_STATE_KEYS
+from ...types import Node, Parsed, TensorInfo
+from .. import FormatError
+from ..format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+from ..plain.format import MAX_FACT_CHARS
+from ..safetensors.header import read_header
+from ..torch_save.format import MAX_UNSAFE, fact_text
+from . import reader as dcpfmt
 
 MAX_CONTAINERS = 64  # top-level containers the `containers` fact lists (`containers_total` counts them all)
 
@@ -126,12 +126,12 @@ class DcpFolder(FolderFormat):
             raise NotExportable(
                 "DCP in safetensors format without .metadata: export its consolidated model-*.safetensors instead"
             )
-        from ..export.dcp_source import dcp_source
+        from .source import dcp_source
 
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
-        from ..export.dcp_source import load_one, output_tensors, refuse_gaps
+        from .source import load_one, output_tensors, refuse_gaps
 
         info = dcpfmt.read(node.abspath)
         by_name = {t.name: t for t in info.tensors}

@@ -7,13 +7,13 @@ from __future__ import annotations
 from itertools import islice
 from typing import Iterator, Optional, cast
 
-from ..facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightIndexFacts
-from ..types import Node, Parsed, TensorInfo
-from . import FormatError
-from . import safetensors_header as stfmt
-from .format import FileFormat, FolderFormat
-from .plain_files import bounded
-from .torch_save import fact_text
+from ...facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightIndexFacts
+from ...types import Node, Parsed, TensorInfo
+from .. import FormatError
+from ..format import FileFormat, FolderFormat
+from ..plain.format import bounded
+from ..torch_save.format import fact_text
+from . import header as stfmt
 
 MAX_INDEX_NAMES = 32  # names an index_* fact lists (each cut to torch_save.MAX_KEY_CHARS)
 MAX_SHARD_FILES = 1024  # files an index's shard_files lists (each cut as above; shard_files_total counts them)
@@ -71,15 +71,15 @@ class SafetensorsFiles(FileFormat):
             yield from stfmt.read_header(fp).tensors
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        from ..export.file_sources import safetensors_source
-        from ..export.sources import strip_names
+        from ...export.sources import strip_names
+        from ..torch_save.source import safetensors_source
 
         return strip_names(safetensors_source(node.abspath), strip_prefix)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
         from safetensors import SafetensorError, safe_open
 
-        from ..export.file_sources import safetensors_source
+        from ..torch_save.source import safetensors_source
 
         files = sorted({r.path for t in safetensors_source(node.abspath).tensors for r in (t.ranges or ())})
         for f in files:

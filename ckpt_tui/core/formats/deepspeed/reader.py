@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..dtypes import ITEMSIZE
-from ..facts import DeepSpeedZeroFacts
-from ..storage import as_path
-from ..types import TensorInfo, numel
-from . import torchfile
-from .pickles import Stub, TensorRef, iter_tensors, name_part
+from ...dtypes import ITEMSIZE
+from ...facts import DeepSpeedZeroFacts
+from ...storage import as_path
+from ...types import TensorInfo, numel
+from ..torch_save import torchfile
+from ..unpickle import Stub, TensorRef, iter_tensors, name_part
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")

@@ -7,11 +7,11 @@ import json
 from itertools import islice
 from typing import Any, Optional, cast
 
-from ..facts import JsonFacts, NodeFacts, TextFacts
-from ..storage import open_read
-from ..types import Node, Parsed
-from ..units import naturalsize
-from .format import FileFormat
+from ...facts import JsonFacts, NodeFacts, TextFacts
+from ...storage import open_read
+from ...types import Node, Parsed
+from ...units import naturalsize
+from ..format import FileFormat
 
 MAX_TEXT_BYTES = 4096
 MAX_JSON_BYTES = 16 * 1024 * 1024

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..names import STATE_DICT_WRAPPERS
-from ..storage import as_path, file_size, open_read
-from ..storage import size as storage_size
-from . import FormatError
-from .pickles import MAX_PICKLE_BYTES, Unpickled, iter_tensors, safe_loads
+from ...names import STATE_DICT_WRAPPERS
+from ...storage import as_path, file_size, open_read
+from ...storage import size as storage_size
+from .. import FormatError
+from ..unpickle import MAX_PICKLE_BYTES, Unpickled, iter_tensors, safe_loads
 
 PICKLE_MAGICS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
@@ -185,8 +185,8 @@ def _read_legacy(path: Path, size: int) -> TorchFile:
 def _legacy_loads(data: bytes) -> Unpickled:
     import io
 
-    from .pickles import RestrictedUnpickler
-    from .pickles import Unpickled as U
+    from ..unpickle import RestrictedUnpickler
+    from ..unpickle import Unpickled as U
 
     # legacy torch: magic number, protocol version, sys info, then the object pickle with persistent ids
     f = io.BytesIO(data)

@@ -28,7 +28,7 @@ from ..dtypes import ITEMSIZE
 from ..progress import Cancelled
 from ..types import numel
 from . import FormatError
-from .dcp_stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, encode_offsets, encode_sizes
+from .dcp.stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, encode_offsets, encode_sizes
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # a data.pkl / .metadata larger than this is refused
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..dtypes import ITEMSIZE
-from ..formats import FormatError, screen
-from ..formats import dcp as dcpfmt
-from ..formats.pickles import Record, Stub, TensorRef, safe_loads
-from ..formats.torchfile import storage_offsets
-from ..names import OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, STATE_DICT_WRAPPERS, TRAINING_STATE_KEYS
-from ..storage import as_path, open_read
-from .sources import ByteRange, Source, SourceTensor
+from ...dtypes import ITEMSIZE
+from ...export.sources import ByteRange, Source, SourceTensor
+from ...names import OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, STATE_DICT_WRAPPERS, TRAINING_STATE_KEYS
+from ...storage import as_path, open_read
+from .. import FormatError, screen
+from ..torch_save.torchfile import storage_offsets
+from ..unpickle import Record, Stub, TensorRef, safe_loads
+from . import reader as dcpfmt
 
 # the top-level keys that are not the model: optimizer and training state, a flat optimizer state dict
 NON_MODEL_TOP = OPTIMIZER_KEYS | TRAINING_STATE_KEYS | OPTIMIZER_STATE_KEYS
@@ -277,7 +277,7 @@ def _is_safetensors(path: Path) -> bool:
 def _safetensors_chunk(path: Path, ti, offs, sizes) -> Optional[ByteRange]:
     import json
 
-    from ..formats import safetensors_header as stfmt
+    from ..safetensors import header as stfmt
 
     key = (str(path), path.stat().st_mtime_ns)
     if key not in _ST_CACHE:
@@ -309,7 +309,7 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
         offsets = storage_offsets(path, base, length)
         import zipfile
 
-        from ..formats.torchfile import FileWindow
+        from ..torch_save.torchfile import FileWindow
 
         with open_read(path) as f, zipfile.ZipFile(FileWindow(f, base, length)) as zf:
             pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]

@@ -20,10 +20,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..formats.deepspeed import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
-from ..formats.pickles import Stub, TensorRef, name_part
-from ..storage import as_path, listdir
-from .deepspeed_source import (
+from ...export.sources import Source, SourceTensor, read_ranges
+from ...storage import as_path, listdir
+from ..unpickle import Stub, TensorRef, name_part
+from .reader import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
+from .source import (
     StatesFile,
     ZeroTag,
     config_train_dtype,
@@ -36,7 +37,6 @@ from .deepspeed_source import (
     stage0_masters,
     tag_source,
 )
-from .sources import Source, SourceTensor, read_ranges
 
 STATES = ("exp_avg", "exp_avg_sq")
 CONFIG_FILE = "optimizer_config.json"
@@ -335,8 +335,8 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     names = sorted(listdir(tag_dir))
     if any(LAYER_RE.match(n) for n in names):
         layers = pipeline_layers(tag_dir)
-        from ..formats.deepspeed import inline_param_shapes, layer_name
-        from ..formats.pickles import iter_tensors
+        from ..unpickle import iter_tensors
+        from .reader import inline_param_shapes, layer_name
 
         layer_list = [(fn, [(layer_name(fn, k), tuple(t.shape)) for k, t in iter_tensors(f.obj)]) for fn, f in layers]
         shapes = {n: s for _, ts in layer_list for n, s in ts}

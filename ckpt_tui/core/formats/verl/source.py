@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..dtypes import ITEMSIZE
-from ..formats import FormatError, torchfile
-from ..formats.pickles import DTensorRef, ShardedTensorRef, TensorRef
-from ..storage import as_path
-from ..types import numel
-from .sources import ByteRange, Source, SourceTensor
+from ...dtypes import ITEMSIZE
+from ...export.sources import ByteRange, Source, SourceTensor
+from ...storage import as_path
+from ...types import numel
+from .. import FormatError
+from ..torch_save import torchfile
+from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 KINDS = ("model", "optim", "extra_state")
@@ -169,7 +170,7 @@ def _assemble(name: str, shape, dtype: str, parts: list[tuple[tuple[int, ...], R
     def load():
         import torch
 
-        from .sources import read_ranges
+        from ...export.sources import read_ranges
 
         full = torch.empty(tuple(shape), dtype=getattr(torch, dtype))
         for off, rf, t in parts:
@@ -224,8 +225,8 @@ def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickl
 
 
 def _scalar(rf: RankFile, v: Any, what: str):
-    from .deepspeed_optim import step_value
-    from .sources import read_ranges
+    from ...export.sources import read_ranges
+    from ..deepspeed.optim import step_value
 
     return step_value(v, what, lambda ref: read_ranges(rf.ranges(ref, what)))
 
@@ -233,7 +234,7 @@ def _scalar(rf: RankFile, v: Any, what: str):
 def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[Source, dict, list[str]]:
     """``p.exp_avg`` and ``p.exp_avg_sq`` of every parameter ``p`` (names as the model export has them), the
     content of ``optimizer_config.json``, and the model export's names. Raises ValueError/FormatError."""
-    from .deepspeed_optim import jsonable
+    from ..deepspeed.optim import jsonable
 
     folder = as_path(folder)
     world, models = _model_files(folder, trust_pickles)
@@ -344,7 +345,7 @@ def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple
     level = mesh_log.level
     mesh_log.setLevel(logging.ERROR)
     files = [folder / f"optim_world_size_{world}_rank_{r}.pt" for r in range(world)]
-    from ..formats import screen
+    from .. import screen
 
     screen.require(files, loader="torch.load")  # each exact file, as torch.load reads it, before it unpickles
     try:

@@ -20,12 +20,13 @@ import struct
 from pathlib import Path
 from typing import Any, Optional
 
-from ..dtypes import ITEMSIZE
-from ..formats import FormatError, torchfile
-from ..formats.pickles import Stub, TensorRef
-from ..storage import as_path, open_read
-from .deepspeed_optim import CONFIG_FILE, STATES, jsonable
-from .sources import Source, SourceTensor
+from ...dtypes import ITEMSIZE
+from ...export.sources import Source, SourceTensor
+from ...storage import as_path, open_read
+from .. import FormatError
+from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
+from ..unpickle import Stub, TensorRef
+from . import torchfile
 
 KIND = "torch-file-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
@@ -103,7 +104,7 @@ def align(opt_shapes: list[Optional[tuple]], model: list[tuple[str, tuple]]) -> 
 
 
 def _tensor(path: Path, t: TensorRef, offsets, name: str) -> SourceTensor:
-    from .file_sources import file_tensor
+    from .source import file_tensor
 
     return file_tensor(path, t, offsets, name)
 
@@ -133,7 +134,7 @@ def torch_optimizer_source(
     state, ``param_<i>.…`` where the index has no name) and the content of ``optimizer_config.json``
     (names not yet prefix-stripped). ``model``: the model's (name, shape) in module order, or None
     where that order is unknown (``model_what`` says why, for the plan). Raises FormatError."""
-    from .file_sources import read_screened
+    from .source import read_screened
 
     path = as_path(path)
     tf = read_screened(path, trust_pickles)

@@ -8,11 +8,11 @@ import reprlib
 from itertools import islice
 from typing import Any, Iterator, Optional, cast
 
-from ..facts import TorchFileFacts, TorchZipFacts
-from ..types import Node, Parsed, TensorInfo
+from ...facts import TorchFileFacts, TorchZipFacts
+from ...types import Node, Parsed, TensorInfo
+from ..format import FileFormat, set_tensor_facts
+from ..unpickle import iter_tensors
 from . import torchfile
-from .format import FileFormat, set_tensor_facts
-from .pickles import iter_tensors
 from .torchfile import TorchFile, pick_state_dict
 
 # The facts of one torch file are bounded whatever it holds: a pickle stores an object once and refers to it
@@ -69,7 +69,7 @@ def torch_file_tensors(node: Node) -> Iterator[TensorInfo]:
 
 
 def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bool):
-    from ..export.file_sources import torch_file_source as open_source
+    from .source import torch_file_source as open_source
 
     return open_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
 
@@ -78,7 +78,7 @@ def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
     """The reference: ``torch.load`` (unrestricted: only after the safety screen)."""
     import torch
 
-    from .screen import torch_load
+    from ..screen import torch_load
 
     # torch's restricted unpickler wherever it can read the file (admitting the framework classes ckpt-tui's own
     # allowlist admits); unrestricted only for what it cannot read, a file that passed ckpt-tui's screen

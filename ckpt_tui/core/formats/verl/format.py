@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from typing import Iterator, Optional, cast
 
-from ..facts import VerlFacts
-from ..types import Node, Parsed, TensorInfo
-from . import FormatError, torchfile
-from .format import FolderFormat, NotExportable, set_tensor_facts
-from .torch_save import TorchSave
+from ...facts import VerlFacts
+from ...types import Node, Parsed, TensorInfo
+from .. import FormatError
+from ..format import FolderFormat, NotExportable, set_tensor_facts
+from ..torch_save import torchfile
+from ..torch_save.format import TorchSave
 
 _FILE_ROLES = {"model": "model-shard", "optim": "optimizer-shard", "extra_state": "extra-state"}
 
@@ -26,7 +27,7 @@ class VerlRankFiles(TorchSave):
     formats = ()
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
-        from ..export.verl_source import RANK_FILE_RE
+        from .source import RANK_FILE_RE
 
         m = RANK_FILE_RE.match(name)
         return ("torch-zip", _FILE_ROLES[m.group(1)]) if m else None
@@ -40,7 +41,7 @@ class VerlFolder(FolderFormat):
         return any(c.role == "model-shard" and c.name.startswith("model_world_size_") for c in node.children)
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
-        from ..export.verl_source import KINDS, RANK_FILE_RE, fsdp_kind
+        from .source import KINDS, RANK_FILE_RE, fsdp_kind
 
         node.format = "verl-fsdp"
         f = cast(VerlFacts, node.facts)
@@ -94,13 +95,13 @@ class VerlFolder(FolderFormat):
         set_tensor_facts(node, tensors)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
-        from ..export.verl_source import world_of
+        from .source import world_of
 
         world = world_of(node.abspath)
         yield from _global_tensors(torchfile.read(node.abspath / f"model_world_size_{world}_rank_0.pt").obj)
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
-        from ..export.verl_source import verl_source
+        from .source import verl_source
 
         try:
             return verl_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
@@ -115,8 +116,8 @@ class VerlFolder(FolderFormat):
         torch loads ShardedTensors only inside a process group of the saving size: FSDP1 files have none here."""
         import torch
 
-        from ..export.verl_source import world_of
-        from .screen import torch_load
+        from ..screen import torch_load
+        from .source import world_of
 
         f = cast(VerlFacts, node.facts)
         if f.get("sharded_as") == "ShardedTensor":
@@ -150,7 +151,7 @@ class VerlFolder(FolderFormat):
 
 
 def _global_tensors(obj) -> Iterator[TensorInfo]:
-    from .pickles import DTensorRef, ShardedTensorRef, TensorRef
+    from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef
 
     for k, v in obj.items() if isinstance(obj, dict) else ():
         if isinstance(v, (DTensorRef, ShardedTensorRef, TensorRef)):

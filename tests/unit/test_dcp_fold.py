@@ -5,7 +5,7 @@ import pytest
 
 from ckpt_tui.core.formats.dcp.reader import storage_ends, storage_ends_fast
 from ckpt_tui.core.formats.dcp.stream import ChunkFold, encode_offsets, encode_sizes
-from ckpt_tui.core.formats.unpickle import TupleFold
+from ckpt_tui.core.formats.dcp.summary import TupleFold
 
 
 def from_tokens(size, offs, sizes):

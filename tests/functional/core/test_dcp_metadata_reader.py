@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_tui.core.formats import unpickle as pickles
 from ckpt_tui.core.formats.dcp import reader as dcpfmt
 from ckpt_tui.core.formats.dcp import stream as dcp_stream
+from ckpt_tui.core.formats.dcp import summary
 from tests.fixtures import fixture_path
 
 FIXTURES = ("fsdp2-dcp", "hf-fsdp2", "megatron-dist", "torchtitan", "dcp-mixed")
@@ -78,7 +78,7 @@ def general_read(folder: Path, monkeypatch) -> dcpfmt.DcpInfo:
     """``dcp.read`` through the general reader (every record a stand-in), as before the folding reader."""
 
     def refuse(f, facts=None):
-        raise pickles.SummaryMismatch("forced")
+        raise summary.SummaryMismatch("forced")
 
     with monkeypatch.context() as m:
         m.setattr(dcpfmt, "load_dcp_summary", refuse)

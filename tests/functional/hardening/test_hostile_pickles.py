@@ -398,7 +398,8 @@ def test_bytes_read_in_full_and_clean_get_the_fast_reader(real_ckpt, tmp_path, m
     ChunkFold), and only for those: unknown bytes are read as written (TupleFold)."""
     from ckpt_tui.core.formats.dcp import reader as dcp
     from ckpt_tui.core.formats.dcp import stream as dcp_stream
-    from ckpt_tui.core.formats.unpickle import TupleFold, mark_screened_clean
+    from ckpt_tui.core.formats.dcp.summary import TupleFold
+    from ckpt_tui.core.formats.unpickle import mark_screened_clean
 
     meta = tmp_path / ".metadata"
     data = (real_ckpt("hf-fsdp1") / "checkpoint-2" / "pytorch_model_fsdp_0" / ".metadata").read_bytes()

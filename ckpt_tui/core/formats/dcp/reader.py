@@ -21,18 +21,16 @@ from ...types import TensorInfo
 from .. import FormatError
 from ..unpickle import (
     MAX_PICKLE_BYTES,
-    ChunkSummary,
     Record,
     Stub,
-    SummaryMismatch,
     gc_paused,
-    load_dcp_summary,
     mark_screened_clean,
     release_in_slices,
     safe_loads,
     screened_clean,
 )
 from . import stream as dcp_stream
+from .summary import ChunkSummary, SummaryMismatch, load_dcp_summary
 
 PROGRESS_FROM = 1 << 24  # a .metadata larger than this reports its reading (the scan's progress) and checks cancel
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")

@@ -72,14 +72,14 @@ class SafetensorsFiles(FileFormat):
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
         from ...export.sources import strip_names
-        from ..torch_save.source import safetensors_source
+        from .source import safetensors_source
 
         return strip_names(safetensors_source(node.abspath), strip_prefix)
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
         from safetensors import SafetensorError, safe_open
 
-        from ..torch_save.source import safetensors_source
+        from .source import safetensors_source
 
         files = sorted({r.path for t in safetensors_source(node.abspath).tensors for r in (t.ranges or ())})
         for f in files:

@@ -1,5 +1,5 @@
 """Weights of single files as export sources: torch.save zips (pytorch_model.bin, .pt, .pth,
-Lightning .ckpt, FSDP full state dicts, Accelerate model_N.bin) and safetensors files/indexes.
+Lightning .ckpt, FSDP full state dicts, Accelerate model_N.bin).
 
 Tensors in a torch zip are storage entries stored uncompressed: a contiguous tensor is one byte
 range of the file, found from the zip headers; nothing is unpickled beyond the restricted reader.
@@ -14,8 +14,7 @@ from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange, Source, SourceTensor
 from ...storage import as_path, open_read
 from .. import FormatError
-from ..safetensors import header as stfmt
-from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef, gc_paused, iter_tensors
+from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef, iter_tensors
 from . import torchfile
 from .torchfile import pick_state_dict
 
@@ -112,26 +111,3 @@ def strided_loader(path: Path, t: TensorRef, offsets):
         return torch.as_strided(base, t.shape, t.stride, t.offset).contiguous()
 
     return load
-
-
-def safetensors_source(path: Path) -> Source:
-    """One safetensors file, or an index (``*.safetensors.index.json``) and its shards."""
-    path = as_path(path)
-    files = [path]
-    if path.name.endswith(".index.json"):
-        doc = stfmt.read_index(path)
-        files = []
-        for fn in sorted({str(v) for v in doc["weight_map"].values()}):
-            fp = path.parent / fn
-            if fp.resolve().parent != path.parent.resolve():
-                raise FormatError(f"index points outside its folder: {fn}")
-            files.append(fp)
-    tensors = []
-    for fp in files:
-        h = stfmt.read_header(fp)  # its columns, not a TensorInfo per tensor (a header of 10^6 tensors)
-        where, start = str(fp), h.data_start
-        with gc_paused():  # no cyclic GC passes over 10^6 new objects (none is a cycle)
-            for name, shape, dtype, b, e in zip(h.names, h.shapes, h.dtypes, h.begins, h.ends):
-                rng = (ByteRange(where, start + b, e - b),) if e > b else ()
-                tensors.append(SourceTensor(name, tuple(shape), dtype, ranges=rng))
-    return Source("safetensors", path, tensors)

@@ -227,7 +227,7 @@ def source_for(
     """``node``'s model weights as an export source, opened by its format (``from_module_states``:
     a DeepSpeed tag's module weights instead of its fp32 masters)."""
     if from_module_states:
-        from ..formats.deepspeed.source import module_states_source
+        from ..formats.deepspeed.module_states import module_states_source
         from .sources import strip_names
 
         try:

@@ -16,7 +16,7 @@ import torch
 from ckpt_tui.core.convert import torch_dcp
 from ckpt_tui.core.convert.torch_dcp import TMP_PREFIX, TorchDcpError, convert_to_torch_dcp, torch_dcp_plan
 from ckpt_tui.core.export.sources import to_torch
-from ckpt_tui.core.formats.deepspeed.source import deepspeed_source
+from ckpt_tui.core.formats.deepspeed.zero import deepspeed_source
 from ckpt_tui.core.progress import Cancelled
 from tests.util import torchrun
 

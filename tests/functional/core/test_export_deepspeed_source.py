@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from ckpt_tui.core.export.sources import to_torch  # noqa: E402
-from ckpt_tui.core.formats.deepspeed.source import ZERO1_FROZEN_NOTE, deepspeed_source, universal_source  # noqa: E402
+from ckpt_tui.core.formats.deepspeed.universal import universal_source  # noqa: E402
+from ckpt_tui.core.formats.deepspeed.zero import ZERO1_FROZEN_NOTE, deepspeed_source  # noqa: E402
 
 ENGINE = "global_step2"
 HF = "checkpoint-2/global_step2"
@@ -207,7 +208,8 @@ def test_rejects_mp_world_size(real_ckpt, tmp_path):
 def test_strided_tensor_ranges(tmp_path):
     # a non-contiguous tensor (e.g. a transposed frozen fragment) becomes row-major byte ranges
     from ckpt_tui.core.export.sources import SourceTensor
-    from ckpt_tui.core.formats.deepspeed.source import _File, _ref_ranges
+    from ckpt_tui.core.formats.deepspeed.states import StatesFile as _File
+    from ckpt_tui.core.formats.deepspeed.states import ref_ranges as _ref_ranges
 
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     views = {"t": base.t(), "cols": base[:, 1:4], "step": base[::2], "plain": base[1:3]}

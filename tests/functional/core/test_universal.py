@@ -22,7 +22,7 @@ from ckpt_tui.core.convert.universal import (
     verify_universal,
 )
 from ckpt_tui.core.export.sources import to_torch
-from ckpt_tui.core.formats.deepspeed.source import deepspeed_source
+from ckpt_tui.core.formats.deepspeed.zero import deepspeed_source
 from ckpt_tui.core.progress import Cancelled
 from tests.util import FileLease
 

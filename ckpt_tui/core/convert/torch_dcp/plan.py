@@ -182,7 +182,7 @@ def torch_dcp_plan(
     write. Raises ``ScanError`` for an unreadable path, :class:`TorchDcpError` where it cannot convert."""
     from ...export import prefix as prefixes
     from ...formats.deepspeed.optim import deepspeed_optimizer_source
-    from ...formats.deepspeed.source import deepspeed_source, open_zero_tag
+    from ...formats.deepspeed.zero import deepspeed_source, open_zero_tag
 
     src = Path(src)
     rep, node, said = resolve_tag(src, tag, trust_pickles, TorchDcpError)

@@ -15,7 +15,7 @@ def export_frozen(tag_dir, dest, *, names: Optional[list[str]] = None) -> dict[s
     from safetensors.torch import save_file
 
     from ...export.sources import to_torch
-    from ...formats.deepspeed.source import deepspeed_source
+    from ...formats.deepspeed.zero import deepspeed_source
     from ...formats.torch_save import torchfile
 
     tag_dir, dest = Path(tag_dir), Path(dest)

@@ -175,7 +175,8 @@ def universal_plan(
     """
     from ...formats import FormatError, screen
     from ...formats.deepspeed.reader import LAYER_RE
-    from ...formats.deepspeed.source import MOE_RE, deepspeed_source
+    from ...formats.deepspeed.states import MOE_RE
+    from ...formats.deepspeed.zero import deepspeed_source
     from ...formats.torch_save import torchfile
 
     src = Path(src)

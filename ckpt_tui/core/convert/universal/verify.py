@@ -49,7 +49,7 @@ def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerific
     (ZeRO-1/2): ``fp32`` equal to the upcast model weight; absent (ZeRO-3): reported.
     """
     from ...export.sources import to_torch
-    from ...formats.deepspeed.source import deepspeed_source
+    from ...formats.deepspeed.zero import deepspeed_source
     from ...progress import check_cancel
 
     universal_dir, tag_dir = Path(universal_dir), Path(tag_dir)

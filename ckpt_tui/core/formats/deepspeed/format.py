@@ -452,7 +452,7 @@ class DeepSpeedUniversal(FolderFormat):
 
     def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
         from ...export.sources import strip_names
-        from .source import universal_source
+        from .universal import universal_source
 
         return strip_names(universal_source(node.abspath), strip_prefix)
 

@@ -23,20 +23,12 @@ from typing import Any, Callable, Optional
 from ...export.sources import Source, SourceTensor, read_ranges
 from ...storage import as_path, listdir
 from ..unpickle import Stub, TensorRef, name_part
-from .reader import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline
-from .source import (
-    StatesFile,
-    ZeroTag,
-    config_train_dtype,
-    is_bf16_optimizer,
-    module_param_names,
-    open_stage0,
-    open_zero_tag,
-    pipeline_layers,
-    ref_ranges,
-    stage0_masters,
-    tag_source,
-)
+from .pipeline import pipeline_layers
+from .reader import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline, module_param_names
+from .source import tag_source
+from .stage0 import open_stage0, stage0_masters
+from .states import StatesFile, config_train_dtype, is_bf16_optimizer, ref_ranges
+from .zero import ZeroTag, open_zero_tag
 
 STATES = ("exp_avg", "exp_avg_sq")
 CONFIG_FILE = "optimizer_config.json"

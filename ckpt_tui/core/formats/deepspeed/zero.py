@@ -1,0 +1,230 @@
+"""DeepSpeed ZeRO-1/2/3 tag folders and universal checkpoints as byte ranges.
+
+One thing, in full (hence its length): DeepSpeed's partitioned layouts -> the byte ranges of each
+full tensor, with both reconstruction rules, their padding, frozen parameters and tied aliases.
+
+:func:`deepspeed_source` describes exactly the tensors DeepSpeed's ``zero_to_fp32``
+(``get_fp32_state_dict_from_zero_checkpoint``) reconstructs, with the same names and order, as
+byte ranges of the fp32 master partitions in the optimizer-states files. Nothing is loaded with
+torch: the files' data.pkl are read through the restricted unpickler and the zip directory gives
+where each storage's bytes are (entries are stored uncompressed).
+
+Reconstruction rules (``deepspeed/utils/zero_to_fp32.py``):
+
+* ZeRO-1/2: per param group, the ranks' ``single_partition_of_fp32_groups[g]`` concatenated in
+  rank order; params of ``param_shapes[g]`` are consecutive slices of it (plus
+  ``param_alignment_paddings`` where recorded). Frozen params are full tensors in the model
+  states' ``frozen_param_fragments``.
+* ZeRO-3: every param occupies ``ceil(numel / world)`` elements at the same offset of each rank's
+  ``fp32_flat_groups`` (the groups of a rank concatenated); the full param is the ranks' slices
+  concatenated and cut to ``numel`` (the padding is never read). Frozen params: per-rank
+  fragments in each ``zero_pp_rank_*_model_states.pt``, concatenated and cut the same way.
+* Order: buffers, frozen params, trainable params, then tied aliases (``shared_params``).
+
+ZeRO-1 records no ``frozen_param_*``, so ``zero_to_fp32`` silently drops frozen params; we take
+them from the model-states ``module`` weights (training dtype) instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ...dtypes import ITEMSIZE
+from ...export.sources import Source, SourceTensor, read_ranges
+from ...storage import as_path
+from ..unpickle import TensorRef
+from .states import (
+    StatesFile,
+    as_shape,
+    config_train_dtype,
+    cut_ranges,
+    is_bf16_optimizer,
+    master_groups,
+    merge_ranges,
+    open_tag,
+    optimizer_state,
+    ref_ranges,
+    shapes_of,
+)
+from .zero3 import zero3_params
+from .zero12 import zero2_params
+
+ZERO1_FROZEN_NOTE = "from module weights (ZeRO-1 saves no frozen_param_*)"
+
+
+@dataclass
+class ZeroTag:
+    """An opened ZeRO-1/2/3 tag folder (structure only, from the pickles): what the optimizer export
+    (:mod:`.deepspeed_optim`) reads through the same partition mapping as the fp32 masters."""
+
+    path: Path
+    stage: int
+    world: int
+    _optim: dict[int, StatesFile]
+    _models: list[StatesFile]
+    _osd0: dict
+
+    @property
+    def model_states(self) -> dict:
+        """Rank 0's model-states object (``param_shapes``, ``buffer_names``, ``module``, ``ds_config`` ...)."""
+        return self._models[0].obj
+
+    @property
+    def shapes(self) -> list["OrderedDict[str, tuple[int, ...]]"]:
+        return shapes_of(self.model_states, self._models[0].path.name)
+
+    @property
+    def train_dtype(self) -> Optional[str]:
+        return config_train_dtype(self.model_states)
+
+    def optimizer_state_dict(self, rank: int) -> dict:
+        """Rank ``rank``'s ``optimizer_state_dict`` (TensorRefs for tensors)."""
+        return optimizer_state(self._optim[rank])
+
+    def file_name(self, rank: int) -> str:
+        return self._optim[rank].path.name
+
+    def fp32_groups(self, rank: int) -> list:
+        return master_groups(self._optim[rank], self.stage)
+
+    def tensor_bytes(self, rank: int, ref: TensorRef, what: str) -> bytes:
+        """The bytes of a (small) tensor of rank ``rank``'s optimizer-states file, e.g. a 0-d step."""
+        try:
+            return read_ranges(ref_ranges(self._optim[rank], ref, what))
+        except OSError:
+            raise ValueError(f"{what}: {self.file_name(rank)} ends early") from None
+
+    def params(
+        self, groups_of: Optional[Callable[[int], list]] = None, *, suffix: str = "", what: str = "fp32"
+    ) -> "OrderedDict[str, SourceTensor]":
+        """Every trainable param (``name + suffix``) as byte ranges of the flat tensors ``groups_of(rank)``
+        gives for each group (default: the fp32 master partitions; or a state laid out like them)."""
+        out: "OrderedDict[str, SourceTensor]" = OrderedDict()
+        ranks = {id(f): r for r, f in self._optim.items()}
+        of = None if groups_of is None else (lambda f: groups_of(ranks[id(f)]))
+        if self.stage <= 2:
+            zero2_params(out, self.shapes, self._optim, self.world, self._osd0, groups_of=of, suffix=suffix, what=what)
+        else:
+            zero3_params(out, self.shapes, self._optim, self.world, groups_of=of, suffix=suffix, what=what)
+        return out
+
+
+def open_zero_tag(tag_dir: Path, bf16_optimizer: bool = False) -> ZeroTag:
+    """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason;
+    ``bf16_optimizer``: also a BF16_Optimizer tag, as ZeRO-1)."""
+    stage, world, optim, models, osd0 = open_tag(as_path(tag_dir), bf16_optimizer)
+    return ZeroTag(as_path(tag_dir), stage, world, optim, models, osd0)
+
+
+def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimizer: bool = False) -> Source:
+    """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives
+    (``bf16_optimizer``: also a BF16_Optimizer tag, which zero_to_fp32 rejects, by the same ZeRO-1 rule)."""
+    tag_dir = as_path(tag_dir)
+    stage, world, optim, models, osd0 = open_tag(tag_dir, bf16_optimizer)
+    m0f = models[0]
+    m0 = m0f.obj
+    shapes = shapes_of(m0, m0f.path.name)
+    module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
+    buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
+    shared = m0.get("shared_params") if isinstance(m0.get("shared_params"), dict) else {}
+    frozen_shapes = m0.get("frozen_param_shapes")
+    notes: list[str] = []
+
+    out: "OrderedDict[str, SourceTensor]" = OrderedDict()
+
+    # buffers (zero_to_fp32 upcasts floating buffers to fp32; we keep them as stored)
+    for name, t in module.items():
+        if name in buffer_names and isinstance(t, TensorRef):
+            out[name] = SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(m0f, t, name))
+
+    # frozen params
+    if not exclude_frozen:
+        if isinstance(frozen_shapes, dict) and frozen_shapes:
+            if stage <= 2:
+                frags = m0.get("frozen_param_fragments") or {}
+                for name, s in frozen_shapes.items():
+                    shape = as_shape(s, name)
+                    t = frags.get(name)
+                    if not isinstance(t, TensorRef):
+                        raise ValueError(f"frozen param {name} has no frozen_param_fragments entry")
+                    if math.prod(t.shape) != math.prod(shape):
+                        raise ValueError(f"frozen param {name}: fragment {t.shape} does not match shape {shape}")
+                    out[name] = SourceTensor(name, shape, t.dtype, ref_ranges(m0f, t, name), frozen=True)
+            else:
+                for name, s in frozen_shapes.items():
+                    shape = as_shape(s, name)
+                    numel = math.prod(shape)
+                    ranges, dtype, have = [], None, 0
+                    for mf in models:
+                        t = (mf.obj.get("frozen_param_fragments") or {}).get(name)
+                        if not isinstance(t, TensorRef):
+                            raise ValueError(f"frozen param {name}: no fragment in {mf.path.name}")
+                        if dtype is None:
+                            dtype = t.dtype
+                        elif t.dtype != dtype:
+                            raise ValueError(f"frozen param {name}: fragments of different dtypes")
+                        take = min(t.numel, numel - have)
+                        if take <= 0:
+                            break
+                        rs = ref_ranges(mf, t, name)
+                        ranges += cut_ranges(rs, take * ITEMSIZE[dtype])
+                        have += take
+                    if have != numel:
+                        raise ValueError(f"frozen param {name}: fragments hold {have} of {numel} elements")
+                    out[name] = SourceTensor(name, shape, dtype or "float32", merge_ranges(ranges), frozen=True)
+        elif frozen_shapes is None and stage <= 2:
+            # ZeRO-1 saves no frozen_param_*: the frozen weights are only in the module (training dtype)
+            trainable = {n for g in shapes for n in g}
+            n_frozen = 0
+            for name, t in module.items():
+                if name in trainable or name in buffer_names or name in shared or not isinstance(t, TensorRef):
+                    continue
+                out[name] = SourceTensor(
+                    name, tuple(t.shape), t.dtype, ref_ranges(m0f, t, name), frozen=True, note=ZERO1_FROZEN_NOTE
+                )
+                n_frozen += 1
+            if n_frozen:
+                notes.append(
+                    f"{n_frozen} frozen param(s) taken from the model-states module weights "
+                    f"(ZeRO-{stage} records no frozen_param_shapes; zero_to_fp32 drops them)"
+                )
+
+    left_out: list[str] = []  # exclude_frozen: said to the user (and to the load snippet: strict=False)
+    if exclude_frozen and isinstance(frozen_shapes, dict):
+        left_out = [str(n) for n in frozen_shapes]
+    elif exclude_frozen and frozen_shapes is None and stage <= 2:
+        trainable = {n for g in shapes for n in g}
+        left_out = [
+            n
+            for n, t in module.items()
+            if n not in trainable and n not in buffer_names and n not in shared and isinstance(t, TensorRef)
+        ]
+
+    # trainable params
+    if stage <= 2:
+        zero2_params(out, shapes, optim, world, osd0)
+    else:
+        zero3_params(out, shapes, optim, world)
+
+    # tied weights
+    for alias, target in shared.items():
+        alias, target = str(alias), str(target)
+        if target in out:
+            t = out[target]
+            out[alias] = SourceTensor(alias, t.shape, t.dtype, t.ranges, tied_to=target, frozen=t.frozen, note=t.note)
+        elif target in left_out:
+            left_out.append(alias)
+
+    if is_bf16_optimizer(osd0):
+        notes.append(
+            "BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): the fp32 masters are rebuilt from "
+            "its ZeRO-1 style partitions in the optim-states files (zero_to_fp32 rejects this checkpoint: "
+            "its optimizer states record no zero_stage)"
+        )
+    return Source(
+        "deepspeed", tag_dir, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes, excluded=left_out
+    )

@@ -1,6 +1,6 @@
 """The house rules that a tool can check, checked on every test run: ruff (pyflakes, pycodestyle, import
-order), ruff's formatter, and import-linter's layer contracts in pyproject.toml (cli -> ui -> core, never
-back; the core imports no textual/rich; formats below the scan)."""
+order), ruff's formatter, import-linter's layer contracts in pyproject.toml (cli -> ui -> core, never
+back; the core imports no textual/rich; formats below the scan), and mypy as [tool.mypy] configures it."""
 
 import subprocess
 import sys
@@ -28,3 +28,10 @@ def test_ruff_format_is_applied():
 def test_import_layers_hold():
     r = _run(str(BIN / "lint-imports"), "--no-cache")
     assert r.returncode == 0 and " 0 broken" in r.stdout, r.stdout + r.stderr
+
+
+def test_mypy_passes():
+    # no arguments: what is checked, and how strictly, is [tool.mypy] in pyproject.toml (torch and friends
+    # skipped, so the run takes seconds, not minutes)
+    r = _run(sys.executable, "-m", "mypy")
+    assert r.returncode == 0, r.stdout + r.stderr

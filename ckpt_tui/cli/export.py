@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from ..core.formats.registry import optimizer_sources
 from .options import json_option, path_argument, path_option, trust_pickles_option
 from .output import echo, emit_json, fail, run_core
 
@@ -46,10 +47,7 @@ from .output import echo, emit_json, fail, run_core
     show_default=True,
     help="The role to export: optimizer writes the Adam state per parameter (optimizer.safetensors: "
     "<name>.exp_avg, .exp_avg_sq, and .master where the run kept fp32 masters apart) and "
-    "optimizer_config.json (step, param groups) of DeepSpeed ZeRO-1/2/3 tags, torch DCP optimizer "
-    "folders (HF Trainer/Accelerate FSDP optimizer_0/, FSDP2 get_state_dict, torchtitan, Lightning "
-    "FSDP) and torch files with an optimizer state dict (Lightning .ckpt, torch.save, Accelerate "
-    "optimizer.bin); other sources: not supported yet.",
+    f"optimizer_config.json (step, param groups) of {optimizer_sources()}; other sources: not supported yet.",
 )
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")

@@ -16,7 +16,7 @@ import sys
 import click
 
 from ..core.errors import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from ..core.layout import deepspeed_layout
+from ..core.formats.registry import format_of
 from ..core.safetext import json_safe, visible
 from ..core.types import SCHEMA_VERSION
 
@@ -192,7 +192,6 @@ def print_report(rep, show_all: bool) -> None:
         param_count,
         role_badge,
         short_dtype,
-        universal_summary,
     )
 
     inv = rep.inventory
@@ -207,19 +206,19 @@ def print_report(rep, show_all: bool) -> None:
         badge = role_badge(n.role)
         if badge:
             bits.append(f"[reverse] {badge} [/]")
-        if n.format not in ("dir", "unknown", "text", "json", "python"):
+        fmt = format_of(n)
+        if fmt.shown:
             bits.append(f"[dim]{esc(n.format)}[/]")
         if n.size:
             bits.append(naturalsize(n.size))
         f = n.facts
         extra = []
-        if n.format == "deepspeed-universal":
-            extra.append(esc(universal_summary(f)))
-        elif n.format == "deepspeed-zero" and deepspeed_layout(f):
-            extra.append(esc(deepspeed_layout(f)))
+        words = fmt.tree_label(n)
+        if words:
+            extra.append(esc(words))
         if f.get("world_size"):
             extra.append(f"{f['world_size']} rank{'s' if f['world_size'] != 1 else ''}")
-        weights = n.format != "deepspeed-universal" and (n.is_dir or n.role in ("model", "model+optimizer"))
+        weights = not fmt.one_line and (n.is_dir or n.role in ("model", "model+optimizer"))
         if f.get("param_count") and weights:
             extra.append(f"{param_count(f['param_count'])} params")
         if f.get("dtypes") and weights:
@@ -232,7 +231,8 @@ def print_report(rep, show_all: bool) -> None:
 
     def add(tree, n, depth):
         kids = n.children
-        if not show_all and n.format == "deepspeed-universal":
+        fmt = format_of(n)
+        if not show_all and fmt.one_line:
             # one line (its label has the summary); only what has a finding is listed below it
             for c in n.walk():
                 if c is not n and c.path in by_path:
@@ -240,7 +240,7 @@ def print_report(rep, show_all: bool) -> None:
             nparams = n.facts.get("param_folders", 0)
             tree.add(f"[dim]{nparams} parameter folder{'s' if nparams != 1 else ''} in zero/; --all lists them[/]")
             return
-        if not show_all and n.format == "dcp":
+        if not show_all and fmt.shard_files:
             shards = [c for c in kids if c.role == "shard"]
             others = [c for c in kids if c.role != "shard"]
             for c in others:

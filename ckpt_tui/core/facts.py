@@ -255,33 +255,3 @@ Facts = Union[
     BackupFacts,
     VerlFacts,
 ]
-
-# node.format -> the declaration of its facts
-FACTS_BY_FORMAT: dict[str, type] = {
-    "dir": DirFacts,
-    "dcp": DcpFacts,
-    "dcp-metadata": NodeFacts,
-    "dcp-shard": NodeFacts,
-    "deepspeed-zero": DeepSpeedZeroFacts,
-    "verl-fsdp": VerlFacts,
-    "deepspeed-model-states": DeepSpeedModelStatesFacts,
-    "deepspeed-optim-states": DeepSpeedOptimStatesFacts,
-    "deepspeed-universal": DeepSpeedUniversalFacts,
-    "safetensors": SafetensorsFacts,
-    "safetensors-sharded-index": SafetensorsIndexFacts,
-    "torch-zip": TorchZipFacts,
-    "json": JsonFacts,
-    "text": TextFacts,
-    "python": NodeFacts,
-    "special": SpecialFacts,
-    "backup": BackupFacts,
-    "leftover": LeftoverFacts,
-    "unknown": NodeFacts,
-}
-
-
-def facts_type(format: str, is_dir: bool) -> type:
-    """The declaration of the facts of a node of this format (a folder left ``unknown`` is a ``dir``)."""
-    if is_dir and format == "unknown":
-        return DirFacts
-    return FACTS_BY_FORMAT.get(format, NodeFacts)

@@ -6,9 +6,10 @@ import re
 from typing import Optional, cast
 
 from .dtypes import short_dtype
-from .facts import DeepSpeedZeroFacts, JsonFacts, TextFacts, VerlFacts
-from .formats.registry import format_of
-from .names import step_of
+from .facts import JsonFacts
+from .formats.deepspeed.format import deepspeed_layout  # noqa: F401  (layout.deepspeed_layout, as before)
+from .formats.registry import HOLDERS, format_of
+from .names import ACCELERATE_FILE_RE, MODEL_FILE_RE, step_of  # noqa: F401  (layout.MODEL_FILE_RE, as before)
 from .types import Inventory, Node, Parsed, model_component
 from .units import naturalsize, param_count
 
@@ -62,87 +63,24 @@ FRAMEWORK = {
     "verl-fsdp": "verl (FSDP)",
     "unknown": None,
 }
-# files only Accelerate's save_state writes (its RNG states, its names for the optimizer, scheduler,
-# sampler and registered objects): the evidence for naming Accelerate, never a folder name alone
-ACCELERATE_FILE_RE = re.compile(
-    r"^(random_states_\d+\.pkl|(optimizer|scheduler|sampler)(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$"
-)
-MODEL_FILE_RE = re.compile(
-    r"^(model(-\d+-of-\d+)?\.safetensors|model_\d+\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|model\.safetensors\.index\.json|pytorch_model\.bin\.index\.json|pytorch_model_\d+\.bin|adapter_model\.(safetensors|bin))$"
-)
 
 
 def classify(node: Node) -> tuple[str, dict[str, str]]:
     """(layout, components: role -> relative path) for a folder or file node."""
+    fmt = format_of(node)
+    own = fmt.describe(node)  # a checkpoint that is one node of a format (a DCP folder, a tag, a torch file)
+    if own is not None:
+        return own
     if not node.is_dir:
-        if node.format == "safetensors":
-            return "safetensors-file", {"model": node.path}
-        if node.name.endswith(".ckpt") and node.format == "torch-zip":
-            return "lightning", {node.role: node.path}
-        if node.format in ("torch-zip", "deepspeed-model-states", "deepspeed-optim-states"):
-            return "torch-file", {node.role: node.path}
-        fmt = format_of(node)
-        if fmt is not None and fmt.file_layout:  # a format added later names its own single-file layout
-            return fmt.file_layout, {node.role: node.path}
         return "unknown", {}
     names = {c.name for c in node.children}
     dirs = [c for c in node.children if c.is_dir]
-    if node.format == "dcp":
-        conts = set(node.facts.get("containers") or [])
-        comps = _dcp_components(node)
-        if node.name.endswith(".ckpt") and "meta.pt" in names:
-            return "lightning-fsdp", comps
-        parent_meta = node.child("metadata.json")
-        if parent_meta is not None and "torch_dist" in str(
-            cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")
-        ):
-            return "megatron-dist", comps
-        if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
-            return "torchtitan", comps
-        return "dcp", comps  # a folder name alone (pytorch_model_fsdp_0) is no evidence of who wrote it
-    if node.format == "deepspeed-zero":
-        return "deepspeed", {"model": node.path, "optimizer": node.path}
-    if node.format == "verl-fsdp":
-        return "verl-fsdp", _verl_components(node)
-    verl = sorted((c for c in dirs if c.format == "verl-fsdp"), key=lambda c: (c.name != "actor", c.name))
-    if verl:  # global_step_N/ holding actor/ (and critic/): the actor is the model
-        return "verl-fsdp", _verl_components(verl[0])
-    if node.format == "deepspeed-universal":
-        return "universal", {"model": node.path, "optimizer": node.path}
-    dcp_children = [c for c in dirs if c.format == "dcp"]
-    has_model_files = any(MODEL_FILE_RE.match(c.name) for c in node.children)
-    if dcp_children and not any(step_of(c.name) is not None for c in dcp_children) and not has_model_files:
-        comps = _dcp_folder_components(dcp_children)
-        if "trainer_state.json" in names:
-            return "hf-trainer-fsdp", comps
-        if any(ACCELERATE_FILE_RE.match(n) for n in names):
-            return "accelerate-fsdp", comps
-        if node.name.endswith(".ckpt") and "meta.pt" in names:
-            return "lightning-fsdp", comps
-        return "dcp", comps
-    tags = [c for c in dirs if c.format == "deepspeed-zero"]
-    if tags:
-        latest = node.child("latest")
-        chosen = _latest_tag(node, tags)
-        comps = {"model": chosen.path, "optimizer": chosen.path}
-        if "trainer_state.json" in names:
-            return "hf-trainer-deepspeed", comps
-        if node.name.endswith(".ckpt") or (
-            latest is not None and cast(TextFacts, latest.facts).get("names") == "checkpoint"
-        ):
-            return "lightning-deepspeed", comps
-        if any(n.startswith("random_states") for n in names):
-            return "accelerate-deepspeed", comps
-        return "deepspeed", comps
-    uni = [c for c in dirs if c.format == "deepspeed-universal"]
-    if uni:
-        chosen = uni[0]
-        lu = node.child("latest_universal")
-        if lu is not None:
-            for c in uni:
-                if c.name == cast(TextFacts, lu.facts).get("names"):
-                    chosen = c
-        return "universal", {"model": chosen.path, "optimizer": chosen.path}
+    for holder in HOLDERS:  # a folder holding checkpoints of a format (a DeepSpeed save_dir, verl's global_step_N)
+        members = [c for c in dirs if format_of(c) is holder]
+        held = holder.describe_holder(node, members) if members else None
+        if held is not None:
+            return held
+    dcp_children = [c for c in dirs if format_of(c).torch_dcp]
     if "pytorch_model_fsdp.bin" in names:
         return "fsdp-full", {"model": node.child("pytorch_model_fsdp.bin").path, **_optim_files(node)}
     local = sorted(c.name for c in node.children if re.match(r"^pytorch_model_fsdp(_\d+)?_rank\d+\.bin$", c.name))
@@ -153,7 +91,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
             [node] if re.match(r"^iter_\d+$", node.name) else []
         )
         for it in iters:
-            if it.format == "dcp" or it.child("metadata.json") is not None and any(x.format == "dcp" for x in [it]):
+            if format_of(it).torch_dcp:
                 return "megatron-dist", {"model": it.path}
             if any(c.is_dir and c.name.startswith("mp_rank_") for c in it.children):
                 mp = next(c for c in it.children if c.is_dir and c.name.startswith("mp_rank_"))
@@ -178,13 +116,13 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         for c in node.children
         if not c.is_dir and c.role in ("model", "model+optimizer") and c.facts.get("tensor_count")
     ]
-    if len(files) == 1:
-        return ("lightning" if files[0].name.endswith(".ckpt") else "torch-file"), {files[0].role: files[0].path}
+    if len(files) == 1:  # its format describes the folder too (a weights.safetensors: safetensors, not torch.save)
+        only = files[0]
+        described = format_of(only).describe(only)
+        if described is not None:
+            return described
+        return ("lightning" if only.name.endswith(".ckpt") else "torch-file"), {only.role: only.path}
     return "unknown", {}
-
-
-def _verl_components(node: Node) -> dict[str, str]:
-    return {"model": node.path, "optimizer": node.path} if node.role == "model+optimizer" else {"model": node.path}
 
 
 def _optim_files(node: Node) -> dict[str, str]:
@@ -197,35 +135,6 @@ def _optim_files(node: Node) -> dict[str, str]:
 def _preferred_model_file(files):
     order = lambda c: (0 if c.name.endswith(".index.json") else 1 if c.name.endswith(".safetensors") else 2, c.name)
     return sorted(files, key=order)[0]
-
-
-def _dcp_folder_components(dcps: list[Node]) -> dict[str, str]:
-    """Components of a folder holding several DCP folders: a DCP holding only the model (or only the
-    optimizer) is that component before one holding both (FSDP2's ``dcp.save({"model": ..., "optimizer":
-    ...})``), which still exports when named as SRC. Ties go by name."""
-    comps: dict[str, str] = {}
-    for c in sorted(dcps, key=lambda c: (c.role == "model+optimizer", c.name)):
-        for role, p in _dcp_components(c).items():
-            comps.setdefault(role, p)
-    return comps
-
-
-def _dcp_components(node: Node) -> dict[str, str]:
-    role = node.role
-    if role == "model+optimizer":
-        return {"model": node.path, "optimizer": node.path}
-    if role in ("model", "optimizer"):
-        return {role: node.path}
-    return {}
-
-
-def _latest_tag(node: Node, tags: list[Node]) -> Node:
-    latest = node.child("latest")
-    if latest is not None:
-        for t in tags:
-            if t.name == cast(TextFacts, latest.facts).get("names"):
-                return t
-    return sorted(tags, key=lambda t: (step_of(t.name) or -1, t.name))[-1]
 
 
 def _component_text(root: Node, path: str, role: str) -> str:
@@ -278,22 +187,6 @@ def _world(root: Node, comps: dict[str, str]) -> Optional[int]:
     return None
 
 
-def deepspeed_layout(f) -> Optional[str]:
-    """What kind of DeepSpeed tag folder this is, in words: "ZeRO-2"; "ZeRO stage 0" (no ZeRO: the optimizer,
-    FP16_UnfusedOptimizer or the plain torch one, inside mp_rank_00_model_states.pt); "BF16_Optimizer (ZeRO-1)";
-    "pipeline parallel, N stages"."""
-    st = f.get("zero_stage")
-    kind = f.get("ds_layout")
-    if kind == "pipeline":
-        n = f.get("pipeline_stages") or f.get("mp_world_size")
-        return f"pipeline parallel, {n} stages" if n else "pipeline parallel"
-    if kind == "zero-0":
-        return "ZeRO stage 0"
-    if kind == "bf16-optimizer":
-        return "BF16_Optimizer (ZeRO-1)"
-    return f"ZeRO-{st}" if st is not None else None
-
-
 def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     if layout == "unknown":
         return "not a checkpoint: nothing here is a format ckpt-tui recognises"
@@ -307,19 +200,8 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         return f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: " + summary(newest, lay, comps)
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, model_component(comps) or "") if comps else None
-    if n_model is not None and n_model.format == "deepspeed-zero":
-        tag = cast(DeepSpeedZeroFacts, n_model.facts)
-        name = deepspeed_layout(tag)
-        if name:
-            head += f" {name}"
-        td = tag.get("train_dtype")
-        if td:
-            head += f" ({short_dtype(td)})"
-    if n_model is not None and n_model.format == "verl-fsdp":
-        vf = cast(VerlFacts, n_model.facts)
-        kind = vf.get("sharded_as")
-        version = vf.get("fsdp_version") or (2 if kind == "DTensor" else 1 if kind == "ShardedTensor" else None)
-        head += f", FSDP{version or '?'} ({kind or 'unread'}) rank files"
+    if n_model is not None:
+        head += format_of(n_model).summary_detail(n_model)
     if n_model is not None and n_model.facts.get("tensor_parallel"):
         head += f", TP={n_model.facts['tensor_parallel']}"  # Megatron-Core torch_dist
     parts = [head]
@@ -361,6 +243,7 @@ def describe(root: Node, trust_pickles: bool = False, parsed: Optional[Parsed] =
         components=comps,
         trust_pickles=trust_pickles,
         parsed=parsed if parsed is not None else Parsed(),
+        format_of=format_of,
     )
     _label_frameworks(root, layout)
     if layout == "run-folder":
@@ -382,13 +265,13 @@ def _label_frameworks(root: Node, layout: str) -> None:
         )
     root.framework = fw
     for c in _checkpoint_dirs(root) if layout == "run-folder" else root.children:
-        if c.is_dir and step_of(c.name) is not None and c.format == "dir":
+        if c.is_dir and step_of(c.name) is not None and format_of(c).plain_folder:
             sub, _ = classify(c)
             c.framework = FRAMEWORK.get(sub)
             if sub != "unknown":
                 c.role = "checkpoint"
             _label_frameworks_children(c, sub)
-        elif c.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "verl-fsdp"):
+        elif format_of(c).checkpoint:
             # a run's checkpoint that is itself one format (torchtitan's step-N, Megatron's iter_N): its own layout's
             c.framework = FRAMEWORK.get(classify(c)[0]) if layout == "run-folder" else fw
 
@@ -396,7 +279,7 @@ def _label_frameworks(root: Node, layout: str) -> None:
 def _label_frameworks_children(node: Node, layout: str) -> None:
     fw = FRAMEWORK.get(layout)
     for c in node.children:
-        if c.format in ("dcp", "deepspeed-zero", "deepspeed-universal", "verl-fsdp"):
+        if format_of(c).checkpoint:
             c.framework = fw
 
 
@@ -410,7 +293,7 @@ def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
         if step_of(c.name) is not None:
             if classify(c)[0] != "unknown":
                 out.append(c)
-        elif depth < 2 and c.format == "dir":
+        elif depth < 2 and format_of(c).plain_folder:
             out.extend(_checkpoint_dirs(c, depth + 1))
     return out
 

@@ -14,6 +14,14 @@ CKPT_DIR_RE = re.compile(
 )
 FSDP_MODEL_DIR_RE = re.compile(r"^pytorch_model_fsdp_(\d+)$")  # HF Trainer / Accelerate sharded FSDP
 FSDP_OPTIM_DIR_RE = re.compile(r"^optimizer_(\d+)$")
+# files only Accelerate's save_state writes (its RNG states, its names for the optimizer, scheduler,
+# sampler and registered objects): the evidence for naming Accelerate, never a folder name alone
+ACCELERATE_FILE_RE = re.compile(
+    r"^(random_states_\d+\.pkl|(optimizer|scheduler|sampler)(_\d+)?\.bin|custom_checkpoint_\d+\.pkl)$"
+)
+MODEL_FILE_RE = re.compile(
+    r"^(model(-\d+-of-\d+)?\.safetensors|model_\d+\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|model\.safetensors\.index\.json|pytorch_model\.bin\.index\.json|pytorch_model_\d+\.bin|adapter_model\.(safetensors|bin))$"
+)
 
 # where a torch file (or a DCP folder) keeps the model's state dict, in order of preference:
 # Lightning's state_dict, DeepSpeed's module, Megatron's model, plain model_state_dict

@@ -17,7 +17,7 @@ from typing import Callable, Optional, cast
 from .facts import LeftoverFacts, NodeFacts, SpecialFacts
 from .formats import FormatError
 from .formats.format import Format
-from .formats.registry import classify_file, detect_folder
+from .formats.registry import classify_file, detect_folder, format_of
 from .formats.unpickle import gc_paused
 from .layout import describe
 from .leftovers import recognise, tree_size
@@ -219,9 +219,9 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
 
 
 def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
-    if node.format in ("special", "leftover"):
+    if format_of(node).from_walk:
         return
-    if node.role == "unknown" and node.format == "unknown":
+    if node.role == "unknown" and fmt is None:  # no format named it
         return
     if not isinstance(node.abspath, RemotePath) and not os.access(node.abspath, os.R_OK):
         _error(node, "permission denied: the file cannot be read", "permission")
@@ -243,7 +243,7 @@ def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
 
 
 def _analyze_dir(node: Node, parsed: Parsed) -> None:
-    if node.format == "leftover":
+    if format_of(node).from_walk:
         return
     if "error_kind" in node.facts and node.facts.get("error_kind") not in ("too-many",):
         return
@@ -277,7 +277,7 @@ def scan(
     parsed = Parsed()
     file_format: dict[str, Optional[Format]] = {}
     for n in nodes:
-        if not n.is_dir and n.format not in ("special", "leftover"):
+        if not n.is_dir and not format_of(n).from_walk:
             file_format[n.path] = classify_file(n)
     done = [0]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from .formats.format import Format
 from .formats.registry import format_of
 from .layout import classify
 from .types import MODEL_ROLES, Inventory, Node, Parsed, TensorInfo, model_component
@@ -18,8 +17,7 @@ def lists_tensors(node: Node) -> bool:
     """Can :func:`list_tensors` list ``node`` itself (its format lists tensors: DCP and DeepSpeed tag
     folders, universal folders, safetensors files and indexes, torch files, DeepSpeed model- and
     optim-states files)?"""
-    fmt = format_of(node)
-    return fmt is not None and type(fmt).tensors is not Format.tensors
+    return format_of(node).lists_tensors
 
 
 def _weights_folder(node: Node) -> bool:
@@ -39,7 +37,7 @@ def listable(inv: Inventory, node: Node) -> tuple[Optional[Node], str]:
         return node, ""
     if not node.is_dir:
         parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
-        if parent is not None and parent is not node and parent.format == "dcp":
+        if parent is not None and parent is not node and format_of(parent).files_list_folder:
             return parent, f"the DCP folder {inv.shown(parent.path, slash=True)}"
         return None, ""
     rel = None
@@ -68,9 +66,9 @@ def list_tensors(node: Node, parsed: Optional[Parsed] = None) -> Iterator[Tensor
     ``Inventory.parsed``, so headers already read are not read again). A folder of no format lists
     the weights files in it. Raises FormatError on a broken file."""
     fmt = format_of(node)
-    if fmt is not None:
+    if fmt.lists_tensors:
         yield from fmt.tensors(node, parsed)
     elif node.is_dir:
         for c in node.children:
-            if c.role in MODEL_ROLES and c.format != "dir":
+            if c.role in MODEL_ROLES and not format_of(c).plain_folder:
                 yield from list_tensors(c, parsed)

@@ -6,7 +6,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from .facts import Facts
 from .jsondoc import JsonFields, jsonable
@@ -16,16 +16,6 @@ SCHEMA_VERSION = 1
 
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 MODEL_ROLES = ("model", "model+optimizer")  # roles of nodes that hold model weights
-# formats an export reads (export candidates offered in the export wizard)
-EXPORTABLE = (
-    "dcp",
-    "verl-fsdp",
-    "deepspeed-zero",
-    "deepspeed-universal",
-    "safetensors",
-    "safetensors-sharded-index",
-    "torch-zip",
-)
 
 T = TypeVar("T")
 
@@ -193,6 +183,19 @@ class Parsed:
         return self._by.get((node.path, kind))
 
 
+class FormatAnswers(Protocol):
+    """What an Inventory asks a node's format (``formats/format.py`` declares these; the registry answers)."""
+
+    tag: bool
+    universal: bool
+    exportable: bool
+    shard_index: Optional[str]
+
+
+def _no_formats(node: "Node") -> FormatAnswers:
+    raise RuntimeError("an Inventory made without the format registry (layout.describe gives it one)")
+
+
 @dataclass
 class Inventory:
     root: Node
@@ -207,6 +210,8 @@ class Inventory:
     parsed: Parsed = field(default_factory=Parsed, repr=False, compare=False)
     # the scanned path as the user gave it (relative to their folder, or absolute): what messages show
     given: str = field(default="", repr=False, compare=False)
+    # the format registry's format_of: what the questions below ask (types.py sits below the formats)
+    format_of: Callable[["Node"], FormatAnswers] = field(default=_no_formats, repr=False, compare=False)
 
     @property
     def path(self) -> Path:
@@ -242,9 +247,9 @@ class Inventory:
     def deepspeed_tags(self, folder: Optional[Node] = None, *, universal: bool = False) -> list[Node]:
         """DeepSpeed ZeRO tag folders (``universal``: universal checkpoints) directly in ``folder``,
         or anywhere in the tree."""
-        fmt = "deepspeed-universal" if universal else "deepspeed-zero"
         nodes = folder.children if folder is not None else self.nodes()
-        return [n for n in nodes if n.is_dir and n.format == fmt]
+        answer = self.format_of
+        return [n for n in nodes if n.is_dir and (answer(n).universal if universal else answer(n).tag)]
 
     def export_candidates(self) -> list[tuple[str, str]]:
         """(relative path, description) of what an export could read -- model weights only, never an
@@ -260,9 +265,10 @@ class Inventory:
         if first and first not in [o[0] for o in out]:
             out.insert(0, (first, "the model component"))
         for n in self.nodes():
-            if n.role in MODEL_ROLES and n.format in EXPORTABLE and n.path not in [o[0] for o in out]:
-                if n.format == "safetensors" and n.abspath.parent.joinpath("model.safetensors.index.json").exists():
-                    continue
+            fmt = self.format_of(n)
+            if n.role in MODEL_ROLES and fmt.exportable and n.path not in [o[0] for o in out]:
+                if fmt.shard_index and n.abspath.parent.joinpath(fmt.shard_index).exists():
+                    continue  # a shard of the index beside it: the index is the candidate
                 # a file inside a candidate folder is part of it (a universal checkpoint's zero/<param>/fp32.pt)
                 folders = [self.node(o[0]) for o in out]
                 if any(f is not None and f.is_dir and f is not n and f.contains(n.path) for f in folders):

@@ -11,7 +11,7 @@ from ..facts import DeepSpeedZeroFacts, TextFacts
 from ..formats import FormatError
 from ..formats.deepspeed.reader import OPTIM_STATES_RE
 from ..formats.format import NotExportable
-from ..formats.registry import format_of
+from ..formats.registry import format_of, optimizer_sources
 from ..names import step_of
 from ..progress import OnProgress
 from ..report import Report, inspect
@@ -53,7 +53,7 @@ def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting
         node = inv.node(rel) if rel else None
     if node is None:
         raise ExportError(f"no model weights found in {inv.shown(slash=root.is_dir)} ({inv.summary})")
-    if node.format == "deepspeed-zero":
+    if format_of(node).tag:
         node, why = _choose_tag(report, node, tag)
         if why:
             said.append(
@@ -97,7 +97,7 @@ def _choose_tag(report: Report, node: Node, tag: Optional[str]) -> tuple[Node, O
     where = inv.shown(parent.path, slash=True)
     if tag:
         alt = parent.child(tag)
-        if alt is None or not alt.is_dir or alt.format != "deepspeed-zero":
+        if alt is None or not alt.is_dir or not format_of(alt).tag:
             raise ExportError(
                 f"--tag {tag}: no DeepSpeed tag folder `{tag}` in {where}; its tags: {_tag_names(inv, parent)}"
             )
@@ -141,7 +141,7 @@ def _optimizer_side(node: Node, f: Finding) -> bool:
 def module_states_problem(report: Report, node: Node) -> Optional[str]:
     """Why the module weights of tag ``node`` cannot be exported (--from-module-states), or None."""
     inv = report.inventory
-    if node.format != "deepspeed-zero":
+    if not format_of(node).tag:
         return (
             f"--from-module-states reads the module weights of a DeepSpeed ZeRO-1/2 tag folder; "
             f"{inv.shown(node.path)} is {node.format or 'not one'}"
@@ -200,7 +200,7 @@ def screened_model(
         msg = f"{why}:\n  " + "\n  ".join(f"{f.code} at {inv.shown(f.path)}: {f.message}" for f in blocking)
         if (
             not from_module_states
-            and node.format == "deepspeed-zero"
+            and format_of(node).tag
             and all(_optimizer_side(node, f) for f in blocking)
             and module_states_problem(report, node) is None
         ):
@@ -236,8 +236,6 @@ def source_for(
             raise ExportError(str(e)) from None
     fmt = format_of(node)
     try:
-        if fmt is None:
-            raise NotExportable(f"`{node.path}` ({node.format}) is not a format ckpt-tui can export")
         return fmt.source(node, strip_prefix=strip_prefix, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles)
     except NotExportable as e:
         raise ExportError(str(e)) from None
@@ -248,8 +246,9 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
     config.json into sharded-FSDP checkpoints)."""
     p = node.abspath if node.is_dir else node.abspath.parent
     dirs = [p, p.parent, p.parent.parent]
-    if node.format == "verl-fsdp":  # verl keeps the config and tokenizer in huggingface/ beside its rank files
-        dirs.insert(0, p / "huggingface")
+    sub = format_of(node).config_subdir  # verl keeps the config and tokenizer in huggingface/ beside its rank files
+    if sub:
+        dirs.insert(0, p / sub)
     if p.parent.name.startswith("checkpoint-") or p.name.startswith("checkpoint-"):
         dirs.append(p.parent.parent.parent)
     seen, out = set(), []
@@ -265,14 +264,10 @@ OPTIMIZER_VERB = "exporting the optimizer state of"  # what --component optimize
 
 
 def _refuse_optimizer(report: Report) -> ExportError:
-    """Exporting the optimizer state of this source is not supported yet (only of DeepSpeed ZeRO tags): say so,
-    naming the optimizer component that exists."""
+    """Exporting the optimizer state of this source is not supported yet: say so, naming the optimizer component
+    that exists -- the one :func:`optimizer_component` picks, so the refusal names what an export would read."""
     inv = report.inventory
-    comps = inv.components
-    if inv.layout == "run-folder" and inv.checkpoints:
-        comps = inv.checkpoint_components.get(inv.checkpoints[0]["path"], {})
-    rel = comps.get("optimizer") or comps.get("model+optimizer")
-    node = inv.node(rel) if rel else None
+    node = optimizer_component(report)
     if node is None:
         return ExportError(
             f"no optimizer component in {inv.shown()} ({inv.summary}); --component model exports the model weights"
@@ -284,19 +279,11 @@ def _refuse_optimizer(report: Report) -> ExportError:
     if f.get("dtypes"):
         bits.append("/".join(f["dtypes"]))
     return ExportError(
-        f"the optimizer component is {inv.shown(rel, slash=node.is_dir)} ({', '.join(bits)}); "
+        f"the optimizer component is {inv.shown(node.path, slash=node.is_dir)} ({', '.join(bits)}); "
         f"exporting the optimizer state of {node.format or 'this format'} to safetensors is not "
-        f"supported yet (only of {OPTIMIZER_SOURCES}). --component model (the "
+        f"supported yet (only of {optimizer_sources()}). --component model (the "
         "default) exports the model weights; the optimizer state resumes from the checkpoint as it is"
     )
-
-
-# what --component optimizer reads (said in refusals and in the CLI's help)
-OPTIMIZER_SOURCES = (
-    "DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders (HF Trainer/Accelerate FSDP "
-    "optimizer_0/, FSDP2 get_state_dict saves) and torch files with an optimizer state dict "
-    "(Lightning .ckpt, torch.save, Accelerate optimizer.bin), verl FSDP actor folders"
-)
 
 
 def optimizer_component(report: Report) -> Optional[Node]:
@@ -321,11 +308,11 @@ def optimizer_exportable(report: Report) -> Optional[str]:
             node, _ = resolve(report, verb=OPTIMIZER_VERB)
         except ExportError:
             return None
-        return node.path if node.format == "deepspeed-zero" else None
+        return node.path if format_of(node).tag else None
     node = optimizer_component(report)
     if node is None:
         return None
-    if node.format in ("dcp", "verl-fsdp") or (not node.is_dir and node.format == "torch-zip"):
+    if format_of(node).optimizer is not None:
         return node.path
     return None
 
@@ -422,7 +409,6 @@ def _plan_optimizer(
     ``optimizer_config.json``; names as the model export of the same checkpoint has them. Reads DeepSpeed
     ZeRO tags, torch DCP optimizer folders and torch files with an optimizer state dict; others are
     refused, saying so. ``report``: ``src`` inspected already."""
-    from ..formats.deepspeed.optim import deepspeed_optimizer_source
 
     report = report if report is not None else inspect(src, trust_pickles=trust_pickles)
     try:
@@ -431,7 +417,7 @@ def _plan_optimizer(
         if report.inventory.deepspeed_tags() or tag:
             raise
         node, said = None, []
-    if node is None or node.format not in ("deepspeed-zero", "verl-fsdp"):
+    if node is None or not format_of(node).optimizer_with_model:
         return _plan_torch_optimizer(
             report,
             node,
@@ -452,12 +438,8 @@ def _plan_optimizer(
         why="the checkpoint has problems an export cannot work around",
     )
     try:
-        if node.format == "verl-fsdp":
-            from ..formats.verl.source import verl_optimizer_source
-
-            source, config, model_names = verl_optimizer_source(node.abspath, trust_pickles=trust_pickles)
-        else:
-            source, config, model_names = deepspeed_optimizer_source(node.abspath)
+        source, config, names = format_of(node).optimizer_source(node, trust_pickles=trust_pickles)
+        model_names = names or []
     except ValueError as e:
         raise ExportError(f"`{report.inventory.shown(node.path)}`: {e}") from None
     except FormatError as e:
@@ -525,15 +507,9 @@ def _plan_torch_optimizer(
     ``model``: the checkpoint's model node (its names decide the optimizer's, and their prefix)."""
     inv = report.inventory
     opt = optimizer_component(report)
-    if opt is None and model is not None and model.format == "dcp":  # Lightning FSDP: one DCP holds both
-        from ..formats.dcp import reader as dcpfmt
-        from ..formats.dcp.optim import has_optimizer_state
-
-        try:
-            opt = model if has_optimizer_state(dcpfmt.read(model.abspath)) else None
-        except (FormatError, OSError):
-            opt = None
-    if opt is None or not (opt.format == "dcp" or (not opt.is_dir and opt.format == "torch-zip")):
+    if opt is None and model is not None and format_of(model).holds_optimizer(model):  # Lightning FSDP: one DCP
+        opt = model
+    if opt is None or format_of(opt).optimizer is None or format_of(opt).optimizer_with_model:
         raise _refuse_optimizer(report)
     blocking = _blocking_findings(report, opt, trust_pickles)
     if blocking:
@@ -561,16 +537,9 @@ def _plan_torch_optimizer(
         except (ExportError, FormatError) as e:
             model_what = f"the model's names cannot be read: {e}"
     try:
-        if opt.format == "dcp":
-            from ..formats.dcp.optim import dcp_optimizer_source
-
-            source, config = dcp_optimizer_source(opt.abspath, [n for n, _ in model_tensors or []])
-        else:
-            from ..formats.torch_save.optim import torch_optimizer_source
-
-            source, config = torch_optimizer_source(
-                opt.abspath, model_tensors, model_what=model_what, trust_pickles=trust_pickles
-            )
+        source, config, _ = format_of(opt).optimizer_source(
+            opt, model_tensors=model_tensors, model_what=model_what, trust_pickles=trust_pickles
+        )
     except FormatError as e:
         raise ExportError(f"`{inv.shown(opt.path)}`: {e}") from None
     names = (

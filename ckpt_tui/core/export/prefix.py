@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from ..formats.registry import format_of
 from ..types import Node
 
 
@@ -35,7 +36,7 @@ def lightning_source(node: Node) -> bool:
     (FSDP sharded: DCP + ``meta.pt``), or the DeepSpeed tag folder inside a ``.ckpt`` folder."""
     if node.abspath.name.endswith(".ckpt"):
         return True
-    return node.format == "deepspeed-zero" and node.abspath.parent.name.endswith(".ckpt")
+    return format_of(node).tag and node.abspath.parent.name.endswith(".ckpt")
 
 
 def top_attributes(names: Iterable[str]) -> list[str]:

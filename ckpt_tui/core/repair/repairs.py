@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..formats import FormatError
+from ..formats.registry import format_of
 from ..fsutil import stamp
 from ..names import step_of
 from ..progress import report
@@ -250,7 +251,7 @@ def _latest(rep, f: Finding) -> Repair:
             tags = [
                 c
                 for c in parent.children
-                if c.is_dir and (c.format in ("deepspeed-zero", "deepspeed-universal") or step_of(c.name) is not None)
+                if c.is_dir and (format_of(c).tag or format_of(c).universal or step_of(c.name) is not None)
             ]
     complete = [c for c in tags if _complete(rep, c)]
     target = parent.abspath / name
@@ -363,7 +364,7 @@ def check_metadata_tmp(folder: Path, trust: bool = False) -> tuple[bool, str]:
 
 
 def _dcp_metadata(rep, f: Finding) -> Repair:
-    from ..diagnose import last_complete_sibling
+    from ..advice import last_complete_sibling
 
     inv = rep.inventory
     root = inv.path
@@ -443,8 +444,9 @@ def _export_advice(rep, f: Finding) -> Repair:
     node = inv.node(f.path)
     sub = None
     if f.code == "dcp-components" and node is not None:
-        models = [c for c in node.children if c.is_dir and c.format == "dcp" and c.role in MODEL_ROLES]
-        sub = (models or [c for c in node.children if c.is_dir and c.format == "dcp"] or [None])[0]
+        apart = [c for c in node.children if c.is_dir and format_of(c).components_apart]
+        models = [c for c in apart if c.role in MODEL_ROLES]
+        sub = (models or apart or [None])[0]
     src = sub.abspath if sub is not None else (node.abspath if node is not None else root / f.path)
     shown = _rel(inv, src)
     out = shlex.quote(user_path(inv.given or str(root), os.path.relpath(src, root)) + "_exported")

@@ -137,7 +137,15 @@ def test_cli_refuses_what_it_cannot_read_yet(real_ckpt_copy, real_ckpt, tmp_path
     r = ckpt_tui("export", "universal", "--out", "out", "--component", "optimizer", cwd=tmp_path)
     assert r.returncode == 1 and r.stdout == ""
     assert "the optimizer component is universal/global_step2_universal/ (deepspeed-universal" in r.stderr
-    assert "not supported yet (only of DeepSpeed ZeRO-1/2/3 tag folders, torch DCP optimizer folders" in r.stderr
+    # the one list of what --component optimizer reads: each format's own words, as the CLI help says them too
+    from ckpt_tui.core.formats.registry import optimizer_sources
+
+    assert f"not supported yet (only of {optimizer_sources()})" in r.stderr
+    assert (
+        "DeepSpeed ZeRO-1/2/3 tag folders" in optimizer_sources() and "verl FSDP actor folders" in optimizer_sources()
+    )
+    help_text = " ".join(ckpt_tui("export", "--help", cwd=tmp_path).stdout.split())
+    assert " ".join(optimizer_sources().split()) in help_text
     assert not (tmp_path / "out").exists()
     with pytest.raises(ExportError, match="does not go with --component optimizer"):
         plan_export(real_ckpt("ds-zero2-bf16"), tmp_path / "out", component="optimizer", from_module_states=True)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ...export.sources import SourceTensor
 from ...export.write import ExportError
+from ...formats.registry import format_of
 from ...fsutil import OutputError, preflight_output, regular_inside
 from ...jsondoc import as_json
 from ...leftovers import TORCH_DCP_TEMP
@@ -187,7 +188,7 @@ def torch_dcp_plan(
     src = Path(src)
     rep, node, said = resolve_tag(src, tag, trust_pickles, TorchDcpError)
     inv = rep.inventory
-    if node is None or node.format != "deepspeed-zero":
+    if node is None or not format_of(node).tag:
         raise TorchDcpError(
             f"{src} is not a DeepSpeed ZeRO checkpoint ({inv.summary}); --to torch-dcp converts a "
             "DeepSpeed tag folder (global_stepN/ with *_optim_states.pt files), or the checkpoint "

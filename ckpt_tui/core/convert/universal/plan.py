@@ -12,6 +12,7 @@ from typing import Optional, cast
 
 from ...export.write import ExportError
 from ...facts import DeepSpeedZeroFacts
+from ...formats.registry import format_of
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import as_json
 from ...leftovers import UNIVERSAL_TEMP
@@ -182,8 +183,8 @@ def universal_plan(
     src = Path(src)
     rep, node, said = resolve_tag(src, tag, trust_pickles, UniversalError)
     inv = rep.inventory
-    if node is None or node.format != "deepspeed-zero":
-        if node is not None and node.format == "deepspeed-universal" or inv.layout == "universal":
+    if node is None or not format_of(node).tag:
+        if node is not None and format_of(node).universal or inv.layout == "universal":
             raise UniversalError(
                 f"{src} is already a DeepSpeed universal checkpoint: load it with "
                 '{"checkpoint": {"load_universal": true}}'
@@ -345,7 +346,7 @@ def _complete_universal(rep, out: Path) -> bool:
         rep = inspect(out.parent, trust_pickles=rep.inventory.trust_pickles)
         rel = out.name
     node = rep.inventory.node(rel)
-    if node is None or node.format != "deepspeed-universal":
+    if node is None or not format_of(node).universal:
         return False
     try:
         named = (out.parent / "latest_universal").read_text().strip()

@@ -6,22 +6,40 @@ torch's own DCP loader."""
 from __future__ import annotations
 
 import json
-from typing import Iterator, Optional, cast
+import re
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
-from ...facts import DcpFacts, NodeFacts, SafetensorsFacts
-from ...names import FSDP_MODEL_DIR_RE, FSDP_OPTIM_DIR_RE, OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, TRAINING_STATE_KEYS
-from ...types import Node, Parsed, TensorInfo
+from ...facts import DcpFacts, JsonFacts, NodeFacts, SafetensorsFacts
+from ...names import (
+    ACCELERATE_FILE_RE,
+    FSDP_MODEL_DIR_RE,
+    FSDP_OPTIM_DIR_RE,
+    MODEL_FILE_RE,
+    OPTIMIZER_KEYS,
+    OPTIMIZER_STATE_KEYS,
+    TRAINING_STATE_KEYS,
+    step_of,
+)
+from ...types import Finding, Inventory, Node, Parsed, TensorInfo
 from .. import FormatError
-from ..format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+from ..format import Described, FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from ..plain.format import MAX_FACT_CHARS
 from ..safetensors.header import read_header
 from ..torch_save.format import MAX_UNSAFE, fact_text
 from . import reader as dcpfmt
+from .findings import dcp_findings
+
+if TYPE_CHECKING:
+    from ...export.sources import Source
 
 MAX_CONTAINERS = 64  # top-level containers the `containers` fact lists (`containers_total` counts them all)
 
 
 class DcpFiles(FileFormat):
+    """A DCP folder's files: its ``.metadata`` (or a rank's ``__{rank}.metadata``) and ``*.distcp`` shards."""
+
+    formats = {"dcp-metadata": NodeFacts, "dcp-shard": NodeFacts}
+
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         if name == ".metadata" or dcpfmt.RANK_META_RE.match(name):
             return "dcp-metadata", "metadata"
@@ -31,8 +49,75 @@ class DcpFiles(FileFormat):
 
 
 class DcpFolder(FolderFormat):
-    formats = ("dcp",)
+    formats = {"dcp": DcpFacts}
     reference = "torch.distributed.checkpoint"
+    checkpoint = True
+    exportable = True
+    torch_dcp = True
+    components_apart = True
+    files_list_folder = True
+    collapsed = True
+    shard_files = True
+    optimizer = (
+        "torch DCP optimizer folders (HF Trainer/Accelerate FSDP optimizer_0/, FSDP2 get_state_dict saves, "
+        "torchtitan, Lightning FSDP)"
+    )
+    holder_order = 20
+
+    def describe(self, node: Node) -> Optional[Described]:
+        names = {c.name for c in node.children}
+        conts = set(node.facts.get("containers") or [])
+        comps = dcp_components(node)
+        if node.name.endswith(".ckpt") and "meta.pt" in names:
+            return "lightning-fsdp", comps
+        parent_meta = node.child("metadata.json")
+        if parent_meta is not None and "torch_dist" in str(
+            cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")
+        ):
+            return "megatron-dist", comps
+        if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
+            return "torchtitan", comps
+        return "dcp", comps  # a folder name alone (pytorch_model_fsdp_0) is no evidence of who wrote it
+
+    def describe_holder(self, node: Node, members: list[Node]) -> Optional[Described]:
+        """A folder of DCP components (HF Trainer/Accelerate FSDP: pytorch_model_fsdp_0/ and optimizer_0/), neither
+        a run's checkpoints nor beside consolidated weights."""
+        names = {c.name for c in node.children}
+        has_model_files = any(MODEL_FILE_RE.match(c.name) for c in node.children)
+        if any(step_of(c.name) is not None for c in members) or has_model_files:
+            return None
+        comps = _dcp_folder_components(members)
+        if "trainer_state.json" in names:
+            return "hf-trainer-fsdp", comps
+        if any(ACCELERATE_FILE_RE.match(n) for n in names):
+            return "accelerate-fsdp", comps
+        if node.name.endswith(".ckpt") and "meta.pt" in names:
+            return "lightning-fsdp", comps
+        return "dcp", comps
+
+    def findings(self, inv: Inventory, node: Node) -> list[Finding]:
+        return dcp_findings(inv, node)
+
+    def holds_optimizer(self, node: Node) -> bool:
+        from .optim import has_optimizer_state
+
+        try:
+            return has_optimizer_state(dcpfmt.read(node.abspath))
+        except (FormatError, OSError):
+            return False
+
+    def optimizer_source(
+        self,
+        node: Node,
+        *,
+        model_tensors: Optional[list[tuple[str, tuple[int, ...]]]] = None,
+        model_what: str = "",
+        trust_pickles: bool = False,
+    ) -> tuple[Source, dict[str, Any], Optional[list[str]]]:
+        from .optim import dcp_optimizer_source
+
+        source, config = dcp_optimizer_source(node.abspath, [n for n, _ in model_tensors or []])
+        return source, config, None
 
     def detect(self, node: Node) -> bool:
         return any(
@@ -209,6 +294,27 @@ def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list]:
     if "state" in tops and model_t:
         return "model+optimizer", containers, model_t
     return "model", containers, model_t
+
+
+def dcp_components(node: Node) -> dict[str, str]:
+    """The components a DCP folder is, by its role."""
+    role = node.role
+    if role == "model+optimizer":
+        return {"model": node.path, "optimizer": node.path}
+    if role in ("model", "optimizer"):
+        return {role: node.path}
+    return {}
+
+
+def _dcp_folder_components(dcps: list[Node]) -> dict[str, str]:
+    """Components of a folder holding several DCP folders: a DCP holding only the model (or only the
+    optimizer) is that component before one holding both (FSDP2's ``dcp.save({"model": ..., "optimizer":
+    ...})``), which still exports when named as SRC. Ties go by name."""
+    comps: dict[str, str] = {}
+    for c in sorted(dcps, key=lambda c: (c.role == "model+optimizer", c.name)):
+        for role, p in dcp_components(c).items():
+            comps.setdefault(role, p)
+    return comps
 
 
 def merges_with_accelerate(node: Node) -> bool:

@@ -6,25 +6,68 @@ checked against DeepSpeed's ``zero_to_fp32`` (tags) or ``torch.load`` (universal
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
-from ...facts import DeepSpeedUniversalFacts, DeepSpeedZeroFacts, NodeFacts, PickleFacts, TensorFacts
+from ...dtypes import short_dtype
+from ...facts import (
+    DeepSpeedModelStatesFacts,
+    DeepSpeedOptimStatesFacts,
+    DeepSpeedUniversalFacts,
+    DeepSpeedZeroFacts,
+    NodeFacts,
+    PickleFacts,
+    TensorFacts,
+    TextFacts,
+)
+from ...names import step_of
+from ...present import universal_summary
 from ...storage import open_read
-from ...types import Node, Parsed, TensorInfo, numel
+from ...types import Finding, Inventory, Node, Parsed, TensorInfo, numel
 from .. import FormatError
-from ..format import FileFormat, FolderFormat, NotExportable, set_tensor_facts
+from ..format import Described, FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from ..torch_save import torchfile
 from ..torch_save.format import MAX_UNSAFE, TorchFileFormat, fact_text, read_torch_file
 from ..unpickle import TensorRef, iter_tensors
 from . import reader as dsfmt
+from .findings import tag_findings, universal_findings
+
+if TYPE_CHECKING:
+    from ...export.sources import Source
+
+
+def deepspeed_layout(f: DeepSpeedZeroFacts) -> Optional[str]:
+    """What kind of DeepSpeed tag folder this is, in words: "ZeRO-2"; "ZeRO stage 0" (no ZeRO: the optimizer,
+    FP16_UnfusedOptimizer or the plain torch one, inside mp_rank_00_model_states.pt); "BF16_Optimizer (ZeRO-1)";
+    "pipeline parallel, N stages"."""
+    st = f.get("zero_stage")
+    kind = f.get("ds_layout")
+    if kind == "pipeline":
+        n = f.get("pipeline_stages") or f.get("mp_world_size")
+        return f"pipeline parallel, {n} stages" if n else "pipeline parallel"
+    if kind == "zero-0":
+        return "ZeRO stage 0"
+    if kind == "bf16-optimizer":
+        return "BF16_Optimizer (ZeRO-1)"
+    return f"ZeRO-{st}" if st is not None else None
+
+
+def latest_tag(node: Node, tags: list[Node]) -> Node:
+    """The tag of ``tags`` (in folder ``node``) that ``latest`` names, else the newest."""
+    latest = node.child("latest")
+    if latest is not None:
+        for t in tags:
+            if t.name == cast(TextFacts, latest.facts).get("names"):
+                return t
+    return sorted(tags, key=lambda t: (step_of(t.name) or -1, t.name))[-1]
 
 
 class DeepSpeedStatesFiles(TorchFileFormat):
     """``*_model_states.pt``: read with its tag folder (rank 0), so the file itself is not analysed.
     Lists (every tensor of the file: the module's, frozen fragments) and exports as a torch file."""
 
-    formats = ("deepspeed-model-states",)
+    formats = {"deepspeed-model-states": DeepSpeedModelStatesFacts}
     reference = None  # verify reports the format's name
+    file_layout = "torch-file"
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         if dsfmt.MODEL_STATES_RE.match(name) or dsfmt.LAYER_RE.match(name):
@@ -37,7 +80,8 @@ class DeepSpeedOptimStatesFiles(FileFormat):
     partitions, exp_avg, exp_avg_sq, step) from data.pkl (``deepspeed.read_optim_states``); not a model
     to export by itself: its tag folder is."""
 
-    formats = ("deepspeed-optim-states",)
+    formats = {"deepspeed-optim-states": DeepSpeedOptimStatesFacts}
+    file_layout = "torch-file"
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         return ("deepspeed-optim-states", "optimizer") if dsfmt.OPTIM_STATES_RE.match(name) else None
@@ -150,8 +194,60 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
 
 
 class DeepSpeedTag(FolderFormat):
-    formats = ("deepspeed-zero",)
+    formats = {"deepspeed-zero": DeepSpeedZeroFacts}
     reference = "DeepSpeed zero_to_fp32"
+    checkpoint = True
+    exportable = True
+    tag = True
+    optimizer = "DeepSpeed ZeRO-1/2/3 tag folders"
+    optimizer_with_model = True
+    holder_order = 30
+
+    def describe(self, node: Node) -> Optional[Described]:
+        return "deepspeed", {"model": node.path, "optimizer": node.path}
+
+    def describe_holder(self, node: Node, members: list[Node]) -> Optional[Described]:
+        """A DeepSpeed save_dir: its tags (``latest`` names the one read), by who wrote them."""
+        names = {c.name for c in node.children}
+        latest = node.child("latest")
+        chosen = latest_tag(node, members)
+        comps = {"model": chosen.path, "optimizer": chosen.path}
+        if "trainer_state.json" in names:
+            return "hf-trainer-deepspeed", comps
+        if node.name.endswith(".ckpt") or (
+            latest is not None and cast(TextFacts, latest.facts).get("names") == "checkpoint"
+        ):
+            return "lightning-deepspeed", comps
+        if any(n.startswith("random_states") for n in names):
+            return "accelerate-deepspeed", comps
+        return "deepspeed", comps
+
+    def summary_detail(self, node: Node) -> str:
+        tag = cast(DeepSpeedZeroFacts, node.facts)
+        name = deepspeed_layout(tag)
+        head = f" {name}" if name else ""
+        td = tag.get("train_dtype")
+        if td:
+            head += f" ({short_dtype(td)})"
+        return head
+
+    def tree_label(self, node: Node) -> Optional[str]:
+        return deepspeed_layout(cast(DeepSpeedZeroFacts, node.facts))
+
+    def findings(self, inv: Inventory, node: Node) -> list[Finding]:
+        return tag_findings(inv, node)
+
+    def optimizer_source(
+        self,
+        node: Node,
+        *,
+        model_tensors: Optional[list[tuple[str, tuple[int, ...]]]] = None,
+        model_what: str = "",
+        trust_pickles: bool = False,
+    ) -> tuple[Source, dict[str, Any], Optional[list[str]]]:
+        from .optim import deepspeed_optimizer_source
+
+        return deepspeed_optimizer_source(node.abspath)
 
     def detect(self, node: Node) -> bool:
         return dsfmt.is_tag_dir(c.name for c in node.children)
@@ -376,8 +472,33 @@ def _bare_tensor_facts(x: Node) -> None:
 
 
 class DeepSpeedUniversal(FolderFormat):
-    formats = ("deepspeed-universal",)
+    formats = {"deepspeed-universal": DeepSpeedUniversalFacts}
     reference = "torch.load (fp32.pt)"
+    checkpoint = True
+    exportable = True
+    universal = True
+    collapsed = True
+    one_line = True
+    holder_order = 40
+
+    def describe(self, node: Node) -> Optional[Described]:
+        return "universal", {"model": node.path, "optimizer": node.path}
+
+    def describe_holder(self, node: Node, members: list[Node]) -> Optional[Described]:
+        """A folder of universal checkpoints: the one ``latest_universal`` names, else the first."""
+        chosen = members[0]
+        lu = node.child("latest_universal")
+        if lu is not None:
+            for c in members:
+                if c.name == cast(TextFacts, lu.facts).get("names"):
+                    chosen = c
+        return "universal", {"model": chosen.path, "optimizer": chosen.path}
+
+    def tree_label(self, node: Node) -> Optional[str]:
+        return universal_summary(node.facts)
+
+    def findings(self, inv: Inventory, node: Node) -> list[Finding]:
+        return universal_findings(inv, node)
 
     def detect(self, node: Node) -> bool:
         zero = node.child("zero")

@@ -7,11 +7,12 @@ import json
 from itertools import islice
 from typing import Any, Optional, cast
 
-from ...facts import JsonFacts, NodeFacts, TextFacts
+from ...facts import DirFacts, JsonFacts, LeftoverFacts, NodeFacts, SpecialFacts, TextFacts
 from ...storage import open_read
-from ...types import Node, Parsed
+from ...types import Finding, Inventory, Node, Parsed
 from ...units import naturalsize
-from ..format import FileFormat
+from ..format import FileFormat, Format
+from .findings import leftover_finding
 
 MAX_TEXT_BYTES = 4096
 MAX_JSON_BYTES = 16 * 1024 * 1024
@@ -36,6 +37,9 @@ TOKENIZER_FILES = {
 
 
 class PlainFiles(FileFormat):
+    formats = {"json": JsonFacts, "text": TextFacts, "python": NodeFacts}
+    shown = False
+
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         if name in MARKERS:
             return "text", "marker"
@@ -111,3 +115,39 @@ def _json_facts(node: Node) -> None:
         for k in ("sharded_backend", "sharded_backend_version", "common_backend"):
             if k in doc:
                 f[k] = bounded(doc[k])
+
+
+# ---------------------------------------------------------------- pseudo-formats: what the walk names itself
+
+
+class PlainFolder(Format):
+    """A folder of no format (``dir``): what it is comes from what it holds."""
+
+    formats = {"dir": DirFacts}
+    plain_folder = True
+    shown = False
+
+
+class UnknownFile(Format):
+    """A file no format names (``unknown``)."""
+
+    formats = {"unknown": NodeFacts}
+    shown = False
+
+
+class SpecialFile(Format):
+    """A FIFO, socket or device (``special``): named by the walk, never opened."""
+
+    formats = {"special": SpecialFacts}
+    from_walk = True
+
+
+class Leftover(Format):
+    """What a killed ckpt-tui run left (``leftover``: a temp file or folder, see ``leftovers.py``): named by the
+    walk, never read; diagnose reports it with the command that removes it."""
+
+    formats = {"leftover": LeftoverFacts}
+    from_walk = True
+
+    def findings(self, inv: Inventory, node: Node) -> list[Finding]:
+        return [leftover_finding(inv, node)]

@@ -10,7 +10,7 @@ from typing import Iterator, Optional, cast
 from ...facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightIndexFacts
 from ...types import Node, Parsed, TensorInfo
 from .. import FormatError
-from ..format import FileFormat, FolderFormat
+from ..format import Described, FileFormat, FolderFormat, Format
 from ..plain.format import bounded
 from ..torch_save.format import fact_text
 from . import header as stfmt
@@ -20,9 +20,17 @@ MAX_SHARD_FILES = 1024  # files an index's shard_files lists (each cut as above;
 
 
 class SafetensorsFiles(FileFormat):
-    formats = ("safetensors", "safetensors-sharded-index")
+    """A ``.safetensors`` file; it names an index too (:class:`SafetensorsIndex` answers for those)."""
+
+    formats = {"safetensors": SafetensorsFacts}
     reference = "safetensors"
-    file_layout = "hf-model"  # an index named by itself: the sharded model beside it (a file is safetensors-file)
+    file_layout = "safetensors-file"
+    exportable = True
+    weights_as_saved = True
+    shard_index = "model.safetensors.index.json"
+
+    def describe(self, node: Node) -> Optional[Described]:
+        return (self.file_layout, {"model": node.path}) if self.file_layout and not node.is_dir else None
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         if low.endswith(".safetensors.index.json") or low.endswith(".bin.index.json"):
@@ -89,6 +97,21 @@ class SafetensorsFiles(FileFormat):
                         yield k, st.get_tensor(k)
             except SafetensorError as e:  # a message, never "internal error" (the header check above agrees)
                 raise FormatError(f"{f}: the safetensors library refuses it: {e}") from None
+
+
+class SafetensorsIndex(SafetensorsFiles):
+    """``model.safetensors.index.json``: named by :class:`SafetensorsFiles`, listed and exported as its shards."""
+
+    formats = {"safetensors-sharded-index": SafetensorsIndexFacts}
+    file_layout = "hf-model"  # an index named by itself: the sharded model beside it
+    weights_as_saved = False
+    shard_index = None
+
+    def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
+        return None
+
+    def describe(self, node: Node) -> Optional[Described]:
+        return Format.describe(self, node)
 
 
 class HfModelFolder(FolderFormat):

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import reprlib
 from itertools import islice
-from typing import Any, Iterator, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...facts import TorchFileFacts, TorchZipFacts
 from ...types import Node, Parsed, TensorInfo
-from ..format import FileFormat, set_tensor_facts
+from ..format import Described, FileFormat, set_tensor_facts
 from ..unpickle import iter_tensors
 from . import torchfile
 from .torchfile import TorchFile, pick_state_dict
+
+if TYPE_CHECKING:
+    from ...export.sources import Source
 
 # The facts of one torch file are bounded whatever it holds: a pickle stores an object once and refers to it
 # again in two bytes, so a 470 kB file can hold keys whose text is 20 MB each (a tuple repeating one long string)
@@ -115,8 +118,32 @@ class TorchFileFormat(FileFormat):
 
 
 class TorchSave(TorchFileFormat):
-    formats = ("torch-zip",)
+    formats = {"torch-zip": TorchZipFacts}
     reference = "torch.load"
+    file_layout = "torch-file"
+    exportable = True
+    weights_as_saved = True
+    optimizer = "torch files with an optimizer state dict (Lightning .ckpt, torch.save, Accelerate optimizer.bin)"
+
+    def describe(self, node: Node) -> Optional[Described]:
+        if node.is_dir:
+            return None
+        return ("lightning" if node.name.endswith(".ckpt") else "torch-file"), {node.role: node.path}
+
+    def optimizer_source(
+        self,
+        node: Node,
+        *,
+        model_tensors: Optional[list[tuple[str, tuple[int, ...]]]] = None,
+        model_what: str = "",
+        trust_pickles: bool = False,
+    ) -> tuple[Source, dict[str, Any], Optional[list[str]]]:
+        from .optim import torch_optimizer_source
+
+        source, config = torch_optimizer_source(
+            node.abspath, model_tensors, model_what=model_what, trust_pickles=trust_pickles
+        )
+        return source, config, None
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         for test, role in _NAMED:

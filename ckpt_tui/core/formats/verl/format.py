@@ -9,22 +9,30 @@ Exported by byte range from every rank (``export.verl_source``); verl's own merg
 from __future__ import annotations
 
 import json
-from typing import Iterator, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...facts import VerlFacts
-from ...types import Node, Parsed, TensorInfo
+from ...types import Finding, Inventory, Node, Parsed, TensorInfo
 from .. import FormatError
-from ..format import FolderFormat, NotExportable, set_tensor_facts
+from ..format import Described, FolderFormat, NotExportable, set_tensor_facts
 from ..torch_save import torchfile
 from ..torch_save.format import TorchSave
+from .findings import verl_findings
+
+if TYPE_CHECKING:
+    from ...export.sources import Source
 
 _FILE_ROLES = {"model": "model-shard", "optim": "optimizer-shard", "extra_state": "extra-state"}
+
+
+def _components(node: Node) -> dict[str, str]:
+    return {"model": node.path, "optimizer": node.path} if node.role == "model+optimizer" else {"model": node.path}
 
 
 class VerlRankFiles(TorchSave):
     """A verl rank file: a torch.save file (analysed as one) whose role says it is one rank's part."""
 
-    formats = ()
+    formats: dict[str, type] = {}  # it names torch-zip, TorchSave's
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         from .source import RANK_FILE_RE
@@ -34,8 +42,43 @@ class VerlRankFiles(TorchSave):
 
 
 class VerlFolder(FolderFormat):
-    formats = ("verl-fsdp",)
+    formats = {"verl-fsdp": VerlFacts}
     reference = "verl.model_merger"
+    checkpoint = True
+    exportable = True
+    optimizer = "verl FSDP actor folders"
+    optimizer_with_model = True
+    config_subdir = "huggingface"  # verl keeps the config and tokenizer in huggingface/ beside its rank files
+    holder_order = 10
+
+    def describe(self, node: Node) -> Optional[Described]:
+        return "verl-fsdp", _components(node)
+
+    def describe_holder(self, node: Node, members: list[Node]) -> Optional[Described]:
+        """global_step_N/ holding actor/ (and critic/): the actor is the model."""
+        first = sorted(members, key=lambda c: (c.name != "actor", c.name))[0]
+        return "verl-fsdp", _components(first)
+
+    def summary_detail(self, node: Node) -> str:
+        vf = cast(VerlFacts, node.facts)
+        kind = vf.get("sharded_as")
+        version = vf.get("fsdp_version") or (2 if kind == "DTensor" else 1 if kind == "ShardedTensor" else None)
+        return f", FSDP{version or '?'} ({kind or 'unread'}) rank files"
+
+    def findings(self, inv: Inventory, node: Node) -> list[Finding]:
+        return verl_findings(inv, node)
+
+    def optimizer_source(
+        self,
+        node: Node,
+        *,
+        model_tensors: Optional[list[tuple[str, tuple[int, ...]]]] = None,
+        model_what: str = "",
+        trust_pickles: bool = False,
+    ) -> tuple[Source, dict[str, Any], Optional[list[str]]]:
+        from .source import verl_optimizer_source
+
+        return verl_optimizer_source(node.abspath, trust_pickles=trust_pickles)
 
     def detect(self, node: Node) -> bool:
         return any(c.role == "model-shard" and c.name.startswith("model_world_size_") for c in node.children)

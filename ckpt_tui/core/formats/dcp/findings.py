@@ -1,0 +1,123 @@
+"""What diagnose reports about a DCP folder: its metadata, its shards, Megatron's files beside it."""
+
+from __future__ import annotations
+
+import re
+from typing import cast
+
+from ...advice import ranks_text, sibling_hint
+from ...facts import (
+    DcpFacts,
+)
+from ...types import Finding, Inventory, Node
+
+
+def dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
+    f = cast(DcpFacts, n.facts)
+    p = n.path
+    out = []
+    if f.get("metadata_missing"):
+        ranks = f.get("ranks_present") or []
+        tmp = n.child(".metadata.tmp") is not None
+        cmd = f"ckpt-tui fix {inv.shown(p)} --only dcp-metadata" if tmp else None
+        out.append(
+            Finding(
+                "dcp-metadata-missing",
+                "error",
+                p,
+                f"`{inv.shown(p, slash=True)}` has {f.get('shard_files', 0)} .distcp shard file(s) (ranks "
+                f"{ranks_text(ranks)}) but no .metadata: the save was interrupted before rank 0 wrote it (or "
+                ".metadata exists only on another node's disk). Nothing can load this folder; copy .metadata "
+                "from the node that wrote it, or use an earlier complete checkpoint."
+                + sibling_hint(inv, n)
+                + (
+                    f" A complete .metadata.tmp may survive (the final rename was interrupted): `{cmd}`." if tmp else ""
+                ),
+                "dcp-metadata" if tmp else None,
+                cmd,
+            )
+        )
+    if f.get("missing_files"):
+        miss = f["missing_files"]
+        out.append(
+            Finding(
+                "shard-missing",
+                "error",
+                p,
+                f"`{inv.shown(p + '/.metadata')}` names {len(miss)} file(s) that are not here: {', '.join(miss[:6])}. "
+                "Copy them from the nodes that wrote them (each rank writes its own); without them the "
+                "tensors they hold cannot be loaded.",
+            )
+        )
+    meta = f"`{inv.shown(p + '/' + ((f.get('metadata_files') or ['.metadata'])[0]))}`"
+    if f.get("chunk_gaps"):
+        names = ", ".join(f["chunk_gaps"])
+        out.append(
+            Finding(
+                "dcp-chunk-gap",
+                "error",
+                p,
+                f"{meta} gives tensors chunks that leave part of them unwritten ({names}): no file holds "
+                "those values, and torch's DCP loader would leave them as whatever memory held. A rank's "
+                "chunk records are missing from the metadata; use an earlier complete checkpoint."
+                + sibling_hint(inv, n),
+            )
+        )
+    if f.get("chunk_overlaps"):
+        names = ", ".join(f["chunk_overlaps"])
+        out.append(
+            Finding(
+                "dcp-chunk-overlap",
+                "warning",
+                p,
+                f"{meta} gives tensors chunks that overlap ({names}): two records hold the same "
+                "elements, and which one a load keeps is the loader's order. ckpt-tui exports them as "
+                "torch's DCP loader reads them; compare the result with what you expect.",
+            )
+        )
+    lost = megatron_files_missing(inv, n)
+    if lost:
+        them = "it" if len(lost) == 1 else "them"
+        out.append(
+            Finding(
+                "megatron-files-missing",
+                "error",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a Megatron-Core torch_dist checkpoint without "
+                f"{' and '.join(lost)}: rank 0 writes {them} beside .metadata, and megatron's "
+                "dist_checkpointing.load refuses the folder without "
+                f"{them} (metadata.json says it is a distributed checkpoint; common.pt holds the "
+                "iteration, the args and every non-tensor state). Copy "
+                f"{them} from rank 0's node, or use an earlier complete checkpoint.",
+            )
+        )
+    if f.get("unreferenced_files"):
+        extra = f["unreferenced_files"]
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "warning",
+                p,
+                f"`{inv.shown(p, slash=True)}` holds shard files that .metadata does not reference ({', '.join(extra[:6])}): "
+                "left over from a save with a different world size. They are ignored on load; remove "
+                "them to avoid confusion.",
+            )
+        )
+    return out
+
+
+def megatron_files_missing(inv: Inventory, n: Node) -> list[str]:
+    """The files Megatron-Core's dist_checkpointing.save writes beside a DCP (rank 0 only) that are not there,
+    for a DCP folder that megatron wrote: it has one of them, or it is an ``iter_N/`` of a Megatron run."""
+    names = {c.name for c in n.children}
+    ours = {"metadata.json", "common.pt"} & names
+    mcore_json = "metadata.json" in ours and bool(cast(DcpFacts, n.facts).get("tensor_parallel"))
+    parent = inv.root.find(n.path.rsplit("/", 1)[0] if "/" in n.path else ".") if n.path != "." else None
+    in_run = (
+        re.match(r"^iter_\d+$", n.name) is not None
+        and parent is not None
+        and parent.child("latest_checkpointed_iteration.txt") is not None
+    )
+    if not (mcore_json or "common.pt" in ours or in_run):
+        return []
+    return [f for f in ("metadata.json", "common.pt") if f not in names]

@@ -1,0 +1,293 @@
+"""What diagnose reports about DeepSpeed tag folders and universal checkpoints: missing or mismatched states
+files, the universal conversion and how to load it."""
+
+from __future__ import annotations
+
+from typing import Optional, cast
+
+from ...advice import export_command, has_breakage
+from ...dtypes import short_dtype
+from ...facts import (
+    DeepSpeedUniversalFacts,
+    DeepSpeedZeroFacts,
+    TensorFacts,
+    TextFacts,
+)
+from ...types import Finding, Inventory, Node, numel, user_path
+from ...units import param_count
+from .reader import OPTIM_STATES_RE
+
+
+def universal_findings(inv: Inventory, n: Node) -> list[Finding]:
+    f = cast(DeepSpeedUniversalFacts, n.facts)
+    p = n.path
+    if not f.get("incomplete_params"):
+        return []
+    return [
+        Finding(
+            "shard-missing",
+            "error",
+            p,
+            f"universal checkpoint `{inv.shown(p, slash=True)}` has "
+            f"parameter folders without fp32.pt: {', '.join(f['incomplete_params'][:6])}. The "
+            "conversion was interrupted; run it again.",
+        )
+    ]
+
+
+def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
+    f = cast(DeepSpeedZeroFacts, n.facts)
+    p = n.path
+    out = []
+    stage = f.get("zero_stage")
+    # BF16_Optimizer, stage 0 and pipeline tags: ds_to_universal fails on them whatever the info says
+    if stage in (1, 2) and f.get("universal_checkpoint_info") is False and f.get("ds_layout", "zero") == "zero":
+        out.append(universal_info_finding(inv, n))
+    if f.get("missing_files"):
+        miss = f["missing_files"]
+        ws = f.get("world_size")
+        if f.get("ds_layout") == "pipeline":
+            shape = (
+                f" of {f['pipeline_stages']} stages ({f.get('dp_world_size') or '?'} data-parallel rank(s) each)"
+                if f.get("pipeline_stages")
+                else ""
+            )
+            msg = (
+                f"`{inv.shown(p, slash=True)}` is a pipeline{shape} but {len(miss)} of its file(s) are "
+                f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the model and "
+                "optimizer state cannot be rebuilt without every stage's and every layer's file."
+            )
+        else:
+            msg = (
+                f"`{inv.shown(p, slash=True)}` was saved by {ws} data-parallel rank(s) but {len(miss)} rank file(s) "
+                f"are missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the fp32 "
+                "weights and optimizer state cannot be rebuilt without every rank."
+            )
+        command = None
+        ms = n.child("mp_rank_00_model_states.pt")
+        if (
+            stage in (1, 2)
+            and ms is not None
+            and "error" not in ms.facts
+            and all(OPTIM_STATES_RE.match(m) for m in miss)
+        ):
+            command = f"ckpt-tui export {inv.shown(p)} --from-module-states --out DIR"
+            dt = f.get("train_dtype")
+            msg += (
+                f" The module weights in {inv.shown(ms.path)} are intact: `{command}` exports those "
+                f"({'half precision, ' + short_dtype(dt) if dt else 'the training dtype'}, NOT the fp32 masters)."
+            )
+        out.append(Finding("shard-missing", "error", p, msg, command=command))
+    if f.get("extra_rank_files") or f.get("partition_mismatch"):
+        extra = f.get("extra_rank_files") or []
+        msg = f"`{inv.shown(p, slash=True)}` records dp_world_size={f.get('world_size')}"
+        if f.get("partition_mismatch"):
+            msg += f" but its optimizer states were partitioned {f['partition_mismatch']} ways"
+        if extra:
+            msg += f" but also holds {', '.join(extra[:4])} from more ranks"
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "error" if f.get("partition_mismatch") else "warning",
+                p,
+                msg + ": files from two different runs are mixed. Keep only the files of one save.",
+            )
+        )
+    frozen = f.get("frozen_params")
+    export = None if tag_broken(n) else export_command(inv, p)  # an export of a broken tag refuses
+    if frozen:
+        out.append(
+            Finding(
+                "frozen-params",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` has {len(frozen)} frozen parameter(s) ({', '.join(frozen[:4])}) "
+                "with no optimizer state. zero_to_fp32 rebuilds them from frozen_param_fragments; a universal "
+                "checkpoint restores only optimizer-tracked parameters, so frozen ones keep what the model was "
+                "built with." + (f" `{export}` writes them beside the trained ones." if export else ""),
+                "export",
+                export,
+            )
+        )
+    elif f.get("frozen_params_unrecorded"):
+        out.append(
+            Finding(
+                "frozen-params",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` holds {param_count(f['frozen_params_unrecorded'])} frozen "
+                f"parameter values that ZeRO-{stage} did not record: DeepSpeed's zero_to_fp32 drops them "
+                "silently. Their values are only in the model-states `module` weights (in the training "
+                "dtype)" + (f"; `{export}` takes them from there." if export else "."),
+                "export",
+                export,
+            )
+        )
+    if f.get("shared_params"):
+        pairs = "; ".join(f"{a} = {b}" for a, b in list(f["shared_params"].items())[:3])
+        out.append(
+            Finding(
+                "tied-weights",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` has tied weights ({pairs}). zero_to_fp32 --safe_serialization "
+                'fails on these ("Some tensors share memory"); its get_fp32_state_dict_from_zero_checkpoint '
+                "still returns both names."
+                + (f" `{export}` writes each tied tensor once, as save_pretrained does." if export else ""),
+                "export",
+                export,
+            )
+        )
+    if f.get("moe"):
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a mixture-of-experts DeepSpeed checkpoint; export and universal "
+                "conversion of this layout are not supported by ckpt-tui yet.",
+            )
+        )
+    elif f.get("pipeline") and f.get("ranks_present"):  # pipeline + ZeRO-1/BF16_Optimizer: masters in optim files
+        out.append(
+            Finding(
+                "world-size-mismatch",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a pipeline-parallel DeepSpeed checkpoint with ZeRO "
+                "optimizer-states files; ckpt-tui exports its layer files' weights, not the fp32 masters "
+                "or optimizer state in those files, and universal conversion of this layout is not "
+                "supported by ckpt-tui yet.",
+            )
+        )
+    return out
+
+
+def universal_info_finding(inv: Inventory, tag: Node) -> Finding:
+    """A ZeRO-1/2 tag without universal_checkpoint_info: a warning that says how to convert it, or,
+    where its universal checkpoint is already beside it and complete, an info that says how to load it."""
+    p = tag.path
+    uni, why_not = universal_beside(inv, tag)
+    if uni is not None:
+        return Finding(
+            "universal-info-missing",
+            "info",
+            p,
+            f"`{inv.shown(p, slash=True)}` has no `universal_checkpoint_info`, which DeepSpeed's "
+            "ds_to_universal needs, but it has been converted already: "
+            f"`{inv.shown(uni.path, slash=True)}` is its universal checkpoint ({uni.facts.get('param_folders')} "
+            "parameters, every state file there), loadable at any world size.\n" + universal_load_text(inv, tag, uni),
+        )
+    again = (
+        f" `{inv.shown(why_not[0], slash=True)}` is there but {why_not[1]}: remove it "
+        f"(`rm -r {inv.shown(why_not[0])}`) before converting again."
+        if why_not
+        else ""
+    )
+    fix = f"ckpt-tui fix {inv.shown(p)} --only universal-info"
+    head = (
+        f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, so "
+        "DeepSpeed's ds_to_universal will stop with \"Required universal_checkpoint_info state is "
+        'missing". '
+    )
+    if tag_broken(tag):  # the converter needs every rank's files whole: no command that would fail
+        return Finding(
+            "universal-info-missing",
+            "warning",
+            p,
+            head + "Converting it to a universal checkpoint needs every rank's files whole: fix the "
+            f"errors in `{inv.shown(p, slash=True)}` first (ckpt-tui universal converts it then). To add "
+            f"the key in place for other tools: `{fix}`.",
+            "universal-info",
+            command=fix,
+        )
+    return Finding(
+        "universal-info-missing",
+        "warning",
+        p,
+        head + "The checkpoint resumes fine at the same world size. To change world size, convert "
+        f"it: `ckpt-tui universal {inv.shown(p)}` (runs DeepSpeed's converter, supplies the info in memory, "
+        "leaves the source untouched and prints how to load the result)." + again + " To add the key in "
+        f"place for other tools: `{fix}`.",
+        "universal-info",
+        command=f"ckpt-tui universal {inv.shown(p)}",
+    )
+
+
+def tag_broken(tag: Node) -> bool:
+    """Is a file of this DeepSpeed tag missing, truncated or corrupt (so no conversion or fp32 export
+    of it can work)?"""
+    f = cast(DeepSpeedZeroFacts, tag.facts)
+    return bool(has_breakage(tag) or f.get("missing_files") or f.get("partition_mismatch"))
+
+
+def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optional[tuple[str, str]]]:
+    """The universal checkpoint ``ckpt-tui universal`` writes for ``tag`` (``<tag>_universal/`` beside
+    it, named by ``latest_universal``) when it is there and complete, from the scan's facts (headers
+    only): (it, None); else (None, (the path of an unusable one, why)) or (None, None) when there is none."""
+    from .reader import UNIVERSAL_STATES, TagFacts
+
+    if tag.path == ".":
+        return None, None  # its folder was not scanned
+    parent = inv.node(tag.path.rsplit("/", 1)[0] if "/" in tag.path else ".")
+    uni = parent.child(f"{tag.name}_universal") if parent is not None else None
+    if uni is None or not uni.is_dir:
+        return None, None
+    if uni.format != "deepspeed-universal":
+        return None, (uni.path, "holds no universal checkpoint (no zero/<parameter>/fp32.pt)")
+    lu = parent.child("latest_universal")
+    named = (cast(TextFacts, lu.facts).get("names") or "").strip() if lu is not None else None
+    if named != uni.name:  # load_checkpoint(load_universal) follows latest_universal: it would not load this one
+        return None, (uni.path, "`latest_universal` " + ("is missing" if lu is None else "does not name it"))
+    uf = cast(DeepSpeedUniversalFacts, uni.facts)
+    if uf.get("incomplete_params"):
+        return None, (uni.path, f"incomplete (no fp32.pt in {', '.join(uf['incomplete_params'][:3])})")
+    if not uf.get("model_state_files"):
+        return None, (uni.path, "incomplete (no *_model_states.pt)")
+    broken = next((x.path for x in uni.walk() if x.facts.get("error_kind")), None)
+    if broken:
+        return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {uni.find(broken).facts.get('error')})")
+    tf = inv.parsed.get(tag, TagFacts)
+    zero = uni.child("zero")
+    for name, shape in tf.param_shapes.items() if tf is not None else ():
+        folder = zero.child(name) if zero is not None else None
+        missing = [s for s in UNIVERSAL_STATES if folder is None or folder.child(s + ".pt") is None]
+        if missing:
+            return None, (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
+        fp32 = cast(TensorFacts, folder.child("fp32.pt").facts)
+        if fp32.get("param_count") is not None and fp32["param_count"] != numel(shape):
+            return None, (
+                uni.path,
+                f"not of this checkpoint ({name} holds {fp32['param_count']} values, the tag {numel(shape)})",
+            )
+    return uni, None
+
+
+def universal_load_text(inv: Inventory, tag: Node, uni: Node) -> str:
+    """The load instructions ``ckpt-tui universal`` prints, for ``uni`` found beside ``tag``."""
+    from ...convert.universal.instructions import FROZEN_FILE, UniversalLoad, load_instructions
+    from .reader import TagFacts
+
+    f = cast(DeepSpeedZeroFacts, tag.facts)
+    tf = inv.parsed.get(tag, TagFacts)
+    ck = uni.path.rsplit("/", 1)[0] if "/" in uni.path else "."
+    given = inv.given or str(inv.root.abspath)
+    ckdir = inv.node(ck)
+    frozen_rel = f"{ck}/{FROZEN_FILE}" if ck != "." else FROZEN_FILE
+    return load_instructions(
+        UniversalLoad(
+            out_shown=inv.shown(uni.path),
+            out_name=uni.name,
+            ckdir_shown=inv.shown(ck),
+            ckdir_code=user_path(given, ck),
+            ckdir_name=ckdir.abspath.name if ckdir is not None else ck,
+            stage=f.get("zero_stage") or 2,
+            global_step=f.get("global_step"),
+            frozen=f.get("frozen_params") or [],
+            buffers=list(tf.buffers) if tf is not None else [],
+            framework=tag.framework or inv.framework,
+            frozen_code=user_path(given, frozen_rel),
+            frozen_exported=inv.node(frozen_rel) is not None,
+            tag_shown=inv.shown(tag.path),
+        )
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..core.formats.registry import format_of
 from ..core.types import SEVERITY_RANK
 from .jobs import JobInfo
 from .screens.dialogs import MessageDialog
@@ -138,7 +139,7 @@ class JobActions:
         `ckpt-tui universal` (`latest`, the newest complete checkpoint) -- or None and why not."""
         if self.report is None:
             return None, "still scanning"
-        if self.selected is not None and self.selected.format == "deepspeed-zero":
+        if self.selected is not None and format_of(self.selected).tag:
             return self.selected, ""
         if not self.report.inventory.deepspeed_tags():
             return None, "no DeepSpeed ZeRO checkpoint here"
@@ -149,7 +150,7 @@ class JobActions:
             node, _ = resolve(self.report, None, verb="converting")
         except ExportError as e:  # a dangling `latest`: the user picks the tag in the tree
             return None, (str(e).splitlines() or [""])[0] + " (select a tag folder)"
-        if node.format != "deepspeed-zero":  # e.g. a run folder whose newest checkpoint is not DeepSpeed
+        if not format_of(node).tag:  # e.g. a run folder whose newest checkpoint is not DeepSpeed
             tags = self.report.inventory.deepspeed_tags()
             return None, (
                 f"the model here is not a DeepSpeed tag: select one "

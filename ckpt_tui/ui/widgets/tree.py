@@ -14,12 +14,11 @@ from textual.binding import Binding
 from textual.geometry import Size
 from textual.widgets import Tree
 
-from ...core.present import universal_summary
+from ...core.formats.registry import format_of
 from ...core.types import Node
 from ..format import node_label, plain_text, visible
 
 MAX_CHILDREN = 400
-COLLAPSED = ("dcp", "deepspeed-universal")  # folders not opened at start (many shards, a folder per parameter)
 
 
 class CheckpointTree(Tree[Node]):
@@ -79,7 +78,7 @@ class CheckpointTree(Tree[Node]):
         self.root.expand()
         for tn in list(self.root.children):
             n = tn.data
-            if n is not None and n.is_dir and len(n.children) <= 40 and n.format not in COLLAPSED:
+            if n is not None and n.is_dir and len(n.children) <= 40 and not format_of(n).collapsed:
                 self._fill(tn, n)
                 tn.expand()
 
@@ -91,9 +90,10 @@ class CheckpointTree(Tree[Node]):
 
     def _label(self, node: Node) -> Text:
         label = node_label(node, self._subtree_findings(node))
-        if node.format == "deepspeed-universal":
+        fmt = format_of(node)
+        if fmt.one_line:  # a universal checkpoint: its summary on its line
             label.append(" ")
-            label.append(visible(universal_summary(node.facts)), style="dim")
+            label.append(visible(fmt.tree_label(node) or ""), style="dim")
         return label
 
     def _fill(self, tnode, node: Node) -> None:

@@ -12,7 +12,7 @@ from typing import Optional
 from textual.app import App, SystemCommand
 
 from ..core.storage import as_path
-from .actions import ACTIONS, bindings
+from .actions import ACTIONS, Action, bindings
 from .format import visible
 from .screens.dialogs import ConfirmDialog, HelpScreen
 from .screens.main import MainScreen
@@ -80,15 +80,16 @@ class CkptApp(App):
         for a in ACTIONS:
             yield SystemCommand(a.label, a.help, partial(self._palette, a))
 
-    def _palette(self, a) -> None:
+    async def _palette(self, a: Action) -> None:
+        """The palette's entry for ``a`` (the palette awaits it: ``run_action`` is a coroutine)."""
         if a.app:
-            self.run_action(a.action)
+            await self.run_action(a.action)
             return
         why = self.main.why_not(a.action)
         if why:
             self.notify(visible(f"{a.label}: not now — {why}."), severity="warning", markup=False)
         else:
-            self.run_action(a.action, self.main)
+            await self.run_action(a.action, self.main)
 
     # ------------------------------------------------------------------ crashes (ui/run.py reports them)
     def _handle_exception(self, error: Exception) -> None:

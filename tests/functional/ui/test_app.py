@@ -213,6 +213,45 @@ async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
         assert "Export" in commands and "Findings" in commands
 
 
+async def pick_from_palette(pilot, app, query: str, help_text: str) -> None:
+    """ctrl+p, type ``query``, highlight the entry whose help is ``help_text`` (Textual's own commands share
+    some titles with ours: its "Theme" opens a picker) and press enter: the palette closes and runs it."""
+    from textual.command import CommandList, CommandPalette
+
+    await press_and_wait(pilot, "ctrl+p", lambda: isinstance(app.screen, CommandPalette))
+    palette = app.screen
+    await pilot.press(*query)
+    commands = palette.query_one(CommandList)
+
+    def entry() -> int | None:
+        for i in range(commands.option_count):
+            if help_text in str(commands.get_option_at_index(i).prompt):
+                return i
+        return None
+
+    await wait_for(pilot, lambda: entry() is not None)
+    commands.highlighted = entry()
+    await press_and_wait(pilot, "enter", lambda: not isinstance(app.screen, CommandPalette))
+
+
+async def test_the_palette_runs_what_it_shows(fsdp_ckpt):
+    """Choosing an entry in ctrl+p runs its action, as its key does: "Findings" (a main-screen action) opens
+    the findings, "Theme" (an App action) switches the theme (issue 21: the coroutine was never awaited)."""
+    from ckpt_tui.ui.actions import ACTIONS
+
+    help_of = {a.id: a.help for a in ACTIONS}
+    app = make_app(fsdp_ckpt)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await pick_from_palette(pilot, app, "Findings", help_of["findings"])
+        await wait_for(pilot, lambda: isinstance(app.screen, FindingsScreen))
+        await press_and_wait(pilot, "escape", lambda: app.screen is app.main)
+        before = app.theme
+        await pick_from_palette(pilot, app, "Theme", help_of["theme"])
+        await wait_for(pilot, lambda: app.theme != before)
+        assert {before, app.theme} == {"textual-dark", "textual-light"} and app.screen is app.main
+
+
 @pytest.fixture
 def ds_ckpt(real_ckpt, tmp_path):
     run = tmp_path / "run"

@@ -4,7 +4,7 @@ a broken one, and what one ``diagnose()`` call has worked out already about the 
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar, cast
 
 from .names import step_of
 from .types import Inventory, Node
@@ -14,16 +14,16 @@ _T = TypeVar("_T")
 
 # what one diagnose() call has already worked out about the tree (keyed by kind and node path), so a question
 # asked once per file (is the checkpoint beside it intact?) costs one walk of the tree, not one per file
-MEMO: ContextVar[Optional[dict]] = ContextVar("diagnose_memo", default=None)
+MEMO: ContextVar[Optional[dict[Any, Any]]] = ContextVar("diagnose_memo", default=None)
 
 
-def memo(key: tuple, compute: Callable[[], _T]) -> _T:
-    memo = MEMO.get()
-    if memo is None:  # called outside diagnose (a repair's plan): nothing to share
+def memo(key: tuple[Any, ...], compute: Callable[[], _T]) -> _T:
+    shared = MEMO.get()
+    if shared is None:  # called outside diagnose (a repair's plan): nothing to share
         return compute()
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]
+    if key not in shared:
+        shared[key] = compute()
+    return cast(_T, shared[key])
 
 
 def export_command(inv: Inventory, rel: str) -> str:
@@ -94,7 +94,7 @@ def broken_here(x: Node) -> bool:
     return bool(f.get("error_kind") in ("truncated", "corrupt") or f.get("metadata_missing") or f.get("missing_files"))
 
 
-def ranks_text(rs) -> str:
+def ranks_text(rs: list[int]) -> str:
     if not rs:
         return "none"
     if rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:

@@ -60,7 +60,7 @@ diagnose reports about a node of this format), ``optimizer_source`` and ``holds_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, cast
 
 from ..facts import NodeFacts, TensorFacts
 from ..types import Finding, Inventory, Node, Parsed, TensorInfo
@@ -190,18 +190,18 @@ class FolderFormat(Format):
         return False
 
 
-def set_tensor_facts(node: Node, tensors, *, count: bool = True) -> None:
+def set_tensor_facts(node: Node, tensors: Iterable[TensorInfo], *, count: bool = True) -> None:
     """param_count, tensor_bytes and dtypes (most frequent first) over ``tensors``, and
     tensor_count unless ``count`` is False (a folder whose count the caller sets otherwise)."""
-    tensors = list(tensors)
+    listed = list(tensors)
     dtypes: dict[str, int] = {}
     params = 0
     nbytes = 0
-    for t in tensors:
+    for t in listed:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
         params += t.numel
         nbytes += t.nbytes
     f = cast(TensorFacts, node.facts)
     f.update(TensorFacts(param_count=params, tensor_bytes=nbytes, dtypes=sorted(dtypes, key=lambda d: -dtypes[d])))
     if count:
-        f["tensor_count"] = len(tensors)
+        f["tensor_count"] = len(listed)

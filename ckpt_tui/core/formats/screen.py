@@ -7,7 +7,7 @@ verl's loader touches a file, that exact file passes the allowlist screen as tha
   no other reader could pick another one (:func:`torchfile.loader_record`: no second ``data.pkl``, no duplicate
   name, nothing outside ``P/``), read by the restricted unpickler;
 - a DCP ``.metadata``: the whole file as written, read by the restricted unpickler (:func:`dcp.screen_metadata`);
-  the fast reader (:mod:`dcp_stream`) gathers facts only and is never the screen.
+  the fast reader (:mod:`.dcp.stream`) gathers facts only and is never the screen.
 
 :func:`require` is what each loader call site asks first: every file it will read, each screened once per
 process while unchanged (its stat identity), refused with one clear message (:class:`ScreenError`) when a file is

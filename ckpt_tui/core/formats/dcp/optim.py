@@ -5,8 +5,8 @@ the optimizer state dict FQN-keyed (``get_optimizer_state_dict`` / FSDP's ``opti
 flattens it to ``<top>.state.<fqn>.<key>`` tensors (``exp_avg``, ``exp_avg_sq``, a 0-d ``step``) and
 ``<top>.param_groups.<g>.<hyper>`` objects (torch.save blobs: lr, betas, eps, weight_decay, params as
 FQNs), with ``planner_data`` giving each key's path, so no name is cut by text. The tensors are byte
-ranges of the ``.distcp`` files (:func:`.dcp_source.dcp_tensors`); the few small objects are read
-through the restricted unpickler. Output as the DeepSpeed source has it (:mod:`.deepspeed_optim`):
+ranges of the ``.distcp`` files (:func:`.source.dcp_tensors`); the few small objects are read
+through the restricted unpickler. Output as the DeepSpeed source has it (:mod:`..deepspeed.optim`):
 ``<fqn>.exp_avg``, ``<fqn>.exp_avg_sq`` in ``optimizer.safetensors``, step and param groups in
 ``optimizer_config.json``. FSDP trains the fp32 parameters themselves: there is no separate master.
 """

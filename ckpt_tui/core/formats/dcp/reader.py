@@ -176,7 +176,7 @@ class ChainReader:
 def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tuple[list, dict]]]:
     """``Metadata`` with each tensor's chunk records folded (``chunks`` a :class:`ChunkSummary`) and the
     ``storage_data`` entries as (the states read the ordinary way, ``{file: furthest end}`` of the entries
-    compacted first by :mod:`dcp_stream`) — what inspect needs, built in a fraction of the time and memory.
+    compacted first by :mod:`.stream`) — what inspect needs, built in a fraction of the time and memory.
 
     The file is read once. A stream whose chunk records refer to one another keeps only its storage entries
     rewritten; one whose records refer to rewritten ones is folded as written; one of another shape, or naming a

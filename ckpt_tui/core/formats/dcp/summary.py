@@ -202,7 +202,7 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
 def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
     """Unpickle a DCP ``.metadata`` from the binary file object ``f`` with :class:`DcpSummaryUnpickler`: (the
     result, the ``_StorageInfo`` states read the ordinary way, ``{file: the furthest offset + length}`` of the
-    entries compacted by :mod:`dcp_stream`, whose facts it gathered in ``facts``). Raises SummaryMismatch (read
+    entries compacted by :mod:`.stream`, whose facts it gathered in ``facts``). Raises SummaryMismatch (read
     it with :func:`safe_loads` instead) or FormatError."""
     result = Unpickled(None)
     up = DcpSummaryUnpickler(f, result, facts.runs if facts is not None else None)

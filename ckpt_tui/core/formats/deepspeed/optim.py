@@ -4,7 +4,7 @@ Adam's ``exp_avg`` and ``exp_avg_sq`` sit in each rank's ``*_optim_states.pt`` a
 exactly the layout of that rank's fp32 master partition: ZeRO-1/2 ``base_optimizer_state['state'][g]``
 beside ``single_partition_of_fp32_groups[g]``, ZeRO-3 ``optimizer_state_dict['state'][i]`` beside
 ``fp32_flat_groups[i]`` (this is how DeepSpeed's ``ds_to_universal`` pairs them). So the mapping that
-rebuilds the masters (:mod:`.deepspeed_source`, after ``zero_to_fp32``) cuts them per parameter too.
+rebuilds the masters (:mod:`.zero`, after ``zero_to_fp32``) cuts them per parameter too.
 
 Each trainable parameter ``p`` gives ``p.exp_avg``, ``p.exp_avg_sq`` and, where the run kept fp32
 masters apart from its bf16/fp16 module weights, ``p.master``. Frozen parameters have no optimizer

@@ -350,7 +350,7 @@ def stage0_masters(tf: TagFacts) -> Optional[list[str]]:
 
 
 def tensors(tf: TagFacts) -> list[TensorInfo]:
-    """What an export of this tag writes with --dtype keep (export.deepspeed_source): trainable params as
+    """What an export of this tag writes with --dtype keep (deepspeed.zero): trainable params as
     their fp32 masters; frozen params, which have none, from their fragments (ZeRO-1 records none: from the
     model-states module, as the export takes them) upcast to fp32; buffers as stored. ZeRO stage 0: the
     FP16_UnfusedOptimizer masters (else the module weights); pipeline: the layer files' tensors."""

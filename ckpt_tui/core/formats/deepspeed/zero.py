@@ -59,7 +59,7 @@ ZERO1_FROZEN_NOTE = "from module weights (ZeRO-1 saves no frozen_param_*)"
 @dataclass
 class ZeroTag:
     """An opened ZeRO-1/2/3 tag folder (structure only, from the pickles): what the optimizer export
-    (:mod:`.deepspeed_optim`) reads through the same partition mapping as the fp32 masters."""
+    (:mod:`.optim`) reads through the same partition mapping as the fp32 masters."""
 
     path: Path
     stage: int

@@ -11,7 +11,7 @@ such match, or more than one, or the model beside it keeps no order (a safetenso
 name), the tensors are ``param_<i>.exp_avg`` … and the plan says why. A file whose state is keyed by
 FQN (``get_optimizer_state_dict``) is named as it is.
 
-Read through the restricted unpickler; tensor bytes are byte ranges of the zip (:mod:`.file_sources`).
+Read through the restricted unpickler; tensor bytes are byte ranges of the zip (:mod:`.source`).
 """
 
 from __future__ import annotations

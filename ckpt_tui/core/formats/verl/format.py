@@ -3,7 +3,7 @@
 of each rank's sharded state dict, optimizer state dict, and scheduler + RNG), ``fsdp_config.json``
 (``{"FSDP_version", "world_size"}``) and ``huggingface/`` (config + tokenizer). The rank files hold DTensors (FSDP2,
 or FSDP1 given a mesh) or ShardedTensors (FSDP1): read through the restricted unpickler, no process group needed.
-Exported by byte range from every rank (``export.verl_source``); verl's own merger is
+Exported by byte range from every rank (``verl.source``); verl's own merger is
 ``python -m verl.model_merger merge --backend fsdp``."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 verl's ``FSDPCheckpointManager`` saves each rank's sharded state dict with ``torch.save``: FSDP2 (and FSDP1 given a
 device mesh) as DTensors, FSDP1 on a process group as ShardedTensors. torch loads neither outside a process group
-of the saving size; here the restricted unpickler reads them as inert refs (``pickles.DTensorRef``,
+of the saving size; here the restricted unpickler reads them as inert refs (``unpickle.DTensorRef``,
 ``ShardedTensorRef``): each rank's local bytes and where they sit in the global tensor. A full tensor is the rank
 pieces in order: a dim-0 split is the concatenation of the pieces' byte ranges (streamed, never materialised);
 any other split is placed piece by piece with torch (the general path).

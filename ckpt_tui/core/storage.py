@@ -2,9 +2,11 @@
 object storage named by an fsspec URL (``s3://bucket/run/checkpoint-2000``; ``gs://``, ``az://`` through the
 same code where their fsspec backend is installed).
 
-:class:`RemotePath` answers the few ``Path`` questions the readers ask (``/``, ``name``, ``parent``,
-``iterdir``, ``is_file``, ``is_dir``, ``exists``, ``stat``, ``read_bytes``, ``glob``) from one listing of
-the prefix; :func:`open_read` opens either kind for reading. A remote file reads by ranged GETs of exactly
+:class:`Location` is what the readers may ask of either kind: the few ``Path`` questions (``/``, ``name``,
+``parent``, ``iterdir``, ``is_file``, ``is_dir``, ``exists``, ``stat``, ``read_bytes``, ``glob``), which
+:class:`RemotePath` answers from one listing of the prefix; a function that takes either is annotated with
+it, one that needs a local file (``os.open``, ``mmap``, a rename) with ``Path``. :func:`open_read` opens
+either kind for reading. A remote file reads by ranged GETs of exactly
 the bytes asked for (no read-ahead blocks beyond a local ``open``'s 8 KiB buffer), and every byte
 fetched is counted (:func:`bytes_fetched`). fsspec and its backends are imported here only inside
 functions: they are an optional extra (``pip install 'ckpt-tui[s3]'``).
@@ -17,8 +19,10 @@ import io
 import os
 import re
 import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Optional, Protocol, Union
 
 URL_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://(.*)$")
 EXTRA_HINT = "pip install 'ckpt-tui[s3]'"
@@ -31,8 +35,8 @@ READ_BUFFER = 4096  # what a local open(path, "rb") buffers (st_blksize): remote
 
 _lock = threading.Lock()
 _fetched = [0]
-_fs_cache: dict = {}
-_info: dict[str, dict] = {}  # "protocol://key" -> fsspec info of a listed object or folder
+_fs_cache: dict[str, Any] = {}  # protocol -> its fsspec filesystem (fsspec is not type-checked: Any)
+_info: dict[str, dict[str, Any]] = {}  # "protocol://key" -> fsspec info of a listed object or folder
 _children: dict[str, list[str]] = {}  # "protocol://key" of a folder -> its entries' names
 
 
@@ -41,7 +45,50 @@ class StorageError(Exception):
     unreachable endpoint). The message is one line that says what to do."""
 
 
-def is_url(p) -> bool:
+class StatLike(Protocol):
+    """What :meth:`Location.stat` answers: ``os.stat_result``'s size and modification time."""
+
+    @property
+    def st_size(self) -> int: ...
+    @property
+    def st_mtime(self) -> float: ...
+    @property
+    def st_mtime_ns(self) -> int: ...
+
+
+class Location(Protocol):
+    """A file or folder that is either local (``pathlib.Path``) or in object storage (:class:`RemotePath`): the
+    part of ``Path`` that both answer and the readers use. It is not ``os.PathLike``: ``open``, ``os.stat`` and
+    friends take a Location only through :func:`open_read`, :func:`size`, :func:`read_range` and
+    :func:`listdir`, which read either kind."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def suffix(self) -> str: ...
+    @property
+    def parent(self) -> Location: ...
+    def __truediv__(self, name: str) -> Location: ...
+    def joinpath(self, *names: str) -> Location: ...
+    def resolve(self) -> Location: ...
+    def absolute(self) -> Location: ...
+    def is_absolute(self) -> bool: ...
+    def stat(self) -> StatLike: ...
+    def exists(self) -> bool: ...
+    def is_dir(self) -> bool: ...
+    def is_file(self) -> bool: ...
+    def iterdir(self) -> Iterator[Location]: ...
+    def glob(self, pattern: str) -> Iterator[Location]: ...
+    def open(self, mode: Literal["rb"]) -> BinaryIO: ...
+    def read_bytes(self) -> bytes: ...
+
+
+# what the functions below take for "a file or folder": a Location, or a str or os.PathLike naming one
+# (a str may be a URL)
+LocationLike = Union[str, "os.PathLike[str]", Location]
+
+
+def is_url(p: object) -> bool:
     return isinstance(p, RemotePath) or (isinstance(p, str) and URL_RE.match(p) is not None)
 
 
@@ -55,7 +102,7 @@ def _count(n: int) -> None:
         _fetched[0] += n
 
 
-def filesystem(protocol: str):
+def filesystem(protocol: str) -> Any:
     """The fsspec filesystem for ``protocol`` (one per process), with short timeouts and few retries."""
     fs = _fs_cache.get(protocol)
     if fs is not None:
@@ -64,7 +111,7 @@ def filesystem(protocol: str):
         import fsspec
     except ImportError:
         raise StorageError(f"{protocol}:// paths need the optional object-storage support: {EXTRA_HINT}") from None
-    opts: dict = {}
+    opts: dict[str, Any] = {}
     if protocol in ("s3", "s3a"):
         try:
             import s3fs  # noqa: F401
@@ -130,14 +177,14 @@ def explain(url: str, e: BaseException) -> str:
 
 
 class RemoteStat:
-    def __init__(self, size: int, mtime: float, is_dir: bool):
+    def __init__(self, size: int, mtime: float, is_dir: bool) -> None:
         self.st_size = size
         self.st_mtime = mtime
         self.st_mtime_ns = int(mtime * 1e9)
         self.is_dir = is_dir
 
 
-def _mtime(info: dict) -> float:
+def _mtime(info: Mapping[str, Any]) -> float:
     for k in ("LastModified", "mtime", "last_modified", "updated", "created"):
         v = info.get(k)
         if v is None:
@@ -156,7 +203,7 @@ class RemotePath:
 
     __slots__ = ("protocol", "key")
 
-    def __init__(self, url: str, key: Optional[str] = None):
+    def __init__(self, url: str, key: Optional[str] = None) -> None:
         if key is None:
             m = URL_RE.match(url)
             if m is None:
@@ -172,20 +219,20 @@ class RemotePath:
     def __repr__(self) -> str:
         return f"RemotePath({str(self)!r})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, RemotePath) and (self.protocol, self.key) == (other.protocol, other.key)
 
     def __hash__(self) -> int:
         return hash((self.protocol, self.key))
 
-    def __lt__(self, other) -> bool:
+    def __lt__(self, other: object) -> bool:
         return str(self) < str(other)
 
-    def __truediv__(self, name) -> "RemotePath":
+    def __truediv__(self, name: str) -> RemotePath:
         name = str(name).strip("/")
         return RemotePath(self.protocol, f"{self.key}/{name}" if name else self.key)
 
-    def joinpath(self, *names) -> "RemotePath":
+    def joinpath(self, *names: str) -> RemotePath:
         p = self
         for n in names:
             p = p / n
@@ -202,13 +249,13 @@ class RemotePath:
         return n[i:] if 0 < i < len(n) - 1 else ""
 
     @property
-    def parent(self) -> "RemotePath":
+    def parent(self) -> RemotePath:
         return RemotePath(self.protocol, self.key.rsplit("/", 1)[0] if "/" in self.key else self.key)
 
-    def resolve(self) -> "RemotePath":
+    def resolve(self) -> RemotePath:
         return self
 
-    def absolute(self) -> "RemotePath":
+    def absolute(self) -> RemotePath:
         return self
 
     def is_absolute(self) -> bool:
@@ -216,13 +263,13 @@ class RemotePath:
 
     # ---- what is there
     @property
-    def fs(self):
+    def fs(self) -> Any:
         return filesystem(self.protocol)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         got = _info.get(str(self))
         if got is None:
-            got = self.fs.info(self.key)
+            got = dict(self.fs.info(self.key))
             _info[str(self)] = got
         return got
 
@@ -249,11 +296,11 @@ class RemotePath:
         except FileNotFoundError:
             return False
 
-    def iterdir(self) -> Iterator["RemotePath"]:
+    def iterdir(self) -> Iterator[RemotePath]:
         names = _children.get(str(self))
         if names is None:
             entries = self.fs.ls(self.key, detail=True)
-            names = []
+            found: list[str] = []
             for e in entries:
                 full = e["name"].rstrip("/")
                 if full == self.key:
@@ -263,12 +310,12 @@ class RemotePath:
                 child = self / key_parts(self, full[len(self.key) + 1 :])[-1]
                 if child.key == self.key:
                     continue
-                _info[str(child)] = e
-                names.append(child.name)
-            _children[str(self)] = names
+                _info[str(child)] = dict(e)
+                found.append(child.name)
+            _children[str(self)] = names = found
         return iter([self / n for n in names])
 
-    def glob(self, pattern: str) -> Iterator["RemotePath"]:
+    def glob(self, pattern: str) -> Iterator[RemotePath]:
         return iter([p for p in self.iterdir() if fnmatch.fnmatchcase(p.name, pattern)])
 
     # ---- bytes
@@ -282,7 +329,7 @@ class RemotePath:
             return f.read()
 
 
-def key_parts(root: "RemotePath", rel: str) -> list[str]:
+def key_parts(root: RemotePath, rel: str) -> list[str]:
     """The segments of the key ``rel`` below ``root``, or StorageError where it would leave the prefix or fold
     a folder into itself: an empty segment (``ckpt//x``, a leading ``/``), ``.`` or ``..``. Such a key, a file
     placed there by anyone who can write the bucket, is refused for the listing and for a download alike."""
@@ -306,7 +353,7 @@ def listing(root: RemotePath) -> None:
         fs.retries = 1
     try:
         fs.invalidate_cache(root.key)  # a rescan lists afresh, not from fsspec's listing cache
-        found = fs.find(root.key, detail=True, withdirs=True)
+        found: dict[str, dict[str, Any]] = fs.find(root.key, detail=True, withdirs=True)
     finally:
         if retries is not None:
             fs.retries = retries
@@ -334,8 +381,8 @@ def listing(root: RemotePath) -> None:
             if i < len(parts) - 1:
                 _info.setdefault(str(folder), {"name": folder.key, "type": "directory", "size": 0})
         _info[str(folder)] = info
-    for folder, names in kids.items():
-        _children[folder] = list(names)
+    for where, names in kids.items():
+        _children[where] = list(names)
 
 
 def check(url: str) -> None:
@@ -351,7 +398,7 @@ def check(url: str) -> None:
 class RangedFile(io.RawIOBase):
     """A read-only, seekable raw file over one object: each read is one ranged GET of the bytes asked for."""
 
-    def __init__(self, path: RemotePath):
+    def __init__(self, path: RemotePath) -> None:
         super().__init__()
         self.path = path
         self.fs = path.fs
@@ -377,11 +424,11 @@ class RangedFile(io.RawIOBase):
         n = min(n, self.size - start)
         if n <= 0:
             return b""
-        data = self.fs.cat_file(self.path.key, start=start, end=start + n)
+        data: bytes = self.fs.cat_file(self.path.key, start=start, end=start + n)
         _count(len(data))
         return data
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: Any) -> int:  # a writable buffer (collections.abc.Buffer from Python 3.12)
         data = self._get(self.pos, len(b))
         b[: len(data)] = data
         self.pos += len(data)
@@ -393,35 +440,62 @@ class RangedFile(io.RawIOBase):
         return data
 
 
-AnyPath = Union[Path, RemotePath]
+if TYPE_CHECKING:  # both kinds are Locations (checked by mypy, nothing at run time)
+    _LOCAL_PATH: Location = Path()
+    _REMOTE_PATH: Location = RemotePath("s3://bucket")
 
 
-def as_path(p) -> AnyPath:
+def as_path(p: LocationLike) -> Location:
     """``p`` (a str, a Path or a RemotePath) as a Path or, for a URL, a RemotePath."""
     if isinstance(p, RemotePath):
         return p
-    s = os.fspath(p) if not isinstance(p, str) else p
+    s = _local(p)
+    s = os.fspath(s) if not isinstance(s, str) else s
     return RemotePath(s) if URL_RE.match(s) else Path(s)
 
 
-def open_read(p, *, whole: bool = False):
+def _remote(p: object) -> Optional[RemotePath]:
+    """``p`` as a RemotePath where it names one (:func:`is_url`), else None."""
+    if isinstance(p, RemotePath):
+        return p
+    return RemotePath(p) if isinstance(p, str) and URL_RE.match(p) else None
+
+
+def _as_remote(p: LocationLike) -> RemotePath:
+    """``p``, which names an object in object storage, as a RemotePath."""
+    rp = _remote(p)
+    if rp is None:
+        raise ValueError(f"not a URL: {p}")
+    return rp
+
+
+def _local(p: LocationLike) -> Union[str, os.PathLike[str]]:
+    """``p``, which is not a URL, as what ``open`` and ``os`` take (a TypeError for anything else, as theirs)."""
+    if isinstance(p, (str, os.PathLike)):
+        return p
+    raise TypeError(f"expected a str or os.PathLike, not {type(p).__name__}")
+
+
+def open_read(p: LocationLike, *, whole: bool = False) -> BinaryIO:
     """Open ``p`` for binary reading: ``open(p, "rb")`` for a local path, ranged GETs for a URL. ``whole``: the
     caller reads all of it (a ``.metadata`` pickle, after its size was checked): remotely one GET, not one per
     4 KiB buffer."""
-    if is_url(p):
+    rp = _remote(p)
+    if rp is not None:
         if whole:
-            return io.BytesIO(as_path(p).read_bytes())
-        return as_path(p).open("rb")
-    return open(p, "rb")
+            return io.BytesIO(rp.read_bytes())
+        return rp.open("rb")
+    return open(_local(p), "rb")
 
 
-def size(p) -> int:
-    if is_url(p):
-        return as_path(p).stat().st_size
-    return os.stat(p).st_size
+def size(p: LocationLike) -> int:
+    rp = _remote(p)
+    if rp is not None:
+        return rp.stat().st_size
+    return os.stat(_local(p)).st_size
 
 
-def file_size(f) -> int:
+def file_size(f: BinaryIO) -> int:
     """The size of the open file ``f`` (from :func:`open_read`)."""
     raw = getattr(f, "raw", None)
     if isinstance(raw, RangedFile):
@@ -429,14 +503,14 @@ def file_size(f) -> int:
     return os.fstat(f.fileno()).st_size
 
 
-def read_range(p, offset: int, length: int) -> bytes:
+def read_range(p: LocationLike, offset: int, length: int) -> bytes:
     """``length`` bytes of ``p`` from ``offset`` (fewer where the file ends early): one ranged GET remotely."""
-    if is_url(p):
-        rp = as_path(p)
-        data = rp.fs.cat_file(rp.key, start=offset, end=offset + length) if length > 0 else b""
+    rp = _remote(p)
+    if rp is not None:
+        data: bytes = rp.fs.cat_file(rp.key, start=offset, end=offset + length) if length > 0 else b""
         _count(len(data))
         return data
-    with open(p, "rb") as f:
+    with open(_local(p), "rb") as f:
         return os.pread(f.fileno(), length, offset)
 
 
@@ -446,20 +520,20 @@ FETCH_AHEAD = 4  # GETs in flight ahead of one reader (one file being written)
 # inside the export's 400 MB ceiling whatever --jobs is
 FETCH_BUDGET = 16
 _budget = threading.Semaphore(FETCH_BUDGET)
-_pool = None
+_pool: Optional[ThreadPoolExecutor] = None
 
 
-def _executor():
+def _executor() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             _pool = ThreadPoolExecutor(max_workers=FETCH_AHEAD * 2, thread_name_prefix="ckpt-tui-get")
         return _pool
 
 
-def read_chunks(p, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel=None) -> Iterator[bytes]:
+def read_chunks(
+    p: LocationLike, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel: Optional[threading.Event] = None
+) -> Iterator[bytes]:
     """The bytes of ``p`` from ``offset`` to ``offset + length`` in order, in pieces of at most ``chunk`` bytes,
     fetched by up to FETCH_AHEAD concurrent ranged GETs ahead of the reader. Memory is bounded: a chunk holds
     one of FETCH_BUDGET permits from its GET until the reader asks for the next one; a reader with nothing in
@@ -470,7 +544,7 @@ def read_chunks(p, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel=No
     from .progress import check_cancel
 
     pool = _executor()
-    inflight: deque = deque()
+    inflight: deque[tuple[int, Future[bytes]]] = deque()
     end = offset + length
     nxt = offset
     held = 0  # permits: the chunks in flight and the one the reader holds
@@ -505,9 +579,9 @@ def read_chunks(p, offset: int, length: int, chunk: int = FETCH_CHUNK, cancel=No
             _budget.release()
 
 
-def stamp(p) -> Optional[tuple[int, int]]:
+def stamp(p: LocationLike) -> Optional[tuple[int, int]]:
     """(size, mtime in ns) of a remote object, asked afresh (not from the listing); None if it is gone."""
-    rp = as_path(p)
+    rp = _as_remote(p)
     rp.fs.invalidate_cache(rp.key)  # fsspec's own listing cache would answer with what it saw before
     try:
         info = rp.fs.info(rp.key)
@@ -516,20 +590,21 @@ def stamp(p) -> Optional[tuple[int, int]]:
     return int(info.get("size") or 0), int(_mtime(info) * 1e9)
 
 
-def listdir(p) -> list[str]:
+def listdir(p: LocationLike) -> list[str]:
     """The names in folder ``p`` (``os.listdir`` locally; from the listing of the prefix remotely)."""
-    if is_url(p):
-        return [c.name for c in as_path(p).iterdir()]
-    return os.listdir(p)
+    rp = _remote(p)
+    if rp is not None:
+        return [c.name for c in rp.iterdir()]
+    return os.listdir(_local(p))
 
 
-def download(url, dest: Path, cancel=None) -> Path:
+def download(url: LocationLike, dest: Union[str, os.PathLike[str]], cancel: Optional[threading.Event] = None) -> Path:
     """Copy everything below ``url`` into the local folder ``dest`` (created), by the same bounded ranged GETs
     as an export: for the reference loaders (torch's DCP reader, DeepSpeed's zero_to_fp32) that only read
     local files. Returns the local path of ``url``."""
     from .progress import check_cancel
 
-    root = as_path(url)
+    root = _as_remote(url)
     check(str(root))
     files = [root] if root.is_file() else []
     stack = [] if files else [root]

@@ -8,7 +8,8 @@
 - ``check_writable`` / ``check_space`` / ``check_output_folder``: output preflight (folder exists and
   is writable, not read-only, enough free space, output empty, not a source, holding none and not
   inside one: :func:`source_conflict`). They raise :class:`OutputError`, an ``OSError`` with the
-  matching errno and a ``kind``; each writer says it in its own words.
+  matching errno and a ``kind``; ``core/staging.py`` runs them for every writer and says each kind in
+  one wording (its ``MESSAGES``).
 - ``create_new`` / ``copy_new``: every file a writer creates is new (``O_CREAT|O_EXCL|O_NOFOLLOW``):
   nothing is ever written through a symbolic link planted under its name.
 - ``regular_inside``: a side file (config, tokenizer) is copied only when it is a regular file whose
@@ -242,17 +243,6 @@ class OutputError(OSError):
         self.need = need
         self.relation = relation
         self.source = source
-
-    def source_text(self, out=None, source=None) -> str:
-        """An inside-source refusal in words: ``out`` (default: the path) and the source it is, holds or
-        lies inside (``source``: it as the user can type it)."""
-        out = self.path if out is None else out
-        src = self.source if source is None else source
-        return {
-            "is": f"the output folder {out} is the source {src}",
-            "inside": f"the output folder {out} is inside the source {src}",
-            "holds": f"the output folder {out} holds the source {src} (--overwrite would delete it)",
-        }[self.relation] + ": ckpt-tui never writes into or removes a source; choose --out outside it"
 
 
 def free_bytes(folder) -> int:

@@ -2,17 +2,19 @@
 
 Every temp or staging entry a command makes is swept by the next run of that command; until then the
 scan lists it as one node (format ``leftover``, never descended: the partial files inside are no
-finding) and diagnose reports it as ``leftover-temp``. Only what is provably ours is recognised, with
-the same names the writers use (they take their prefixes from here or from ``export.write``):
+finding) and diagnose reports it as ``leftover-temp``. Only what is provably ours is recognised, by the
+names the writers use (``core/staging.py``'s one list, :data:`ckpt_tui.core.staging.STAGING_NAMES`):
 
-- conversions' and verify's temp folders (``fsutil.owned_temp``): ``.ckpt-tui-universal-*``,
-  ``.ckpt-tui-torch-dcp-*``, ``ckpt-tui-verify-*``, each holding its owner lock ``.ckpt-tui-owner``;
-- an export into OUT: ``.OUT.tmp-PID``, the "both" export's ``.OUT.model-PID`` / ``.OUT.optimizer-PID``
-  (and their own ``..OUT.model-PID.tmp-PID``), an ``--overwrite``'s ``.OUT.old-PID`` -- each beside the
-  lock file ``.OUT.ckpt-tui.lock`` a killed export leaves; the lock files themselves;
-- a repair's temp file ``.X.ckpt-tui-tmp-PID`` (``repair.atomic``).
+- a staging folder beside OUT, ``.OUT.<mark>-PID`` (``tmp`` an export's, ``universal``, ``torch-dcp`` the
+  conversions'), an ``--overwrite``'s ``.OUT.old-PID``, and what older versions' "both" left
+  (``.OUT.model-PID`` / ``.OUT.optimizer-PID`` and their own ``..OUT.model-PID.tmp-PID``) -- each beside the
+  lock file ``.OUT.ckpt-tui.lock`` a killed run leaves;
+- older versions' conversion temp folders and verify's (``fsutil.owned_temp``: ``.ckpt-tui-universal-*``,
+  ``.ckpt-tui-torch-dcp-*``, ``ckpt-tui-verify-*``) with their owner lock ``.ckpt-tui-owner`` inside;
+- the lock files themselves (a repair's, beside the file it replaces, too);
+- a repair's temp file ``.X.ckpt-tui-tmp-PID`` (``staging.staged_file``).
 
-Whether a live run still holds it: the owner or export lock is tried with a shared, non-blocking flock
+Whether a live run still holds it: the owner or OUT lock is tried with a shared, non-blocking flock
 (released at once); a repair's temp file by its pid.
 """
 
@@ -26,35 +28,28 @@ import stat as _stat
 from pathlib import Path
 from typing import Optional
 
-from .export.write import LEFTOVER_PATTERNS, OutputLock
 from .facts import LeftoverFacts
 from .fsutil import OWNER_FILE
 
-# owned_temp prefixes: the writers import them from here (a conversion's plan sits above the scan)
-UNIVERSAL_TEMP = ".ckpt-tui-universal-"
-TORCH_DCP_TEMP = ".ckpt-tui-torch-dcp-"
-VERIFY_TEMP = "ckpt-tui-verify-"
-REPAIR_TEMP_MARK = ".ckpt-tui-tmp-"  # a repair's temp file: .<target><mark><pid>
+# the names, once, in the writers' own module (the conversions' plans import their prefixes from here)
+from .staging import (
+    LOCK_SUFFIX,
+    OWNED_TEMPS,
+    REPAIR_TEMP_MARK,
+    TORCH_DCP_TEMP,
+    UNIVERSAL_TEMP,
+    VERIFY_TEMP,
+    parse_name,
+    top_out,
+)
 
-# prefix -> the command whose next run sweeps it
-OWNED_TEMPS = {UNIVERSAL_TEMP: "ckpt-tui universal", TORCH_DCP_TEMP: "ckpt-tui convert", VERIFY_TEMP: "ckpt-tui verify"}
+__all__ = ["LOCK_SUFFIX", "REPAIR_TEMP_MARK", "TORCH_DCP_TEMP", "UNIVERSAL_TEMP", "VERIFY_TEMP", "recognise"]
 
-LOCK_SUFFIX = OutputLock(Path("OUT")).path.name[len(".OUT") :]  # ".ckpt-tui.lock", as the export names it
-
-
-def _pattern(pat: str) -> re.Pattern:
-    """One of export's LEFTOVER_PATTERNS (``.{}.tmp-*``) as a regex: OUT a group, ``*`` the writer's pid."""
-    head, tail = pat.split("{}")
-    return re.compile("^" + re.escape(head) + "(?P<out>.+)" + re.escape(tail.rstrip("*")) + r"\d+$")
-
-
-# the entries an export into OUT makes beside it (the "..{}" ones are the same rules one level down)
-_EXPORT = tuple(_pattern(p) for p in LEFTOVER_PATTERNS if p.startswith(".{}"))
 _REPAIR = re.compile("^\\.(?P<target>.+)" + re.escape(REPAIR_TEMP_MARK) + r"(?P<pid>\d+)$")
 _ENTRIES_CAP = 100_000  # a leftover folder's files counted up to this (its size then a lower bound)
 
 
-def _held(lock) -> bool:
+def _held(lock: Path) -> bool:
     """Does a live process hold the flock on ``lock``? A shared non-blocking try, let go at once (a lock we
     cannot open is taken as held: we never advise removing what we cannot tell)."""
     try:
@@ -84,29 +79,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _regular(p) -> bool:
+def _regular(p: Path) -> bool:
     try:
         return _stat.S_ISREG(os.lstat(p).st_mode)
     except OSError:
         return False
-
-
-def export_out(name: str) -> Optional[str]:
-    """The OUT an export staging name ``name`` was made for, one level up (``.m.tmp-12`` -> ``m``), or None."""
-    for rx in _EXPORT:
-        m = rx.match(name)
-        if m:
-            return m.group("out")
-    return None
-
-
-def top_out(name: str) -> str:
-    """The OUT the user named, for an export's staging name nested any levels (``..m.model-1.tmp-1`` -> ``m``)."""
-    if name.endswith(LOCK_SUFFIX) and name.startswith("."):
-        name = name[1 : -len(LOCK_SUFFIX)]
-    while (up := export_out(name)) is not None:
-        name = up
-    return name
 
 
 def recognise(folder: Path, name: str, is_dir: bool) -> Optional[LeftoverFacts]:
@@ -124,28 +101,25 @@ def recognise(folder: Path, name: str, is_dir: bool) -> Optional[LeftoverFacts]:
                 if not _regular(owner):
                     return None  # not known to be ours (sweep_stale leaves it too)
                 return LeftoverFacts(leftover_of=command, leftover_kind="temp-folder", leftover_held=_held(owner))
-        out = export_out(name)
-        if out is None:
+        got = parse_name(name)
+        if got is None:
             return None
+        rule, out, _pid = got
         lock = folder / f".{out}{LOCK_SUFFIX}"
         if not _regular(lock):
-            return None  # an export's staging has its lock beside it while it lives and once killed
+            return None  # a staging folder has OUT's lock beside it while its run lives and once it is killed
         facts = LeftoverFacts(
-            leftover_of="ckpt-tui export",
-            leftover_kind="temp-folder",
+            leftover_of=rule.command,
+            leftover_kind=rule.kind,
             leftover_held=_held(lock),
             leftover_out=top_out(name),
         )
-        if name.startswith(f".{out}.old-"):
-            facts["leftover_kind"] = "old-output"
-            if not os.path.lexists(folder / out):
-                facts["leftover_restores"] = out
-        elif not name.startswith(f".{out}.tmp-"):
-            facts["leftover_kind"] = "staging-folder"
+        if rule.kind == "old-output" and not os.path.lexists(folder / out):
+            facts["leftover_restores"] = out
         return facts
     if name.endswith(LOCK_SUFFIX) and len(name) > len(LOCK_SUFFIX) + 1:
         return LeftoverFacts(
-            leftover_of="ckpt-tui export",
+            leftover_of=_lock_of(folder, name),
             leftover_kind="lock",
             leftover_held=_held(folder / name),
             leftover_out=top_out(name),
@@ -159,6 +133,23 @@ def recognise(folder: Path, name: str, is_dir: bool) -> Optional[LeftoverFacts]:
             leftover_out=m["target"],
         )
     return None
+
+
+def _lock_of(folder: Path, name: str) -> str:
+    """The command whose next run takes (and removes) the lock ``name``: a repair's where it locks a file, the
+    writer whose staging folder lies beside it, else an export's (any writer of that OUT would)."""
+    target = name[1 : -len(LOCK_SUFFIX)]
+    if _regular(folder / target):
+        return "ckpt-tui fix"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    for n in sorted(names):
+        got = parse_name(n) if n.startswith(f".{target}.") else None
+        if got is not None and got[1] == target and got[0].kind == "temp-folder":
+            return got[0].command
+    return "ckpt-tui export"
 
 
 def tree_size(path: Path) -> tuple[int, int]:

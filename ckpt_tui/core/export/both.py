@@ -2,33 +2,20 @@
 (``model.safetensors``… and ``optimizer.safetensors``… + ``optimizer_config.json``): the TUI's
 "both".
 
-:func:`.write.execute` owns its output folder: it writes a temp folder and renames it into place,
-refusing a non-empty one, so a second export cannot add to the first's folder. Here each plan is
-executed (written, verified) into a hidden staging folder beside OUT, the optimizer's files are
-moved into the model's staging folder (their names never collide: ``model*``/config files vs
-``optimizer*``), and that folder is renamed to OUT: OUT appears complete or not at all.
+One staged output (``core/staging.py``) for the two plans: OUT is checked against both plans' sources
+and for the space both need, locked itself, and both plans are written and verified into its one
+staging folder (their names never collide: ``model*``/config files vs ``optimizer*``), which is then
+installed as OUT: OUT appears complete or not at all.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import shutil
+import time
 from typing import Optional
 
-from ..fsutil import OutputError, fsync_dir, preflight_output
-from ..progress import OnProgress
+from ..progress import CancelToken, OnProgress
 from .plan import ExportPlan
-from .write import (
-    ExportError,
-    ExportResult,
-    OutputLock,
-    check_out_vs_sources,
-    execute,
-    preflight,
-    refusal,
-    sweep_beside,
-)
+from .write import ExportError, ExportResult, raise_no_space, stage_export, write_plan
 
 
 def execute_both(
@@ -37,7 +24,7 @@ def execute_both(
     *,
     verify: bool = True,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[CancelToken] = None,
 ) -> tuple[ExportResult, ExportResult]:
     """Execute ``model`` and ``optimizer`` (plans with the same ``out``) into that one folder, atomically."""
     out = model.out
@@ -48,42 +35,16 @@ def execute_both(
     if clash & theirs:
         raise ExportError(f"the model and optimizer exports would both write {sorted(clash & theirs)[0]}")
     need = model.output_bytes + optimizer.output_bytes + (2 << 20)
-    for plan in (model, optimizer):  # OUT is neither's source, holds none and lies in none
-        try:
-            check_out_vs_sources(plan)
-        except OutputError as e:
-            raise ExportError(refusal(e, plan)) from None
+    t0 = time.monotonic()
     try:
-        preflight_output(out, need=need)
-    except OutputError as e:
-        preflight(model, False)  # says why, as a single export would
-        from ..units import naturalsize
-
-        raise ExportError(
-            f"{out}: {e.kind} (the model and optimizer exports together need {naturalsize(need)})"
-        ) from None
-    pid = os.getpid()
-    stage_m = out.parent / f".{out.name}.model-{pid}"
-    stage_o = out.parent / f".{out.name}.optimizer-{pid}"
-    lock = OutputLock(out)  # held throughout: the staging folders beside OUT are ours alone
-    lock.acquire()
-    try:
-        sweep_beside(out)  # what killed runs into OUT left (their staging folders too)
-        rm = execute(dataclasses.replace(model, out=stage_m), verify=verify, on_progress=on_progress, cancel=cancel)
-        ro = execute(dataclasses.replace(optimizer, out=stage_o), verify=verify, on_progress=on_progress, cancel=cancel)
-        for f in sorted(stage_o.iterdir()):
-            os.replace(f, stage_m / f.name)
-        fsync_dir(stage_m)
-        if out.exists():
-            if any(out.iterdir()):
-                raise ExportError(f"{out} appeared and is not empty; nothing was replaced")
-            out.rmdir()
-        os.replace(stage_m, out)
-        fsync_dir(out.parent)
-    finally:
-        shutil.rmtree(stage_m, ignore_errors=True)
-        shutil.rmtree(stage_o, ignore_errors=True)
-        lock.release()
-    rm.out = ro.out = out
+        with stage_export([model, optimizer], need_bytes=need) as stage:
+            rm = write_plan(model, stage, verify=verify, on_progress=on_progress, cancel=cancel)
+            rm.seconds = time.monotonic() - t0
+            ro = write_plan(optimizer, stage, verify=verify, on_progress=on_progress, cancel=cancel)
+            ro.seconds = time.monotonic() - t0 - rm.seconds
+            stage.commit()
+    except OSError as e:
+        raise_no_space(e, model)
+        raise
     ro.notes = ro.notes + [f"written beside the model's files in {out.name}/"]
     return rm, ro

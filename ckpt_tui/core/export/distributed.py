@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Protocol
@@ -45,6 +46,7 @@ from typing import Optional, Protocol
 from ... import __version__
 from ..fsutil import snapshot
 from ..progress import Cancelled, OnProgress, Progress
+from ..staging import Stage, check_unchanged
 from .plan import ExportPlan
 from .snippet import load_snippet
 from .tcpstore import HandshakeError, PrefixStore, StoreError, TCPStoreClient, TCPStoreServer
@@ -52,12 +54,9 @@ from .write import (
     ByteCounter,
     ExportError,
     ExportResult,
-    OutputLock,
-    check_unchanged,
-    install,
-    preflight,
     raise_no_space,
     source_files,
+    stage_export,
     verify_files,
     write_file,
     write_side_files,
@@ -424,7 +423,8 @@ def execute_distributed(
     watched = source_files(plan)
     before = snapshot(watched)
     total = plan.tensor_bytes * (2 if verify else 1)
-    lock = OutputLock(plan.out) if rank == 0 else None
+    staging = ExitStack()  # rank 0's staged output: OUT locked, its staging folder, the install
+    stage: Optional[Stage] = None
     tmp: Optional[Path] = None
     with Watch(
         group,
@@ -437,9 +437,8 @@ def execute_distributed(
         try:
             if rank == 0:
                 try:
-                    preflight(plan, overwrite)
-                    lock.acquire()
-                    tmp = lock.new_temp()
+                    stage = staging.enter_context(stage_export([plan], overwrite=overwrite))
+                    tmp = stage.path
                 except Exception as e:
                     group.publish("start", json.dumps({"error": str(e)}))
                     raise
@@ -484,7 +483,7 @@ def execute_distributed(
                 bad = verify_files(plan, tmp, on_local, watch.stop, files=share)
                 if bad:
                     raise ExportError(f"rank {rank}: verification failed: " + ", ".join(bad[:5]))
-            check_unchanged(before, watched)
+            check_unchanged(before, snapshot(watched), "export", ExportError)
             group.publish(f"done/{rank}", json.dumps([f.name for f in share]))
             wrote = {rank: [f.name for f in share]}
             if rank == 0:
@@ -495,7 +494,8 @@ def execute_distributed(
                 write_side_files(plan, tmp, watch.stop)
                 if group.claim("decision", "commit") != "commit":
                     raise ExportError(watch.reason or "another rank failed")
-                install(tmp, plan.out, overwrite)
+                assert stage is not None
+                stage.commit()
                 group.publish("final", "ok")
             else:
                 watch.wait_for("final")
@@ -532,8 +532,7 @@ def execute_distributed(
                 raise
             raise err from None
         finally:
-            if lock is not None:
-                lock.release()
+            staging.close()  # the staging folder removed, OUT's lock let go
         if rank == 0 and group.hosts_store:  # OUT is in place; keep the store up until every rank saw "final"
             _wait_acks(group, watch.stop)
     result = ExportResult(

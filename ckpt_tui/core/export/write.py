@@ -1,4 +1,5 @@
-"""Execute an export plan: stream bytes into safetensors files in a temp folder, fsync, os.replace.
+"""Execute an export plan: stream bytes into safetensors files in the staged output beside OUT
+(``core/staging.py``: preflight, lock, fsync, install).
 
 Memory is bounded by one I/O buffer (plus one tensor where a dtype conversion of a general-path
 tensor needs it): same-dtype byte ranges move kernel-side with ``os.copy_file_range``.
@@ -7,33 +8,21 @@ tensor needs it): same-dtype byte ranges move kernel-side with ``os.copy_file_ra
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-import shutil
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
-from ..fsutil import (
-    OutputError,
-    changed,
-    check_sources,
-    copy_new,
-    create_new,
-    flock_exclusive,
-    free_bytes,
-    fsync_dir,
-    preflight_output,
-    snapshot,
-    write_synced,
-)
+from ..fsutil import OutputError, check_sources, copy_new, create_new, free_bytes, write_synced
 from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
+from ..staging import Sources, Stage, staged_output
+from ..staging import refusal as staged_refusal
 from ..storage import as_path, is_url, read_chunks
 from .plan import ExportPlan, OutFile, OutTensor, header_bytes, index_text
 from .snippet import load_snippet
@@ -212,40 +201,39 @@ def source_folders(plan: ExportPlan) -> list[Path]:
 def check_out_vs_sources(plan: ExportPlan, out: Optional[Path] = None) -> None:
     """OutputError("inside-source") where OUT (``out``, default the plan's) is, holds or lies inside what
     the export reads (:func:`source_folders`, every file read or copied)."""
-    folders = source_folders(plan)
-    above = [f.parent for f in folders]  # a tag's checkpoint, a checkpoint's run: OUT may not be or hold them
-    check_sources(
-        plan.out if out is None else out,
-        folders=folders,
-        files=[*source_files(plan), *(p for p, _ in plan.copies), *above],
-    )
+    s = export_sources(plan)
+    check_sources(plan.out if out is None else out, folders=s.folders, files=s.files)
 
 
 def refusal(e: OutputError, plan: ExportPlan) -> str:
-    """What the output preflight found, said for an export."""
-    out, parent = plan.out, plan.out.parent
-    if e.kind == "no-space":
-        from ..units import naturalsize
-
-        return f"no space left on {parent}: the export needs {naturalsize(e.need)}, {naturalsize(e.free)} is free"
-    if e.kind == "inside-source":
-        return e.source_text(plan.out_given or out, plan.shown(e.source))
-    return {
-        "missing": f"{parent} does not exist; create it first",
-        "read-only": f"no write permission in {parent}",
-        "not-writable": f"no write permission in {parent}",
-        "not-a-folder": f"{out} exists and is not a folder",
-        "not-empty": f"{out} is not empty; choose another --out or pass --overwrite",
-    }[e.kind]
+    """What the output preflight found, said for an export (the table in ``core/staging.py``)."""
+    return staged_refusal(e, "export", out=plan.out_given or plan.out, shown=plan.shown)
 
 
-def preflight(plan: ExportPlan, overwrite: bool) -> None:
-    out = plan.out
-    try:
-        check_out_vs_sources(plan)
-        preflight_output(out, need=plan.output_bytes + (1 << 20), overwrite=overwrite)
-    except OutputError as e:
-        raise ExportError(refusal(e, plan)) from None
+def export_sources(plan: ExportPlan) -> Sources:
+    """What OUT may not be, hold or lie inside for ``plan`` (as :func:`check_out_vs_sources` checks it)."""
+    folders = source_folders(plan)
+    above = [f.parent for f in folders]  # a tag's checkpoint, a checkpoint's run: OUT may not be or hold them
+    return Sources(folders, [*source_files(plan), *(p for p, _ in plan.copies), *above], plan.shown)
+
+
+def stage_export(
+    plans: list[ExportPlan], *, overwrite: bool = False, need_bytes: Optional[int] = None
+) -> AbstractContextManager[Stage]:
+    """The staged output of ``plans`` (one, or the model and optimizer plans of one OUT): preflight (OUT is
+    none of their sources; ``need_bytes``, default their output plus 1 MB), lock, the sources stamped."""
+    first = plans[0]
+    need = sum(p.output_bytes for p in plans) + (1 << 20) if need_bytes is None else need_bytes
+    return staged_output(
+        first.out,
+        writer="export",
+        error=ExportError,
+        sources=[export_sources(p) for p in plans],
+        watch=list(dict.fromkeys(f for p in plans for f in source_files(p))),
+        overwrite=overwrite,
+        need_bytes=need,
+        shown_out=first.out_given or first.out,
+    )
 
 
 def source_files(plan: ExportPlan) -> list[Path]:
@@ -258,114 +246,6 @@ def source_files(plan: ExportPlan) -> list[Path]:
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
         files |= {p for p in root.iterdir() if p.is_file()}
     return sorted(files)
-
-
-class OutputLock:
-    """The lock beside OUT (``.OUT.ckpt-tui.lock``) that one exporter into OUT holds, and the temp
-    folders (``.OUT.tmp-PID``) only the holder may create or sweep. The lock file is created with
-    ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a killed run's is reused, never through a symbolic link) and
-    nothing is ever written to it."""
-
-    def __init__(self, out: Path):
-        self.out = out
-        self.path = out.parent / f".{out.name}.ckpt-tui.lock"
-        self.fd: Optional[int] = None
-
-    def acquire(self) -> None:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-        for _ in range(100):
-            try:
-                try:
-                    fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-                except FileExistsError:
-                    fd = os.open(self.path, flags)  # a killed run's lock file
-            except FileNotFoundError:  # its holder removed it meanwhile
-                continue
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.EMLINK):
-                    raise ExportError(
-                        f"{self.path} is a symbolic link: ckpt-tui never writes through one; remove "
-                        "it (someone else may have planted it) or choose another --out"
-                    ) from None
-                raise
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                os.close(fd)
-                raise ExportError(f"{self.path} is not a regular file: remove it or choose another --out")
-            if not flock_exclusive(fd):
-                os.close(fd)
-                raise ExportError(f"another ckpt-tui is exporting into {self.out}; wait for it or choose another --out")
-            try:
-                now = os.lstat(self.path)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
-                self.fd = fd
-                return
-            os.close(fd)  # the holder let go and removed it between our open and our flock: again
-        raise ExportError(f"cannot take the lock {self.path}: it keeps changing")
-
-    def new_temp(self) -> Path:
-        """Sweep what killed runs into OUT left beside it (we hold the lock, so none of it is a live
-        run's: temp folders, the staging folders of a "both" export and their own temp and lock files,
-        an old OUT being replaced) and create our temp folder."""
-        sweep_beside(self.out)
-        tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        return tmp
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        try:
-            st, now = os.fstat(self.fd), os.lstat(self.path)
-            if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
-                os.unlink(self.path)
-        except OSError:
-            pass
-        os.close(self.fd)
-        self.fd = None
-
-
-# what an export into OUT leaves beside it when killed: its temp folder, the staging folders of the TUI's
-# "both" (each an export of its own: with their lock and temp), the old OUT an --overwrite was replacing
-LEFTOVER_PATTERNS = (".{}.tmp-*", ".{}.model-*", ".{}.optimizer-*", "..{}.model-*", "..{}.optimizer-*", ".{}.old-*")
-
-
-def leftovers(out: Path) -> list[Path]:
-    """What killed exports into ``out`` left beside it (see LEFTOVER_PATTERNS), real entries only."""
-    import glob
-
-    found = []
-    for pat in LEFTOVER_PATTERNS:
-        found += [
-            Path(p) for p in glob.glob(os.path.join(glob.escape(str(out.parent)), pat.format(glob.escape(out.name))))
-        ]
-    return sorted(set(found))
-
-
-def sweep_beside(out: Path) -> None:
-    """Remove :func:`leftovers` of ``out`` (the caller holds OUT's lock): folders by rmtree (which never
-    follows a link), a stale lock file or anything else by unlink."""
-    for old in leftovers(out):
-        try:
-            if old.name.endswith(".ckpt-tui.lock"):  # a staging folder's lock: removed once nobody holds it
-                fd = os.open(old, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    os.unlink(old)
-                except BlockingIOError:
-                    pass
-                finally:
-                    os.close(fd)
-            elif old.name.startswith(f".{out.name}.old-") and not os.path.lexists(out):
-                os.replace(old, out)  # killed between the two renames of an --overwrite: the old OUT comes back
-            elif os.path.isdir(old) and not os.path.islink(old):
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.unlink(old)
-        except OSError:
-            pass
 
 
 def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
@@ -382,31 +262,6 @@ def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
             copy_new(os.path.realpath(src), tmp / name)  # checked by the plan: a regular file of the checkpoint
 
 
-def check_unchanged(before, watched: list[Path]) -> None:
-    moved = changed(before, snapshot(watched))
-    if moved:  # a live job is writing the checkpoint: what we copied may be half old, half new
-        raise ExportError(
-            f"the source changed during the export ({', '.join(Path(c).name for c in moved[:3])}"
-            f"{' …' if len(moved) > 3 else ''}): nothing was written; export again once the "
-            "checkpoint is complete"
-        )
-
-
-def install(tmp: Path, out: Path, overwrite: bool) -> None:
-    """fsync ``tmp`` and rename it to ``out`` (the one atomic step; an old ``out`` goes only with --overwrite)."""
-    fsync_dir(tmp)
-    if out.exists():
-        if not overwrite and any(out.iterdir()):
-            raise ExportError(f"{out} appeared and is not empty; nothing was replaced")
-        trash = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, trash)
-        os.replace(tmp, out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-    fsync_dir(out.parent)
-
-
 def raise_no_space(e: OSError, plan: ExportPlan) -> None:
     """Turn a full disk into the ExportError that says so (returns for any other OSError)."""
     if e.errno == errno.ENOSPC:
@@ -420,6 +275,49 @@ def raise_no_space(e: OSError, plan: ExportPlan) -> None:
         ) from None
 
 
+def write_plan(
+    plan: ExportPlan,
+    stage: Stage,
+    *,
+    jobs: int = 1,
+    verify: bool = True,
+    on_progress: Optional[OnProgress] = None,
+    cancel=None,
+) -> ExportResult:
+    """Write ``plan``'s files into ``stage.path`` (an existing folder), the sources still as stamped, and
+    verify them: everything but the install. Returns the result, timed by the caller."""
+    folder = stage.path
+    counter = ByteCounter(plan.tensor_bytes, on_progress, "writing")
+    if jobs > 1 and len(plan.files) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futs = [pool.submit(write_file, f, folder / f.name, counter, cancel) for f in plan.files]
+            for fu in futs:
+                fu.result()
+    else:
+        for f in plan.files:
+            write_file(f, folder / f.name, counter, cancel)
+    counter.add(0, force=True)
+    write_side_files(plan, folder, cancel)
+    result = ExportResult(
+        plan.out,
+        [f.name for f in plan.files],
+        plan.tensor_bytes,
+        sum(len(f.tensors) for f in plan.files),
+        plan.params,
+        0.0,
+    )
+    stage.check_unchanged()
+    if verify:
+        result.mismatches = verify_files(plan, folder, on_progress, cancel)
+        result.verified = not result.mismatches
+        if result.mismatches:
+            raise ExportError("verification failed: " + ", ".join(result.mismatches[:5]))
+    result.notes = list(plan.to_plan().notes)
+    result.stripped_prefix = plan.prefix.strip if plan.prefix is not None else None
+    result.load_code = load_snippet(plan)
+    return result
+
+
 def execute(
     plan: ExportPlan,
     *,
@@ -430,53 +328,14 @@ def execute(
     cancel=None,
 ) -> ExportResult:
     t0 = time.monotonic()
-    preflight(plan, overwrite)
-    watched = source_files(plan)
-    before = snapshot(watched)
-    out = plan.out
-    lock = OutputLock(out)
     try:
-        lock.acquire()
-        tmp = lock.new_temp()
-        try:
-            counter = ByteCounter(plan.tensor_bytes, on_progress, "writing")
-            if jobs > 1 and len(plan.files) > 1:
-                with ThreadPoolExecutor(max_workers=jobs) as pool:
-                    futs = [pool.submit(write_file, f, tmp / f.name, counter, cancel) for f in plan.files]
-                    for fu in futs:
-                        fu.result()
-            else:
-                for f in plan.files:
-                    write_file(f, tmp / f.name, counter, cancel)
-            counter.add(0, force=True)
-            write_side_files(plan, tmp, cancel)
-            result = ExportResult(
-                out,
-                [f.name for f in plan.files],
-                plan.tensor_bytes,
-                sum(len(f.tensors) for f in plan.files),
-                plan.params,
-                0.0,
-            )
-            check_unchanged(before, watched)
-            if verify:
-                result.mismatches = verify_files(plan, tmp, on_progress, cancel)
-                result.verified = not result.mismatches
-                if result.mismatches:
-                    raise ExportError("verification failed: " + ", ".join(result.mismatches[:5]))
-            install(tmp, out, overwrite)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with stage_export([plan], overwrite=overwrite) as stage:
+            result = write_plan(plan, stage, jobs=jobs, verify=verify, on_progress=on_progress, cancel=cancel)
+            stage.commit()
     except OSError as e:
         raise_no_space(e, plan)
         raise
-    finally:
-        lock.release()
     result.seconds = time.monotonic() - t0
-    result.notes = list(plan.to_plan().notes)
-    result.stripped_prefix = plan.prefix.strip if plan.prefix is not None else None
-    result.load_code = load_snippet(plan)
     return result
 
 

@@ -192,7 +192,7 @@ def test_second_export_into_the_same_folder_refuses(small, tmp_path):
             text=True,
             timeout=120,
         )
-        assert r.returncode == 1 and "another ckpt-tui is exporting" in r.stderr
+        assert r.returncode == 1 and "another ckpt-tui is writing" in r.stderr
         assert tmp.is_dir()  # the refused export touched nothing of the running one
         lease.release()
         os.kill(p.pid, signal.SIGCONT)

@@ -3,9 +3,9 @@ or staging folder any command makes is swept by the next run of that command, an
 leftover").
 
 Each leftover is made by the writer's own code in a process that is then killed with SIGKILL, on a real
-framework checkpoint (the shared fixtures, copied): a conversion's temp folder (``convert.common.temp_beside``,
-as ``ckpt-tui universal`` makes it, owner lock inside) and an export's temp folder and lock beside OUT
-(``export.write.OutputLock``). Half-written copies of real files are put inside. inspect (text and ``--json``)
+framework checkpoint (the shared fixtures, copied): a conversion's and an export's staging folder beside OUT
+(``staging.staged_output``, as ``ckpt-tui universal`` and ``ckpt-tui export`` make them: owner lock inside, OUT's
+lock beside). Half-written copies of real files are put inside. inspect (text and ``--json``)
 lists each one as ``leftover-temp`` with its size and no other finding (the partial files are not read); while
 the run is alive it says so (info) and gives no ``rm``; once it is dead the ``rm`` it prints, run as printed
 in a shell, removes exactly that and nothing else, and the next inspect is the pristine one again.
@@ -33,21 +33,24 @@ from pathlib import Path
 
 kind, where, src = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 data = src.read_bytes()
-if kind == "universal":  # as convert_to_universal makes its temp folder beside the output
-    from ckpt_tui.core.convert.common import temp_beside
-    from ckpt_tui.core.convert.universal.plan import TMP_PREFIX, UniversalError
+if kind == "universal":  # as convert_to_universal stages its output beside it
+    from ckpt_tui.core.convert.universal.plan import UniversalError
+    from ckpt_tui.core.staging import staged_output
 
-    tmp = temp_beside(where / "global_step2_universal", TMP_PREFIX, UniversalError)
-    part = tmp / "inner" / "global_step2_universal" / "zero" / "model.embed_tokens.weight"
+    cm = staged_output(where / "global_step2_universal", writer="universal", error=UniversalError)
+    stage = cm.__enter__()  # never left: the process is killed inside
+    part = stage.path / "zero" / "model.embed_tokens.weight"
     part.mkdir(parents=True)
     (part / "fp32.pt").write_bytes(data[: len(data) // 2])  # a torch zip cut in half
-else:  # as an export into where/merged: its lock, then its temp folder
-    from ckpt_tui.core.export.write import OutputLock
+else:  # as an export into where/merged: its lock, then its staging folder
+    from ckpt_tui.core.export.write import ExportError
+    from ckpt_tui.core.staging import staged_output
 
-    lock = OutputLock(where / "merged")
-    lock.acquire()
-    tmp = lock.new_temp()
-    (tmp / "model.safetensors").write_bytes(data[: len(data) // 2])  # a shard cut in half
+    cm = staged_output(where / "merged", writer="export", error=ExportError)
+    stage = cm.__enter__()
+    stage.path.mkdir()
+    (stage.path / "model.safetensors").write_bytes(data[: len(data) // 2])  # a shard cut in half
+tmp = stage.root
 print(tmp.name, flush=True)
 sys.stdin.read()  # until killed
 """
@@ -139,22 +142,24 @@ def test_a_killed_conversions_temp_folder_is_listed_not_read_and_its_rm_removes_
     tmp, run, ck = world
     given = "hf-ds-zero2/checkpoint-2"
     pristine = findings(inspect_json(given))
+    lock = ".global_step2_universal.ckpt-tui.lock"
     with Killable(tmp, "universal", ck, ck / "global_step2" / "mp_rank_00_model_states.pt") as w:
-        live = leftover_findings(inspect_json(given))  # its run is alive: it holds the owner lock
-        assert [(f["severity"], f["path"]) for f in live] == [("info", w.name)], live
-        assert "still running" in live[0]["message"] and "rm " not in live[0]["message"]
+        live = leftover_findings(inspect_json(given))  # its run is alive: it holds the owner lock and OUT's
+        assert sorted((f["severity"], f["path"]) for f in live) == [("info", lock), ("info", w.name)], live
+        assert all("still running" in f["message"] and "rm " not in f["message"] for f in live)
         w.kill()
-    assert (ck / w.name / "inner").is_dir()  # what the kill left
+    assert (ck / w.name / "global_step2_universal").is_dir()  # what the kill left
     doc = inspect_json(given)
-    commands = check_listed(given, doc, pristine, [w.name])
-    assert (
-        "next ckpt-tui universal writing its output in hf-ds-zero2/checkpoint-2" in leftover_findings(doc)[0]["message"]
+    commands = check_listed(given, doc, pristine, [w.name, lock])
+    assert all(
+        "next ckpt-tui universal writing its output in hf-ds-zero2/checkpoint-2" in f["message"]
+        for f in leftover_findings(doc)
     )
     code, text, _ = cli("inspect", given)
     flat = " ".join(text.split())  # the text report wraps its lines
     assert f"leftover-temp {given}/{w.name}" in flat and commands[0] in flat
     assert "file-truncated" not in flat and "file-corrupt" not in flat
-    run_as_printed(tmp, commands, [ck / w.name])
+    run_as_printed(tmp, commands, [ck / w.name, ck / lock])
     assert findings(inspect_json(given)) == pristine
 
 
@@ -191,7 +196,7 @@ async def test_the_tui_lists_a_killed_runs_leftover_among_its_findings(world):
         await press_and_wait(pilot, "f", lambda: isinstance(app.screen, FindingsScreen))
         table = app.screen.query_one("DataTable")
         rows = [table.get_row_at(i) for i in range(table.row_count)]
-        assert [str(r[2]) for r in rows].count("leftover-temp") == 1, rows
+        assert [str(r[2]) for r in rows].count("leftover-temp") == 2, rows  # its staging folder and OUT's lock
 
 
 def dead_pid() -> int:

@@ -1,17 +1,15 @@
 """What the conversions (``universal/``, ``torch_dcp/``) do the same way: what their plans hold first
-(:class:`TagPlan`), resolving SRC to the DeepSpeed tag to convert, why an output folder is refused,
-and around the write: a private temp folder beside the output, the source unchanged while it ran,
-the verified result moved into place. Each raises its own error class (``error``)."""
+(:class:`TagPlan`) and resolving SRC to the DeepSpeed tag to convert. Their output is a staged output
+(``core/staging.py``: the refusals' wording, the staging folder beside OUT, the sources unchanged, the
+install), as every writer's."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..export.write import ExportError
-from ..fsutil import OutputError, changed, fsync_dir, owned_temp
 from ..jsondoc import JsonFields
 
 
@@ -44,48 +42,3 @@ def resolve_tag(src: Path, tag: Optional[str], trust_pickles: bool, error: type)
         except ExportError as e:
             raise error(str(e)) from None
     return rep, node, said
-
-
-def output_refusal(e: OutputError, out: Path, source: str, need_why: str = "") -> str:
-    """What the output preflight found, said for a conversion; ``source``: what the output may not be
-    inside ("the checkpoint …"), ``need_why``: said after the space it needs."""
-    if e.kind == "inside-source":
-        rel = {"is": "is", "inside": "is inside", "holds": "holds"}[e.relation]
-        return f"the output {out} {rel} {source}; the source is never modified: choose --out elsewhere"
-    if e.kind in ("not-a-folder", "not-empty"):
-        return f"{out} already exists and is not empty; remove it or choose --out"
-    if e.kind == "missing":
-        return f"{out.parent} does not exist; create it first or choose --out"
-    if e.kind == "no-space":
-        return f"{out.parent} has {e.free:,} bytes free; the conversion needs about {e.need:,}{need_why}"
-    return f"cannot write to {out.parent} (permission denied or read-only); choose --out on a writable filesystem"
-
-
-def temp_beside(out: Path, prefix: str, error: type) -> Path:
-    """A private temp folder beside ``out`` (on its filesystem: the result moves into place by rename),
-    holding its owner lock until ``fsutil.remove_temp``; the temp folders of killed runs there are swept
-    first (``fsutil.owned_temp``)."""
-    try:
-        return owned_temp(out.parent, prefix)
-    except OSError as e:
-        raise error(f"cannot create a temp folder in {out.parent}: {e.strerror or e}") from None
-
-
-def check_unchanged(before: dict, after: dict, tag_dir: Path, error: type) -> None:
-    """The source's files as they were when the conversion began (``fsutil.snapshot``), else refuse the result."""
-    if changed(before, after):
-        raise error(
-            f"files in {tag_dir} changed during the conversion (a job still writing?); "
-            "the result was discarded. Convert once the checkpoint is complete"
-        )
-
-
-def move_into_place(inner: Path, out: Path, error: type) -> None:
-    """``os.replace`` the verified ``inner`` to ``out`` (an empty folder there is replaced, one that
-    appeared meanwhile with files in it is not)."""
-    if out.exists():
-        if any(out.iterdir()):
-            raise error(f"{out} appeared while converting and is not empty; the result was discarded")
-        out.rmdir()
-    os.replace(inner, out)
-    fsync_dir(out.parent, best_effort=True)

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from ckpt_tui.core.convert.universal import (
-    TMP_PREFIX,
     UniversalError,
     convert_to_universal,
     universal_plan,
@@ -111,7 +110,8 @@ def test_convert_real(real_ckpt, real_ckpt_copy, tmp_path, variant, sub, tag, co
         assert not added
         assert not (tag_dir.parent / "latest_universal").exists()
     assert (plan.out.parent / "latest_universal").read_text() == plan.out.name
-    assert not list(plan.out.parent.glob(TMP_PREFIX + "*"))  # temp removed, converter's latest with it
+    staging = f".{plan.out.name}.universal-*"
+    assert not list(plan.out.parent.glob(staging))  # the staging folder removed, the converter's latest with it
     assert not (plan.out / "latest_universal").exists()
     # verification is independent: re-run on the final folder; frozen params per stage
     ver = verify_universal(plan.out, tag_dir)
@@ -201,7 +201,7 @@ def test_cancel_kills_group_and_removes_temp(real_ckpt_copy, tmp_path):
     sums = tree_sums(src)
     plan = universal_plan(src, tmp_path / "uc")
     cancel = threading.Event()
-    marker = str(tmp_path / TMP_PREFIX)
+    marker = str(tmp_path / ".uc.universal-")  # its staging folder, beside OUT
     # the converter reads every rank's optimizer states: with the test holding a lease on rank 1's, it
     # certainly waits there, mid-conversion, when it is cancelled
     lease = FileLease(plan.tag_dir / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
@@ -220,7 +220,7 @@ def test_cancel_kills_group_and_removes_temp(real_ckpt_copy, tmp_path):
         assert wait_gone(marker, 5) == []
     finally:
         lease.release()
-    assert not list(tmp_path.glob(TMP_PREFIX + "*"))
+    assert not list(tmp_path.glob(".uc.universal-*"))
     assert not (tmp_path / "uc").exists() and not (tmp_path / "latest_universal").exists()
     assert tree_sums(src) == sums
 
@@ -245,7 +245,7 @@ def test_kill9_of_ckpt_tui_leaves_no_converter(real_ckpt_copy, tmp_path):
     can finish by itself: if they are gone, they were killed."""
     src = real_ckpt_copy("ds-zero3-bf16")
     out = tmp_path / "uc"
-    marker = str(tmp_path / TMP_PREFIX)
+    marker = str(tmp_path / ".uc.universal-")  # its staging folder, beside OUT
     script = tmp_path / "kill9.py"
     script.write_text(KILL9)
     cli = subprocess.Popen(

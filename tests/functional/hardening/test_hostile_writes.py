@@ -143,8 +143,8 @@ def test_conversions_may_not_write_a_source(world):
     for args, said in (
         (("universal", ck, "--out", ck / "global_step2" / "u"), "is inside the source"),
         (("universal", ck, "--out", ck), "holds the source"),
-        (("convert", ck, "--to", "torch-dcp", "--out", ck / "dcp"), "is inside the checkpoint"),
-        (("convert", ck, "--to", "torch-dcp", "--out", run), "holds the checkpoint"),
+        (("convert", ck, "--to", "torch-dcp", "--out", ck / "dcp"), "is inside the source"),
+        (("convert", ck, "--to", "torch-dcp", "--out", run), "holds the source"),
     ):
         code, _, err = cli(*args, "--dry-run")
         assert code == 1 and said in err and "Traceback" not in err, (args, err)
@@ -352,9 +352,9 @@ execute_both(pm, po)
 
 
 def test_the_both_export_sweeps_what_a_killed_one_left(world):
-    """kill -9 of the TUI's "both" export while it copies config.json into its model staging export (held by a
-    lease: the point is certain) leaves that export's temp folder and lock beside OUT (``..merged.model-PID.*``)
-    and OUT's lock; the next run removes them."""
+    """kill -9 of the TUI's "both" export while it copies config.json into its staging folder (held by a
+    lease: the point is certain) leaves that folder (``.merged.tmp-PID``) and OUT's lock beside OUT; the next run
+    removes them."""
     tmp, run, ck = world
     script = tmp / "both_kill.py"
     script.write_text(BOTH_KILL)
@@ -382,7 +382,8 @@ def test_the_both_export_sweeps_what_a_killed_one_left(world):
             proc.kill()
             proc.wait()
     left = sorted(p.name for p in tmp.iterdir())
-    assert any(n.startswith("..merged.model-") for n in left), left  # the model staging export's temp folder
+    assert any(n.startswith(".merged.tmp-") for n in left), left  # the one staging folder of both plans
+    assert ".merged.ckpt-tui.lock" in left, left  # OUT's own lock
     assert not (tmp / "merged").exists()
     from ckpt_tui.core.export.api import plan_export
     from ckpt_tui.core.export.both import execute_both
@@ -436,10 +437,11 @@ def test_universal_sweeps_the_temp_folder_a_killed_run_left(world):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    left = [p for p in ck.iterdir() if p.name.startswith(TMP_PREFIX)]
+    staging = f".{universal_plan(ck).out.name}.universal-"  # its staging folder, beside OUT
+    left = [p for p in ck.iterdir() if p.name.startswith(staging)]
     assert len(left) == 1, left
     assert wait_gone(str(left[0]), 30) == [], "the converter outlived ckpt-tui"
-    live = owned_temp(ck, TMP_PREFIX)  # a live run's temp folder: never swept
+    live = owned_temp(ck, TMP_PREFIX)  # a live run's temp folder (as older versions made it): never swept
     try:
         cancel = threading.Event()
         cancel.set()  # the next run: it sweeps, then stops at once (cancelled)
@@ -448,6 +450,7 @@ def test_universal_sweeps_the_temp_folder_a_killed_run_left(world):
         assert not left[0].exists()
         assert live.is_dir()
         assert [p for p in ck.iterdir() if p.name.startswith(TMP_PREFIX)] == [live]
+        assert [p for p in ck.iterdir() if p.name.startswith(staging)] == []
     finally:
         remove_temp(live)
 

@@ -17,8 +17,8 @@ from ...formats.registry import format_of
 from ...fsutil import OutputError, preflight_output, regular_inside
 from ...jsondoc import as_json
 from ...leftovers import TORCH_DCP_TEMP
+from ...staging import refusal
 from ...types import Plan, PlanStep, in_user_form
-from .. import common
 from ..common import TagPlan, resolve_tag
 
 TMP_PREFIX = TORCH_DCP_TEMP  # inspect lists a killed run's as a leftover by the same name (core/leftovers.py)
@@ -342,4 +342,4 @@ def torch_dcp_plan(
 
 
 def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
-    return common.output_refusal(e, out, f"the checkpoint {tag_dir.parent}")
+    return refusal(e, "torch-dcp")

@@ -5,7 +5,8 @@ for it, into files of at most ``FILE_BYTES`` each — so memory stays bounded by
 closed; one file per rank, its default, would hold them all). Then every tensor is read back with
 torch's own ``dcp.load`` and compared bit-exact with the source, the files kept as they are
 (``scheduler.pt``, ``rng_state_*.pth``) are copied, ``conversion.json`` says what carried over, and
-the folder is moved into place with ``os.replace``. Cancel or failure removes the temp folder."""
+the folder is installed as the staged output (``core/staging.py``). Cancel or failure removes the
+staging folder."""
 
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ from typing import Optional
 
 from ...export.sources import SourceTensor
 from ...formats import screen
-from ...fsutil import OutputError, check_output_folder, copy_new, fsync_dir, fsync_file, remove_temp, snapshot
+from ...fsutil import copy_new
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
-from ..common import check_unchanged, move_into_place, temp_beside
+from ...staging import Sources, staged_output
 from .instructions import instructions
-from .plan import NOTE_FILE, TMP_PREFIX, TorchDcpError, TorchDcpPlan, output_refusal
+from .plan import NOTE_FILE, TorchDcpError, TorchDcpPlan
 
 FILE_BYTES = 256 << 20  # tensors per .distcp file: the memory bound of the write
 
@@ -267,32 +268,30 @@ def convert_to_torch_dcp(
     :class:`Cancelled` on cancel; either way nothing is left under the final name."""
     t0 = time.monotonic()
     out = plan.out
-    try:
-        check_output_folder(out)
-    except OutputError as e:
-        raise TorchDcpError(output_refusal(e, out, plan.tag_dir)) from None
     sources = sorted(
         {r.path for t in plan.model for r in (t.ranges or ())}
         | {r.path for o in plan.optim for r in (o.source.ranges or ())}
     )
-    before = snapshot(sources)
-    tmp = temp_beside(out, TMP_PREFIX, TorchDcpError)
-    inner = tmp / out.name
-    try:
+    with staged_output(  # preflight again (time has passed since the plan), lock, the sources stamped
+        out,
+        writer="torch-dcp",
+        error=TorchDcpError,
+        sources=[Sources(folders=[plan.tag_dir.parent])],
+        watch=sources,
+        need_bytes=2 * plan.estimated_bytes,
+        scratch=True,
+    ) as stage:
+        inner = stage.path
         n, nbytes = _save(plan, inner, on_progress, cancel)
         for f in plan.carried:
             copy_new(os.path.realpath(f), inner / f.name)  # a regular file of the checkpoint (checked by the plan)
         (inner / NOTE_FILE).write_text(json.dumps(note(plan), indent=2) + "\n")
-        fsync_file(inner / NOTE_FILE)
-        fsync_dir(inner, best_effort=True)
-        check_unchanged(before, snapshot(sources), plan.tag_dir, TorchDcpError)
+        stage.check_unchanged()
         _verify(plan, inner, on_progress, cancel)
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled")
         files = sum(1 for _ in inner.iterdir())
-        move_into_place(inner, out, TorchDcpError)
-    finally:
-        remove_temp(tmp)
+        stage.commit()  # every file fsynced, then installed
     return TorchDcpResult(
         out=out,
         seconds=time.monotonic() - t0,

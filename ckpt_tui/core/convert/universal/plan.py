@@ -16,8 +16,8 @@ from ...formats.registry import format_of
 from ...fsutil import OutputError, preflight_output
 from ...jsondoc import as_json
 from ...leftovers import UNIVERSAL_TEMP
+from ...staging import refusal
 from ...types import Plan, PlanStep, in_user_form
-from .. import common
 from ..common import TagPlan, resolve_tag
 from .instructions import FROZEN_FILE
 
@@ -33,9 +33,7 @@ class UniversalError(ExportError):
 
 def output_refusal(e: OutputError, out: Path, tag_dir: Path) -> str:
     """What the output preflight found, said for the conversion."""
-    return common.output_refusal(
-        e, out, f"the source {tag_dir}", " (the converter writes its slices and the result side by side)"
-    )
+    return refusal(e, "universal")
 
 
 @dataclass

@@ -2,10 +2,10 @@
 into place, write ``latest_universal`` (and the frozen parameters, if asked).
 
 The converter runs under :mod:`.watchdog` (its own process group, killed with ckpt-tui: see there),
-writing into an output folder nested in a private temp folder beside the output (it writes its own
-``latest_universal`` into its output's parent, which is thrown away with the temp). Cancel and any
-exception kill the group and remove the temp; a change of the source while it ran discards the
-result.
+writing into the staged output beside OUT (``core/staging.py``: OUT locked, the result a folder inside
+the staging folder, where the converter also writes its own ``latest_universal``, thrown away with it).
+Cancel and any exception kill the group and remove the staging folder; a change of the source while it
+ran discards the result.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ...fsutil import OutputError, atomic_write, check_output_folder, remove_temp, snapshot
+from ...fsutil import atomic_write
 from ...jsondoc import JsonFields, as_json
 from ...progress import Cancelled, OnProgress, report
-from ..common import check_unchanged, move_into_place, temp_beside
+from ...staging import Sources, staged_output
 from .frozen import export_frozen
 from .instructions import instructions
-from .plan import TMP_PREFIX, UniversalError, UniversalPlan, output_refusal
+from .plan import UniversalError, UniversalPlan
 from .verify import UniversalVerification, verify_universal
 
 WATCHDOG_MODULE = "ckpt_tui.core.convert.universal.watchdog"
@@ -55,11 +55,6 @@ def _count_state_files(zdir: Path) -> int:
     except OSError:
         return 0
     return n
-
-
-def _tag_snapshot(tag_dir: Path) -> dict:
-    """Stamps of everything in the tag folder (a file added or removed shows too)."""
-    return snapshot(sorted(tag_dir.iterdir()))
 
 
 def watchdog_command(parent_pid: int, cmd: list[str]) -> tuple[list[str], dict]:
@@ -154,85 +149,85 @@ def convert_to_universal(
             warnings=list(plan.warnings),
             frozen_only=True,
         )
-    try:
-        check_output_folder(out)  # again: time has passed since the plan
-    except OutputError as e:
-        raise UniversalError(output_refusal(e, out, plan.tag_dir)) from None
     if export_frozen_params is None:
         export_frozen_params = plan.export_frozen
-    before = _tag_snapshot(plan.tag_dir)
-    tmp = temp_beside(out, TMP_PREFIX, UniversalError)
-    inner = tmp / "inner" / out.name
     own_log = log_path is None
-    log_file = Path(log_path) if log_path else tmp / "convert.log"
     proc = None
     keep_log_on_failure = out.parent / f"{out.name}.convert.log"
-    try:
-        (tmp / "inner").mkdir()
-        env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
-        cmd, wenv = watchdog_command(os.getpid(), plan.command(inner))
-        env.update(wenv)
-        with open(log_file, "ab") as log:
-            log.write(("$ " + " ".join(plan.command(inner)) + "\n").encode())
-            log.flush()
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(tmp),
-                start_new_session=True,
-                close_fds=True,
-            )
-        total = plan.expected_files
-        last = -1
-        while True:
+    with staged_output(  # preflight again (time has passed since the plan), lock, the tag's files stamped
+        out,
+        writer="universal",
+        error=UniversalError,
+        sources=[Sources(folders=[plan.tag_dir])],
+        watch_folders=[plan.tag_dir],
+        need_bytes=2 * plan.estimated_bytes,
+        scratch=True,
+    ) as stage:
+        inner = stage.path
+        log_file = Path(log_path) if log_path else stage.root / "convert.log"
+        try:
+            env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
+            cmd, wenv = watchdog_command(os.getpid(), plan.command(inner))
+            env.update(wenv)
+            with open(log_file, "ab") as log:
+                log.write(("$ " + " ".join(plan.command(inner)) + "\n").encode())
+                log.flush()
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=str(stage.root),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            total = plan.expected_files
+            last = -1
+            while True:
+                if cancel is not None and cancel.is_set():
+                    _kill_group(proc)
+                    raise Cancelled("cancelled")
+                try:
+                    rc = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                done = min(_count_state_files(inner / "zero"), total)
+                if done != last:
+                    report(on_progress, done, total, "files", "converting")
+                    last = done
+            _kill_group(proc)  # pool workers left behind, if any
+            if rc != 0:
+                tail = _tail(log_file)
+                if own_log:  # a new file renamed into place: never written through a link planted under that name
+                    atomic_write(keep_log_on_failure, Path(log_file).read_bytes())
+                raise UniversalError(
+                    f"DeepSpeed's converter failed (exit {rc}): {tail}"
+                    + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})")
+                )
+            report(on_progress, total, total, "files", "converting")
+            stage.check_unchanged()
+            report(on_progress, 0, None, "files", "verifying")
+            ver = verify_universal(inner, plan.tag_dir, cancel=cancel)
+            if not ver.ok:
+                raise UniversalError("the converted checkpoint failed verification: " + "; ".join(ver.problems[:5]))
+            files = sum(len(fs) for _, _, fs in os.walk(inner))
             if cancel is not None and cancel.is_set():
-                _kill_group(proc)
                 raise Cancelled("cancelled")
-            try:
-                rc = proc.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            done = min(_count_state_files(inner / "zero"), total)
-            if done != last:
-                report(on_progress, done, total, "files", "converting")
-                last = done
-        _kill_group(proc)  # pool workers left behind, if any
-        if rc != 0:
-            tail = _tail(log_file)
-            if own_log:  # a new file renamed into place: never written through a link planted under that name
-                atomic_write(keep_log_on_failure, Path(log_file).read_bytes())
-            raise UniversalError(
-                f"DeepSpeed's converter failed (exit {rc}): {tail}"
-                + (f" (full log: {keep_log_on_failure})" if own_log else f" (log: {log_file})")
-            )
-        report(on_progress, total, total, "files", "converting")
-        check_unchanged(before, _tag_snapshot(plan.tag_dir), plan.tag_dir, UniversalError)
-        report(on_progress, 0, None, "files", "verifying")
-        ver = verify_universal(inner, plan.tag_dir, cancel=cancel)
-        if not ver.ok:
-            raise UniversalError("the converted checkpoint failed verification: " + "; ".join(ver.problems[:5]))
-        files = sum(len(fs) for _, _, fs in os.walk(inner))
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("cancelled")
-        move_into_place(inner, out, UniversalError)
-        latest = write_latest(out)
-    except BaseException:
-        if proc is not None and proc.poll() is None:
-            _kill_group(proc)
-        elif proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        remove_temp(tmp)
-        raise
+            stage.commit()
+            latest = write_latest(out)
+        except BaseException:
+            if proc is not None and proc.poll() is None:
+                _kill_group(proc)
+            elif proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            raise
     final_log = None if own_log else log_file
-    remove_temp(tmp)
     frozen_file = None
     if export_frozen_params and (plan.frozen or plan.buffers):
         export_frozen(plan.tag_dir, plan.frozen_file)

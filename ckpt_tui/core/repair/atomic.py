@@ -1,11 +1,12 @@
-"""Safe in-place writes shared by every repair.
+"""Safe in-place writes shared by every repair: the staged output of one file (``core/staging.py``,
+:func:`~ckpt_tui.core.staging.staged_file`) plus the backup.
 
-A repair writes the new content to a temp file beside the target, fsyncs it, checks that the
-source did not change while it worked (size, mtime, inode), keeps the old file as a backup by hard
-link (no copy, no extra space), ``os.replace``s the temp file over the target and fsyncs the
-folder. A crash at any point leaves under the final name either the old file or the new one, and
-the backup intact; the next run removes its own dead temp files and reuses a backup that is still a
-hard link of the target (left by a run killed before the replace).
+A repair preflights the target's folder, locks the target, writes the new content to a temp file
+beside it, checks that the source did not change while it worked (size, mtime, inode), keeps the old
+file as a backup by hard link (no copy, no extra space), ``os.replace``s the temp file over the target
+and fsyncs the folder. A crash at any point leaves under the final name either the old file or the new
+one, and the backup intact; the next run removes its own dead temp files and reuses a backup that is
+still a hard link of the target (left by a run killed before the replace).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import stat as _stat
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
-from ..fsutil import OutputError, Stamp, check_space, check_writable, create_new, fsync_dir, stamp
-from ..leftovers import REPAIR_TEMP_MARK
+from ..fsutil import create_new
 from ..names import BACKUP_SUFFIX  # the scan names backups by it too
-from ..progress import check_cancel, report
+from ..progress import CancelToken, OnProgress, check_cancel, report
+from ..staging import REPAIR_TEMP_MARK, FileStage, message, staged_file
 
-TMP_MARK = REPAIR_TEMP_MARK  # inspect lists a killed run's temp file by the same name (core/leftovers.py)
 FREE_MARGIN = 64 << 20  # leave this much free beyond what a write needs
 
 
@@ -38,28 +38,16 @@ def backup_path(target: Path) -> Path:
 
 
 def tmp_prefix(target: Path) -> str:
-    return f".{target.name}{TMP_MARK}"
-
-
-def check_unchanged(path: Path, before: Optional[Stamp]) -> None:
-    now = stamp(path)
-    if now != before:
-        raise RepairError(
-            f"{path} changed while the repair ran (size/mtime/inode differ): a job may still be "
-            "writing this checkpoint. Nothing was replaced; run the repair again once it has finished."
-        )
+    """The name of a repair's temp file beside ``target``, before the pid (``staging.staged_file`` names it)."""
+    return f".{target.name}{REPAIR_TEMP_MARK}"
 
 
 def _os_error(e: OSError, what: str) -> RepairError:
+    """A failure while writing, said as the preflight would have (the table in ``core/staging.py``)."""
     if e.errno == errno.EROFS:
-        return RepairError(
-            f"{what}: the filesystem is read-only. Nothing was changed; copy the checkpoint to a "
-            "writable place and repair the copy."
-        )
+        return RepairError(message("read-only", "repair", parent=what))
     if e.errno in (errno.EACCES, errno.EPERM):
-        return RepairError(
-            f"{what}: permission denied. Nothing was changed; run as the checkpoint's owner or fix its mode (`ls -l`)."
-        )
+        return RepairError(message("not-writable", "repair", parent=what))
     if e.errno == errno.ENOSPC:
         return RepairError(f"{what}: no space left on the device. Nothing was changed.")
     return RepairError(f"{what}: {e.strerror or e}. Nothing was changed.")
@@ -101,63 +89,6 @@ def link_refusal(link: Path, shown: Optional[str] = None) -> str:
     )
 
 
-def preflight(folder: Path, needed: int) -> None:
-    """Refuse read-only filesystems, folders we may not write and too little free space (``needed``
-    plus a margin), before touching anything."""
-    try:
-        check_writable(folder)
-        check_space(folder, needed + FREE_MARGIN)
-    except OutputError as e:
-        if e.kind == "no-space":
-            from ..units import naturalsize
-
-            raise RepairError(
-                f"{folder}: not enough free space: the repair writes {naturalsize(needed)} (the old "
-                f"file is kept as the backup) and only {naturalsize(e.free)} is free. Nothing was "
-                "changed."
-            ) from None
-        raise _os_error(e, str(folder)) from None
-    except OSError as e:
-        raise _os_error(e, str(folder)) from None
-
-
-def cleanup_leftovers(target: Path) -> list[Path]:
-    """Remove temp files a killed earlier run left beside ``target`` (ours only: our name pattern,
-    and the pid in the name no longer alive). Returns what was removed."""
-    removed = []
-    pre = tmp_prefix(target)
-    try:
-        names = os.listdir(target.parent)
-    except OSError:
-        return removed
-    for n in names:
-        if not n.startswith(pre):
-            continue
-        pid = n[len(pre) :].split(".", 1)[0]
-        if pid.isdigit() and _alive(int(pid)):
-            continue
-        p = target.parent / n
-        try:
-            if _stat.S_ISREG(os.lstat(p).st_mode):
-                os.unlink(p)
-                removed.append(p)
-        except OSError:
-            pass
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # a leftover from an earlier call in this process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def backup_state(target: Path) -> str:
     """'none' (no backup), 'ours' (a hard link of the current target: a killed run's, reusable),
     'other' (an older backup that differs: refuse)."""
@@ -181,8 +112,8 @@ def replace_file(
     needed: int,
     watch: tuple[Path, ...] = (),
     verify: Optional[Callable[[Path], None]] = None,
-    on_progress=None,
-    cancel=None,
+    on_progress: Optional[OnProgress] = None,
+    cancel: Optional[CancelToken] = None,
     label: str = "",
     root: Optional[Path] = None,
 ) -> Optional[Path]:
@@ -196,11 +127,23 @@ def replace_file(
     target = Path(target)
     folder = target.parent
     refuse_links(root if root is not None else folder, target)
-    preflight(folder, needed)
-    cleanup_leftovers(target)
-    watched = (target, *watch)
-    before = {p: stamp(p) for p in watched}
-    bak = backup_path(target) if backup and before[target] is not None else None
+    with staged_file(target, writer="repair", error=RepairError, watch=watch, need_bytes=needed + FREE_MARGIN) as stage:
+        return _replace(stage, write, backup, verify, on_progress, cancel, label)
+
+
+def _replace(
+    stage: FileStage,
+    write: Callable[[BinaryIO], None],
+    backup: bool,
+    verify: Optional[Callable[[Path], None]],
+    on_progress: Optional[OnProgress],
+    cancel: Optional[CancelToken],
+    label: str,
+) -> Optional[Path]:
+    """:func:`replace_file` inside its staged file: write, verify, the backup link, install."""
+    target, tmp = stage.target, stage.path
+    existed = stage.before[str(target)] is not None
+    bak = backup_path(target) if backup and existed else None
     made_link = False
     if bak is not None:
         st = backup_state(target)
@@ -209,19 +152,18 @@ def replace_file(
                 f"a backup {bak} already exists and is not the current file: move it away (it may be "
                 "the only copy of an earlier version). Nothing was changed."
             )
-    tmp = folder / f"{tmp_prefix(target)}{os.getpid()}"
     fd = None
     try:
         try:
             fd = create_new(tmp)
         except OSError as e:
-            raise _os_error(e, str(folder)) from None
+            raise _os_error(e, str(target.parent)) from None
         with os.fdopen(fd, "wb") as f:
             fd = None
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        if before[target] is not None:
+        if existed:
             try:
                 shutil.copymode(target, tmp)
             except OSError:
@@ -229,8 +171,7 @@ def replace_file(
         if verify is not None:
             verify(tmp)
         check_cancel(cancel)
-        for p in watched:
-            check_unchanged(p, before[p])
+        stage.check_unchanged()
         report(on_progress, 1, 3, "files", label or "written")
         if bak is not None and backup_state(target) == "none":
             try:
@@ -245,11 +186,9 @@ def replace_file(
             made_link = True
             report(on_progress, 2, 3, "files", "backup kept")
         check_cancel(cancel)
-        for p in watched:
-            check_unchanged(p, before[p])
-        os.replace(tmp, target)
+        stage.check_unchanged()
+        stage.install()
         made_link = False
-        fsync_dir(folder)
         report(on_progress, 3, 3, "files", "replaced")
         return bak
     except OSError as e:
@@ -257,11 +196,6 @@ def replace_file(
     finally:
         if fd is not None:
             os.close(fd)
-        if tmp.exists():
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         if made_link and bak is not None:
             try:
                 os.unlink(bak)

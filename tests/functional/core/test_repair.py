@@ -347,7 +347,7 @@ def test_source_changing_during_repair_aborts(real_ckpt_copy):
                 f.write(b"x")
 
     res = r.apply(on_progress=grow)
-    assert not res.ok and "changed while" in res.message
+    assert not res.ok and "the source changed during the repair" in res.message
     assert target.read_bytes() == old + b"x" and not backup_path(target).exists()
     assert not [p for p in target.parent.iterdir() if "ckpt-tui" in p.name]
 

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .export.api import screened_model, source_for
 from .export.sources import Source, SourceTensor, to_torch
 from .jsondoc import JsonFields
 from .progress import OnProgress, Progress, check_cancel
-from .storage import open_read
+from .storage import LocationLike, open_read
+
+if TYPE_CHECKING:
+    import torch
 
 CHUNK_ELEMS = 4 * 1024 * 1024
 
 
-def open_source(path, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None) -> Source:
+def open_source(path: LocationLike, *, trust_pickles: bool = False, strip_prefix: Optional[str] = None) -> Source:
     """The model weights at ``path`` as a Source (what export would read), after the safety screen."""
     _, node, _ = screened_model(path, trust_pickles=trust_pickles)
     return source_for(node, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
@@ -43,7 +48,7 @@ class TensorStats(JsonFields):
         self.listed_as = self.listed_as or self.name
 
 
-def _chunks(t: SourceTensor):
+def _chunks(t: SourceTensor) -> Iterator[torch.Tensor]:
     """The tensor as float64 chunks (flat), at most CHUNK_ELEMS elements each."""
     import torch
 
@@ -69,12 +74,12 @@ def _chunks(t: SourceTensor):
                 yield torch.frombuffer(raw, dtype=dt).to(torch.float64)
 
 
-def _fixed_chunks(t: SourceTensor, n: int = CHUNK_ELEMS):
+def _fixed_chunks(t: SourceTensor, n: int = CHUNK_ELEMS) -> Iterator[torch.Tensor]:
     """Like _chunks but every chunk (except the last) has exactly n elements, so two tensors whose
     bytes are split differently (partitions, shards) can be walked side by side."""
     import torch
 
-    buf = []
+    buf: list[torch.Tensor] = []
     have = 0
     for c in _chunks(t):
         buf.append(c)
@@ -89,7 +94,7 @@ def _fixed_chunks(t: SourceTensor, n: int = CHUNK_ELEMS):
         yield torch.cat(buf) if len(buf) > 1 else buf[0]
 
 
-def tensor_stats(t: SourceTensor, cancel=None) -> TensorStats:
+def tensor_stats(t: SourceTensor, cancel: Optional[threading.Event] = None) -> TensorStats:
     import torch
 
     st = TensorStats(t.name, t.shape, t.dtype, t.numel, listed_as=t.listed_as or t.name)
@@ -120,7 +125,13 @@ def tensor_stats(t: SourceTensor, cancel=None) -> TensorStats:
     return st
 
 
-def stats(path, *, trust_pickles=False, on_progress: Optional[OnProgress] = None, cancel=None) -> list[TensorStats]:
+def stats(
+    path: LocationLike,
+    *,
+    trust_pickles: bool = False,
+    on_progress: Optional[OnProgress] = None,
+    cancel: Optional[threading.Event] = None,
+) -> list[TensorStats]:
     src = open_source(path, trust_pickles=trust_pickles)
     total = sum(t.nbytes for t in src.tensors if t.tied_to is None)
     done = 0
@@ -141,7 +152,7 @@ class DiffResult(JsonFields):
 
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
-    changed: list[dict] = field(default_factory=list)  # shape/dtype changes
+    changed: list[dict[str, Any]] = field(default_factory=list)  # shape/dtype changes
     max_abs: dict[str, float] = field(default_factory=dict)  # common tensors: max |a-b| (nan if any NaN differs)
 
     @property
@@ -149,7 +160,14 @@ class DiffResult(JsonFields):
         return not (self.only_a or self.only_b or self.changed or any(v != 0 for v in self.max_abs.values()))
 
 
-def diff(a, b, *, trust_pickles=False, on_progress: Optional[OnProgress] = None, cancel=None) -> DiffResult:
+def diff(
+    a: LocationLike,
+    b: LocationLike,
+    *,
+    trust_pickles: bool = False,
+    on_progress: Optional[OnProgress] = None,
+    cancel: Optional[threading.Event] = None,
+) -> DiffResult:
     import torch
 
     sa = open_source(a, trust_pickles=trust_pickles)

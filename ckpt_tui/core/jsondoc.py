@@ -26,7 +26,7 @@ def jsonable(v: Any) -> Any:
     return str(v)
 
 
-def as_json(obj: Any, keys: Optional[Iterable[str]] = None) -> dict:
+def as_json(obj: Any, keys: Optional[Iterable[str]] = None) -> dict[str, Any]:
     """The JSON object of dataclass ``obj``: ``keys`` in that order (default: every field in
     declaration order); a key ``"name=attribute"`` is the attribute (or property) under another name."""
     if keys is None:
@@ -45,7 +45,7 @@ class JsonFields:
 
     json_keys: ClassVar[Optional[tuple[str, ...]]] = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return as_json(self, self.json_keys)
 
 

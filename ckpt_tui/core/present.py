@@ -6,10 +6,11 @@ Severity is always a glyph as well as a colour (readable without colour, e.g. ``
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 from .dtypes import short_dtype
-from .types import SEVERITY_RANK
+from .types import SEVERITY_RANK, Finding
 from .units import naturalsize, param_count
 
 __all__ = [
@@ -61,7 +62,7 @@ def role_badge(role: str) -> Optional[str]:
     return ROLE_BADGE.get(role)
 
 
-def worst(findings) -> Optional[str]:
+def worst(findings: Iterable[Finding]) -> Optional[str]:
     """The worst severity among ``findings`` (None if there are none)."""
     return min((f.severity for f in findings), key=lambda s: SEVERITY_RANK[s], default=None)
 
@@ -71,12 +72,12 @@ def size(n: Optional[int]) -> str:
     return naturalsize(n or 0)
 
 
-def shape_text(shape) -> str:
+def shape_text(shape: Iterable[object]) -> str:
     """``4096×4096``; ``scalar`` for ()."""
     return "×".join(str(d) for d in shape) or "scalar"
 
 
-def universal_summary(facts) -> str:
+def universal_summary(facts: Mapping[str, Any]) -> str:
     """A universal checkpoint folder in one line: its parameters, which state files they have and
     the fp32 weights' size, e.g. ``21 parameters with fp32, exp_avg, exp_avg_sq, step; 115K params, 460.3 kB fp32``."""
     bits = [f"{facts.get('param_folders', 0)} parameters"]

@@ -12,7 +12,7 @@ from collections import deque
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Iterator, Literal, Optional
 
 Unit = Literal["bytes", "files"]
 
@@ -80,7 +80,7 @@ _SCOPE: ContextVar[tuple[Optional[OnProgress], Optional[threading.Event]]] = Con
 
 
 @contextmanager
-def progress_scope(on_progress: Optional[OnProgress], cancel: Optional[threading.Event]):
+def progress_scope(on_progress: Optional[OnProgress], cancel: Optional[threading.Event]) -> Iterator[None]:
     """Within: :func:`scoped` gives ``on_progress`` and ``cancel``."""
     token = _SCOPE.set((on_progress, cancel))
     try:

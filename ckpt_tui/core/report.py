@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .diagnose import diagnose, mark_complete
 from .formats.unpickle import gc_paused
 from .progress import OnProgress
 from .scan import OnNode, scan
-from .storage import bytes_fetched, is_url
+from .storage import LocationLike, as_path, bytes_fetched, is_url
 from .types import SCHEMA_VERSION, Finding, Inventory
 
 
@@ -25,13 +25,13 @@ class Report:
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         with gc_paused():  # plain dicts and lists, one per file and finding: no cycle for a collection to find
             return self._json()
 
-    def _json(self) -> dict:
+    def _json(self) -> dict[str, Any]:
         inv = self.inventory
-        doc = {
+        doc: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "path": str(inv.path),
             "summary": inv.summary,
@@ -49,17 +49,17 @@ class Report:
 
 
 def inspect(
-    path,
+    path: LocationLike,
     *,
     on_node: Optional[OnNode] = None,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[threading.Event] = None,
     trust_pickles: bool = False,
 ) -> Report:
     remote = is_url(path)
     before = bytes_fetched()
     inv = scan(
-        path if remote else Path(path),
+        path if remote else as_path(path),
         on_node=on_node,
         on_progress=on_progress,
         cancel=cancel,

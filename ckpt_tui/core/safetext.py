@@ -22,14 +22,14 @@ _UNSAFE_KEEP_LINES = re.compile(
 )
 
 
-def _escape(m: re.Match) -> str:
+def _escape(m: re.Match[str]) -> str:
     c = ord(m.group())
     if 0xDC80 <= c <= 0xDCFF:  # os.fsdecode's surrogateescape of an undecodable byte: show that byte
         return f"\\x{c - 0xDC00:02x}"
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
-def visible(text, *, lines: bool = False) -> str:
+def visible(text: object, *, lines: bool = False) -> str:
     """``text`` (any value: ``str()`` of it) with every control character, bidi control and lone surrogate
     shown as an escape: ``\\x1b]0;title\\x07``. ``lines=True`` keeps newlines and tabs (a message of several
     lines); CR is always escaped (it would overwrite the line)."""
@@ -39,7 +39,7 @@ def visible(text, *, lines: bool = False) -> str:
     return (_UNSAFE_KEEP_LINES if lines else UNSAFE).sub(_escape, s)
 
 
-def _json_escape(m: re.Match) -> str:
+def _json_escape(m: re.Match[str]) -> str:
     return f"\\u{ord(m.group()):04x}"
 
 

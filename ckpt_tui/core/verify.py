@@ -7,9 +7,12 @@ our restricted reader screened (no ``unsafe-pickle`` finding), or with ``trust_p
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .export.api import ExportError, screened_model, source_for
 from .export.prefix import choose
@@ -19,7 +22,16 @@ from .formats.format import NotExportable
 from .formats.registry import format_of
 from .jsondoc import JsonFields
 from .progress import OnProgress, Progress, check_cancel
-from .storage import download, is_url
+from .storage import LocationLike, download, is_url
+from .types import Node
+
+if TYPE_CHECKING:
+    import torch
+
+    from .export.plan import ExportPlan
+
+# (name, tensor) pairs, a tensor at a time: what a reference loader yields
+References = Iterator[tuple[str, "torch.Tensor"]]
 
 
 @dataclass
@@ -49,7 +61,7 @@ class VerifyResult(JsonFields):
         return not self.mismatches and not self.missing_in_output and not self.problems
 
 
-def _output_tensors(out: Path, stem: Optional[str] = None) -> dict[str, tuple[Path, str]]:
+def _output_tensors(out: Union[str, os.PathLike[str]], stem: Optional[str] = None) -> dict[str, tuple[Path, str]]:
     """name -> (file, safetensors dtype) of an export folder or file (``stem``: only ``stem.safetensors``
     and its shards ``stem-0000k-of-0000n.safetensors``)."""
     from .formats.safetensors import header as stfmt
@@ -60,33 +72,36 @@ def _output_tensors(out: Path, stem: Optional[str] = None) -> dict[str, tuple[Pa
         files = [f for f in files if f.name == f"{stem}.safetensors" or f.name.startswith(f"{stem}-")]
     if not files:
         raise ExportError(f"{out}: no .safetensors files")
-    res = {}
+    res: dict[str, tuple[Path, str]] = {}
     for f in files:
         for t in stfmt.read_header(f).tensors:
             res[t.name] = (f, t.dtype)
     return res
 
 
-def _reference(node, strip_prefix: Optional[str], trust_pickles: bool = False):
+def _reference(node: Node, strip_prefix: Optional[str], trust_pickles: bool = False) -> References:
     """Yields (name, tensor) from the reference loader of the node's format, a tensor at a time, once every file
     that loader reads passed the screen as it will read them (screen.require: a ScreenError otherwise)."""
     fmt = format_of(node)
     try:
-        if fmt is None:
-            raise NotExportable(f"no reference loader for {node.format}")
-        screen.require(screen.loader_files(node), trust_pickles=trust_pickles, loader=reference_name(node))
+        screen.require(fmt.loader_files(node), trust_pickles=trust_pickles, loader=reference_name(node))
         yield from fmt.reference_tensors(node, strip_prefix)
     except NotExportable as e:
         raise ExportError(str(e)) from None
 
 
-def reference_name(node) -> str:
+def reference_name(node: Node) -> str:
     fmt = format_of(node)
-    of = getattr(fmt, "reference_of", None)  # a format whose reference depends on the node (DeepSpeed tags)
-    return (of(node) if of is not None else fmt.reference if fmt is not None else None) or node.format
+    return fmt.reference_for(node) or node.format
 
 
-def _prefix(node, names: list[str], outs, strip_prefix, keep_prefix) -> tuple[Optional[str], str]:
+def _prefix(
+    node: Node,
+    names: list[str],
+    outs: Mapping[str, object],
+    strip_prefix: Optional[str],
+    keep_prefix: bool,
+) -> tuple[Optional[str], str]:
     """The prefix export would strip from ``names`` by default (a Lightning source's one attribute),
     unless the output shows the export kept it (``--keep-prefix``): more of its names match the
     source's own names than the stripped ones."""
@@ -101,13 +116,13 @@ def _prefix(node, names: list[str], outs, strip_prefix, keep_prefix) -> tuple[Op
 
 
 def compare_each(
-    refs,
+    refs: Iterable[tuple[str, torch.Tensor]],
     outs: dict[str, tuple[Path, str]],
-    res: "VerifyResult",
+    res: VerifyResult,
     *,
-    cancel=None,
+    cancel: Optional[threading.Event] = None,
     on_progress: Optional[OnProgress] = None,
-    not_missing=frozenset(),
+    not_missing: Set[str] = frozenset(),
 ) -> set[str]:
     """Compare each ``(name, reference tensor)`` with the output tensor of that name, bit for bit after the
     export's cast (a float reference in the output's dtype); count into ``res``. A reference name with no
@@ -116,7 +131,7 @@ def compare_each(
     from safetensors import safe_open
 
     seen: set[str] = set()
-    handles: dict[Path, object] = {}
+    handles: dict[Path, Any] = {}  # open safe_open handles (safetensors' stub types none of their methods)
     try:
         for name, ref in refs:
             check_cancel(cancel)
@@ -127,7 +142,8 @@ def compare_each(
             seen.add(name)
             path, _ = outs[name]
             if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt").__enter__()
+                # safetensors' stub (safetensors/__init__.pyi) leaves safe_open.__enter__ unannotated
+                handles[path] = safe_open(str(path), framework="pt").__enter__()  # type: ignore[no-untyped-call]
             got = handles[path].get_tensor(name)
             want = ref.to(got.dtype) if ref.is_floating_point() and got.is_floating_point() else ref
             res.compared += 1
@@ -146,14 +162,14 @@ def compare_each(
 
 
 def verify(
-    out,
-    against,
+    out: Union[str, os.PathLike[str]],
+    against: LocationLike,
     *,
     trust_pickles: bool = False,
     strip_prefix: Optional[str] = None,
     keep_prefix: bool = False,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[threading.Event] = None,
 ) -> VerifyResult:
     """Every tensor of the export ``out`` against ``against`` read by its reference loader. The
     source's names get the prefix decision of export (a Lightning checkpoint loses its one
@@ -221,7 +237,7 @@ def is_optimizer_export(out: Path) -> bool:
     )
 
 
-def _config_problems(cfg, planned: dict, outs: dict) -> list[str]:
+def _config_problems(cfg: object, planned: dict[str, Any], outs: Mapping[str, object]) -> list[str]:
     """What is wrong with an export's optimizer_config.json: not the step and param groups the source has,
     or a parameter whose tensors are exported but that no param group names (or the reverse)."""
     from .formats.deepspeed.optim import CONFIG_FILE
@@ -245,14 +261,14 @@ def _config_problems(cfg, planned: dict, outs: dict) -> list[str]:
 
 
 def verify_optimizer(
-    out,
-    against,
+    out: Union[str, os.PathLike[str]],
+    against: LocationLike,
     *,
     trust_pickles: bool = False,
     strip_prefix: Optional[str] = None,
     keep_prefix: bool = False,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[threading.Event] = None,
 ) -> VerifyResult:
     """An optimizer export ``out`` against ``against``: every tensor bit-exact with torch's own reader of
     the source (the DCP loader, ``torch.load``), named by the param groups the export's
@@ -289,7 +305,7 @@ def verify_optimizer(
     return res
 
 
-def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool):
+def _optimizer_reference(plan: ExportPlan, cfg: dict[str, Any], res: VerifyResult, trust_pickles: bool) -> References:
     """(exported name, tensor) of the source's optimizer state, read by torch where torch can."""
     kind = plan.source.kind
     strip = plan.prefix.strip if plan.prefix else None
@@ -302,6 +318,8 @@ def _optimizer_reference(plan, cfg: dict, res: VerifyResult, trust_pickles: bool
         screen.require([plan.source.path], trust_pickles=trust_pickles, loader="torch.load")
         obj = torch.load(plan.source.path, map_location="cpu", mmap=True, weights_only=not trust_pickles)
         sd, _, _ = find_optimizer_state(obj)
+        if sd is None:  # the plan found it with ckpt-tui's reader; torch.load of the same file does not
+            raise ExportError(f"{plan.source.path}: torch.load finds no optimizer state in it")
         state = sd["state"]
         for g_ref, g_cfg in zip(sd["param_groups"], cfg["param_groups"]):
             for idx, name in zip(g_ref["params"], g_cfg["params"]):

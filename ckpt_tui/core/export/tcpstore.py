@@ -27,7 +27,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Optional, Union
+from typing import Optional, Protocol, Union
 
 # QueryType (TCPStoreBackend.hpp), in order
 (
@@ -242,10 +242,19 @@ def _why(e: OSError) -> str:
     return e.strerror or errno.errorcode.get(e.errno or 0, "") or type(e).__name__
 
 
+class Store(Protocol):
+    """What :class:`PrefixStore` asks of the store below it: a :class:`TCPStoreClient`, another PrefixStore."""
+
+    def set(self, key: str, value: Value) -> None: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def compare_set(self, key: str, expected: Value, desired: Value) -> bytes: ...
+
+
 class PrefixStore:
     """torch's ``PrefixStore``: every key becomes ``prefix + "/" + key`` on the store below."""
 
-    def __init__(self, prefix: str, store):
+    def __init__(self, prefix: str, store: Store) -> None:
         self.prefix, self.store = prefix, store
 
     def _k(self, key: str) -> str:
@@ -284,10 +293,12 @@ class _Conn:
         return b
 
     def u32(self) -> int:
-        return U32.unpack(self.take(4))[0]
+        n: int = U32.unpack(self.take(4))[0]
+        return n
 
     def u64(self) -> int:
-        return U64.unpack(self.take(8))[0]
+        n: int = U64.unpack(self.take(8))[0]
+        return n
 
     def blob(self, limit: int) -> bytes:
         n = self.u64()
@@ -337,7 +348,7 @@ class TCPStoreServer:
     def __enter__(self) -> "TCPStoreServer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _run(self) -> None:
@@ -360,7 +371,8 @@ class TCPStoreServer:
         finally:
             for key in list(self._sel.get_map().values()):
                 try:
-                    key.fileobj.close()
+                    if isinstance(key.fileobj, socket.socket):  # all of them are: _listen, _wake_r, each conn.sock
+                        key.fileobj.close()
                 except OSError:
                     pass
             self._sel.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickletools
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Optional
@@ -131,7 +132,7 @@ def _op_binunicode(s: str) -> bytes:
     return b"X" + struct.pack("<I", len(b)) + b
 
 
-def encode_value(v) -> bytes:
+def encode_value(v: object) -> bytes:
     """Plain opcodes (protocol 2) for a small JSON-like value: dict/str/float/int/bool/None."""
     if v is None:
         return b"N"
@@ -155,7 +156,7 @@ def encode_value(v) -> bytes:
     raise EditError(f"cannot encode {type(v).__name__}")
 
 
-def add_top_level_key(pkl: bytes, key: str, value) -> bytes:
+def add_top_level_key(pkl: bytes, key: str, value: object) -> bytes:
     """``pkl`` with ``top[key] = value`` set just before the final STOP. The top-level object must be
     a plain dict (checked with the restricted reader, which runs nothing)."""
     if len(pkl) < 3 or pkl[0] != 0x80 or pkl[1] < 2:
@@ -164,7 +165,9 @@ def add_top_level_key(pkl: bytes, key: str, value) -> bytes:
     frames: list[tuple[int, int]] = []  # (position of FRAME opcode, length)
     try:
         for op, arg, pos in pickletools.genops(pkl):
+            assert pos is not None  # genops over bytes knows every opcode's position
             if op.name == "FRAME":
+                assert isinstance(arg, int)  # FRAME's argument: the frame's length
                 frames.append((pos, arg))
             if op.name == "STOP":
                 stop = pos
@@ -263,7 +266,7 @@ def rewrite_zip(
     replacements: dict[bytes, bytes],
     dst: BinaryIO,
     on_bytes: Optional[Callable[[int], None]] = None,
-    cancel=None,
+    cancel: Optional[threading.Event] = None,
 ) -> int:
     """Write the archive to ``dst`` with ``replacements`` (record name -> new data); every other
     record's data is copied byte for byte, its CRC re-checked. Returns bytes written."""

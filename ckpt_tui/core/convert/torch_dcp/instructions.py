@@ -4,12 +4,34 @@ world size, once ``model`` is built and wrapped) and what else to know. The test
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Protocol
 
-def _literal(v) -> str:
+
+class ConvertedPlan(Protocol):
+    """What the instructions read of a ``TorchDcpPlan``."""
+
+    @property
+    def out(self) -> Path: ...
+    @property
+    def hyper(self) -> Mapping[str, Any]: ...
+    @property
+    def optimizer_class(self) -> str: ...
+    @property
+    def global_step(self) -> Optional[int]: ...
+    @property
+    def carried(self) -> Sequence[Path]: ...
+    @property
+    def not_carried(self) -> Sequence[str]: ...
+    def shown(self, p: Path) -> str: ...
+
+
+def _literal(v: object) -> str:
     return repr(tuple(v)) if isinstance(v, (list, tuple)) else repr(v)
 
 
-def load_code(plan) -> str:
+def load_code(plan: ConvertedPlan) -> str:
     """Python that builds the optimizer and loads model, optimizer and step from ``plan.out``
     (``model``: the user's model, already wrapped with ``fully_shard`` or DDP)."""
     args = ", ".join(f"{k}={_literal(v)}" for k, v in plan.hyper.items())
@@ -27,7 +49,7 @@ def load_code(plan) -> str:
     )
 
 
-def instructions(plan) -> str:
+def instructions(plan: ConvertedPlan) -> str:
     sh = plan.shown
     lines = [
         f"torch.distributed.checkpoint: {sh(plan.out)}  (model + {plan.optimizer_class} state + step "

@@ -3,13 +3,16 @@ next to the universal checkpoint (the resume instructions say how to load it).""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ...fsutil import atomic_path
 
 
-def export_frozen(tag_dir, dest, *, names: Optional[list[str]] = None) -> dict[str, Any]:
+def export_frozen(
+    tag_dir: Union[str, os.PathLike[str]], dest: Union[str, os.PathLike[str]], *, names: Optional[list[str]] = None
+) -> dict[str, Any]:
     """Write the frozen parameters and buffers of ``tag_dir`` (as stored: the training dtype) to a
     safetensors file ``dest`` (temp + fsync + ``os.replace``). Returns {name: shape}."""
     from safetensors.torch import save_file

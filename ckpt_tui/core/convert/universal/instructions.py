@@ -8,12 +8,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 FROZEN_FILE = "frozen_params.safetensors"  # --export-frozen writes it beside the universal folder
 
 
-def frozen_load_code(frozen_file, target: str = "engine.module", zero3: bool = False) -> str:
+def frozen_load_code(frozen_file: object, target: str = "engine.module", zero3: bool = False) -> str:
     """Python that loads ``frozen_file`` into ``target`` (an nn.Module expression)."""
     code = f"from safetensors.torch import load_file\nfrozen = load_file({str(frozen_file)!r})\n"
     if zero3:
@@ -51,7 +51,30 @@ class UniversalLoad:
     tag_shown: str = ""  # the source tag folder, as a command argument (shell-quoted)
 
 
-def instructions(plan, frozen_file: Optional[Path] = None) -> str:
+class ConvertedPlan(Protocol):
+    """What :func:`instructions` reads of a ``UniversalPlan`` (named here, not imported: this module imports
+    nothing of ckpt-tui)."""
+
+    @property
+    def out(self) -> Path: ...
+    @property
+    def tag_dir(self) -> Path: ...
+    @property
+    def frozen_file(self) -> Path: ...
+    @property
+    def stage(self) -> int: ...
+    @property
+    def global_step(self) -> Optional[int]: ...
+    @property
+    def frozen(self) -> Sequence[str]: ...
+    @property
+    def buffers(self) -> Sequence[str]: ...
+    @property
+    def framework(self) -> Optional[str]: ...
+    def shown(self, p: Path) -> str: ...
+
+
+def instructions(plan: ConvertedPlan, frozen_file: Optional[Path] = None) -> str:
     """The instructions after converting with ``plan`` (a ``UniversalPlan``); ``frozen_file``: the
     frozen parameters were exported there."""
     out = plan.out

@@ -3,11 +3,17 @@ parameter's state files present, fp32 bit-exact equal to the master we reconstru
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ...jsondoc import JsonFields
 from .plan import STATE_FILES_Z3, STATE_FILES_Z12, UniversalError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -20,7 +26,7 @@ class UniversalVerification(JsonFields):
     notes: list[str] = field(default_factory=list)
 
 
-def _load_state(path: Path):
+def _load_state(path: Path) -> Any:  # what torch.load gives: a tensor here, or whatever the file holds
     import torch
 
     obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -29,7 +35,7 @@ def _load_state(path: Path):
     return obj
 
 
-def _bits_equal(a, b) -> bool:
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     import torch
 
     if a.dtype != b.dtype or a.numel() != b.numel():
@@ -37,11 +43,16 @@ def _bits_equal(a, b) -> bool:
     a, b = a.reshape(-1).contiguous(), b.reshape(-1).contiguous()
     if a.dtype.is_floating_point:
         iv = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.view(iv), b.view(iv))
-    return torch.equal(a, b)
+        return bool(torch.equal(a.view(iv), b.view(iv)))
+    return bool(torch.equal(a, b))
 
 
-def verify_universal(universal_dir, tag_dir, *, cancel=None) -> UniversalVerification:
+def verify_universal(
+    universal_dir: Union[str, os.PathLike[str]],
+    tag_dir: Union[str, os.PathLike[str]],
+    *,
+    cancel: Optional[threading.Event] = None,
+) -> UniversalVerification:
     """Check a universal checkpoint against the ZeRO tag folder it was converted from.
 
     Trainable parameters: ``fp32``/``exp_avg``/``exp_avg_sq`` (+ ``step`` for ZeRO-1/2) present and

@@ -35,14 +35,14 @@ PR_SET_PDEATHSIG = 1
 PYTHONPATH_VAR = "CKPT_TUI_WATCHDOG_PYTHONPATH"
 
 
-def _killgroup(*_) -> None:
+def _killgroup(*_: object) -> None:  # a signal handler: (signum, frame)
     try:
         os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(137)
 
 
-def _child_env() -> dict:
+def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     saved = env.pop(PYTHONPATH_VAR, None)
     if saved == "-":

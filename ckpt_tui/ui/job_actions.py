@@ -6,12 +6,14 @@ its wizard, runs the core function as a job (a worker) and shows the result. Mix
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 from ..core.formats.registry import format_of
 from ..core.types import SEVERITY_RANK
 from .jobs import JobInfo
 from .screens.dialogs import MessageDialog
+
+P = TypeVar("P")
 
 
 def by_severity(findings, here=None) -> list:
@@ -22,12 +24,12 @@ def by_severity(findings, here=None) -> list:
     )
 
 
-def _run_plan(run):
+def _run_plan(run: Callable[[P], object]) -> Callable[[Optional[P]], None]:
     """A planned wizard's dismiss callback: ``run(plan)`` once it returns one (not when it was cancelled)."""
 
-    def go(res) -> None:
-        if res and res.get("plan") is not None:
-            run(res["plan"])
+    def go(plan: Optional[P]) -> None:
+        if plan is not None:
+            run(plan)
 
     return go
 
@@ -64,11 +66,7 @@ class JobActions:
             return
         from .screens.wizards import RepairWizard
 
-        def go(res) -> None:
-            if res:
-                self.run_repair(res["repair"])
-
-        self.app.push_screen(RepairWizard(reps[0]), go)
+        self.app.push_screen(RepairWizard(reps[0]), _run_plan(self.run_repair))
 
     def run_repair(self, repair):
         info = JobInfo("repair", f"repair {repair.id}", "nothing was replaced; the original is untouched")
@@ -87,25 +85,15 @@ class JobActions:
         from .screens.wizards import ExportWizard
 
         sel = self.selected.path if self.selected else None
-        self.app.push_screen(ExportWizard(self.report, sel), _run_plan(self.run_export))
+        self.app.push_screen(
+            ExportWizard(self.report, sel), _run_plan(lambda choice: self.run_export(choice.plan, choice.optimizer))
+        )
 
-    def run_export(self, plan):
+    def run_export(self, plan, optimizer=None):
+        """Export ``plan`` or, with ``optimizer`` (the wizard's "both"), it and the optimizer state's plan side by
+        side into the one folder."""
         from ..core.export.write import execute
 
-        if isinstance(plan, tuple):  # the wizard's "both": model and optimizer side by side in one folder
-            from ..core.export.both import execute_both
-
-            shown = plan[0].out_given or str(plan[0].out)
-            info = JobInfo(
-                "export",
-                f"export {plan[0].out.name}",
-                f"the temp output was removed; {shown} was not created",
-                shown_out=shown,
-            )
-            return self.start_job(
-                info,
-                lambda on_progress, cancel: execute_both(*plan, verify=True, on_progress=on_progress, cancel=cancel),
-            )
         shown = plan.out_given or str(plan.out)  # the output folder as the user typed it
         info = JobInfo(
             "export",
@@ -113,6 +101,15 @@ class JobActions:
             f"the temp output was removed; {shown} was not created",
             shown_out=shown,
         )
+        if optimizer is not None:
+            from ..core.export.both import execute_both
+
+            return self.start_job(
+                info,
+                lambda on_progress, cancel: execute_both(
+                    plan, optimizer, verify=True, on_progress=on_progress, cancel=cancel
+                ),
+            )
         return self.start_job(
             info, lambda on_progress, cancel: execute(plan, verify=True, on_progress=on_progress, cancel=cancel)
         )
@@ -188,7 +185,7 @@ class JobActions:
 
     # ------------------------------------------------------------------ resume under torch FSDP2
     def action_resume_fsdp2(self) -> None:
-        from .screens.resume_wizard import ResumeWizard
+        from .screens.wizards import ResumeWizard
 
         self.open_tag_wizard(ResumeWizard, self.run_resume)  # the same DeepSpeed tag `ckpt-tui convert` would take
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -9,11 +12,19 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from ...core.present import GLYPH
-from ...core.types import SEVERITY_RANK
+from ...core.types import SEVERITY_RANK, Finding
 from ..format import plain, plain_text
 
 
-class FindingsScreen(ModalScreen):
+@dataclass(frozen=True)
+class FindingChoice:
+    """What the findings screen returns: the finding to go to, and whether to start its fix (x)."""
+
+    finding: Finding
+    fix: bool = False
+
+
+class FindingsScreen(ModalScreen[Optional[FindingChoice]]):
     DEFAULT_CSS = """
     FindingsScreen { align: center middle; }
     FindingsScreen > Vertical { width: 96%; height: 90%; border: thick $primary; background: $surface; }
@@ -28,7 +39,7 @@ class FindingsScreen(ModalScreen):
         Binding("k", "up", "Up", show=False),
     ]
 
-    def __init__(self, findings):
+    def __init__(self, findings: Iterable[Finding]) -> None:
         super().__init__()
         self.findings = sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
 
@@ -56,12 +67,12 @@ class FindingsScreen(ModalScreen):
         self._show(event.cursor_row)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        self.dismiss(("goto", self.findings[event.cursor_row]))
+        self.dismiss(FindingChoice(self.findings[event.cursor_row]))
 
     def action_fix(self) -> None:
         t = self.query_one(DataTable)
         if self.findings:
-            self.dismiss(("fix", self.findings[t.cursor_row]))
+            self.dismiss(FindingChoice(self.findings[t.cursor_row], fix=True))
 
     def action_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()

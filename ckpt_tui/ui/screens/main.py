@@ -337,16 +337,15 @@ class MainScreen(JobActions, Screen):
         self.query_one(CheckpointTree).styles.width = f"{width}%" if width else "auto"
 
     def action_findings(self) -> None:
-        from .findings import FindingsScreen
+        from .findings import FindingChoice, FindingsScreen
 
-        def done(res) -> None:
-            if not res or self.report is None:
+        def done(choice: Optional[FindingChoice]) -> None:
+            if choice is None or self.report is None:
                 return
-            kind, finding = res
-            self.query_one(CheckpointTree).select_path(finding.path)
-            self.selected = self.report.inventory.node(finding.path)
-            if kind == "fix":
-                self.start_fix(finding)
+            self.query_one(CheckpointTree).select_path(choice.finding.path)
+            self.selected = self.report.inventory.node(choice.finding.path)
+            if choice.fix:
+                self.start_fix(choice.finding)
 
         self.app.push_screen(FindingsScreen(self.report.findings), done)
 

@@ -107,8 +107,7 @@ async def test_scan_shows_the_finding_and_stats_and_export_are_refused(hostile, 
 
 @pytest.mark.parametrize("key", ["u", "m"])
 async def test_deepspeed_conversions_are_refused(zip_two_pkl, canary, tmp_path, key):
-    from ckpt_tui.ui.screens.resume_wizard import ResumeWizard
-    from ckpt_tui.ui.screens.wizards import UniversalWizard
+    from ckpt_tui.ui.screens.wizards import ResumeWizard, UniversalWizard
 
     wizard = UniversalWizard if key == "u" else ResumeWizard
     ck = zip_two_pkl["ds"]

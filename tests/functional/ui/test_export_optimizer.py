@@ -10,17 +10,16 @@ from textual.widgets import Input, OptionList
 
 from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.screens.dialogs import MessageDialog
-from ckpt_tui.ui.screens.wizards import BOTH, OPTIMIZER
 from tests.functional.ui.test_app import message_shown, press_and_wait, screen_text, step_ready, wait_for
 from tests.functional.ui.test_state import open_export_wizard
 from tests.snippets import run_load_snippet, run_printed, snippet_after
 
 
-async def choose(pilot, wiz, ident: str, out: str, dtype: str = "keep") -> None:
-    """On the first step, highlight ``ident``, then walk to the plan with ``out`` as the output folder and
-    ``dtype`` picked on the dtype step."""
+async def choose(pilot, wiz, component: str, out: str, dtype: str = "keep") -> None:
+    """On the first step, highlight the first source of ``component`` (model, optimizer, both), then walk to the
+    plan with ``out`` as the output folder and ``dtype`` picked on the dtype step."""
     ol = wiz.query_one("#source-list", OptionList)
-    ol.highlighted = [c[0] for c in wiz.candidates].index(ident)
+    ol.highlighted = [c.component for c in wiz.candidates].index(component)
     await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))
     wiz.query_one("#out", Input).value = out
     for step in (2, 3, 4):
@@ -42,16 +41,18 @@ async def test_both_writes_model_and_optimizer_side_by_side(real_ckpt, tmp_path,
     app = app_on_checkpoint_2(real_ckpt, "hf-fsdp2", tmp_path, monkeypatch)
     async with app.run_test(size=(120, 60)) as pilot:
         wiz = await open_export_wizard(pilot, app)
-        ids = [c[0] for c in wiz.candidates]
-        assert ids[0] == "pytorch_model_fsdp_0" and ids[-2:] == [OPTIMIZER, BOTH]
-        assert wiz.source() == "pytorch_model_fsdp_0"  # the model stays the default
-        await choose(pilot, wiz, BOTH, str(tmp_path / "both"))
+        shown = [(c.component, c.path) for c in wiz.candidates]
+        model = ("model", "pytorch_model_fsdp_0")
+        assert shown[0] == model and shown[-2:] == [("optimizer", model[1]), ("both", model[1])]
+        assert wiz.source() == wiz.candidates[0]  # the model stays the default
+        await choose(pilot, wiz, "both", str(tmp_path / "both"))
         # the free-space line counted both exports, as the core's export_needs does
         from ckpt_tui.core.export.api import export_needs
 
         node = app.report.inventory.node("pytorch_model_fsdp_0")
-        await wait_for(pilot, lambda: isinstance(wiz.output_bytes.get(BOTH), int))
-        assert wiz.output_bytes[BOTH] == export_needs(app.report, node) + export_needs(
+        both = wiz.candidates[-1]
+        await wait_for(pilot, lambda: isinstance(wiz.output_bytes.get(both), int))
+        assert wiz.output_bytes[both] == export_needs(app.report, node) + export_needs(
             app.report, node, component="optimizer"
         )
         text = screen_text(app)
@@ -76,14 +77,14 @@ async def test_optimizer_only_and_not_offered_without_one(real_ckpt, real_ckpt_c
     app = make_app(real_ckpt_copy("lightning-file-optim"))
     async with app.run_test(size=(120, 40)) as pilot:
         wiz = await open_export_wizard(pilot, app)
-        await choose(pilot, wiz, OPTIMIZER, str(tmp_path / "optim"))
+        await choose(pilot, wiz, "optimizer", str(tmp_path / "optim"))
         await press_and_wait(pilot, "enter", lambda: (tmp_path / "optim").exists(), timeout=120)
         await wait_for(pilot, lambda: isinstance(app.screen, MessageDialog), timeout=60)
     assert sorted(os.listdir(tmp_path / "optim")) == ["optimizer.safetensors", "optimizer_config.json"]
     app = make_app(real_ckpt("fsdp1-dcp"))  # model weights only: nothing else offered
     async with app.run_test(size=(120, 40)) as pilot:
         wiz = await open_export_wizard(pilot, app)
-        assert OPTIMIZER not in [c[0] for c in wiz.candidates] and wiz.optimizer_at is None
+        assert {c.component for c in wiz.candidates} == {"model"} and wiz.optimizer_at is None
 
 
 async def test_both_in_bf16_keeps_the_optimizer_state_as_stored(real_ckpt, tmp_path, monkeypatch):
@@ -95,7 +96,7 @@ async def test_both_in_bf16_keeps_the_optimizer_state_as_stored(real_ckpt, tmp_p
     app = app_on_checkpoint_2(real_ckpt, "hf-ds-zero2", tmp_path, monkeypatch)
     async with app.run_test(size=(120, 60)) as pilot:
         wiz = await open_export_wizard(pilot, app)
-        await choose(pilot, wiz, BOTH, str(tmp_path / "both"), dtype="bf16")
+        await choose(pilot, wiz, "both", str(tmp_path / "both"), dtype="bf16")
         assert "the optimizer state is written as stored" in str(wiz.query_one("#dtype-note").render())
         await pilot.press("enter")
         await wait_for(pilot, lambda: message_shown(app, "Load it with:"), timeout=120)

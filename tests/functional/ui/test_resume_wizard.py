@@ -5,7 +5,7 @@ import shutil
 
 from ckpt_tui.core.convert.torch_dcp import load_code
 from ckpt_tui.ui.app import make_app
-from ckpt_tui.ui.screens.resume_wizard import ResumeWizard
+from ckpt_tui.ui.screens.wizards import ResumeWizard
 from tests.functional.ui.test_app import message_shown, plan_in_tag_wizard, screen_text, wait_for
 
 

@@ -99,8 +99,67 @@ async def test_the_free_space_line_counts_what_the_export_writes(real_ckpt, tmp_
         await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))
         await wait_for(pilot, lambda: "writes about" in str(wiz.query_one("#space").render()))
         need = wiz.output_bytes[wiz.source()]
-        tag = app.report.inventory.node(wiz.source())
+        tag = app.report.inventory.node(wiz.source().path)
         assert need < tag.size / 2  # the model weights, not the optimizer states beside them
+
+
+async def test_the_output_folder_is_asked_in_a_worker_and_a_stale_answer_is_dropped(real_ckpt, tmp_path, monkeypatch):
+    """The free space and whether the folder is empty are asked off the UI thread (a statvfs or a listing on NFS
+    can take seconds), 250 ms after the last keystroke, "checking…" meanwhile; an answer for what was typed
+    before arrives late and is dropped (issue 21)."""
+    import threading
+
+    from textual.widgets import Input
+
+    from ckpt_tui.ui.screens.wizards import export as export_wizard
+
+    d = tmp_path / "ds"
+    shutil.copytree(real_ckpt("ds-zero2-bf16"), d)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    slow = str(tmp_path / "slow")
+    gate = threading.Event()
+    asked: list[tuple[str, bool]] = []  # (the value, asked on the UI thread)
+    real = export_wizard.check_output
+
+    def check(typed, inv):
+        asked.append((typed, threading.current_thread() is threading.main_thread()))
+        if typed == slow:
+            gate.wait(30)  # its answer comes after the next value's
+        return real(typed, inv)
+
+    monkeypatch.setattr(export_wizard, "check_output", check)
+    app = make_app(d)
+    async with app.run_test(size=(100, 30)) as pilot:
+        wiz = await open_export_wizard(pilot, app)
+        answered: list[str] = []
+        checked = wiz._checked
+
+        def seen(c) -> None:
+            answered.append(c.typed)
+            checked(c)
+
+        wiz._checked = seen
+        await press_and_wait(pilot, "enter", lambda: step_ready(wiz, 1))
+        space, out = wiz.query_one("#space"), wiz.query_one("#out", Input)
+        await wait_for(pilot, lambda: "writes about" in str(space.render()))
+        out.value = slow
+        await wait_for(pilot, lambda: slow in [v for v, _ in asked])
+        assert str(space.render()) == "Checking the output folder…"
+        out.value = ""
+        await pilot.press(*str(full))  # each keystroke restarts the wait: not one ask per key
+        await wait_for(pilot, lambda: wiz.current_check() is not None)
+        assert wiz.current_check().refusal == f"{full} exists and is not empty: choose another folder"
+        assert str(space.render()).startswith("Free in ") and "writes about" in str(space.render())
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert wiz.step == 1  # refused: the folder is not empty
+        gate.set()
+        await wait_for(pilot, lambda: slow in answered)
+        assert wiz.current_check().typed == str(full)  # the late answer for `slow` was dropped
+    assert not [v for v, on_ui in asked if on_ui], "the disk was asked on the UI thread"
+    assert len({v for v, _ in asked if v not in (slow, str(full))}) < len(str(full)) - 1  # not one per key
 
 
 async def test_keys_that_need_the_scan_are_dimmed_while_it_runs(real_ckpt, tmp_path):

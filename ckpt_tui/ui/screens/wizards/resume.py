@@ -1,16 +1,17 @@
 """The "Resume under torch FSDP2" wizard (key `m`): a DeepSpeed ZeRO checkpoint -> a torch DCP folder
 (``ckpt-tui convert --to torch-dcp``): why, where to write it, the plan; the app runs the conversion as
-a job and shows the load code at the end (job_actions)."""
+a job and shows the load code at the end (ui/job_kinds.py); it returns the core's TorchDcpPlan."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ...core.facts import DeepSpeedZeroFacts
-from .wizards import TagConversionWizard
+from ....core.convert.torch_dcp.plan import TorchDcpPlan
+from ....core.facts import DeepSpeedZeroFacts
+from .tag import TagConversionWizard
 
 
-class ResumeWizard(TagConversionWizard):
+class ResumeWizard(TagConversionWizard[TorchDcpPlan]):
     TITLE = "Resume under torch FSDP2"
     READY = "Press enter to convert (written and verified in the background). The plan:"
     OUT_HELP = "The torch DCP folder (outside the run, beside it):"
@@ -28,11 +29,11 @@ class ResumeWizard(TagConversionWizard):
         )
 
     def default_out(self, tag_dir: Path) -> Path:
-        from ...core.convert.torch_dcp import default_out
+        from ....core.convert.torch_dcp import default_out
 
         return default_out(tag_dir)
 
-    def make_plan(self, src: str, out: Path):
-        from ...core.convert.torch_dcp import torch_dcp_plan
+    def make_plan(self, src: str, out: Path) -> TorchDcpPlan:
+        from ....core.convert.torch_dcp import torch_dcp_plan
 
         return torch_dcp_plan(src, out)

@@ -55,11 +55,13 @@ What a format declares (class attributes; the defaults are a format that is none
 What a format answers (methods): ``describe`` (the layout and components of a checkpoint that is
 this node), ``describe_holder`` (of a folder holding nodes of this format, tried in ``holder_order``),
 ``summary_detail`` and ``tree_label`` (its words in the summary and in a tree), ``findings`` (what
-diagnose reports about a node of this format), ``optimizer_source`` and ``holds_optimizer``.
+diagnose reports about a node of this format), ``reference_for`` and ``loader_files`` (the reference loader's
+name, and what verify screens before that loader reads the node), ``optimizer_source`` and ``holds_optimizer``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional, cast
 
 from ..facts import NodeFacts, TensorFacts
@@ -133,6 +135,15 @@ class Format:
 
     def findings(self, inv: Inventory, node: Node) -> list[Finding]:
         """What diagnose reports about ``node`` because of its format (after the findings of every node)."""
+        return []
+
+    def reference_for(self, node: Node) -> Optional[str]:
+        """The reference loader's name for ``node`` (a DeepSpeed tag's depends on its layout)."""
+        return self.reference
+
+    def loader_files(self, node: Node) -> list[Path]:
+        """The files :meth:`reference_tensors` reads whose pickles its loader runs: verify screens each first
+        (``screen.require``). None where the loader reads no pickle (safetensors)."""
         return []
 
     def holds_optimizer(self, node: Node) -> bool:

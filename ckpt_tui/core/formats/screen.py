@@ -98,24 +98,6 @@ def dcp_metadata_files(folder) -> list[Path]:
     return [glob_meta] if glob_meta else list(ranks)
 
 
-def loader_files(node) -> list[Path]:
-    """The files the reference loader of ``node``'s format reads (verify's), to screen first."""
-    fmt = node.format
-    path = Path(node.abspath)
-    if fmt == "dcp":
-        return dcp_metadata_files(path) if path.is_dir() else []
-    if fmt == "deepspeed-zero":
-        return tag_files(path)
-    if fmt == "deepspeed-universal":
-        zero = path / "zero"
-        return sorted(zero.glob("*/*.pt")) + sorted(zero.glob("*.pt")) if zero.is_dir() else []
-    if fmt == "verl-fsdp":
-        return sorted(p for p in path.iterdir() if p.name.endswith(".pt") and p.is_file())
-    if not path.is_dir() and fmt in ("torch-zip", "deepspeed-model-states", "deepspeed-optim-states"):
-        return [path]
-    return []  # safetensors: no pickle
-
-
 def dcp_reader(folder, *, trust_pickles: bool = False):
     """torch's ``FileSystemReader`` for ``folder``, once its metadata files passed the screen, handed the
     ``Metadata`` ckpt-tui unpickled itself (torch's own classes, through the allowlist) instead of letting it

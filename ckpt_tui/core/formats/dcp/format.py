@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...facts import DcpFacts, JsonFacts, NodeFacts, SafetensorsFacts
@@ -21,7 +22,7 @@ from ...names import (
     step_of,
 )
 from ...types import Finding, Inventory, Node, Parsed, TensorInfo
-from .. import FormatError
+from .. import FormatError, screen
 from ..format import Described, FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from ..plain.format import MAX_FACT_CHARS
 from ..safetensors.header import read_header
@@ -97,6 +98,10 @@ class DcpFolder(FolderFormat):
 
     def findings(self, inv: Inventory, node: Node) -> list[Finding]:
         return dcp_findings(inv, node)
+
+    def loader_files(self, node: Node) -> list[Path]:
+        path = Path(node.abspath)
+        return screen.dcp_metadata_files(path) if path.is_dir() else []
 
     def holds_optimizer(self, node: Node) -> bool:
         from .optim import has_optimizer_state

@@ -23,7 +23,7 @@ from ...names import step_of
 from ...present import universal_summary
 from ...storage import open_read
 from ...types import Finding, Inventory, Node, Parsed, TensorInfo, numel
-from .. import FormatError
+from .. import FormatError, screen
 from ..format import Described, FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from ..torch_save import torchfile
 from ..torch_save.format import MAX_UNSAFE, TorchFileFormat, fact_text, read_torch_file
@@ -82,6 +82,10 @@ class DeepSpeedOptimStatesFiles(FileFormat):
 
     formats = {"deepspeed-optim-states": DeepSpeedOptimStatesFacts}
     file_layout = "torch-file"
+
+    def loader_files(self, node: Node) -> list[Path]:
+        path = Path(node.abspath)
+        return [] if path.is_dir() else [path]
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
         return ("deepspeed-optim-states", "optimizer") if dsfmt.OPTIM_STATES_RE.match(name) else None
@@ -237,6 +241,9 @@ class DeepSpeedTag(FolderFormat):
     def findings(self, inv: Inventory, node: Node) -> list[Finding]:
         return tag_findings(inv, node)
 
+    def loader_files(self, node: Node) -> list[Path]:
+        return screen.tag_files(Path(node.abspath))
+
     def optimizer_source(
         self,
         node: Node,
@@ -364,7 +371,7 @@ class DeepSpeedTag(FolderFormat):
             raise NotExportable(str(e)) from None
         return strip_names(src, strip_prefix)
 
-    def reference_of(self, node: Node) -> str:
+    def reference_for(self, node: Node) -> Optional[str]:
         """The reference loader verify names: zero_to_fp32 rejects stage 0, BF16_Optimizer and pipeline tags."""
         return {
             "zero-0": "torch.load (mp_rank_00_model_states.pt: module, FP16_UnfusedOptimizer fp32_groups)",
@@ -499,6 +506,10 @@ class DeepSpeedUniversal(FolderFormat):
 
     def findings(self, inv: Inventory, node: Node) -> list[Finding]:
         return universal_findings(inv, node)
+
+    def loader_files(self, node: Node) -> list[Path]:
+        zero = Path(node.abspath) / "zero"
+        return sorted(zero.glob("*/*.pt")) + sorted(zero.glob("*.pt")) if zero.is_dir() else []
 
     def detect(self, node: Node) -> bool:
         zero = node.child("zero")

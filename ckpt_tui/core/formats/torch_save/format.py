@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import reprlib
 from itertools import islice
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...facts import TorchFileFacts, TorchZipFacts
@@ -115,6 +116,10 @@ class TorchFileFormat(FileFormat):
 
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
         return torch_load_tensors(node, strip_prefix)
+
+    def loader_files(self, node: Node) -> list[Path]:
+        path = Path(node.abspath)
+        return [] if path.is_dir() else [path]
 
 
 class TorchSave(TorchFileFormat):

@@ -9,6 +9,7 @@ Exported by byte range from every rank (``verl.source``); verl's own merger is
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...facts import VerlFacts
@@ -67,6 +68,10 @@ class VerlFolder(FolderFormat):
 
     def findings(self, inv: Inventory, node: Node) -> list[Finding]:
         return verl_findings(inv, node)
+
+    def loader_files(self, node: Node) -> list[Path]:
+        path = Path(node.abspath)
+        return sorted(p for p in path.iterdir() if p.name.endswith(".pt") and p.is_file())
 
     def optimizer_source(
         self,

@@ -16,6 +16,7 @@ from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ....core.export.plan import ExportPlan
+from ....core.formats.registry import format_of
 from ....core.fsutil import OutputError, check_output_folder, free_bytes
 from ....core.report import Report
 from ....core.storage import is_url
@@ -213,7 +214,7 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             )
         node = self.report.inventory.node(self.model_source())
         note = "keep writes the tensors as stored"
-        if node is not None and node.format == "deepspeed-zero":
+        if node is not None and format_of(node).tag:
             note = "DeepSpeed keeps fp32 master weights: keep writes fp32"
             td = node.facts.get("train_dtype")
             if td in ("bfloat16", "float16"):

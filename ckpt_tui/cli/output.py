@@ -12,6 +12,7 @@ escapes (``core.safetext.visible``), Rich markup escaped. ``--json`` escapes C1 
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import click
 
@@ -35,7 +36,7 @@ def esc(text: object) -> str:
     return escape(visible(text))
 
 
-def fail(msg: str, code: int) -> "NoReturn":  # noqa: F821
+def fail(msg: str, code: int) -> NoReturn:
     echo(f"ckpt-tui: {msg}", err=True)
     sys.exit(code)
 
@@ -140,7 +141,7 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
             fail(f"{e.strerror or e}: {getattr(e, 'filename', '') or ''}{after}", EXIT_FINDINGS)
 
 
-def conversion_plan(make, refusal: type, *, dry_run: bool, as_json: bool):
+def conversion_plan(make, refusal: type[Exception], *, dry_run: bool, as_json: bool):
     """``make()``: a conversion's plan (``universal``, ``convert``), its errors mapped to the exit codes
     (an unreadable path 2; ``refusal``, the converter's own error, or a failed read 1); then which
     checkpoint it took and its warnings on stderr. With ``dry_run``, print the plan (or its JSON) and exit 0."""

@@ -11,6 +11,7 @@ that writes one sub-folder per *variant* under OUTDIR. This module only launches
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -428,7 +429,7 @@ def generate(
     for v in wanted:
         src = grp.derived.get(v)
         if src:
-            _attempt(lambda v=v, src=src: _to_universal(outdir / src, outdir / v, on_line, timeout), outdir, [v])
+            _attempt(functools.partial(_to_universal, outdir / src, outdir / v, on_line, timeout), outdir, [v])
 
 
 def _attempt(run: Callable[[], tuple[int, str]], outdir: Path, variants: list[str]) -> None:

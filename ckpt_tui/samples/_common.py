@@ -96,7 +96,7 @@ def init_dist(deepspeed: bool = False) -> tuple[int, int]:
         import importlib
 
         # not `import deepspeed.comm.torch as m`: that binds the attribute deepspeed.comm.torch, which is torch
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        setattr(importlib.import_module("deepspeed.comm.torch"), "build_shm_op", lambda: None)
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")

@@ -153,13 +153,16 @@ def oracle(ckpt: Path, dest: Path) -> None:
 FUNCS = {"megatron-dist": v_megatron_dist}
 
 
+def _setup() -> None:
+    init_dist()
+    _cpu_stubs()
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--oracle"]:
         oracle(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    run_variants(
-        VARIANTS, lambda name, out: FUNCS[name](out), setup=lambda: (init_dist(), _cpu_stubs()), teardown=_end_children
-    )
+    run_variants(VARIANTS, lambda name, out: FUNCS[name](out), setup=_setup, teardown=_end_children)
 
 
 if __name__ == "__main__":

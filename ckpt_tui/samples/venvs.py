@@ -76,7 +76,7 @@ def python_for(name: str, on_line: Callable[[str], None] | None = None) -> Path:
 
 def _run(cmd: list[str], on_line) -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-    tail = []
+    tail: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]

@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -169,7 +170,7 @@ def _fsdp1_model_oracle(out: Path) -> None:
             )
         else:
             pieces[k] = (tuple(v.shape), str(v.dtype), [((0,) * v.dim(), v.clone())])
-    gathered = [None] * world
+    gathered: list[Any] = [None] * world  # each rank's pieces, filled in by all_gather_object
     dist.all_gather_object(gathered, pieces)
     if rank == 0:
         full = {}

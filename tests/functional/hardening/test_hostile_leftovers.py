@@ -37,7 +37,7 @@ if kind == "universal":  # as convert_to_universal stages its output beside it
     from ckpt_tui.core.convert.universal.plan import UniversalError
     from ckpt_tui.core.staging import staged_output
 
-    cm = staged_output(where / "global_step2_universal", writer="universal", error=UniversalError)
+    cm = staged_output(where / "global_step2_universal", writer="universal", error=UniversalError, scratch=True)
     stage = cm.__enter__()  # never left: the process is killed inside
     part = stage.path / "zero" / "model.embed_tokens.weight"
     part.mkdir(parents=True)
@@ -48,7 +48,6 @@ else:  # as an export into where/merged: its lock, then its staging folder
 
     cm = staged_output(where / "merged", writer="export", error=ExportError)
     stage = cm.__enter__()
-    stage.path.mkdir()
     (stage.path / "model.safetensors").write_bytes(data[: len(data) // 2])  # a shard cut in half
 tmp = stage.root
 print(tmp.name, flush=True)

@@ -2,7 +2,7 @@
 
 The worker passes its own ``cancelled_event`` to the core function as the cancel token and posts the core's
 ``Progress`` as a message; it never touches widgets. The worker's state is the job's state: the main screen
-handles every end in one ``on_worker_state_changed``. What a worker does not know -- the title shown to the user,
+hands every end to the job's kind (ui/job_kinds.py, keyed by the worker's name). What a worker does not know -- the title shown to the user,
 what a cancel removes -- is a frozen ``JobInfo`` kept beside it.
 
 Cancelling a job sets its ``cancelled_event`` only (``request_cancel``): ``Worker.cancel`` would mark a thread
@@ -13,9 +13,11 @@ with ``Cancelled`` (shown as cancelled) or, when it was past its last check, wit
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from textual.dom import DOMNode
 from textual.message import Message
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -24,14 +26,18 @@ from ..core.progress import Cancelled, Progress
 
 @dataclass(frozen=True)
 class JobInfo:
-    kind: str  # scan | export | universal | repair | stats | tensors
+    kind: str  # the name of its kind in job_kinds.JOB_KINDS: scan | tensors | repair | export | universal | ...
     title: str
     cleanup_note: str = ""  # what a cancel removes, said to the user
     shown_out: str = ""  # the output path as the user typed it (export)
 
 
+# a job's body: ``fn(on_progress=..., cancel=...)``, run in a thread worker; what it returns is the worker's result
+JobFn = Callable[..., Any]
+
+
 class JobProgress(Message):
-    def __init__(self, worker: Worker, progress: Progress) -> None:
+    def __init__(self, worker: Worker[Any], progress: Progress) -> None:
         super().__init__()
         self.worker = worker
         self.progress = progress
@@ -40,16 +46,17 @@ class JobProgress(Message):
         return isinstance(message, JobProgress) and message.worker is self.worker
 
 
-def run_job(node, info: JobInfo, fn: Callable[..., Any], *, exclusive: bool = False) -> Worker:
-    """Run ``fn(on_progress=..., cancel=...)`` in a thread worker of ``node`` (group = the job's kind)."""
+def run_job(node: DOMNode, info: JobInfo, fn: JobFn, *, exclusive: bool = False) -> Worker[Any]:
+    """Run ``fn(on_progress=..., cancel=...)`` in a thread worker of ``node`` (name and group: the job's kind)."""
 
-    def body():
+    def body() -> Any:
         worker = get_current_worker()
 
         def on_progress(p: Progress) -> None:
             node.post_message(JobProgress(worker, p))
 
-        return fn(on_progress=on_progress, cancel=worker.cancelled_event)
+        cancel: threading.Event = worker.cancelled_event
+        return fn(on_progress=on_progress, cancel=cancel)
 
     return node.run_worker(
         body,
@@ -62,7 +69,7 @@ def run_job(node, info: JobInfo, fn: Callable[..., Any], *, exclusive: bool = Fa
     )
 
 
-def outcome(worker: Worker) -> str:
+def outcome(worker: Worker[Any]) -> str:
     """running | done | failed | cancelled, from the worker's state."""
     if worker.state in (WorkerState.PENDING, WorkerState.RUNNING):
         return "running"
@@ -73,10 +80,10 @@ def outcome(worker: Worker) -> str:
     return "failed"
 
 
-def request_cancel(worker: Worker) -> None:
+def request_cancel(worker: Worker[Any]) -> None:
     worker.cancelled_event.set()
 
 
-def error_text(worker: Worker) -> str:
+def error_text(worker: Worker[Any]) -> str:
     e = worker.error
     return (str(e) or type(e).__name__) if e is not None else ""

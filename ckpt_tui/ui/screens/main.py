@@ -4,14 +4,15 @@
 Its state is reactive and each watcher repaints one thing: ``report`` (the scan's result), ``selected`` (the
 highlighted node), ``listing`` (the tensor table's rows and note), ``stats`` and ``tree_width``. Bindings that
 cannot run now are dimmed by ``check_action``; ``why_not`` says why (help screen, palette). Every job is a
-Textual worker over a core function (ui/jobs.py) and every worker's end is handled in
-``on_worker_state_changed``."""
+Textual worker over a core function (ui/jobs.py) of a registered kind (ui/job_kinds.py): the keys open the
+kinds' wizards and ``on_worker_state_changed`` hands every end to the job's kind."""
 
 from __future__ import annotations
 
 import gc
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from textual import on
 from textual.app import ComposeResult
@@ -22,18 +23,28 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, Tree
 from textual.worker import Worker
 
+from ...core.export.plan import ExportPlan
+from ...core.formats.registry import format_of
 from ...core.present import GLYPH
 from ...core.report import Report
 from ...core.storage import is_url
-from ...core.types import MODEL_ROLES, Node
+from ...core.types import MODEL_ROLES, Finding, Node, Parsed, TensorInfo
 from ..actions import bindings
 from ..format import plain
-from ..job_actions import JobActions, by_severity
-from ..jobs import JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
+from ..job_kinds import EXPORT, JOB_KINDS, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
+from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
 from ..widgets.jobs_panel import JobsPanel, progress_text
 from ..widgets.tree import CheckpointTree
 from .dialogs import ConfirmDialog, MessageDialog
+
+# what a tensors job returns: (the node it was asked for, the component listed, its rows, the table's note)
+TensorRows = tuple[str, str, tuple[TensorInfo, ...], str]
+Listing = tuple[tuple[TensorInfo, ...], str]  # the tensor table's rows and note
+if TYPE_CHECKING:
+    from ...core.analysis import TensorStats
+    from ...core.progress import OnProgress
+    from ...core.scan import ScanEvent
 
 TREE_WIDTHS = (20, 30, 40, 50, 60, 70)  # the tree pane's share of the width, in percent; `<` / `>` step through
 
@@ -44,24 +55,24 @@ class TreeReady(Message):
         self.root = root
 
 
-class MainScreen(JobActions, Screen):
+class MainScreen(Screen[None]):
     CSS_PATH = Path(__file__).with_name("main.tcss")
     BINDINGS = bindings(app=False)
 
     report: reactive[Optional[Report]] = reactive(None, init=False, bindings=True)
     selected: reactive[Optional[Node]] = reactive(None, init=False, bindings=True, always_update=True)
-    listing: reactive[tuple] = reactive(((), ""), init=False)  # (tensor rows, note) of the shown component
-    stats: reactive[tuple] = reactive((), init=False)  # TensorStats of the shown component, after `s`
+    listing: reactive[Listing] = reactive(((), ""), init=False)  # (tensor rows, note) of the shown component
+    stats: reactive[tuple[TensorStats, ...]] = reactive((), init=False)  # of the shown component, after `s`
     tree_width: reactive[int] = reactive(0, init=False)  # 0: by content (CheckpointTree); else % set by < / >
 
-    def __init__(self, path: Path, *, clock=None, trust_pickles: bool = False):
+    def __init__(self, path: Path, *, clock: Optional[Callable[[], float]] = None, trust_pickles: bool = False) -> None:
         super().__init__()
         self.path = path
         self.clock = clock
         self.trust_pickles = trust_pickles
-        self.jobs: dict[Worker, JobInfo] = {}  # every job started, in order; the worker holds its state
-        self._tensor_cache: dict[str, tuple] = {}
-        self._shown_component: object = "unset"
+        self.jobs: dict[Worker[Any], JobInfo] = {}  # every job started, in order; the worker holds its state
+        self._tensor_cache: dict[str, Listing] = {}
+        self.shown_component: Optional[str] = None  # the key of the component the table shows (None: not yet)
         self._early_root: Optional[Node] = None
 
     # ------------------------------------------------------------------ layout
@@ -105,20 +116,21 @@ class MainScreen(JobActions, Screen):
         return None if self.why_not(action) else True  # None: shown dimmed in the footer
 
     # ------------------------------------------------------------------ jobs
-    def start_job(self, info: JobInfo, fn, *, exclusive: bool = False) -> Worker:
+    def start_job(self, info: JobInfo, fn: JobFn, *, exclusive: bool = False) -> Worker[Any]:
+        """Run ``fn`` as a job of kind ``info.kind`` (a name in JOB_KINDS)."""
         worker = run_job(self, info, fn, exclusive=exclusive)
         self.jobs[worker] = info
-        if info.kind not in ("scan", "tensors"):
+        if JOB_KINDS[info.kind].listed:
             self.query_one(JobsPanel).add_job(worker, info)
         self.refresh_bindings()
         return worker
 
-    def running_jobs(self) -> list[Worker]:
-        return [w for w, info in self.jobs.items() if info.kind not in ("scan", "tensors") and outcome(w) == "running"]
+    def running_jobs(self) -> list[Worker[Any]]:
+        return [w for w, info in self.jobs.items() if JOB_KINDS[info.kind].listed and outcome(w) == "running"]
 
     def on_job_progress(self, msg: JobProgress) -> None:
         info = self.jobs.get(msg.worker)
-        if info is not None and info.kind == "scan" and self.report is None:
+        if info is not None and info.kind == SCAN.name and self.report is None:
             # the scan's own progress, in the summary line until the facts replace it: the files analysed, then
             # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded
             self.query_one("#summary", Static).update(plain(f"Scanning {self.path} … {progress_text(msg.progress)}"))
@@ -137,19 +149,8 @@ class MainScreen(JobActions, Screen):
         if row is not None:
             row.outcome = end
         self.refresh_bindings()
-        if end == "running":
-            return
-        if info.kind == "scan":
-            self._scan_done(worker, end)
-        elif info.kind == "tensors":
-            if end == "done":
-                self._tensors_done(*worker.result)
-        elif end == "failed":
-            self.app.push_screen(MessageDialog(f"{info.title} failed", error_text(worker), error=True))
-        elif end == "cancelled":
-            self.notify(plain(f"{info.title}: cancelled. {info.cleanup_note}".strip()).plain, markup=False)
-        elif end == "done":
-            getattr(self, f"_done_{info.kind}")(worker, info)
+        if end != "running":
+            JOB_KINDS[info.kind].ended(self, worker, info, end)
 
     def action_cancel_job(self) -> None:
         running = self.running_jobs()
@@ -176,8 +177,8 @@ class MainScreen(JobActions, Screen):
         self._early_root = None
         sent = [False]
 
-        def scan(on_progress, cancel):
-            def on_node(ev):
+        def scan(on_progress: Optional[OnProgress], cancel: threading.Event) -> Report:
+            def on_node(ev: ScanEvent) -> None:
                 if self._early_root is None:
                     self._early_root = ev.node  # the walk reports the root first
                 if ev.kind == "analyzed" and not sent[0]:
@@ -188,13 +189,14 @@ class MainScreen(JobActions, Screen):
                 self.path, on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=self.trust_pickles
             )
 
-        self.start_job(JobInfo("scan", f"scan {self.path.name}"), scan, exclusive=True)
+        SCAN.start(self, JobInfo(SCAN.name, f"scan {self.path.name}"), scan, exclusive=True)
 
     def on_tree_ready(self, msg: TreeReady) -> None:
         if self.report is None and msg.root is not None:
             self.query_one(CheckpointTree).load(msg.root, {})
 
-    def _scan_done(self, worker: Worker, end: str) -> None:
+    def scan_ended(self, worker: Worker[Report], end: str) -> None:
+        """The scan's end (job_kinds.ScanJob): its report, or why the path cannot be opened."""
         if end == "failed":
             self.query_one("#summary", Static).update(plain(f"✖ {error_text(worker)}"))
             self.app.push_screen(MessageDialog("Cannot open this path", error_text(worker), error=True))
@@ -206,12 +208,12 @@ class MainScreen(JobActions, Screen):
 
     def watch_report(self, report: Optional[Report]) -> None:
         self._tensor_cache = {}
-        self._shown_component = "unset"
+        self.shown_component = None
         if report is None:
             self.query_one("#summary", Static).update(plain(f"Scanning {self.path} …"))
             return
         inv = report.inventory
-        by_path: dict[str, list] = {}
+        by_path: dict[str, list[Finding]] = {}
         for f in report.findings:
             by_path.setdefault(f.path, []).append(f)
         counts = {s: sum(1 for f in report.findings if f.severity == s) for s in GLYPH}
@@ -234,7 +236,7 @@ class MainScreen(JobActions, Screen):
 
     # ------------------------------------------------------------------ details
     @on(Tree.NodeHighlighted)
-    def _highlighted(self, event: Tree.NodeHighlighted) -> None:
+    def _highlighted(self, event: Tree.NodeHighlighted[Node]) -> None:
         # the scan's tree.select_path posts this; it can arrive after the app removed the screen's widgets
         if isinstance(event.node.data, Node) and self.query(Facts):
             self.selected = event.node.data
@@ -261,9 +263,9 @@ class MainScreen(JobActions, Screen):
     def load_tensors(self, node: Node) -> None:
         comp, note = self.component_for(node)
         key = comp.path if comp is not None else "\0" + note  # nothing to list: the note says why
-        if key == self._shown_component:
+        if key == self.shown_component:
             return  # moving inside the same component: the table is already right
-        self._shown_component = key
+        self.shown_component = key
         if comp is None:
             self.listing = ((), note)
             return
@@ -271,37 +273,40 @@ class MainScreen(JobActions, Screen):
         if cached is not None:
             self.listing = cached
             return
-        parsed = self.report.inventory.parsed
-        self.start_job(
-            JobInfo("tensors", f"tensors {comp.name}"),
+        parsed = self.report.inventory.parsed if self.report is not None else None
+        TENSORS.start(
+            self,
+            JobInfo(TENSORS.name, f"tensors {comp.name}"),
             lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed),
             exclusive=True,
         )
 
     @staticmethod
-    def tensors_of(path: str, comp: Node, note: str, parsed) -> tuple:
+    def tensors_of(path: str, comp: Node, note: str, parsed: Optional[Parsed]) -> TensorRows:
         """The rows the table shows for ``comp`` (runs in a worker): the one place that asks the core."""
         from ...core.tensors import list_tensors
 
-        rows: tuple = ()
+        rows: tuple[TensorInfo, ...] = ()
         try:
             rows = tuple(list_tensors(comp, parsed))
         except Exception as e:  # a broken file: say so in the table's caption
             note = f"cannot list tensors: {e}"
         return path, comp.path, rows, note
 
-    def _tensors_done(self, path: str, component: str, rows: tuple, note: str) -> None:
+    def tensors_done(self, result: TensorRows) -> None:
+        """A tensors job's rows (job_kinds.TensorsJob): cached, and shown if their node is still selected."""
+        path, component, rows, note = result
         gc.freeze()  # the listing is long-lived too (see _scan_done)
         self._tensor_cache[component] = (rows, note)
         if self.selected is not None and self.selected.path == path:
             self.listing = (rows, note)
 
-    def watch_listing(self, listing: tuple) -> None:
+    def watch_listing(self, listing: Listing) -> None:
         rows, note = listing
         self.stats = ()  # statistics belong to the rows they were computed for
         self.query_one(TensorTable).set_rows(rows, note)
 
-    def watch_stats(self, stats: tuple) -> None:
+    def watch_stats(self, stats: tuple[TensorStats, ...]) -> None:
         line = self.query_one("#stats-summary", Static)
         line.set_class(bool(stats), "shown")
         if not stats:
@@ -347,7 +352,66 @@ class MainScreen(JobActions, Screen):
             if choice.fix:
                 self.start_fix(choice.finding)
 
-        self.app.push_screen(FindingsScreen(self.report.findings), done)
+        if self.report is not None:
+            self.app.push_screen(FindingsScreen(self.report.findings), done)
 
     def action_filter(self) -> None:
         self.query_one(TensorTable).open_filter()
+
+    # ------------------------------------------------------------------ the keys that start work (job_kinds.py)
+    def fixable(self) -> list[Finding]:
+        """Fixable findings, errors first, the selected node's first within a severity."""
+        if self.report is None:
+            return []
+        return by_severity([f for f in self.report.findings if f.fix], self.selected)
+
+    def action_fix(self) -> None:
+        pick = self.fixable()
+        if pick:
+            self.start_fix(pick[0])
+
+    def start_fix(self, finding: Finding) -> None:
+        REPAIR.open(self, finding)
+
+    def action_export(self) -> None:
+        EXPORT.open(self)
+
+    def run_export(self, plan: ExportPlan, optimizer: Optional[ExportPlan] = None) -> Worker[Any]:
+        """Export ``plan`` (with ``optimizer``: both, side by side in one folder) as a job; for scripts and tests."""
+        return EXPORT.run(self, plan, optimizer)
+
+    def universal_choice(self) -> tuple[Optional[Node], str]:
+        """The DeepSpeed tag `u` converts -- the selected tag folder, else the one the core picks for
+        `ckpt-tui universal` (`latest`, the newest complete checkpoint) -- or None and why not."""
+        if self.report is None:
+            return None, "still scanning"
+        if self.selected is not None and format_of(self.selected).tag:
+            return self.selected, ""
+        if not self.report.inventory.deepspeed_tags():
+            return None, "no DeepSpeed ZeRO checkpoint here"
+        from ...core.export.api import resolve
+        from ...core.export.write import ExportError
+
+        try:
+            node, _ = resolve(self.report, None, verb="converting")
+        except ExportError as e:  # a dangling `latest`: the user picks the tag in the tree
+            return None, (str(e).splitlines() or [""])[0] + " (select a tag folder)"
+        if not format_of(node).tag:  # e.g. a run folder whose newest checkpoint is not DeepSpeed
+            tags = self.report.inventory.deepspeed_tags()
+            return None, (
+                f"the model here is not a DeepSpeed tag: select one "
+                f"({', '.join(self.report.inventory.shown(t.path) for t in tags[:2])})"
+            )
+        return node, ""
+
+    def universal_tag(self) -> Optional[Node]:
+        return self.universal_choice()[0]
+
+    def action_universal(self) -> None:
+        UNIVERSAL.open(self)
+
+    def action_resume_fsdp2(self) -> None:
+        RESUME.open(self)
+
+    def action_stats(self) -> None:
+        STATS.open(self)

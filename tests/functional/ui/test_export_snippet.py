@@ -18,7 +18,7 @@ async def test_export_done_dialog_shows_the_snippet_that_loads(real_ckpt, tmp_pa
         job = app.main.run_export(plan)
         await wait_for(pilot, lambda: message_shown(app, "Load it with:"), timeout=60)
         shown = screen_text(app)
-        code = job.result.load_code
+        code = job.result[0].load_code  # the export's results: one, or (both) the model's and the optimizer's
     # shown as is: the tied line's [brackets] are code, not markup
     assert "sd['lm_head.weight'] = sd['embed_tokens.weight']" in code
     assert "Load it with:\n" + "\n".join(f"  {ln}" if ln else "" for ln in code.splitlines()) in shown

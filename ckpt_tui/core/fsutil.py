@@ -29,22 +29,24 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Mapping, Optional, Union, cast
 
-from .storage import is_url
+from .storage import LocationLike, is_url
 from .storage import stamp as remote_stamp
+
+StrPath = Union[str, "os.PathLike[str]"]  # a local path, as a string or a Path
 
 # ---------------------------------------------------------------------------------------------
 # fsync
 
 
-def fsync_file(path) -> None:
+def fsync_file(path: StrPath) -> None:
     """fsync a file that was written by path (by a library that does not hand out its descriptor)."""
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
 
 
-def fsync_dir(folder, *, best_effort: bool = False) -> None:
+def fsync_dir(folder: StrPath, *, best_effort: bool = False) -> None:
     """fsync a folder, so that a rename or a new entry in it survives a crash. ``best_effort``:
     ignore errors (used where the rename has already happened and failing would misreport it)."""
     try:
@@ -65,13 +67,13 @@ def fsync_dir(folder, *, best_effort: bool = False) -> None:
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def create_new(path, mode: int = 0o644) -> int:
+def create_new(path: StrPath, mode: int = 0o644) -> int:
     """Open a new file ``path`` for writing (``O_CREAT|O_EXCL|O_NOFOLLOW``): FileExistsError where any
     entry, a symbolic link above all, already has that name. Returns the descriptor."""
     return os.open(path, NEW_FILE, mode)
 
 
-def write_synced(path, data: Union[bytes, str]) -> None:
+def write_synced(path: StrPath, data: Union[bytes, str]) -> None:
     """Write ``data`` to ``path`` (a new file inside a private temp folder) and fsync it."""
     with os.fdopen(create_new(path), "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
@@ -79,7 +81,7 @@ def write_synced(path, data: Union[bytes, str]) -> None:
         os.fsync(fh.fileno())
 
 
-def copy_new(src, dst) -> None:
+def copy_new(src: StrPath, dst: StrPath) -> None:
     """Copy the regular file ``src`` (its last component not followed if it is a link) into the new file
     ``dst`` (see :func:`create_new`), fsynced."""
     # not O_NONBLOCK: an open that waits (a lease, a hierarchical store) must wait, not fail; the caller
@@ -93,7 +95,7 @@ def copy_new(src, dst) -> None:
             os.fsync(out.fileno())
 
 
-def regular_inside(path, folder) -> Optional[str]:
+def regular_inside(path: StrPath, folder: StrPath) -> Optional[str]:
     """Why ``path`` (found in ``folder``) may not be copied out of a checkpoint, or None: it must be a
     regular file whose real path lies inside ``folder``'s (a symbolic link to a file elsewhere, a
     private file above all, is refused)."""
@@ -123,7 +125,7 @@ def _umask_mode(fd: int) -> None:
 
 
 @contextmanager
-def atomic_path(dest) -> Iterator[Path]:
+def atomic_path(dest: StrPath) -> Iterator[Path]:
     """Yield a temp path beside ``dest`` (``.<name>.XXXX.tmp``, the mode a plain open() gives) for
     the caller to write; when the block ends normally fsync it, ``os.replace`` it onto ``dest`` and
     fsync the folder. On any exception the temp file is removed and ``dest`` is untouched."""
@@ -144,7 +146,7 @@ def atomic_path(dest) -> Iterator[Path]:
         raise
 
 
-def atomic_write(dest, data: Union[bytes, str]) -> Path:
+def atomic_write(dest: StrPath, data: Union[bytes, str]) -> Path:
     """Write ``data`` to ``dest`` atomically (as :func:`atomic_path`, through the descriptor of the new
     temp file: never reopened by name). Returns ``dest``."""
     dest = Path(dest)
@@ -178,19 +180,19 @@ class Stamp:
     dev: int
 
 
-def stamp(path) -> Optional[Stamp]:
+def stamp(path: LocationLike) -> Optional[Stamp]:
     """Size, mtime, inode and device of ``path``; None if it does not exist."""
     if is_url(path):  # an object in object storage: size and mtime, asked afresh
         got = remote_stamp(path)
         return None if got is None else Stamp(got[0], got[1], 0, 0)
     try:
-        st = os.stat(path)
+        st = os.stat(cast(StrPath, path))  # not a URL: a local path
     except FileNotFoundError:
         return None
     return Stamp(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
 
 
-def snapshot(paths: Iterable) -> dict[str, Optional[Stamp]]:
+def snapshot(paths: Iterable[LocationLike]) -> dict[str, Optional[Stamp]]:
     """{path: stamp} for ``paths`` (None: missing or unreadable). To watch a folder's entries, pass
     its listing: a file added or removed then shows as a change too."""
     out: dict[str, Optional[Stamp]] = {}
@@ -202,7 +204,7 @@ def snapshot(paths: Iterable) -> dict[str, Optional[Stamp]]:
     return out
 
 
-def changed(before: dict, after: dict) -> list[str]:
+def changed(before: Mapping[str, Optional[Stamp]], after: Mapping[str, Optional[Stamp]]) -> list[str]:
     """Paths whose stamp differs between two snapshots (added and removed ones included)."""
     return [p for p in sorted(set(before) | set(after)) if before.get(p, "absent") != after.get(p, "absent")]
 
@@ -229,13 +231,13 @@ class OutputError(OSError):
     def __init__(
         self,
         kind: str,
-        path,
+        path: StrPath,
         *,
         free: Optional[int] = None,
         need: Optional[int] = None,
         relation: str = "inside",
-        source=None,
-    ):
+        source: Optional[str] = None,
+    ) -> None:
         super().__init__(self.ERRNO[kind], os.strerror(self.ERRNO[kind]), str(path))
         self.kind = kind
         self.path = Path(path)
@@ -245,13 +247,13 @@ class OutputError(OSError):
         self.source = source
 
 
-def free_bytes(folder) -> int:
+def free_bytes(folder: StrPath) -> int:
     """Bytes an unprivileged process may still write on ``folder``'s filesystem (raises OSError)."""
     vfs = os.statvfs(folder)
     return vfs.f_bavail * vfs.f_frsize
 
 
-def check_writable(folder) -> None:
+def check_writable(folder: StrPath) -> None:
     """``folder`` exists, its filesystem is not read-only and we may create files in it."""
     try:
         vfs = os.statvfs(folder)
@@ -267,7 +269,7 @@ def check_writable(folder) -> None:
         raise OutputError("not-writable", folder)
 
 
-def check_space(folder, need: int) -> None:
+def check_space(folder: StrPath, need: int) -> None:
     """At least ``need`` bytes free on ``folder``'s filesystem (skipped where that cannot be read)."""
     try:
         free = free_bytes(folder)
@@ -277,7 +279,7 @@ def check_space(folder, need: int) -> None:
         raise OutputError("no-space", folder, free=free, need=need)
 
 
-def real_path(p) -> Path:
+def real_path(p: StrPath) -> Path:
     """``p`` absolute with every symbolic link resolved (what does not exist yet kept as written)."""
     return Path(os.path.realpath(os.fspath(p)))
 
@@ -286,30 +288,32 @@ def _under(p: Path, root: Path) -> bool:
     return p == root or root in p.parents
 
 
-def source_conflict(out, *, folders: Iterable = (), files: Iterable = ()) -> Optional[tuple[str, str]]:
+def source_conflict(
+    out: StrPath, *, folders: Iterable[Optional[LocationLike]] = (), files: Iterable[Optional[LocationLike]] = ()
+) -> Optional[tuple[str, str]]:
     """Why a command reading ``folders`` (the checkpoint, its tag, its components: OUT may not be one,
     hold one or lie inside one) and ``files`` (every file it reads or copies: OUT may not be one or
     hold one) may not write the output folder ``out``, compared as real paths: (relation, source) with
     relation "is", "inside" or "holds" -- or None. An ``--overwrite`` of OUT removes what it holds."""
     o = real_path(out)
-    folders = [f for f in folders if f is not None and not is_url(f)]
-    files = [f for f in files if f is not None and not is_url(f)]
-    reals = [(str(f), real_path(f)) for f in folders]
+    local_folders = [os.fspath(cast(StrPath, f)) for f in folders if f is not None and not is_url(f)]
+    local_files = [os.fspath(cast(StrPath, f)) for f in files if f is not None and not is_url(f)]
+    reals = [(f, real_path(f)) for f in local_folders]
     for shown, r in reals:
         if o == r:
             return "is", shown
     for shown, r in reals:
         if _under(o, r):
             return "inside", shown
-    for f in [*folders, *files]:
+    for f in [*local_folders, *local_files]:
         # the link itself and what it points to: removing either loses the source
         for r in {real_path(f), real_path(os.path.dirname(os.path.abspath(f))) / os.path.basename(f)}:
             if _under(r, o):
-                return "holds", str(f)
+                return "holds", f
     return None
 
 
-def inside(path, root) -> bool:
+def inside(path: StrPath, root: StrPath) -> bool:
     """Is ``path`` ``root`` or below it (symlinks resolved)?"""
     try:
         p, r = Path(path).resolve(), Path(root).resolve()
@@ -318,7 +322,7 @@ def inside(path, root) -> bool:
     return p == r or r in p.parents
 
 
-def check_output_folder(out, *, overwrite: bool = False) -> None:
+def check_output_folder(out: StrPath, *, overwrite: bool = False) -> None:
     """``out`` is absent or an empty folder (or any folder, with ``overwrite``)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -327,7 +331,9 @@ def check_output_folder(out, *, overwrite: bool = False) -> None:
         raise OutputError("not-empty", out)
 
 
-def check_sources(out, *, folders: Iterable = (), files: Iterable = ()) -> None:
+def check_sources(
+    out: StrPath, *, folders: Iterable[Optional[LocationLike]] = (), files: Iterable[Optional[LocationLike]] = ()
+) -> None:
     """OutputError("inside-source") where ``out`` is, holds or lies inside a source (:func:`source_conflict`)."""
     got = source_conflict(out, folders=folders, files=files)
     if got is not None:
@@ -335,7 +341,13 @@ def check_sources(out, *, folders: Iterable = (), files: Iterable = ()) -> None:
 
 
 def preflight_output(
-    out, *, need: int = 0, source=None, overwrite: bool = False, folders: Iterable = (), files: Iterable = ()
+    out: StrPath,
+    *,
+    need: int = 0,
+    source: Optional[LocationLike] = None,
+    overwrite: bool = False,
+    folders: Iterable[Optional[LocationLike]] = (),
+    files: Iterable[Optional[LocationLike]] = (),
 ) -> None:
     """Everything a writer of a new output folder checks before it starts, in this order: not a source,
     holding none and not inside one (``source`` and ``folders``: folders it reads; ``files``: files it
@@ -373,7 +385,7 @@ def flock_exclusive(fd: int) -> bool:
     return False
 
 
-def _take(path, create: bool) -> Optional[int]:
+def _take(path: StrPath, create: bool) -> Optional[int]:
     """A descriptor of the lock file ``path`` with an exclusive flock on it, or None where another process
     holds it. Never through a symbolic link; nothing is written to it."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -390,7 +402,7 @@ def _take(path, create: bool) -> Optional[int]:
     return fd
 
 
-def owned_temp(folder, prefix: str) -> Path:
+def owned_temp(folder: StrPath, prefix: str) -> Path:
     """Sweep the stale temp folders ``prefix*`` in ``folder`` (:func:`sweep_stale`), then create ours
     (``mkdtemp``) holding its owner lock until :func:`remove_temp`."""
     sweep_stale(folder, prefix)
@@ -404,7 +416,7 @@ def owned_temp(folder, prefix: str) -> Path:
     return tmp
 
 
-def remove_temp(tmp) -> None:
+def remove_temp(tmp: StrPath) -> None:
     """Remove a folder of :func:`owned_temp` and let go of its lock."""
     shutil.rmtree(tmp, ignore_errors=True)
     fd = _owned.pop(str(tmp), None)
@@ -412,12 +424,12 @@ def remove_temp(tmp) -> None:
         os.close(fd)
 
 
-def sweep_stale(folder, prefix: str) -> list[Path]:
+def sweep_stale(folder: StrPath, prefix: str) -> list[Path]:
     """Remove the folders ``prefix*`` in ``folder`` that are provably ours and dead: real folders (not
     links) of this user holding an owner lock (:data:`OWNER_FILE`) that nobody holds -- a killed run's.
     A live run holds its lock, a folder without one is not known to be ours: both are left. Returns what
     was removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         names = [n for n in os.listdir(folder) if n.startswith(prefix)]
     except OSError:

@@ -47,6 +47,7 @@ from .fsutil import (
     snapshot,
     sweep_stale,
 )
+from .storage import LocationLike
 
 LOCK_SUFFIX = ".ckpt-tui.lock"  # .OUT.ckpt-tui.lock: the lock of OUT itself, beside it
 REPAIR_TEMP_MARK = ".ckpt-tui-tmp-"  # a file target's stage: .<target><mark><pid>
@@ -278,8 +279,8 @@ class Sources:
     """What a writer reads: ``folders`` OUT may not be, hold or lie inside; ``files`` OUT may not be or hold
     (``fsutil.source_conflict``); ``shown``: a source path as the user can type it (for the refusal)."""
 
-    folders: Sequence[Path | str] = ()
-    files: Sequence[Path | str] = ()
+    folders: Sequence[LocationLike] = ()
+    files: Sequence[LocationLike] = ()
     shown: Callable[[str], str] = str
 
 
@@ -553,7 +554,7 @@ class Stage:
     writer: str
     error: type[Exception]
     overwrite: bool = False
-    watched: list[Path | str] = field(default_factory=list)
+    watched: list[LocationLike] = field(default_factory=list)
     watched_folders: list[Path] = field(default_factory=list)
     before: dict[str, Optional[Stamp]] = field(default_factory=dict)
     committed: bool = False
@@ -600,7 +601,7 @@ def staged_output(
     writer: str,
     error: type[Exception],
     sources: Sequence[Sources] = (),
-    watch: Iterable[Path | str] = (),
+    watch: Iterable[LocationLike] = (),
     watch_folders: Iterable[Path] = (),
     overwrite: bool = False,
     need_bytes: int = 0,
@@ -664,7 +665,7 @@ class FileStage:
     path: Path
     writer: str
     error: type[Exception]
-    watched: list[Path]
+    watched: list[LocationLike]
     before: dict[str, Optional[Stamp]]
 
     def check_unchanged(self) -> None:
@@ -683,7 +684,7 @@ class FileStage:
 
 @contextmanager
 def staged_file(
-    target: Path, *, writer: str, error: type[Exception], watch: Iterable[Path] = (), need_bytes: int = 0
+    target: Path, *, writer: str, error: type[Exception], watch: Iterable[LocationLike] = (), need_bytes: int = 0
 ) -> Iterator[FileStage]:
     """The :func:`staged_output` of one file replaced in place: preflight its folder, lock the target (its
     lock file beside it), sweep killed runs' temp files, stamp the target and ``watch``; the block writes

@@ -35,7 +35,8 @@ def resolve_tag(src: Path, tag: Optional[str], trust_pickles: bool, error: type)
 
     rep = inspect(src, trust_pickles=trust_pickles)
     inv = rep.inventory
-    node, said = None, []
+    node = None
+    said: list[str] = []
     if inv.layout == "run-folder" or inv.model_node() is not None:
         try:
             node, said = resolve(rep, tag, verb="converting")

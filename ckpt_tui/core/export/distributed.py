@@ -248,7 +248,7 @@ def assign(plan: ExportPlan, world: int) -> list[list[int]]:
 
 def fingerprint(plan: ExportPlan) -> str:
     """What every rank must agree on: the output files, their tensors and where they come from."""
-    doc = [
+    doc: list[object] = [
         [
             f.name,
             [

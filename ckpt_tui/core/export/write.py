@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..fsutil import OutputError, check_sources, copy_new, create_new, free_bytes, write_synced
@@ -23,7 +23,7 @@ from ..jsondoc import JsonFields, as_json
 from ..progress import OnProgress, Progress, check_cancel
 from ..staging import Sources, Stage, staged_output
 from ..staging import refusal as staged_refusal
-from ..storage import as_path, is_url, read_chunks
+from ..storage import Location, as_path, is_url, read_chunks
 from .plan import ExportPlan, OutFile, OutTensor, header_bytes, index_text
 from .snippet import load_snippet
 
@@ -138,7 +138,9 @@ def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds:
                 left -= n
                 counter.add(out.nbytes)
         return
-    tensor = s.load().to(dt).contiguous()  # general path: one tensor in memory
+    assert s.load is not None  # no byte ranges: the source loads the tensor itself
+    tensor: Any = s.load()
+    tensor = tensor.to(dt).contiguous()  # general path: one tensor in memory
     check_cancel(cancel)
     if tuple(tensor.shape) != tuple(t.shape):
         raise ExportError(f"{t.name}: loaded shape {tuple(tensor.shape)} differs from the plan {t.shape}")
@@ -236,12 +238,12 @@ def stage_export(
     )
 
 
-def source_files(plan: ExportPlan) -> list[Path]:
+def source_files(plan: ExportPlan) -> list[Location]:
     """Every file the export reads (byte ranges; whole folder for tensors read by torch)."""
     paths = {
         r.path for f in plan.files for t in f.tensors for r in (t.src.ranges or ())
     }  # a Path per file, not per range
-    files = set(map(as_path, paths))
+    files: set[Any] = set(map(as_path, paths))  # Paths or RemotePaths: each kind orders itself
     if any(t.src.ranges is None for f in plan.files for t in f.tensors):
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
         files |= {p for p in root.iterdir() if p.is_file()}
@@ -390,12 +392,14 @@ def _source_chunks(t: OutTensor, cancel=None, fds: Optional[dict] = None):
                 while left > 0:
                     check_cancel(cancel)
                     n = min(left, (BUF // item) * item)
-                    raw = bytearray(os.pread(f.fileno(), n, pos))
+                    buf = bytearray(os.pread(f.fileno(), n, pos))
                     pos += n
                     left -= n
-                    yield torch.frombuffer(raw, dtype=sdt).to(dt).view(torch.uint8).numpy().tobytes()
+                    yield torch.frombuffer(buf, dtype=sdt).to(dt).view(torch.uint8).numpy().tobytes()
         return
-    tensor = s.load().to(dt).contiguous()
+    assert s.load is not None
+    loaded: Any = s.load()
+    tensor = loaded.to(dt).contiguous()
     data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
     for i in range(0, len(data), BUF):
         yield bytes(data[i : i + BUF])

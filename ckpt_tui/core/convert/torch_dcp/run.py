@@ -194,7 +194,8 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
     reader = screen.dcp_reader(folder)  # our own output, still screened: the metadata unpickled by ckpt-tui
     i = 0
     while i < len(items):
-        batch, size = [], 0
+        batch: list[tuple[tuple[str, ...], SourceTensor]] = []
+        size = 0
         while i < len(items) and (not batch or size + items[i][1].nbytes <= FILE_BYTES):
             batch.append(items[i])
             size += items[i][1].nbytes

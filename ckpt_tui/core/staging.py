@@ -177,7 +177,9 @@ MESSAGES: dict[str, Wording] = {
         "remove it (someone else may have planted it) or choose another --out",
         "remove it (someone else may have planted it)",
     ),
-    "lock-not-regular": Wording("{lock} is not a regular file", "remove it or choose another --out", "remove it"),
+    "lock-not-regular": Wording(
+        "{lock} is not a regular file", "remove it or choose another --out", "remove it", sep=": "
+    ),
     "locked": Wording("another ckpt-tui is writing {out}", "wait for it or choose another --out", "wait for it"),
     "lock-unstable": Wording("cannot take the lock {lock}: it keeps changing"),
     "no-stage": Wording("cannot create a staging folder in {parent}: {reason}"),

@@ -274,6 +274,16 @@ def test_each_refusal_kind_has_one_wording():
         "no space left on /x: the repair needs 2.0 kB, 10 Bytes is free. Nothing was changed."
     )
     assert set(staging.MESSAGES) >= set(OutputError.ERRNO)
+    # the export's lock refusals as they were worded before (only "exporting into" became "writing")
+    lock = "/x/.out.ckpt-tui.lock"
+    assert staging.message("lock-not-regular", "export", lock=lock) == (
+        f"{lock} is not a regular file: remove it or choose another --out"
+    )
+    assert staging.message("lock-link", "export", lock=lock) == (
+        f"{lock} is a symbolic link: ckpt-tui never writes through one; remove it (someone else may have planted "
+        "it) or choose another --out"
+    )
+    assert staging.message("lock-unstable", "export", lock=lock) == f"cannot take the lock {lock}: it keeps changing"
 
 
 def test_a_regular_file_at_out_is_refused_in_the_same_words_by_every_writer(world):

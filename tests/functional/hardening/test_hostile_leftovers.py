@@ -218,7 +218,7 @@ def test_an_overwrites_old_output_and_a_repairs_temp_file_are_listed_and_their_c
     old = run / f".merged.old-{pid}"
     old.mkdir()
     (old / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes())
-    os.close(create_new(run / ".merged.ckpt-tui.lock"))  # as OutputLock.acquire makes it; never released
+    os.close(create_new(run / ".merged.ckpt-tui.lock"))  # as staging.OutLock.acquire makes it; never released
     part = ck / f"{tmp_prefix(ck / 'latest')}{pid}"
     fd = create_new(part)
     os.write(fd, b"glob")  # half of "global_step2"

@@ -119,7 +119,7 @@ def ref_ranges(f: StatesFile, ref: TensorRef, what: str) -> tuple[ByteRange, ...
 class Flat:
     """A virtual 1-D fp32 vector: several flat tensors (of one or more files) back to back."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.parts: list[tuple[str, int, int]] = []  # (path, byte offset of element 0, numel)
         self.starts: list[int] = []
         self.numel = 0

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from typing import Any, Callable, Optional
 
 from ...export.sources import SourceTensor
 from .states import Flat, StatesFile, master_groups, merge_ranges
 
 
 def zero2_params(
-    out,
-    shapes,
+    out: "OrderedDict[str, SourceTensor]",
+    shapes: list["OrderedDict[str, tuple[int, ...]]"],
     optim: dict[int, StatesFile],
     world: int,
-    osd0: dict,
+    osd0: dict[str, Any],
     *,
-    groups_of=None,
+    groups_of: Optional[Callable[[StatesFile], list[Any]]] = None,
     suffix: str = "",
     what: str = "fp32",
 ) -> None:

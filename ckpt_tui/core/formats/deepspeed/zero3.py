@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from typing import Any, Callable, Optional
 
 from ...export.sources import SourceTensor
 from .states import Flat, StatesFile, master_groups, merge_ranges
 
 
 def zero3_params(
-    out, shapes, optim: dict[int, StatesFile], world: int, *, groups_of=None, suffix: str = "", what: str = "fp32"
+    out: "OrderedDict[str, SourceTensor]",
+    shapes: list["OrderedDict[str, tuple[int, ...]]"],
+    optim: dict[int, StatesFile],
+    world: int,
+    *,
+    groups_of: Optional[Callable[[StatesFile], list[Any]]] = None,
+    suffix: str = "",
+    what: str = "fp32",
 ) -> None:
     """ZeRO-3: each param's ``ceil(numel / world)`` slice at the same offset of every rank's flat
     groups (concatenated); ``groups_of``/``suffix`` as for :func:`zero2_params`."""

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .export.api import ExportError, screened_model, source_for
+from .export.api import screened_model, source_for
 from .export.prefix import choose
 from .export.sources import strip_names
+from .export.write import ExportError  # where it is defined: api imports it, and does not export it
 from .formats import screen
 from .formats.format import NotExportable
 from .formats.registry import format_of

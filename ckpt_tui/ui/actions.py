@@ -1,14 +1,58 @@
 """One registry of actions: it feeds the key bindings, the footer, the help screen and the
 command palette, so they never disagree. Each has a stable ``id`` users can remap.
 
-``needs`` says when an action can run; the main screen's ``check_action`` dims it in the footer
-otherwise, and its tooltip and the help screen say why."""
+Whether an action can run now is the action's own question: ``Action.why_not(screen)`` asks its
+``checks`` in order; the main screen's ``check_action`` dims it in the footer while one answers, the
+help screen and the palette say that answer, and ``needs`` says it in the tooltip."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
+
+from ..core.storage import is_url
+from ..core.types import MODEL_ROLES
+
+if TYPE_CHECKING:
+    from .screens.main import MainScreen
+
+# why an action cannot run on the main screen now, or None when this check lets it
+Check = Callable[["MainScreen"], Optional[str]]
+
+
+def scanned(screen: MainScreen) -> Optional[str]:
+    return "still scanning" if screen.report is None else None
+
+
+def local(screen: MainScreen) -> Optional[str]:
+    """It writes beside the checkpoint: not one in object storage."""
+    if screen.report is not None and is_url(screen.report.inventory.given):
+        return "the checkpoint is in object storage: this writes beside it (export reads it)"
+    return None
+
+
+def deepspeed_tag(screen: MainScreen) -> Optional[str]:
+    tag, why = screen.universal_choice()
+    return why if tag is None else None
+
+
+def fixable(screen: MainScreen) -> Optional[str]:
+    return None if screen.fixable() else "nothing here has a fix"
+
+
+def model_component(screen: MainScreen) -> Optional[str]:
+    comp = screen.component_for(screen.selected)[0] if screen.selected is not None else None
+    if comp is None:
+        return "select a component with tensors"
+    if comp.role not in MODEL_ROLES:
+        return "statistics are of model weights: select the model component"
+    return None
+
+
+def running_job(screen: MainScreen) -> Optional[str]:
+    return None if screen.running_jobs() else "no job is running"
 
 
 @dataclass(frozen=True)
@@ -22,11 +66,26 @@ class Action:
     key_display: str | None = None
     needs: str = ""  # when it can run, said in its tooltip ("" = always)
     app: bool = False  # bound on the App (works over every screen) rather than the main screen
+    checks: tuple[Check, ...] = ()  # asked in order by why_not
+
+    def why_not(self, screen: MainScreen) -> Optional[str]:
+        """Why this action cannot run on ``screen`` now, or None when it can."""
+        for check in self.checks:
+            why = check(screen)
+            if why:
+                return why
+        return None
 
 
 ACTIONS = (
     Action(
-        "export", "e", "export", "Export", "Export the model weights to safetensors (wizard)", needs="a finished scan"
+        "export",
+        "e",
+        "export",
+        "Export",
+        "Export the model weights to safetensors (wizard)",
+        needs="a finished scan",
+        checks=(scanned,),
     ),
     Action(
         "universal",
@@ -35,6 +94,7 @@ ACTIONS = (
         "Universal",
         "Convert a DeepSpeed checkpoint to a universal checkpoint (wizard)",
         needs="a finished scan that found a DeepSpeed ZeRO checkpoint",
+        checks=(scanned, local, deepspeed_tag),
     ),
     Action(
         "resume",
@@ -44,6 +104,7 @@ ACTIONS = (
         "Resume a DeepSpeed run under torch FSDP2: convert it to a torch DCP at any world size (wizard)",
         show=False,  # 80 columns hold e u x f s c ? q
         needs="a finished scan that found a DeepSpeed ZeRO checkpoint",
+        checks=(scanned, local, deepspeed_tag),
     ),
     Action(
         "fix",
@@ -52,9 +113,16 @@ ACTIONS = (
         "Fix",
         "Repair the most severe fixable finding, the highlighted node's first (wizard)",
         needs="a finished scan with a fixable finding",
+        checks=(scanned, local, fixable),
     ),
     Action(
-        "findings", "f", "findings", "Findings", "All findings of the tree, most severe first", needs="a finished scan"
+        "findings",
+        "f",
+        "findings",
+        "Findings",
+        "All findings of the tree, most severe first",
+        needs="a finished scan",
+        checks=(scanned,),
     ),
     Action(
         "stats",
@@ -63,11 +131,20 @@ ACTIONS = (
         "Stats",
         "Compute min/max/NaN of every tensor of the selected component",
         needs="a finished scan and a selected component with tensors",
+        checks=(scanned, model_component),
     ),
     Action(
         "filter", "slash", "filter", "Filter", "Filter the tensor table by name", key_display="/", show=False
     ),  # 80 columns hold e u x f s c ? q
-    Action("cancel", "c", "cancel_job", "Cancel", "Cancel the running job (asks first)", needs="a running job"),
+    Action(
+        "cancel",
+        "c",
+        "cancel_job",
+        "Cancel",
+        "Cancel the running job (asks first)",
+        needs="a running job",
+        checks=(running_job,),
+    ),
     Action(
         "narrow",
         "less_than_sign",
@@ -97,7 +174,10 @@ def tooltip(a: Action) -> str:
     return a.help + (f". Needs {a.needs}: dimmed until then." if a.needs else "")
 
 
-def bindings(*, app: bool) -> list[Binding]:
+BY_ACTION = {a.action: a for a in ACTIONS}  # the Textual action name (what check_action is asked) -> its Action
+
+
+def bindings(*, app: bool) -> list[BindingType]:
     """The bindings of the App (``app=True``) or of the main screen."""
     return [
         Binding(a.key, a.action, a.label, show=a.show, key_display=a.key_display, tooltip=tooltip(a), id=f"ckpt.{a.id}")

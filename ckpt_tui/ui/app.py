@@ -48,7 +48,7 @@ class CkptApp(App):
 
     # ------------------------------------------------------------------ global actions
     def action_help(self) -> None:
-        self.push_screen(HelpScreen({a.id: self.main.why_not(a.action) for a in ACTIONS}))
+        self.push_screen(HelpScreen({a.id: a.why_not(self.main) for a in ACTIONS}))
 
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
@@ -85,7 +85,7 @@ class CkptApp(App):
         if a.app:
             await self.run_action(a.action)
             return
-        why = self.main.why_not(a.action)
+        why = a.why_not(self.main)
         if why:
             self.notify(visible(f"{a.label}: not now — {why}."), severity="warning", markup=False)
         else:

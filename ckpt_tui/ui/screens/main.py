@@ -27,9 +27,8 @@ from ...core.export.plan import ExportPlan
 from ...core.formats.registry import format_of
 from ...core.present import GLYPH
 from ...core.report import Report
-from ...core.storage import is_url
-from ...core.types import MODEL_ROLES, Finding, Node, Parsed, TensorInfo
-from ..actions import bindings
+from ...core.types import Finding, Node, Parsed, TensorInfo
+from ..actions import BY_ACTION, bindings
 from ..format import plain
 from ..job_kinds import EXPORT, JOB_KINDS, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
 from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
@@ -93,24 +92,9 @@ class MainScreen(Screen[None]):
 
     # ------------------------------------------------------------------ what can run now
     def why_not(self, action: str) -> Optional[str]:
-        """Why ``action`` cannot run now, or None when it can."""
-        if action in ("export", "universal", "resume_fsdp2", "fix", "findings", "stats") and self.report is None:
-            return "still scanning"
-        if action in ("universal", "resume_fsdp2", "fix") and is_url(self.report.inventory.given):
-            return "the checkpoint is in object storage: this writes beside it (export reads it)"
-        if action in ("universal", "resume_fsdp2") and self.universal_tag() is None:
-            return self.universal_choice()[1]
-        if action == "fix" and not self.fixable():
-            return "nothing here has a fix"
-        if action == "stats":
-            comp = self.component_for(self.selected)[0] if self.selected is not None else None
-            if comp is None:
-                return "select a component with tensors"
-            if comp.role not in MODEL_ROLES:
-                return "statistics are of model weights: select the model component"
-        if action == "cancel_job" and not self.running_jobs():
-            return "no job is running"
-        return None
+        """Why the action named ``action`` cannot run now (the action's own checks: ui/actions.py), or None."""
+        a = BY_ACTION.get(action)
+        return a.why_not(self) if a is not None else None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return None if self.why_not(action) else True  # None: shown dimmed in the footer

@@ -204,7 +204,12 @@ async def test_help_quit_confirmation_and_palette(fsdp_ckpt):
         import threading
 
         release = threading.Event()
-        app.main.start_job(JobInfo("stats", "fake wait"), lambda on_progress, cancel: release.wait(30))
+
+        def wait(on_progress, cancel):
+            release.wait(30)
+            return "", []  # what a stats job returns, of no component shown: its end changes nothing
+
+        app.main.start_job(JobInfo("stats", "fake wait"), wait)
         await press_and_wait(pilot, "q", lambda: isinstance(app.screen, ConfirmDialog))
         await press_and_wait(pilot, "n", lambda: not isinstance(app.screen, ConfirmDialog))
         assert app.is_running and app.return_code is None
@@ -250,6 +255,13 @@ async def test_the_palette_runs_what_it_shows(fsdp_ckpt):
         await pick_from_palette(pilot, app, "Theme", help_of["theme"])
         await wait_for(pilot, lambda: app.theme != before)
         assert {before, app.theme} == {"textual-dark", "textual-light"} and app.screen is app.main
+        # what cannot run now says why, in the words the help screen and the footer's dimming come from
+        cancel = next(a for a in ACTIONS if a.id == "cancel")
+        assert cancel.why_not(app.main) == "no job is running" and app.main.check_action(cancel.action, ()) is None
+        await pick_from_palette(pilot, app, "Cancel", cancel.help)
+        said = "Cancel: not now — no job is running."
+        await wait_for(pilot, lambda: said in [n.message for n in app._notifications])
+        assert app.screen is app.main
 
 
 @pytest.fixture

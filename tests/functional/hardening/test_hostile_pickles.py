@@ -210,8 +210,8 @@ def test_a_planted_build_cannot_change_how_a_later_file_reads(real_ckpt, tmp_pat
     _replace_pickle(ck / "rng_state_0.pth", planted, PLANT_ODICT)
     code = (
         "import sys, json\n"
-        "from ckpt_tui.core.formats import torchfile\n"
-        "from ckpt_tui.core.formats.pickles import iter_tensors\n"
+        "from ckpt_tui.core.formats.torch_save import torchfile\n"
+        "from ckpt_tui.core.formats.unpickle import iter_tensors\n"
         "def count(p):\n"
         "    return len(list(iter_tensors(torchfile.read(p).obj)))\n"
         "ms = sys.argv[1]\n"

@@ -7,25 +7,29 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterable, Optional
 
 from textual.app import App, SystemCommand
+from textual.clock import Clock
+from textual.screen import Screen
 
+from ..core.report import Report
 from ..core.storage import as_path
+from ..core.types import Node
 from .actions import ACTIONS, Action, bindings
 from .format import visible
 from .screens.dialogs import ConfirmDialog, HelpScreen
 from .screens.main import MainScreen
 
 
-class CkptApp(App):
+class CkptApp(App[None]):
     # absolute: subclasses elsewhere keep it. Textual loads a pushed screen's CSS_PATH but not the default
     # screen's, so the App names the main screen's file (beside it) too
     CSS_PATH = [Path(__file__).with_name("app.tcss"), MainScreen.CSS_PATH]
     TITLE = "ckpt-tui"
     BINDINGS = bindings(app=True)
 
-    def __init__(self, path: str | Path, *, clock=None, trust_pickles: bool = False):
+    def __init__(self, path: str | Path, *, clock: Optional[Clock] = None, trust_pickles: bool = False) -> None:
         super().__init__()
         self.path = as_path(path)  # a local Path, or a RemotePath for an s3:// (fsspec) URL
         self.clock = clock
@@ -39,11 +43,11 @@ class CkptApp(App):
 
     # read-only views of the main screen's state, for scripts and tests
     @property
-    def report(self):
+    def report(self) -> Optional[Report]:
         return self.main.report
 
     @property
-    def selected(self):
+    def selected(self) -> Optional[Node]:
         return self.main.selected
 
     # ------------------------------------------------------------------ global actions
@@ -75,7 +79,7 @@ class CkptApp(App):
             answer,
         )
 
-    def get_system_commands(self, screen):
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for a in ACTIONS:
             yield SystemCommand(a.label, a.help, partial(self._palette, a))
@@ -106,6 +110,6 @@ class CkptApp(App):
             self._exit_renderables.clear()
 
 
-def make_app(path, **kw) -> CkptApp:
+def make_app(path: str | Path, **kw: Any) -> CkptApp:
     """The one factory used by the entry point, the tests and the screenshot script."""
     return CkptApp(path, **kw)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import gc
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from textual import on
 from textual.app import ComposeResult
+from textual.clock import Clock
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ...core.analysis import TensorStats
     from ...core.progress import OnProgress
     from ...core.scan import ScanEvent
+    from ...core.storage import Location
 
 TREE_WIDTHS = (20, 30, 40, 50, 60, 70)  # the tree pane's share of the width, in percent; `<` / `>` step through
 
@@ -64,7 +66,7 @@ class MainScreen(Screen[None]):
     stats: reactive[tuple[TensorStats, ...]] = reactive((), init=False)  # of the shown component, after `s`
     tree_width: reactive[int] = reactive(0, init=False)  # 0: by content (CheckpointTree); else % set by < / >
 
-    def __init__(self, path: Path, *, clock: Optional[Callable[[], float]] = None, trust_pickles: bool = False) -> None:
+    def __init__(self, path: Location, *, clock: Optional[Clock] = None, trust_pickles: bool = False) -> None:
         super().__init__()
         self.path = path
         self.clock = clock

@@ -4,7 +4,7 @@ tensor table that filters as you type."""
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from rich.cells import cell_len
 from rich.console import Group
@@ -71,7 +71,7 @@ class TensorTable(Vertical):
     filter: reactive[str] = reactive("", init=False)  # what the rows are filtered by (the input's text)
     DROP_ORDER = ("size", "dtype")  # least useful first: bytes follow from dtype and shape
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.rows: list = []
         self.stats: dict[str, object] = {}

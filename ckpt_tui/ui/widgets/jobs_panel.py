@@ -5,9 +5,10 @@ them from the worker's messages, the watchers repaint."""
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from textual.app import ComposeResult
+from textual.clock import Clock
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import ProgressBar, Static
@@ -83,7 +84,7 @@ class JobsPanel(Vertical):
     JobsPanel.active { display: block; }
     """
 
-    def __init__(self, clock=None, **kw):
+    def __init__(self, clock: Optional[Clock] = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.clock = clock
 

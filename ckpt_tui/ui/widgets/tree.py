@@ -9,6 +9,8 @@ get the room."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Size
@@ -29,7 +31,7 @@ class CheckpointTree(Tree[Node]):
     RIGHT_ROOM = 40  # columns left to the right pane while the tree has the focus (its table shows a name and shape)
     SHARE_UNFOCUSED = 1 / 3  # the most of its container the tree takes while the focus is elsewhere on its screen
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         super().__init__("…", **kw)
         self.show_root = True
         self.guide_depth = 2

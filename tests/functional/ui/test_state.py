@@ -158,6 +158,9 @@ async def test_the_output_folder_is_asked_in_a_worker_and_a_stale_answer_is_drop
         gate.set()
         await wait_for(pilot, lambda: slow in answered)
         assert wiz.current_check().typed == str(full)  # the late answer for `slow` was dropped
+        out.value = str(tmp_path / "new")
+        await pilot.press("enter", "enter")  # typed ahead of the disk's answer: each press counts, in order
+        await wait_for(pilot, lambda: step_ready(wiz, 3))
     assert not [v for v, on_ui in asked if on_ui], "the disk was asked on the UI thread"
     assert len({v for v, _ in asked if v not in (slow, str(full))}) < len(str(full)) - 1  # not one per key
 

@@ -136,7 +136,7 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         self.output_bytes: dict[ExportSource, Union[int, str]] = {}
         self.output_check: Optional[OutputCheck] = None  # the disk's answer for the output folder last asked
         self._check_timer: Optional[Timer] = None
-        self._next_when_checked = False  # enter was pressed on the output step while the disk was asked
+        self._nexts_waiting = 0  # enter presses on the output step while the disk was asked (typed ahead)
 
     def step_titles(self) -> list[str]:
         return ["what to export", "where to write it", "output dtype", "shard size", "check the plan and run"]
@@ -254,9 +254,12 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             return  # an answer for what was typed before: the newer one is on its way
         self.output_check = check
         self._space()
-        if self._next_when_checked and self.STEPS[self.step] == "output":
-            self._next_when_checked = False
-            self.action_next()
+        waiting, self._nexts_waiting = self._nexts_waiting, 0
+        for _ in range(waiting if self.STEPS[self.step] == "output" else 0):
+            step = self.step
+            self.action_next()  # the presses typed ahead, in order, as if the answer had been there
+            if self.step == step:
+                break  # refused (it said why): the rest of them are dropped
 
     def _space(self) -> None:
         line = self.query_one("#space", Static)
@@ -306,13 +309,13 @@ class ExportWizard(PlannedWizard[ExportChoice]):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "out":
-            self._next_when_checked = False  # typing again: the user is not done with this step
+            self._nexts_waiting = 0  # typing again: the user is not done with this step
             self._space()  # "checking…" until the disk answers for this value
             self._ask_disk()
 
     def action_next(self) -> None:
         if self.STEPS[self.step] == "output" and self.current_check() is None:
-            self._next_when_checked = True  # go on (or say why not) when the disk has answered
+            self._nexts_waiting += 1  # go on (or say why not) when the disk has answered
             self._ask_disk(after=0)
             return
         super().action_next()

@@ -108,13 +108,14 @@ def main(argv=None) -> None:
         sys.exit(EXIT_OK)
     except SystemExit:
         raise
-    except Exception as e:  # never a traceback unless asked
+    except BaseException as e:  # never a traceback unless asked; torch's CheckpointException is a BaseException
         if debug:
             raise
         from ..core.safetext import visible
 
+        first = next(iter(str(e).splitlines()), "")  # a CheckpointException's text carries each rank's traceback
         click.echo(
-            visible(f"ckpt-tui: internal error: {type(e).__name__}: {e} (run with --debug for details)"), err=True
+            visible(f"ckpt-tui: internal error: {type(e).__name__}: {first} (run with --debug for details)"), err=True
         )
         sys.exit(EXIT_FINDINGS)
     sys.exit(EXIT_OK)

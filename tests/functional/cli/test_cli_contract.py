@@ -102,3 +102,23 @@ def test_default_command_is_open(tmp_path):
     res = CliRunner().invoke(main_group, [str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "torch.save" in res.output
+
+
+def test_an_unexpected_base_exception_is_one_line_not_a_traceback(tmp_path):
+    # torch's CheckpointException derives from BaseException, not Exception, and its text holds every rank's
+    # traceback: the CLI still says one line and exits 1 (a subprocess, so main's own handler runs)
+    code = (
+        "import sys\n"
+        "from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception\n"
+        "import ckpt_tui.core.report as rep\n"
+        "def boom(*a, **k):\n"
+        "    raise CheckpointException('read', {0: _wrap_exception(ValueError('inner'))})\n"
+        "rep.inspect = boom\n"
+        "from ckpt_tui.cli import main\n"
+        f"main(['inspect', {str(tmp_path)!r}])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert r.stderr.startswith("ckpt-tui: internal error: CheckpointException:"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol, TypeVar
 
 from ... import __version__
 from ..fsutil import snapshot
@@ -49,7 +49,7 @@ from ..progress import Cancelled, OnProgress, Progress
 from ..staging import Stage, check_unchanged
 from .plan import ExportPlan
 from .snippet import load_snippet
-from .tcpstore import HandshakeError, PrefixStore, StoreError, TCPStoreClient, TCPStoreServer
+from .tcpstore import HandshakeError, PrefixStore, Store, StoreError, TCPStoreClient, TCPStoreServer
 from .write import (
     ByteCounter,
     ExportError,
@@ -69,6 +69,8 @@ INTERVAL = 0.5
 # CKPT_TUI_TEST_STALL_RANK (default: any rank that has the variable) stops once it has written
 # CKPT_TUI_TEST_STALL_AFTER_BYTES bytes, after writing its pid to CKPT_TUI_TEST_STALL_PIDFILE
 STALL_ENV = "CKPT_TUI_TEST_STALL_AFTER_BYTES"
+
+T = TypeVar("T")
 
 
 class Group(Protocol):
@@ -96,7 +98,7 @@ class LaunchEnv:
     run_id: str
 
 
-def launch_env(environ=None) -> Optional[LaunchEnv]:
+def launch_env(environ: Optional[Mapping[str, str]] = None) -> Optional[LaunchEnv]:
     """The torch.distributed environment a launcher set, or None when this process runs alone
     (no ``WORLD_SIZE`` or ``WORLD_SIZE`` 1: the single-process export, unchanged)."""
     env = os.environ if environ is None else environ
@@ -128,12 +130,12 @@ class StoreGroup:
     lock around the client). A store that fails (its host is gone: connection refused or reset, or its
     timeout) raises ExportError."""
 
-    def __init__(self, store, rank: int, world: int, hosts_store: bool = False):
+    def __init__(self, store: Store, rank: int, world: int, hosts_store: bool = False) -> None:
         self.store, self.rank, self.world, self.hosts_store = store, rank, world, hosts_store
         self.server: Optional[TCPStoreServer] = None  # the store this rank hosts, if it is tcpstore.py's
         self.lock = threading.Lock()
 
-    def _call(self, fn, *args):
+    def _call(self, fn: Callable[..., T], *args: object) -> T:
         with self.lock:
             try:
                 return fn(*args)
@@ -161,7 +163,7 @@ def _note(msg: str) -> None:
     sys.stderr.flush()
 
 
-def connect_from_env(env: LaunchEnv, timeout: float = 20.0, note=_note) -> StoreGroup:
+def connect_from_env(env: LaunchEnv, timeout: float = 20.0, note: Callable[[str], None] = _note) -> StoreGroup:
     """Join the launcher's store (torchrun's agent store, or rank 0 hosts it on MASTER_PORT) with the
     pure-Python TCPStore protocol (tcpstore.py: no torch import). ``CKPT_TUI_DIST_STORE=torch`` uses torch's
     TCPStore instead; so does a store that connects but fails the handshake (after a ``note``)."""
@@ -198,13 +200,14 @@ def _connect_torch(env: LaunchEnv, timeout: float) -> StoreGroup:
     """The same store through torch's TCPStore (torch is imported here only). torch's client waits without
     end for a listener that accepts but never answers its PING, so it connects in a thread, given
     ``timeout`` + 10 s: no rank hangs."""
-    done: dict = {}
+    got: list[StoreGroup] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            done["group"] = _torch_group(env, timeout)
+            got.append(_torch_group(env, timeout))
         except BaseException as e:  # handed to the caller
-            done["error"] = e
+            failed.append(e)
 
     worker = threading.Thread(target=run, name="ckpt-tui-torch-store", daemon=True)
     worker.start()
@@ -214,9 +217,9 @@ def _connect_torch(env: LaunchEnv, timeout: float) -> StoreGroup:
             f"rank {env.rank}: cannot reach the job's store at {env.addr}:{env.port}: torch's "
             f"TCPStore client got no answer within {timeout + 10:g} s"
         )
-    if "error" in done:
-        raise done["error"]
-    return done["group"]
+    if failed:
+        raise failed[0]
+    return got[0]
 
 
 def _torch_group(env: LaunchEnv, timeout: float) -> StoreGroup:
@@ -288,11 +291,11 @@ class Watch:
         *,
         total: int,
         on_progress: Optional[OnProgress] = None,
-        cancel=None,
+        cancel: Optional[threading.Event] = None,
         dead_after: float = DEAD_AFTER,
         join_timeout: float = JOIN_TIMEOUT,
         interval: float = INTERVAL,
-    ):
+    ) -> None:
         self.group, self.total, self.on_progress, self.user_cancel = group, total, on_progress, cancel
         self.dead_after, self.join_timeout, self.interval = dead_after, join_timeout, interval
         self.stop = threading.Event()
@@ -307,7 +310,7 @@ class Watch:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._end.set()
         self._thread.join(timeout=5)
 
@@ -369,7 +372,7 @@ class Watch:
             self.stop.wait(0.1)
 
 
-def _stall_hook(rank: int, stop: threading.Event):
+def _stall_hook(rank: int, stop: threading.Event) -> Optional[Callable[[int], None]]:
     """Tests only: a callback that stops this rank mid-write (see STALL_ENV), or None."""
     after = os.environ.get(STALL_ENV)
     if after is None or int(os.environ.get("CKPT_TUI_TEST_STALL_RANK", str(rank))) != rank:
@@ -411,7 +414,7 @@ def execute_distributed(
     overwrite: bool = False,
     verify: bool = True,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[threading.Event] = None,
     dead_after: float = DEAD_AFTER,
     join_timeout: float = JOIN_TIMEOUT,
 ) -> ExportResult:

@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..fsutil import OutputError, check_sources, copy_new, create_new, free_bytes, write_synced
 from ..jsondoc import JsonFields, as_json
-from ..progress import OnProgress, Progress, check_cancel
+from ..progress import CancelToken, OnProgress, Progress, check_cancel
 from ..staging import Sources, Stage, staged_output
 from ..staging import refusal as staged_refusal
 from ..storage import Location, as_path, is_url, read_chunks
@@ -48,14 +48,14 @@ class ExportResult(JsonFields):
     stripped_prefix: Optional[str] = None  # the wrapper prefix removed from every name (Lightning's "model.")
     load_code: str = ""  # Python that loads the output (export/snippet.py), OUT spelt as the user gave it
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return as_json(self) | {"seconds": round(self.seconds, 3)}
 
 
 class ByteCounter:
     """Bytes done of one step, reported to ``on_progress`` at most every 50 ms (thread-safe)."""
 
-    def __init__(self, total: int, on_progress: Optional[OnProgress], label: str):
+    def __init__(self, total: int, on_progress: Optional[OnProgress], label: str) -> None:
         self.done, self.total, self.cb, self.label = 0, total, on_progress, label
         self.lock = threading.Lock()
         self.last = 0.0
@@ -69,7 +69,15 @@ class ByteCounter:
                 self.cb(Progress(self.done, self.total, "bytes", self.label))
 
 
-def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: int, counter, cancel) -> None:
+def _copy_range(
+    src_fd: int,
+    dst_fd: int,
+    src_off: int,
+    dst_off: int,
+    length: int,
+    counter: ByteCounter,
+    cancel: Optional[CancelToken],
+) -> None:
     use_cfr = hasattr(os, "copy_file_range")
     while length > 0:
         check_cancel(cancel)
@@ -94,14 +102,16 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, length: in
         counter.add(done)
 
 
-def _pwrite_all(dst_fd: int, data, dst_off: int) -> None:
+def _pwrite_all(dst_fd: int, data: bytes, dst_off: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(dst_fd, view, dst_off)
         view, dst_off = view[n:], dst_off + n
 
 
-def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds: dict) -> None:
+def _write_tensor(
+    t: OutTensor, dst_fd: int, dst_off: int, counter: ByteCounter, cancel: Optional[CancelToken], fds: dict[str, int]
+) -> None:
     s = t.src
     if s.ranges is not None and any(is_url(r.path) for r in s.ranges):
         _write_remote(t, dst_fd, dst_off, counter, cancel)
@@ -152,7 +162,7 @@ def _write_tensor(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel, fds:
     counter.add(t.nbytes)
 
 
-def _write_remote(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel) -> None:
+def _write_remote(t: OutTensor, dst_fd: int, dst_off: int, counter: ByteCounter, cancel: Optional[CancelToken]) -> None:
     """A tensor whose byte ranges are objects in object storage: concurrent ranged GETs, in order, bounded
     memory (storage.read_chunks); cast chunk by chunk where the plan changes the dtype."""
     for data in _source_chunks(t, cancel):
@@ -161,7 +171,7 @@ def _write_remote(t: OutTensor, dst_fd: int, dst_off: int, counter, cancel) -> N
         counter.add(len(data))
 
 
-def write_file(f: OutFile, path: Path, counter, cancel) -> None:
+def write_file(f: OutFile, path: Path, counter: ByteCounter, cancel: Optional[CancelToken]) -> None:
     """Write one output file (header, then every tensor's bytes) at ``path`` (must not exist), fsynced."""
     hdr = header_bytes(f)
     fds: dict[str, int] = {}
@@ -250,7 +260,7 @@ def source_files(plan: ExportPlan) -> list[Location]:
     return sorted(files)
 
 
-def write_side_files(plan: ExportPlan, tmp: Path, cancel=None) -> None:
+def write_side_files(plan: ExportPlan, tmp: Path, cancel: Optional[CancelToken] = None) -> None:
     """The index, the extra files (config) and the copied files of ``plan``, fsynced, into ``tmp``."""
     if plan.index:
         write_synced(tmp / plan.index_name, index_text(plan))
@@ -284,7 +294,7 @@ def write_plan(
     jobs: int = 1,
     verify: bool = True,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[CancelToken] = None,
 ) -> ExportResult:
     """Write ``plan``'s files into ``stage.path`` (an existing folder), the sources still as stamped, and
     verify them: everything but the install. Returns the result, timed by the caller."""
@@ -327,7 +337,7 @@ def execute(
     overwrite: bool = False,
     verify: bool = True,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[CancelToken] = None,
 ) -> ExportResult:
     t0 = time.monotonic()
     try:
@@ -341,7 +351,7 @@ def execute(
     return result
 
 
-def _opened(path: str, fds: Optional[dict]) -> tuple[int, bool]:
+def _opened(path: str, fds: Optional[dict[str, int]]) -> tuple[int, bool]:
     """(a read fd for ``path``, whether the caller closes it): one kept in ``fds`` per file (its owner closes them
     all), or a new one where ``fds`` is None."""
     if fds is None:
@@ -352,7 +362,9 @@ def _opened(path: str, fds: Optional[dict]) -> tuple[int, bool]:
     return fd, False
 
 
-def _source_chunks(t: OutTensor, cancel=None, fds: Optional[dict] = None):
+def _source_chunks(
+    t: OutTensor, cancel: Optional[CancelToken] = None, fds: Optional[dict[str, int]] = None
+) -> Iterator[bytes]:
     """The tensor's bytes as the output should hold them (cast as planned), in pieces of at most BUF. ``fds``: the
     source files' fds, opened once per file (a header of 10^6 tensors: not an open per tensor)."""
     s = t.src
@@ -406,7 +418,11 @@ def _source_chunks(t: OutTensor, cancel=None, fds: Optional[dict] = None):
 
 
 def verify_files(
-    plan: ExportPlan, folder: Path, on_progress=None, cancel=None, files: Optional[list[OutFile]] = None
+    plan: ExportPlan,
+    folder: Path,
+    on_progress: Optional[OnProgress] = None,
+    cancel: Optional[CancelToken] = None,
+    files: Optional[list[OutFile]] = None,
 ) -> list[str]:
     """Re-read every written tensor from disk and compare it bit-exact with the source (cast as
     planned), streamed in BUF-sized pieces: memory stays flat whatever the model size, and
@@ -423,7 +439,14 @@ def verify_files(
     return bad
 
 
-def _verify_files(files: list, folder: Path, counter, cancel, fds: dict, bad: list) -> None:
+def _verify_files(
+    files: list[OutFile],
+    folder: Path,
+    counter: ByteCounter,
+    cancel: Optional[CancelToken],
+    fds: dict[str, int],
+    bad: list[str],
+) -> None:
     from ..formats.safetensors import header as stfmt
 
     for f in files:

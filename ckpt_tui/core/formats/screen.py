@@ -18,18 +18,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, BinaryIO, Iterable, Union
 
+from ..storage import LocationLike
 from . import FormatError
 
-_SCREENED: dict[tuple, frozenset] = {}  # (path, stat identity) -> the globals outside the allowlist its pickle names
+_Identity = tuple[str, int, int, int, int, int]  # a file's path and stat identity (dev, inode, size, mtime, ctime)
+_SCREENED: dict[
+    _Identity, frozenset[str]
+] = {}  # (path, stat identity) -> the globals outside the allowlist its pickle names
 
 
 class ScreenError(FormatError):
     """A file a reference loader would read did not pass the screen: nothing was handed to the loader."""
 
 
-def _identity(path: Path) -> tuple:
+def local_path(p: LocationLike) -> Path:
+    """``p`` as ``Path(p)``: the loaders screened here read local files only, so a remote object is the TypeError
+    ``Path`` raises for it."""
+    if isinstance(p, (str, os.PathLike)):
+        return Path(p)
+    raise TypeError(f"expected str, bytes or os.PathLike object, not {type(p).__name__}")
+
+
+def _identity(path: Path) -> _Identity:
     st = os.stat(path)
     return (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -40,10 +52,10 @@ def is_metadata(path: Path) -> bool:
     return path.name == ".metadata" or bool(RANK_META_RE.match(path.name))
 
 
-def screen_file(path) -> frozenset:
+def screen_file(where: LocationLike) -> frozenset[str]:
     """The globals outside the allowlist that ``path``'s pickle names, read as its loader reads it (a DCP
     ``.metadata`` or a torch file). Raises FormatError where it cannot be read that way, OSError."""
-    path = Path(path)
+    path = local_path(where)
     key = _identity(path)
     hit = _SCREENED.get(key)
     if hit is not None:
@@ -61,11 +73,13 @@ def screen_file(path) -> frozenset:
     return unsafe
 
 
-def require(paths: Iterable, *, trust_pickles: bool = False, loader: str = "the reference loader") -> None:
+def require(
+    paths: Iterable[LocationLike], *, trust_pickles: bool = False, loader: str = "the reference loader"
+) -> None:
     """Screen every file ``loader`` will read; raise :class:`ScreenError` naming each one that fails."""
     problems = []
-    for p in paths:
-        p = Path(p)
+    for where in paths:
+        p = local_path(where)
         try:
             unsafe = screen_file(p)
         except FormatError as e:
@@ -85,33 +99,34 @@ def require(paths: Iterable, *, trust_pickles: bool = False, loader: str = "the 
         )
 
 
-def tag_files(tag_dir) -> list[Path]:
+def tag_files(where: LocationLike) -> list[Path]:
     """Every torch file of a DeepSpeed tag folder (zero_to_fp32 and ds_to_universal read each of them)."""
-    tag_dir = Path(tag_dir)
+    tag_dir = local_path(where)
     return sorted(p for p in tag_dir.iterdir() if p.name.endswith(".pt") and p.is_file())
 
 
-def dcp_metadata_files(folder) -> list[Path]:
+def dcp_metadata_files(folder: LocationLike) -> list[Path]:
     from .dcp.reader import metadata_files
 
-    glob_meta, ranks = metadata_files(Path(folder))
+    glob_meta, ranks = metadata_files(local_path(folder))
     return [glob_meta] if glob_meta else list(ranks)
 
 
-def dcp_reader(folder, *, trust_pickles: bool = False):
+def dcp_reader(where: LocationLike, *, trust_pickles: bool = False) -> Any:
     """torch's ``FileSystemReader`` for ``folder``, once its metadata files passed the screen, handed the
     ``Metadata`` ckpt-tui unpickled itself (torch's own classes, through the allowlist) instead of letting it
     ``pickle.load`` the file. With ``trust_pickles``: torch's reader as it is."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    folder = Path(folder)
+    folder = local_path(where)
     require(dcp_metadata_files(folder), trust_pickles=trust_pickles, loader="torch's DCP reader")
     if trust_pickles:
         return FileSystemReader(str(folder))
 
-    class ScreenedReader(FileSystemReader):
-        def read_metadata(self, *args, **kwargs):
+    # torch is not followed by mypy (pyproject.toml): FileSystemReader is Any, a class mypy cannot check against
+    class ScreenedReader(FileSystemReader):  # type: ignore[misc]
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             from .dcp.reader import RANK_META_RE
             from .unpickle import torch_metadata
 
@@ -141,7 +156,7 @@ def _admits(q: str) -> bool:
     return q in STUB_GLOBALS or q in RECORD_GLOBALS or q in TUPLE_GLOBALS or q in FUNCTIONS
 
 
-def _classes(names) -> list:
+def _classes(names: Iterable[str]) -> list[type]:
     """The classes among ``names`` that can be imported here, for torch's ``safe_globals`` (functions stay out of
     torch's unpickler: it then cannot read the file, which is read unrestricted below, screened twice)."""
     import importlib
@@ -158,7 +173,7 @@ def _classes(names) -> list:
     return classes
 
 
-def torch_load(path, **kwargs):
+def torch_load(path: Union[LocationLike, BinaryIO], **kwargs: Any) -> Any:
     """``torch.load`` of a file that passed the screen, with torch's own reader as a second, independent screen:
     torch's ``weights_only`` unpickler reads it where it can — as it is (a plain state dict), else admitting the
     framework classes ckpt-tui's allowlist admits (``torch.serialization.safe_globals``). Where torch lists a global
@@ -198,17 +213,17 @@ class _TorchWithScreenedLoad:
     """torch, as a module that reads its files through :func:`torch_load`: given to DeepSpeed's ``zero_to_fp32``
     as its ``torch`` (it calls ``torch.load(..., weights_only=False)`` on every file of a tag)."""
 
-    def __init__(self, torch):
+    def __init__(self, torch: Any) -> None:
         self._torch = torch
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)
 
-    def load(self, f, map_location=None, *args, **kwargs):
+    def load(self, f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         return torch_load(f, map_location=map_location, **kwargs)
 
 
-def zero_to_fp32():
+def zero_to_fp32() -> Any:
     """DeepSpeed's ``zero_to_fp32`` module with its ``torch.load`` calls going through :func:`torch_load` (the files
     it reads must have passed :func:`require` first)."""
     import torch

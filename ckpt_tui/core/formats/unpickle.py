@@ -20,7 +20,8 @@ import threading
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 from ..dtypes import ITEMSIZE
 from ..types import numel
@@ -71,15 +72,15 @@ class Stub:
 
     _qualname = "?"
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Stub:
         return object.__new__(cls)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.__dict__.setdefault("_args", args)
         _charge(len(kwargs), MAX_ITEMS, "a stand-in's keyword arguments")
         self.__dict__.update(kwargs)
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Any) -> None:
         if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
             for part in state:
                 if isinstance(part, dict):
@@ -91,22 +92,22 @@ class Stub:
         else:
             self.__dict__["_state"] = state
 
-    def __getitem__(self, k):  # for (unusual) subscripting during unpickle
+    def __getitem__(self, k: Any) -> Any:  # for (unusual) subscripting during unpickle
         return self.__dict__.get(k)
 
     __iter__ = None  # not iterable: set(stub) or torch.Size(stub) would otherwise call __getitem__ forever
 
-    def __setitem__(self, k, v):
+    def __setitem__(self, k: Any, v: Any) -> None:
         self.__dict__[k] = v
 
-    def __call__(self, *a, **k):
+    def __call__(self, *a: Any, **k: Any) -> Stub:
         return self
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self._qualname}>"
 
     @property
-    def value(self):
+    def value(self) -> Any:
         args = self.__dict__.get("_args") or ()
         return args[0] if args else None
 
@@ -121,7 +122,7 @@ class Record:
 
     _qualname = "?"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self._qualname}>"
 
 
@@ -163,15 +164,15 @@ TUPLE_GLOBALS = {
 }
 
 
-class TupleRecord(tuple):
+class TupleRecord(tuple[Any, ...]):
     """Stand-in for a NamedTuple: ``NEWOBJ`` passes its fields, kept as a plain tuple."""
 
     _qualname = "?"
 
-    def __new__(cls, *args):
+    def __new__(cls, *args: Any) -> TupleRecord:
         return tuple.__new__(cls, args)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self._qualname}({', '.join(_short(x) for x in self[:8])}{', ...' if len(self) > 8 else ''})>"
 
 
@@ -288,7 +289,7 @@ def _charge(n: int, cap: int, what: str, unit: str = "items", weight: int = 64) 
             )
 
 
-def _length(x, what: str) -> int:
+def _length(x: object, what: str) -> int:
     """The number of items an argument yields, for the concrete containers an allowlisted call may take; any
     other argument (an iterator, a stand-in) is refused."""
     if isinstance(x, (list, tuple, set, frozenset, dict, str, bytes, bytearray, range)):
@@ -299,7 +300,7 @@ def _length(x, what: str) -> int:
     raise FormatError(f"the pickle calls {what} with a {type(x).__name__}: refused")
 
 
-def _short(x) -> str:
+def _short(x: object) -> str:
     """A value of the pickle as a short string, in time bounded whatever it is (a graph of shared tuples, a huge
     int, a long string)."""
     if isinstance(x, str):
@@ -313,7 +314,7 @@ def _short(x) -> str:
     return f"<{type(x).__name__}>"
 
 
-def _dims(v, what: str) -> tuple[int, ...]:
+def _dims(v: object, what: str) -> tuple[int, ...]:
     """A shape, stride or offsets argument: a tuple or list of at most MAX_DIMS ints."""
     if not isinstance(v, (list, tuple)):
         raise FormatError(f"the pickle gives {what} a {type(v).__name__}, not a tuple of ints: refused")
@@ -321,14 +322,14 @@ def _dims(v, what: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v)
 
 
-def _torch_size(items=()):
+def _torch_size(items: Any = ()) -> tuple[Any, ...]:
     """torch.Size(items): a tuple of at most MAX_DIMS ints."""
     _charge(_length(items, "torch.Size"), MAX_DIMS, "torch.Size", weight=8)
     return tuple(items)
 
 
-def _capped(kind: type, name: str):
-    def build(items=()):
+def _capped(kind: Callable[[Any], object], name: str) -> Callable[..., object]:
+    def build(items: Any = ()) -> object:
         _charge(_length(items, name), MAX_ITEMS, name)
         return kind(items)
 
@@ -336,7 +337,7 @@ def _capped(kind: type, name: str):
     return build
 
 
-def _bytearray(source=b"", encoding=None, errors=None):
+def _bytearray(source: Any = b"", encoding: object = None, errors: object = None) -> bytearray:
     """bytearray(source[, encoding]): from bytes or a string (copied), an int (zeros) or a list of ints, each at most
     MAX_BYTES; nothing else."""
     what = "bytearray"
@@ -357,15 +358,21 @@ def _bytearray(source=b"", encoding=None, errors=None):
     return bytearray(source, str(encoding), str(errors) if errors is not None else "strict")
 
 
-def _dtype_name(x) -> str:
+def _dtype_name(x: object) -> str:
     if isinstance(x, str):
         return _DTYPE_ALIASES.get(x, x)
     return _short(x)
 
 
 def _rebuild_tensor(
-    storage, storage_offset, size, stride=None, requires_grad=False, backward_hooks=None, metadata=None
-):
+    storage: object,
+    storage_offset: Any,
+    size: object,
+    stride: object = None,
+    requires_grad: object = False,
+    backward_hooks: object = None,
+    metadata: object = None,
+) -> TensorRef:
     size = _dims(size, "a tensor's shape")
     dtype = storage.dtype if isinstance(storage, StorageRef) else "uint8"
     st = _dims(stride, "a tensor's stride") if stride is not None else None
@@ -374,19 +381,28 @@ def _rebuild_tensor(
     )
 
 
-def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype, metadata=None):
+def _rebuild_tensor_v3(
+    storage: object,
+    storage_offset: Any,
+    size: object,
+    stride: object,
+    requires_grad: object,
+    backward_hooks: object,
+    dtype: object,
+    metadata: object = None,
+) -> TensorRef:
     t = _rebuild_tensor(storage, storage_offset, size, stride, requires_grad)
     t.dtype = _dtype_name(dtype)
     return t
 
 
-def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, *rest):
+def _rebuild_parameter(data: Any, requires_grad: object = False, backward_hooks: object = None, *rest: object) -> Any:
     if isinstance(data, TensorRef):
         data.requires_grad = bool(requires_grad)
     return data
 
 
-def _rebuild_from_type_v2(func, new_type, args, state):
+def _rebuild_from_type_v2(func: Any, new_type: object, args: Any, state: object) -> Any:
     q = getattr(new_type, "_qualname", "")
     if isinstance(new_type, type) and issubclass(new_type, Stub):
         if q in _DTENSOR:
@@ -404,18 +420,18 @@ _DTENSOR = {
 _SHARDED_TENSOR = "torch.distributed._shard.sharded_tensor.api.ShardedTensor"
 
 
-def _attrs(obj) -> dict:
+def _attrs(obj: object) -> dict[str, Any]:
     """The attributes BUILD set on a stand-in (Record/Stub), or a plain dict's items."""
     if isinstance(obj, dict):
         return obj
     return getattr(obj, "__dict__", {}) or {}
 
 
-def _ints(v) -> tuple[int, ...]:
+def _ints(v: object) -> tuple[int, ...]:
     return _dims(v, "a shape or offsets") if isinstance(v, (list, tuple)) else ()
 
 
-def _items(v, what: str) -> list:
+def _items(v: object, what: str) -> list[Any]:
     """A list argument walked by a stand-in (a mesh's axes, a tensor's shards): charged against the budget."""
     if not isinstance(v, (list, tuple)):
         return []
@@ -423,19 +439,19 @@ def _items(v, what: str) -> list:
     return list(v)
 
 
-def _placement(p) -> tuple[str, Optional[int]]:
+def _placement(p: object) -> tuple[str, Optional[int]]:
     q = getattr(p, "_qualname", "")
     kind = q.rsplit(".", 1)[-1].lstrip("_").lower()  # shard, replicate, stridedshard, partial
     dim = _attrs(p).get("dim")
     return kind, (int(dim) if isinstance(dim, int) else None)
 
 
-def _dtensor(shell, state) -> Any:
+def _dtensor(shell: object, state: object) -> Any:
     """DTensor.__reduce_ex__ pickles (wrapper-subclass args, state): state is ``(None, {"_local_tensor": ..,
     "_spec": DTensorSpec})`` (or the dict alone); the spec holds the mesh, the placements and TensorMeta."""
     if not isinstance(shell, TensorRef):
         return shell
-    d: dict = {}
+    d: dict[str, Any] = {}
     for part in state if isinstance(state, tuple) else (state,):
         if isinstance(part, dict):
             d.update(part)
@@ -463,7 +479,7 @@ def _dtensor(shell, state) -> Any:
     )
 
 
-def _shard_meta(m, tensor=None) -> ShardRef:
+def _shard_meta(m: object, tensor: Optional[TensorRef] = None) -> ShardRef:
     a = _attrs(m)
     rank = _attrs(a.get("placement")).get("_rank")
     return ShardRef(
@@ -471,7 +487,7 @@ def _shard_meta(m, tensor=None) -> ShardRef:
     )
 
 
-def _sharded_tensor(shell, state) -> Any:
+def _sharded_tensor(shell: object, state: object) -> Any:
     """ShardedTensor.__getstate__ is ``(local_shards, metadata, pg_state, sharding_spec, init_rrefs)``."""
     if not isinstance(shell, TensorRef) or not isinstance(state, tuple) or len(state) < 2:
         return shell
@@ -485,19 +501,19 @@ def _sharded_tensor(shell, state) -> Any:
     return ShardedTensorRef(local, shards, _ints(meta.get("size")) or shell.shape, shell.dtype)
 
 
-def _get_layout(name):
+def _get_layout(name: object) -> str:
     return _short(name)
 
 
-def _device(*args):
+def _device(*args: object) -> str:
     return "device(" + ",".join(_short(a) for a in args[:4]) + ")"
 
 
-class _ODict(dict):
+class _ODict(dict[Any, Any]):
     """OrderedDict stand-in: torch state dicts carry a ``_metadata`` attribute set by BUILD."""
 
 
-def _codecs_encode(text, encoding="utf-8"):
+def _codecs_encode(text: object, encoding: object = "utf-8") -> bytes:
     # protocol-2 pickles spell bytes as _codecs.encode(str, "latin1"); nothing else is allowed
     if (
         not isinstance(text, str)
@@ -509,18 +525,20 @@ def _codecs_encode(text, encoding="utf-8"):
     return text.encode(encoding)
 
 
-def _safe_getattr(obj, name):
+def _safe_getattr(obj: object, name: str) -> type:
     # only on our own inert stand-ins (enum members such as MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT)
     if (isinstance(obj, type) and issubclass(obj, Stub)) or isinstance(obj, Stub):
         return _stub_class(f"{getattr(obj, '_qualname', '?')}.{name}")
     raise pickle.UnpicklingError("getattr on a real object is not allowed")
 
 
-def _rebuild_wrapper_subclass(cls, dtype, size, stride=None, storage_offset=0, *rest):
+def _rebuild_wrapper_subclass(
+    cls: object, dtype: object, size: object, stride: object = None, storage_offset: Any = 0, *rest: object
+) -> TensorRef:
     return TensorRef(None, int(storage_offset or 0), _dims(size, "a tensor's shape"), _dtype_name(dtype))
 
 
-def _reconstructor(cls, base, state=None):
+def _reconstructor(cls: Any, base: Any, state: object = None) -> Any:
     """``copyreg._reconstructor``, how protocols 0 and 1 build an object: one of our stand-ins (a Stub, a Record, or
     a shared record of the DCP summary reader: they have a ``_qualname``) is made empty, to be filled by BUILD."""
     if isinstance(cls, type) and (issubclass(cls, (Stub, Record)) or hasattr(cls, "_qualname")):
@@ -609,7 +627,8 @@ STUB_GLOBALS = {
     "lightning.pytorch.utilities.parsing.AttributeDict",
 }
 
-FUNCTIONS = {
+# what find_class hands the unpickler for an allowlisted global: a callable of ours (or an inert builtin), or a name
+FUNCTIONS: dict[str, object] = {
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
     "torch._utils._rebuild_tensor": _rebuild_tensor,
     "torch._utils._rebuild_tensor_v3": _rebuild_tensor_v3,
@@ -649,7 +668,7 @@ _TORCH_CONSTANTS = {
 _PY2_MODULES = {"copy_reg": "copyreg", "__builtin__": "builtins"}
 
 
-def _fresh(f):
+def _fresh(f: object) -> object:
     """A copy of an allowlisted callable for one read: a BUILD opcode can set attributes on what find_class returns
     (``__defaults__`` of a function, any attribute of a class): on a copy, that stays in the file that did it."""
     if isinstance(f, types.FunctionType):
@@ -662,7 +681,7 @@ def _fresh(f):
     return f
 
 
-def _reader_functions() -> dict:
+def _reader_functions() -> dict[str, object]:
     return {q: _fresh(f) for q, f in FUNCTIONS.items()}
 
 
@@ -670,14 +689,16 @@ class RestrictedUnpickler(pickle.Unpickler):
     """The allowlist unpickler. Each instance reads one file with its own copies of the allowlisted callables and
     stand-in classes (nothing a file does to them reaches another file's read) and its own allocation budget."""
 
-    def __init__(self, f, result: Unpickled, persistent: bool):
+    size_hint: int = 0  # the stream's length, where the caller knows it (the budget grows with it)
+
+    def __init__(self, f: io.BytesIO, result: Unpickled, persistent: bool) -> None:
         super().__init__(f)
         self._result = result
         self._persistent = persistent
         self._functions = _reader_functions()
-        self._stand_ins: dict = {}
+        self._stand_ins: dict[str, type] = {}
 
-    def load(self):
+    def load(self) -> Any:
         outer = getattr(_LOCAL, "budget", None)
         # MAX_BUILT, plus BUILT_PER_BYTE for each byte of the stream (a large file of many small records may build
         # more in all, in proportion to its size, never more per byte)
@@ -687,7 +708,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         finally:
             _LOCAL.budget = outer
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         if module in _PY2_MODULES:  # protocols 0-2 name copyreg and builtins the Python 2 way
             module, name = _compat_pickle.NAME_MAPPING.get((module, name), (_PY2_MODULES[module], name))
         q = f"{module}.{name}"
@@ -712,7 +733,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         self._result.unsafe.add(q)
         return _stub_class(q)
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: Any) -> StorageRef:
         if not self._persistent:
             raise pickle.UnpicklingError("persistent id in a plain pickle")
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
@@ -745,7 +766,7 @@ class TorchMetadataUnpickler(RestrictedUnpickler):
     :class:`RestrictedUnpickler`. For a file that passed the screen; it is the metadata ckpt-tui hands torch's
     DCP reader instead of letting it ``pickle.load`` the file."""
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         import importlib
 
         import torch
@@ -762,7 +783,7 @@ class TorchMetadataUnpickler(RestrictedUnpickler):
         return super().find_class(module, name)
 
 
-def _torch_layout(name):
+def _torch_layout(name: object) -> Any:
     import torch
 
     layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
@@ -771,7 +792,7 @@ def _torch_layout(name):
     return layouts[name]
 
 
-def torch_metadata(data: bytes):
+def torch_metadata(data: bytes) -> Any:
     """torch's DCP ``Metadata`` of a screened ``.metadata``'s bytes, through :class:`TorchMetadataUnpickler`.
     Raises FormatError where a global is outside the allowlist or the stream is unreadable."""
     result = Unpickled(None)
@@ -807,7 +828,7 @@ def _allowlist_key() -> str:
     return h.hexdigest()[:16]
 
 
-def _verdict_file(digest: bytes):
+def _verdict_file(digest: bytes) -> Path:
     from ..userdirs import cache_home
 
     return cache_home() / "screened" / _allowlist_key() / digest.hex()
@@ -877,12 +898,12 @@ def safe_loads(data: bytes, persistent: bool = False) -> Unpickled:
     return result
 
 
-def name_part(k) -> str:
+def name_part(k: object) -> str:
     """A dict key as a part of a tensor's dotted name (bounded, whatever the key is)."""
     return k if isinstance(k, str) else _short(k)
 
 
-def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
+def iter_tensors(obj: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, TensorRef]]:
     """Yield (dotted name, TensorRef) for every tensor reachable through dicts/lists/tuples.
 
     Each container is walked once, under the first name that reaches it (a container reached again, through a
@@ -894,7 +915,7 @@ def iter_tensors(obj: Any, prefix: str = "", depth: int = 0):
     yield from _walk(obj, prefix, depth, seen, chars)
 
 
-def _walk(obj: Any, prefix: str, depth: int, seen: set, chars: list):
+def _walk(obj: Any, prefix: str, depth: int, seen: set[int], chars: list[int]) -> Iterator[tuple[str, TensorRef]]:
     if depth > 64:
         return
     if isinstance(obj, (TensorRef, DTensorRef, ShardedTensorRef)):
@@ -924,7 +945,7 @@ def _walk(obj: Any, prefix: str, depth: int, seen: set, chars: list):
 
 
 @contextmanager
-def gc_paused():
+def gc_paused() -> Iterator[None]:
     """The cyclic GC off while millions of acyclic objects are built and folded (its collections, every 700
     allocations, would otherwise walk them all again and again)."""
     was = gc.isenabled()
@@ -936,7 +957,7 @@ def gc_paused():
             gc.enable()
 
 
-def release_in_slices(lists: list, step: int = 50_000) -> None:
+def release_in_slices(lists: list[list[Any]], step: int = 50_000) -> None:
     """Empty each list ``step`` items from its end at a time, with Python between the slices (a thread switch
     point), instead of freeing millions of objects in one C call."""
     for lst in lists:

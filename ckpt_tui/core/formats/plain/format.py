@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from itertools import islice
-from typing import Any, Optional, cast
+from typing import Any, Literal, Optional, cast
 
 from ...facts import DirFacts, JsonFacts, LeftoverFacts, NodeFacts, SpecialFacts, TextFacts
 from ...storage import open_read
@@ -21,6 +21,25 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 MAX_FACT_CHARS = 1024
 MAX_FACT_ITEMS = 32
 MAX_FACT_DEPTH = 4
+# the facts copied from trainer_state.json, config.json and (DCP's) metadata.json
+TRAINER_STATE_KEYS: tuple[Literal["global_step", "epoch", "max_steps", "best_model_checkpoint"], ...] = (
+    "global_step",
+    "epoch",
+    "max_steps",
+    "best_model_checkpoint",
+)
+CONFIG_KEYS: tuple[Literal["model_type", "architectures", "torch_dtype", "dtype", "tie_word_embeddings"], ...] = (
+    "model_type",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "tie_word_embeddings",
+)
+METADATA_KEYS: tuple[Literal["sharded_backend", "sharded_backend_version", "common_backend"], ...] = (
+    "sharded_backend",
+    "sharded_backend_version",
+    "common_backend",
+)
 MARKERS = ("latest", "latest_universal", "latest_checkpointed_iteration.txt")
 TOKENIZER_FILES = {
     "tokenizer.json",
@@ -90,31 +109,31 @@ def _json_facts(node: Node) -> None:
     f = cast(JsonFacts, node.facts)
     if node.size > MAX_JSON_BYTES:
         f.update(
-            NodeFacts(error=f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read", error_kind="too-large")
+            JsonFacts(error=f"JSON file larger than {naturalsize(MAX_JSON_BYTES)}; not read", error_kind="too-large")
         )
         return
     try:
         doc = json.loads(node.abspath.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        f.update(NodeFacts(error=f"not valid JSON: {e}", error_kind="corrupt"))
+        f.update(JsonFacts(error=f"not valid JSON: {e}", error_kind="corrupt"))
         return
     if not isinstance(doc, dict):
         return
     if node.role == "trainer-state":
-        for k in ("global_step", "epoch", "max_steps", "best_model_checkpoint"):
+        for k in TRAINER_STATE_KEYS:
             if doc.get(k) is not None:
                 f[k] = bounded(doc[k])
     elif node.name == "config.json":
-        for k in ("model_type", "architectures", "torch_dtype", "dtype", "tie_word_embeddings"):
-            if doc.get(k) is not None:
-                f[k] = bounded(doc[k])
+        for c in CONFIG_KEYS:
+            if doc.get(c) is not None:
+                f[c] = bounded(doc[c])
     elif node.name == "adapter_config.json":
         f["peft_type"] = bounded(doc.get("peft_type"))
         node.role = "config"
     elif node.name == "metadata.json":
-        for k in ("sharded_backend", "sharded_backend_version", "common_backend"):
-            if k in doc:
-                f[k] = bounded(doc[k])
+        for m in METADATA_KEYS:
+            if m in doc:
+                f[m] = bounded(doc[m])
 
 
 # ---------------------------------------------------------------- pseudo-formats: what the walk names itself

@@ -5,7 +5,7 @@ checked against ``safetensors.safe_open``."""
 from __future__ import annotations
 
 from itertools import islice
-from typing import Iterator, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...facts import DirFacts, SafetensorsFacts, SafetensorsIndexFacts, WeightIndexFacts
 from ...types import Node, Parsed, TensorInfo
@@ -14,6 +14,9 @@ from ..format import Described, FileFormat, FolderFormat, Format
 from ..plain.format import bounded
 from ..torch_save.format import fact_text
 from . import header as stfmt
+
+if TYPE_CHECKING:
+    from ...export.sources import Source
 
 MAX_INDEX_NAMES = 32  # names an index_* fact lists (each cut to torch_save.MAX_KEY_CHARS)
 MAX_SHARD_FILES = 1024  # files an index's shard_files lists (each cut as above; shard_files_total counts them)
@@ -27,7 +30,7 @@ class SafetensorsFiles(FileFormat):
     file_layout = "safetensors-file"
     exportable = True
     weights_as_saved = True
-    shard_index = "model.safetensors.index.json"
+    shard_index: Optional[str] = "model.safetensors.index.json"
 
     def describe(self, node: Node) -> Optional[Described]:
         return (self.file_layout, {"model": node.path}) if self.file_layout and not node.is_dir else None
@@ -78,13 +81,20 @@ class SafetensorsFiles(FileFormat):
                 raise FormatError(f"index points outside its folder: {fn}")
             yield from stfmt.read_header(fp).tensors
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         from ...export.sources import strip_names
         from .source import safetensors_source
 
         return strip_names(safetensors_source(node.abspath), strip_prefix)
 
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
         from safetensors import SafetensorError, safe_open
 
         from .source import safetensors_source

@@ -13,11 +13,10 @@ from functools import cached_property
 from itertools import chain, repeat
 from math import prod
 from operator import itemgetter, mul, sub
-from pathlib import Path
-from typing import Optional
+from typing import Any, NoReturn, Optional, Union
 
 from ...dtypes import FROM_ST_CODE
-from ...storage import as_path, open_read
+from ...storage import Location, LocationLike, as_path, open_read
 from ...storage import size as storage_size
 from ...types import TensorInfo
 from .. import FormatError
@@ -33,16 +32,16 @@ class SafetensorsHeader:
 
     def __init__(
         self,
-        path: Path,
+        path: Location,
         size: int,
         header_len: int,
         names: list[str],
         dtypes: list[str],
-        shapes: list,
+        shapes: list[list[int]],
         begins: list[int],
         ends: list[int],
-        metadata: Optional[dict] = None,
-    ):
+        metadata: Optional[dict[str, str]] = None,
+    ) -> None:
         self.path, self.size, self.header_len = path, size, header_len
         self.names, self.dtypes, self.shapes, self.begins, self.ends = names, dtypes, shapes, begins, ends
         self.metadata = metadata or {}
@@ -102,7 +101,7 @@ _FIELDS = ("dtype", "shape", "data_offsets")
 _NEG_ZERO = -0.0  # what "-0" parses to here: a float, as the library's JSON reader sees it
 
 
-def read_header(path: Path) -> SafetensorsHeader:
+def read_header(path: LocationLike) -> SafetensorsHeader:
     """The header, validated as strictly as the safetensors library's own reader (``safe_open``): a header it
     would refuse raises FormatError, so nothing it cannot read is ever exported or verified.
 
@@ -117,7 +116,7 @@ def read_header(path: Path) -> SafetensorsHeader:
             gc.enable()
 
 
-def _read_header(path: Path) -> SafetensorsHeader:
+def _read_header(path: Location) -> SafetensorsHeader:
     size = storage_size(path)
     if size < 8:
         raise FormatError(f"file is {size} bytes, shorter than the 8-byte safetensors header length", "truncated")
@@ -140,20 +139,20 @@ def _read_header(path: Path) -> SafetensorsHeader:
     return SafetensorsHeader(path, size, n, *_tensors(header, size - 8 - n), metadata)
 
 
-def _parse(raw: bytes) -> dict:
+def _parse(raw: bytes) -> dict[str, Any]:
     """The JSON header as the library's reader (serde_json) takes it: UTF-8 only, no NaN/Infinity, ``-0`` a float,
     a tensor's field or ``__metadata__`` given twice refused (any other duplicate key: the last one wins, in both)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FormatError(f"header is not valid JSON (not UTF-8: {e})") from None
-    kw: dict = {"parse_constant": _no_constant}
+    kw: dict[str, Any] = {"parse_constant": _no_constant}
     if b"-0" in raw:
         kw["parse_int"] = _int_or_neg_zero
     try:
         header = json.loads(text, **kw)
         if isinstance(header, dict) and not _no_duplicates_possible(raw, header):
-            dups: dict[int, set] = {}
+            dups: dict[int, set[str]] = {}
             header = json.loads(text, object_pairs_hook=lambda pairs: _pairs(pairs, dups), **kw)
             _check_duplicates(header, dups)
     except (json.JSONDecodeError, RecursionError) as e:
@@ -168,15 +167,15 @@ def _parse(raw: bytes) -> dict:
     return header
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise FormatError(f"header is not valid JSON: {name} is not a JSON number")
 
 
-def _int_or_neg_zero(text: str):
+def _int_or_neg_zero(text: str) -> Union[int, float]:
     return _NEG_ZERO if text == "-0" else int(text)
 
 
-def _no_duplicates_possible(raw: bytes, header: dict) -> bool:
+def _no_duplicates_possible(raw: bytes, header: dict[str, Any]) -> bool:
     """Each field named once per entry and ``__metadata__`` at most once, by counting the names in the text (any
     other spelling, a name inside a string or a duplicate tensor name: read again with the duplicate check)."""
     n = len(header) - ("__metadata__" in header)
@@ -186,15 +185,20 @@ def _no_duplicates_possible(raw: bytes, header: dict) -> bool:
     )
 
 
-def _pairs(pairs: list, dups: dict) -> dict:
+def _pairs(pairs: list[tuple[str, Any]], dups: dict[int, set[str]]) -> dict[str, Any]:
     d = dict(pairs)
     if len(d) != len(pairs):
-        seen: set = set()
-        dups[id(d)] = {k for k, _ in pairs if k in seen or seen.add(k)}
+        seen: set[str] = set()
+        twice: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                twice.add(k)
+            seen.add(k)
+        dups[id(d)] = twice
     return d
 
 
-def _check_duplicates(header: dict, dups: dict) -> None:
+def _check_duplicates(header: dict[str, Any], dups: dict[int, set[str]]) -> None:
     if "__metadata__" in dups.get(id(header), ()):
         raise FormatError("header names __metadata__ twice (safetensors refuses it)")
     for name, e in header.items():
@@ -202,7 +206,7 @@ def _check_duplicates(header: dict, dups: dict) -> None:
             raise FormatError(f"header entry {name!r} names a field twice (safetensors refuses it)")
 
 
-def _entry(name: str, e) -> tuple:
+def _entry(name: str, e: object) -> tuple[Any, Any, Any]:
     """(dtype, shape, data_offsets) of one entry: an object with those fields (others ignored) or, as the library
     also reads it, an array of the three."""
     if isinstance(e, dict):
@@ -211,15 +215,15 @@ def _entry(name: str, e) -> tuple:
         except KeyError:
             pass
     elif isinstance(e, list) and len(e) == 3:
-        return tuple(e)
+        return e[0], e[1], e[2]
     raise FormatError(f"header entry {name!r} lacks dtype/shape/data_offsets")
 
 
-def _is_u64(x) -> bool:
+def _is_u64(x: object) -> bool:
     return type(x) is int and 0 <= x < _U64
 
 
-def _check_entry(name: str, e) -> tuple:
+def _check_entry(name: str, e: object) -> tuple[str, list[int], int, int]:
     """One entry checked alone, with a message naming what is wrong (the slow path, taken only for a header the
     fast checks refused, or one in another form)."""
     dt, shape, offs = _entry(name, e)
@@ -245,7 +249,7 @@ def _check_entry(name: str, e) -> tuple:
     return dt, shape, begin, end
 
 
-def _columns(header: dict) -> Optional[tuple[list, list, list, list]]:
+def _columns(header: dict[str, Any]) -> Optional[tuple[list[str], list[list[int]], list[int], list[int]]]:
     """(dtypes, shapes, begins, ends) of every entry in C-level passes, or None where any entry is not plainly valid
     (then each is checked alone, for the message)."""
     entries = list(header.values())
@@ -281,13 +285,19 @@ def _columns(header: dict) -> Optional[tuple[list, list, list, list]]:
     return dtypes, shapes, begins, ends
 
 
-def _tensors(header: dict, data_len: int) -> tuple[list, list, list, list, list]:
+def _tensors(
+    header: dict[str, Any], data_len: int
+) -> tuple[list[str], list[str], list[list[int]], list[int], list[int]]:
     """(names, torch dtypes, shapes, begins, ends) of a header's tensors, checked as the library checks them."""
     names = list(header)
     cols = _columns(header)
     if cols is None:
         checked = [_check_entry(name, e) for name, e in header.items()]
-        cols = tuple(map(list, zip(*checked))) if checked else ([], [], [], [])  # type: ignore[assignment]
+        cols = (
+            ([c[0] for c in checked], [c[1] for c in checked], [c[2] for c in checked], [c[3] for c in checked])
+            if checked
+            else ([], [], [], [])
+        )
     dtypes, shapes, begins, ends = cols
     # the library sorts the tensors by (begin, end): each must start where the one before it ended. Contiguous in
     # the header's own order (what writers do) is contiguous sorted: no sort
@@ -328,9 +338,9 @@ def _tensors(header: dict, data_len: int) -> tuple[list, list, list, list, list]
 _TORCH_NAME = {code: name for code, (name, _) in FROM_ST_CODE.items()}
 
 
-def read_index(path: Path) -> dict:
+def read_index(where: LocationLike) -> dict[str, Any]:
     """A ``*.safetensors.index.json`` (or ``pytorch_model.bin.index.json``): {"weight_map": {...}, "metadata": {...}}."""
-    path = as_path(path)
+    path = as_path(where)
     size = storage_size(path)
     if size > MAX_INDEX_BYTES:
         raise FormatError(f"index of {size} bytes exceeds the {MAX_INDEX_BYTES} byte limit")

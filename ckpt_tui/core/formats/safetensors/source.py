@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ...export.sources import ByteRange, Source, SourceTensor
-from ...storage import as_path
+from ...storage import LocationLike, as_path
 from .. import FormatError
 from ..unpickle import gc_paused
 from . import header as stfmt
 
 
-def safetensors_source(path: Path) -> Source:
+def safetensors_source(where: LocationLike) -> Source:
     """One safetensors file, or an index (``*.safetensors.index.json``) and its shards."""
-    path = as_path(path)
+    path = as_path(where)
     files = [path]
     if path.name.endswith(".index.json"):
         doc = stfmt.read_index(path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import reprlib
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 from ...facts import TorchFileFacts, TorchZipFacts
 from ...types import Node, Parsed, TensorInfo
@@ -31,7 +31,7 @@ _REPR.maxstring = _REPR.maxother = MAX_KEY_CHARS
 _REPR.maxlong = 60
 
 # (test, role) in order: Trainer/Accelerate state files by name, then any torch extension
-_NAMED = (
+_NAMED: tuple[tuple[Callable[[str, str], bool], str], ...] = (
     (lambda name, low: name == "training_args.bin", "training-args"),
     (lambda name, low: low.startswith("rng_state") or low.startswith("random_states"), "rng"),
     (lambda name, low: low.startswith("scheduler") or low.startswith("lr_scheduler"), "scheduler"),
@@ -72,13 +72,13 @@ def torch_file_tensors(node: Node) -> Iterator[TensorInfo]:
         yield TensorInfo(name or node.name, t.shape, t.dtype, t.nbytes)
 
 
-def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bool):
+def torch_file_source(node: Node, strip_prefix: Optional[str], trust_pickles: bool) -> Source:
     from .source import torch_file_source as open_source
 
     return open_source(node.abspath, strip_prefix=strip_prefix, trust_pickles=trust_pickles)
 
 
-def torch_load_tensors(node: Node, strip_prefix: Optional[str]):
+def torch_load_tensors(node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
     """The reference: ``torch.load`` (unrestricted: only after the safety screen)."""
     import torch
 
@@ -111,14 +111,23 @@ class TorchFileFormat(FileFormat):
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
         return torch_file_tensors(node)
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         return torch_file_source(node, strip_prefix, trust_pickles)
 
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
         return torch_load_tensors(node, strip_prefix)
 
     def loader_files(self, node: Node) -> list[Path]:
-        path = Path(node.abspath)
+        from ..screen import local_path
+
+        path = local_path(node.abspath)
         return [] if path.is_dir() else [path]
 
 
@@ -172,7 +181,7 @@ class TorchSave(TorchFileFormat):
             if tensors:
                 set_tensor_facts(node, [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in tensors])
                 # tied weights: two names viewing one storage
-                by_storage: dict[tuple, list[str]] = {}
+                by_storage: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
                 for n, t in tensors:
                     if t.storage is not None:
                         by_storage.setdefault((t.storage.key, t.offset, t.shape), []).append(n)

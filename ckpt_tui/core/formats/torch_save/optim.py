@@ -17,12 +17,11 @@ Read through the restricted unpickler; tensor bytes are byte ranges of the zip (
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from typing import Any, Optional
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import Source, SourceTensor
-from ...storage import as_path, open_read
+from ...storage import Location, LocationLike, as_path, open_read
 from .. import FormatError
 from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
 from ..unpickle import Stub, TensorRef
@@ -33,10 +32,10 @@ _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
 _MAX_PAIRS = 20_000_000  # alignment table size beyond which names are not attempted
 
 
-def find_optimizer_state(obj: Any) -> tuple[Optional[dict], str, int]:
+def find_optimizer_state(obj: Any) -> tuple[Optional[dict[Any, Any]], str, int]:
     """(the optimizer state dict, where it is in the file, how many optimizers the file holds)."""
 
-    def is_sd(x):
+    def is_sd(x: Any) -> bool:
         return (
             isinstance(x, dict)
             and isinstance(x.get("state"), dict)
@@ -55,7 +54,7 @@ def find_optimizer_state(obj: Any) -> tuple[Optional[dict], str, int]:
     return None, "", 0
 
 
-def has_optimizer_state(path: Path) -> bool:
+def has_optimizer_state(path: LocationLike) -> bool:
     try:
         tf = torchfile.read(path)
     except (FormatError, OSError):
@@ -63,7 +62,9 @@ def has_optimizer_state(path: Path) -> bool:
     return find_optimizer_state(tf.obj)[0] is not None
 
 
-def align(opt_shapes: list[Optional[tuple]], model: list[tuple[str, tuple]]) -> tuple[Optional[list[str]], str]:
+def align(
+    opt_shapes: list[Optional[tuple[int, ...]]], model: list[tuple[str, tuple[int, ...]]]
+) -> tuple[Optional[list[str]], str]:
     """The model names of the optimizer's parameters, in order: the one order-preserving match of
     ``opt_shapes`` (None: a parameter without state, matching any shape) into the ``model``'s (name,
     shape) list, which may hold more (buffers, frozen parameters). None and why where there is no
@@ -103,13 +104,13 @@ def align(opt_shapes: list[Optional[tuple]], model: list[tuple[str, tuple]]) -> 
     return names, ""
 
 
-def _tensor(path: Path, t: TensorRef, offsets, name: str) -> SourceTensor:
+def _tensor(path: Location, t: TensorRef, offsets: dict[str, tuple[int, int]], name: str) -> SourceTensor:
     from .source import file_tensor
 
     return file_tensor(path, t, offsets, name)
 
 
-def _number(path: Path, v: Any, offsets, what: str):
+def _number(path: Location, v: Any, offsets: dict[str, tuple[int, int]], what: str) -> Any:
     if isinstance(v, Stub):
         v = v.value
     if isinstance(v, bool) or v is None:
@@ -128,21 +129,25 @@ def _number(path: Path, v: Any, offsets, what: str):
 
 
 def torch_optimizer_source(
-    path: Path, model: Optional[list[tuple[str, tuple]]], *, model_what: str = "", trust_pickles: bool = False
-) -> tuple[Source, dict]:
+    where: LocationLike,
+    model: Optional[list[tuple[str, tuple[int, ...]]]],
+    *,
+    model_what: str = "",
+    trust_pickles: bool = False,
+) -> tuple[Source, dict[str, Any]]:
     """The optimizer state in torch file ``path``: the source (``<name>.exp_avg`` … per parameter with
     state, ``param_<i>.…`` where the index has no name) and the content of ``optimizer_config.json``
     (names not yet prefix-stripped). ``model``: the model's (name, shape) in module order, or None
     where that order is unknown (``model_what`` says why, for the plan). Raises FormatError."""
     from .source import read_screened
 
-    path = as_path(path)
+    path = as_path(where)
     tf = read_screened(path, trust_pickles)
     sd, where, count = find_optimizer_state(tf.obj)
     if sd is None:
         raise FormatError(f"{path.name} holds no optimizer state dict (`optimizer`, `optimizer_states`)")
     offsets = torchfile.storage_offsets(path)
-    state: dict = sd["state"]
+    state: dict[Any, Any] = sd["state"]
     groups = [g for g in sd["param_groups"] if isinstance(g, dict)]
     notes = [
         f"optimizer state taken from the file's {where}"
@@ -162,7 +167,7 @@ def torch_optimizer_source(
         extra = [k for k in state if k not in order]
         order += extra
 
-        def shape_of(i):
+        def shape_of(i: Any) -> Optional[tuple[int, ...]]:
             s = state.get(i)
             if not isinstance(s, dict):
                 return None
@@ -216,7 +221,7 @@ def torch_optimizer_source(
     distinct = {v for v in steps.values() if v is not None}
     with_state = set(names.values())
     no_state = [n for n, _ in (model or []) if n not in with_state] if not fqn_keyed and model is not None else []
-    config = {
+    config: dict[str, Any] = {
         "source": "torch-file",
         "optimizer": None,  # state_dict() does not record the optimizer's class
         "step": distinct.pop() if len(distinct) == 1 else None,

@@ -7,19 +7,18 @@ range of the file, found from the zip headers; nothing is unpickled beyond the r
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange, Source, SourceTensor
-from ...storage import as_path, open_read
+from ...storage import Location, LocationLike, as_path, open_read
 from .. import FormatError
-from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef, iter_tensors
+from ..unpickle import DTensorRef, ShardedTensorRef, StorageRef, TensorRef, iter_tensors
 from . import torchfile
 from .torchfile import pick_state_dict
 
 
-def read_screened(path, trust_pickles: bool) -> "torchfile.TorchFile":
+def read_screened(path: Location, trust_pickles: bool) -> "torchfile.TorchFile":
     """The torch file ``path`` read by the restricted unpickler, refused if it names code outside the allowlist
     (unless trusted) or is in torch's legacy format (no byte ranges to read)."""
     tf = torchfile.read(path)
@@ -33,8 +32,10 @@ def read_screened(path, trust_pickles: bool) -> "torchfile.TorchFile":
     return tf
 
 
-def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
-    path = as_path(path)
+def torch_file_source(
+    where: LocationLike, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False
+) -> Source:
+    path = as_path(where)
     tf = read_screened(path, trust_pickles)
     sd, wrapper = pick_state_dict(tf.obj)
     if isinstance(sd, dict) and any(isinstance(v, (DTensorRef, ShardedTensorRef)) for v in sd.values()):
@@ -44,7 +45,7 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
         )
     offsets = torchfile.storage_offsets(path)
     tensors: list[SourceTensor] = []
-    first_by_view: dict[tuple, str] = {}
+    first_by_view: dict[tuple[str, int, tuple[int, ...], Optional[tuple[int, ...]]], str] = {}
     for name, t in iter_tensors(sd):
         out = name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name
         listed = f"{wrapper}.{name}" if wrapper else None  # list_tensors names the whole nesting
@@ -73,7 +74,14 @@ def torch_file_source(path: Path, *, strip_prefix: Optional[str] = None, trust_p
 
 
 def file_tensor(
-    path: Path, t: TensorRef, offsets, name: str, *, out: Optional[str] = None, not_plain: str = "", **fields
+    path: Location,
+    t: TensorRef,
+    offsets: dict[str, tuple[int, int]],
+    name: str,
+    *,
+    out: Optional[str] = None,
+    not_plain: str = "",
+    **fields: Any,
 ) -> SourceTensor:
     """The tensor ``t`` of the torch file ``path`` (``name`` in it; ``out`` in the output, default ``name``) as
     a byte range of its storage, or, for a non-contiguous view, a loader that copies it element-wise."""
@@ -93,17 +101,21 @@ def file_tensor(
         out,
         t.shape,
         t.dtype,
-        load=strided_loader(path, t, offsets),
+        load=strided_loader(path, t, t.storage, offsets),
         note="non-contiguous view, copied element-wise",
         **fields,
     )
 
 
-def strided_loader(path: Path, t: TensorRef, offsets):
-    def load():
+def strided_loader(
+    path: Location, t: TensorRef, storage: StorageRef, offsets: dict[str, tuple[int, int]]
+) -> Callable[[], object]:
+    """A loader of ``t``, a view of ``storage`` (``t.storage``), copied element-wise."""
+
+    def load() -> object:
         import torch
 
-        start, size = offsets[t.storage.key]
+        start, size = offsets[storage.key]
         with open_read(path) as f:
             f.seek(start)
             raw = bytearray(f.read(size))

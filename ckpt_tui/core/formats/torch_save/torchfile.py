@@ -11,10 +11,10 @@ import pickle as _pickle
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from ...names import STATE_DICT_WRAPPERS
-from ...storage import as_path, file_size, open_read
+from ...storage import Location, LocationLike, as_path, file_size, open_read
 from ...storage import size as storage_size
 from .. import FormatError
 from ..unpickle import MAX_PICKLE_BYTES, Unpickled, iter_tensors, safe_loads
@@ -24,7 +24,7 @@ PICKLE_MAGICS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 @dataclass
 class TorchFile:
-    path: Path
+    path: Location
     size: int
     unpickled: Unpickled
     is_zip: bool
@@ -51,7 +51,7 @@ def pick_state_dict(obj: Any) -> tuple[Any, Optional[str]]:
     return obj, None
 
 
-def sniff(path: Path) -> str:
+def sniff(path: LocationLike) -> str:
     """'zip' | 'pickle' | 'other' from the first bytes."""
     try:
         with open_read(path) as f:
@@ -65,9 +65,9 @@ def sniff(path: Path) -> str:
     return "other"
 
 
-def read(path: Path) -> TorchFile:
+def read(where: LocationLike) -> TorchFile:
     """Read a torch file's structure. Raises FormatError (kind 'truncated' or 'corrupt')."""
-    path = as_path(path)
+    path = as_path(where)
     size = storage_size(path)
     if size == 0:
         raise FormatError("the file is empty (0 bytes)", "truncated")
@@ -79,7 +79,7 @@ def read(path: Path) -> TorchFile:
     raise FormatError("not a torch file (neither a zip archive nor a pickle)")
 
 
-def _read_zip(path: Path, size: int) -> TorchFile:
+def _read_zip(path: Location, size: int) -> TorchFile:
     try:
         zf = zipfile.ZipFile(path if isinstance(path, Path) else open_read(path))  # remote: ranged GETs
     except zipfile.BadZipFile:
@@ -126,7 +126,7 @@ def _raw_name(i: zipfile.ZipInfo) -> str:
     return i.orig_filename
 
 
-def loader_record(infos: list) -> tuple[zipfile.ZipInfo, str]:
+def loader_record(infos: list[zipfile.ZipInfo]) -> tuple[zipfile.ZipInfo, str]:
     """The ``data.pkl`` entry torch.load will unpickle, and the archive's folder (``P/``): torch's
     PyTorchStreamReader takes ``P`` from the first entry's name (up to its first ``/``) and reads ``P/data.pkl``.
     An archive where another reader could take another record is refused (FormatError): an entry outside ``P/``,
@@ -170,7 +170,7 @@ def loader_record(infos: list) -> tuple[zipfile.ZipInfo, str]:
     return pkls[0], prefix
 
 
-def _read_legacy(path: Path, size: int) -> TorchFile:
+def _read_legacy(path: Location, size: int) -> TorchFile:
     """Legacy (pre-1.6) torch.save format or a plain pickle: structure only."""
     if size > MAX_PICKLE_BYTES:
         # legacy torch files put tensor data after the pickles; read only the head
@@ -211,18 +211,18 @@ def _legacy_loads(data: bytes) -> Unpickled:
 
 
 class _PlainUnpickler(_pickle.Unpickler):
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         raise FormatError(f"unexpected global {module}.{name} in a torch file header")
 
 
-def try_read(path: Path) -> tuple[Optional[TorchFile], Optional[FormatError]]:
+def try_read(path: LocationLike) -> tuple[Optional[TorchFile], Optional[FormatError]]:
     try:
         return read(path), None
     except FormatError as e:
         return None, e
 
 
-def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> dict[str, tuple[int, int]]:
+def storage_offsets(path: LocationLike, base: int = 0, length: Optional[int] = None) -> dict[str, tuple[int, int]]:
     """Absolute file offset and size of every ``data/<key>`` entry of a torch zip.
 
     ``base``/``length`` select a zip embedded in a larger file (a DCP ``.distcp`` holds one
@@ -257,20 +257,20 @@ def storage_offsets(path: Path, base: int = 0, length: Optional[int] = None) -> 
 class FileWindow:
     """A read-only, seekable view of [base, base+length) of an open file."""
 
-    def __init__(self, f, base: int, length: int):
+    def __init__(self, f: BinaryIO, base: int, length: int) -> None:
         self.f, self.base, self.length, self.pos = f, base, length, 0
 
-    def seekable(self):
+    def seekable(self) -> bool:
         return True
 
-    def tell(self):
+    def tell(self) -> int:
         return self.pos
 
-    def seek(self, off, whence=0):
+    def seek(self, off: int, whence: int = 0) -> int:
         self.pos = off if whence == 0 else self.pos + off if whence == 1 else self.length + off
         return self.pos
 
-    def read(self, n=-1):
+    def read(self, n: Optional[int] = -1) -> bytes:
         if n is None or n < 0:
             n = self.length - self.pos
         n = max(0, min(n, self.length - self.pos))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, Optional, TypeVar
 
-from textual.worker import Worker
+from textual.worker import Worker, get_current_worker
 
 from ..core.types import SEVERITY_RANK, Finding, Node
 from .format import plain, size
@@ -97,19 +97,29 @@ class RepairJob(JobKind["RepairResult"]):
     name = "repair"
 
     def open(self, screen: MainScreen, finding: Finding) -> None:
-        """The repair wizard on ``finding``'s repair (an export finding opens the export wizard)."""
+        """The repair wizard on ``finding``'s repair (an export finding opens the export wizard). Planning a
+        repair reads the file it would change (a pickle inside a torch zip): in a worker, not on the UI thread."""
         if finding.fix == "export":
             EXPORT.open(screen)
             return
-        from ..core.repair import repairs_for
-
         report = screen.report
         if report is None:
             return
-        reps = [r for r in repairs_for(report) if r.id == finding.fix and r.path == finding.path] or [
-            r for r in repairs_for(report) if r.id == finding.fix
-        ]
-        if not reps:
+
+        def plan() -> None:
+            from ..core.repair import repairs_for
+
+            repairs = repairs_for(report)
+            reps = [r for r in repairs if r.id == finding.fix and r.path == finding.path] or [
+                r for r in repairs if r.id == finding.fix
+            ]
+            if not get_current_worker().is_cancelled:  # x pressed again: the newer plan opens its wizard
+                screen.app.call_from_thread(self._planned, screen, finding, reps[0] if reps else None)
+
+        screen.run_worker(plan, name="repair-plan", group="repair-plan", thread=True, exclusive=True)
+
+    def _planned(self, screen: MainScreen, finding: Finding, repair: Optional[Repair]) -> None:
+        if repair is None:
             screen.app.push_screen(
                 MessageDialog(
                     "No repair",
@@ -122,7 +132,7 @@ class RepairJob(JobKind["RepairResult"]):
         def run(repair: Repair) -> None:
             self.run(screen, repair)
 
-        screen.app.push_screen(RepairWizard(reps[0]), _run_plan(run))
+        screen.app.push_screen(RepairWizard(repair), _run_plan(run))
 
     def run(self, screen: MainScreen, repair: Repair) -> Worker[RepairResult]:
         info = JobInfo(self.name, f"repair {repair.id}", "nothing was replaced; the original is untouched")

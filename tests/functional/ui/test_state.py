@@ -62,6 +62,29 @@ async def test_errors_lead_the_details_pane_the_findings_panel_and_x(dangling):
         assert text.count(app.screen.repair.title) == 1  # the title once, not twice
 
 
+async def test_x_plans_its_repair_off_the_ui_thread(dangling, monkeypatch):
+    """Planning a repair reads the file it would change (a pickle in a torch zip, on NFS perhaps): x asks the
+    core in a worker, and the wizard opens when the plan is there."""
+    import threading
+
+    import ckpt_tui.core.repair as repair
+
+    threads = []
+    real = repair.repairs_for
+
+    def repairs_for(rep):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(rep)
+
+    monkeypatch.setattr(repair, "repairs_for", repairs_for)
+    app = make_app(dangling)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.report is not None)
+        await press_and_wait(pilot, "x", lambda: isinstance(app.screen, RepairWizard))
+        assert app.screen.repair.id == "latest"
+    assert threads == [False]
+
+
 async def open_export_wizard(pilot, app) -> ExportWizard:
     """After the scan, `e`: the export wizard at its first step."""
     await wait_for(pilot, lambda: app.report is not None)

@@ -70,7 +70,9 @@ class VerlFolder(FolderFormat):
         return verl_findings(inv, node)
 
     def loader_files(self, node: Node) -> list[Path]:
-        path = Path(node.abspath)
+        from ..screen import local_path
+
+        path = local_path(node.abspath)
         return sorted(p for p in path.iterdir() if p.name.endswith(".pt") and p.is_file())
 
     def optimizer_source(
@@ -148,7 +150,14 @@ class VerlFolder(FolderFormat):
         world = world_of(node.abspath)
         yield from _global_tensors(torchfile.read(node.abspath / f"model_world_size_{world}_rank_0.pt").obj)
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         from .source import verl_source
 
         try:
@@ -158,7 +167,7 @@ class VerlFolder(FolderFormat):
                 raise NotExportable(str(e)) from None
             raise
 
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
         """verl's merger's own reading (``FSDPModelMerger``): ``torch.load`` every rank's model file (unrestricted:
         only after the safety screen) and ``torch.cat`` the DTensors' local tensors along their Shard dim.
         torch loads ShardedTensors only inside a process group of the saving size: FSDP1 files have none here."""
@@ -198,7 +207,7 @@ class VerlFolder(FolderFormat):
             yield (name[len(strip_prefix) :] if strip_prefix and name.startswith(strip_prefix) else name), t
 
 
-def _global_tensors(obj) -> Iterator[TensorInfo]:
+def _global_tensors(obj: Any) -> Iterator[TensorInfo]:
     from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef
 
     for k, v in obj.items() if isinstance(obj, dict) else ():

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange, Source, SourceTensor
-from ...storage import as_path
+from ...storage import Location, LocationLike, as_path
 from ...types import numel
 from .. import FormatError
 from ..torch_save import torchfile
 from ..unpickle import DTensorRef, ShardedTensorRef, TensorRef
+
+if TYPE_CHECKING:
+    from ..deepspeed.optim import Number
 
 RANK_FILE_RE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 KINDS = ("model", "optim", "extra_state")
@@ -33,7 +35,7 @@ STATES = ("exp_avg", "exp_avg_sq")
 CONFIG_FILE = "optimizer_config.json"
 
 
-def rank_files(folder: Path) -> dict[str, dict[int, tuple[int, str]]]:
+def rank_files(folder: LocationLike) -> dict[str, dict[int, tuple[int, str]]]:
     """kind -> rank -> (world size in the name, file name), from a folder's file names."""
     out: dict[str, dict[int, tuple[int, str]]] = {}
     for p in as_path(folder).iterdir():
@@ -45,7 +47,7 @@ def rank_files(folder: Path) -> dict[str, dict[int, tuple[int, str]]]:
 
 @dataclass
 class RankFile:
-    path: Path
+    path: Location
     obj: Any
     offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -63,7 +65,7 @@ class RankFile:
         return (ByteRange(str(self.path), start + t.offset * item, t.numel * item),) if t.numel else ()
 
 
-def _open(folder: Path, kind: str, world: int, trust_pickles: bool) -> list[RankFile]:
+def _open(folder: Location, kind: str, world: int, trust_pickles: bool) -> list[RankFile]:
     out = []
     for r in range(world):
         p = folder / f"{kind}_world_size_{world}_rank_{r}.pt"
@@ -81,7 +83,7 @@ def _open(folder: Path, kind: str, world: int, trust_pickles: bool) -> list[Rank
     return out
 
 
-def world_of(folder: Path) -> int:
+def world_of(folder: Location) -> int:
     files = rank_files(folder).get("model") or {}
     worlds = {w for w, _ in files.values()}
     if not worlds:
@@ -151,7 +153,9 @@ def _from_sharded(name: str, pieces: list[tuple[RankFile, Any]]) -> SourceTensor
     return _assemble(name, s0.shape, s0.dtype, sorted(held, key=lambda h: h[0]))
 
 
-def _assemble(name: str, shape, dtype: str, parts: list[tuple[tuple[int, ...], RankFile, TensorRef]]) -> SourceTensor:
+def _assemble(
+    name: str, shape: tuple[int, ...], dtype: str, parts: list[tuple[tuple[int, ...], RankFile, TensorRef]]
+) -> SourceTensor:
     """Parts (offsets, file, local tensor) of a tensor: byte ranges when they split it along dim 0 only, in order."""
     rest = tuple(shape[1:])
     row = 0
@@ -167,7 +171,7 @@ def _assemble(name: str, shape, dtype: str, parts: list[tuple[tuple[int, ...], R
             rng += rf.ranges(t, name)
         return SourceTensor(name, tuple(shape), dtype, ranges=rng)
 
-    def load():
+    def load() -> object:
         import torch
 
         from ...export.sources import read_ranges
@@ -182,7 +186,7 @@ def _assemble(name: str, shape, dtype: str, parts: list[tuple[tuple[int, ...], R
     return SourceTensor(name, tuple(shape), dtype, load=load, note="shards split off dim 0: placed with torch")
 
 
-def _model_files(folder: Path, trust_pickles: bool) -> tuple[int, list[RankFile]]:
+def _model_files(folder: Location, trust_pickles: bool) -> tuple[int, list[RankFile]]:
     world = world_of(folder)
     files = _open(folder, "model", world, trust_pickles)
     for rf in files:
@@ -201,9 +205,9 @@ def fsdp_kind(obj: Any) -> Optional[str]:
     return None
 
 
-def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
+def verl_source(where: LocationLike, *, strip_prefix: Optional[str] = None, trust_pickles: bool = False) -> Source:
     """The full model weights of a verl actor folder, from every rank's model file."""
-    folder = as_path(folder)
+    folder = as_path(where)
     world, files = _model_files(folder, trust_pickles)
     keys = list(files[0].obj)
     tensors = []
@@ -224,19 +228,19 @@ def verl_source(folder: Path, *, strip_prefix: Optional[str] = None, trust_pickl
 # ---------------------------------------------------------------- optimizer
 
 
-def _scalar(rf: RankFile, v: Any, what: str):
+def _scalar(rf: RankFile, v: Any, what: str) -> Number:
     from ...export.sources import read_ranges
     from ..deepspeed.optim import step_value
 
     return step_value(v, what, lambda ref: read_ranges(rf.ranges(ref, what)))
 
 
-def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[Source, dict, list[str]]:
+def verl_optimizer_source(where: LocationLike, trust_pickles: bool = False) -> tuple[Source, dict[str, Any], list[str]]:
     """``p.exp_avg`` and ``p.exp_avg_sq`` of every parameter ``p`` (names as the model export has them), the
     content of ``optimizer_config.json``, and the model export's names. Raises ValueError/FormatError."""
     from ..deepspeed.optim import jsonable
 
-    folder = as_path(folder)
+    folder = as_path(where)
     world, models = _model_files(folder, trust_pickles)
     optims = _open(folder, "optim", world, trust_pickles)
     names = [str(k) for k in models[0].obj]
@@ -262,7 +266,7 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
     model_src = verl_source(folder, trust_pickles=trust_pickles)
     shape_of = {t.name: (t.shape, t.dtype) for t in model_src.tensors}
     out: list[SourceTensor] = []
-    steps: dict[int, Any] = {}
+    steps: dict[int, Optional[Number]] = {}
     for i, name in enumerate(names):
         entries = [(rf, st.get(i, st.get(str(i)))) for rf, st in zip(optims, per_rank)]
         held = [(rf, e) for rf, e in entries if isinstance(e, dict)]
@@ -295,7 +299,8 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
                 total += v.numel
             if total != numel(shape):
                 raise ValueError(f"{name}.{key}: the ranks' pieces hold {total} of {numel(shape)} elements")
-            out.append(SourceTensor(f"{name}.{key}", tuple(shape), vals[0][1].dtype, ranges=rng))
+            # every piece is a TensorRef (checked above)
+            out.append(SourceTensor(f"{name}.{key}", tuple(shape), cast(TensorRef, vals[0][1]).dtype, ranges=rng))
     pgroups = []
     for g in groups:
         if not isinstance(g, dict):
@@ -308,7 +313,7 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
         )
     distinct = {s for s in steps.values() if s is not None}
     frozen = [names[i] for i in range(len(names)) if i not in steps]
-    config = {
+    config: dict[str, Any] = {
         "source": "verl",
         "fsdp": fsdp_kind(models[0].obj),
         "dp_world_size": world,
@@ -328,7 +333,9 @@ def verl_optimizer_source(folder: Path, trust_pickles: bool = False) -> tuple[So
     return Source("verl-optimizer", folder, out, notes=notes), config, [t.name for t in model_src.tensors]
 
 
-def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple[int, ...]]):
+def optimizer_reference_tensors(
+    where: LocationLike, cfg: dict[str, Any], shapes: dict[str, tuple[int, ...]]
+) -> Iterator[tuple[str, Any]]:
     """(exported name, tensor) of a verl actor folder's optimizer state read by torch (``verify``; only after the
     safety screen): ``torch.load`` of every rank's optim file; DTensor states joined as verl's merger joins the
     weights (``torch.cat`` of the local tensors along the Shard dim), FSDP1's flat pieces ``torch.cat`` in rank
@@ -339,7 +346,7 @@ def optimizer_reference_tensors(folder: Path, cfg: dict, shapes: dict[str, tuple
     import torch
     from torch.distributed.tensor import DTensor
 
-    folder = as_path(folder)
+    folder = as_path(where)
     world = world_of(folder)
     mesh_log = logging.getLogger("torch.distributed.device_mesh")  # unpickled before any process group: harmless
     level = mesh_log.level

@@ -104,7 +104,7 @@ class VerlFolder(FolderFormat):
         cfg = node.child("fsdp_config.json")
         if cfg is not None:
             try:
-                doc = json.loads(cfg.abspath.read_text())
+                doc = json.loads(cfg.abspath.read_bytes().decode())  # a Location: a RemotePath has no read_text
                 if isinstance(doc, dict):
                     if isinstance(doc.get("FSDP_version"), int):
                         f["fsdp_version"] = doc["FSDP_version"]

@@ -109,7 +109,7 @@ def dcp_metadata_files(folder: LocationLike) -> list[Path]:
     from .dcp.reader import metadata_files
 
     glob_meta, ranks = metadata_files(local_path(folder))
-    return [glob_meta] if glob_meta else list(ranks)
+    return [local_path(glob_meta)] if glob_meta else [local_path(p) for p in ranks]  # the local folder's Paths
 
 
 def dcp_reader(where: LocationLike, *, trust_pickles: bool = False) -> Any:

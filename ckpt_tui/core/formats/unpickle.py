@@ -21,7 +21,7 @@ import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 from ..dtypes import ITEMSIZE
 from ..types import numel
@@ -265,6 +265,13 @@ class Unpickled:
     obj: Any
     unsafe: set[str] = field(default_factory=set)  # "module.name" of globals outside the allowlist
     storages: dict[str, StorageRef] = field(default_factory=dict)
+
+
+class Readable(Protocol):
+    """What an unpickler reads from: a binary file, or the DCP summary reader's ChainReader."""
+
+    def read(self, n: int, /) -> bytes: ...
+    def readline(self) -> bytes: ...
 
 
 _LOCAL = threading.local()  # the budget of the read running in this thread
@@ -691,7 +698,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     size_hint: int = 0  # the stream's length, where the caller knows it (the budget grows with it)
 
-    def __init__(self, f: io.BytesIO, result: Unpickled, persistent: bool) -> None:
+    def __init__(self, f: Readable, result: Unpickled, persistent: bool) -> None:
         super().__init__(f)
         self._result = result
         self._persistent = persistent

@@ -67,7 +67,7 @@ class DcpFolder(FolderFormat):
 
     def describe(self, node: Node) -> Optional[Described]:
         names = {c.name for c in node.children}
-        conts = set(node.facts.get("containers") or [])
+        conts = set(cast(DcpFacts, node.facts).get("containers") or [])
         comps = dcp_components(node)
         if node.name.endswith(".ckpt") and "meta.pt" in names:
             return "lightning-fsdp", comps
@@ -100,7 +100,7 @@ class DcpFolder(FolderFormat):
         return dcp_findings(inv, node)
 
     def loader_files(self, node: Node) -> list[Path]:
-        path = Path(node.abspath)
+        path = screen.local_path(node.abspath)
         return screen.dcp_metadata_files(path) if path.is_dir() else []
 
     def holds_optimizer(self, node: Node) -> bool:
@@ -211,7 +211,14 @@ class DcpFolder(FolderFormat):
         info = (parsed.get(node, dcpfmt.DcpInfo) if parsed is not None else None) or dcpfmt.read(node.abspath)
         yield from info.tensors
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         if cast(DcpFacts, node.facts).get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
             raise NotExportable(
                 "DCP in safetensors format without .metadata: export its consolidated model-*.safetensors instead"
@@ -220,14 +227,14 @@ class DcpFolder(FolderFormat):
 
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
         from .source import load_one, output_tensors, refuse_gaps
 
         info = dcpfmt.read(node.abspath)
         by_name = {t.name: t for t in info.tensors}
         outputs = output_tensors(node.abspath, info, strip_prefix)
         refuse_gaps(info, {k for k, _, _ in outputs})
-        loaded: dict = {}
+        loaded: dict[str, Any] = {}
         for key, name, layer in outputs:
             if key not in loaded:
                 loaded.clear()
@@ -273,7 +280,7 @@ class DcpSafetensorsFolder(FolderFormat):
         f.update(DcpFacts(tensor_count=len(names), dtypes=sorted(dtypes, key=lambda d: -dtypes[d]), containers=[]))
 
 
-def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list]:
+def dcp_role(info: dcpfmt.DcpInfo) -> tuple[str, list[str], list[TensorInfo]]:
     """Model, optimizer or both — from the keys' structure (planner_data), not the folder name:
     (role, top-level containers most frequent first, the model's tensors)."""
 

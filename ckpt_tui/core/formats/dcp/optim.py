@@ -14,12 +14,11 @@ through the restricted unpickler. Output as the DeepSpeed source has it (:mod:`.
 from __future__ import annotations
 
 import zipfile
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
 from ...export.sources import Source, SourceTensor, read_bytes
 from ...names import OPTIMIZER_KEYS
-from ...storage import as_path, open_read
+from ...storage import Location, LocationLike, as_path, open_read
 from .. import FormatError, screen
 from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
 from ..torch_save.torchfile import FileWindow
@@ -31,11 +30,11 @@ _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
 _MAX_OBJECT = 64 << 20  # a param-group object larger than this is not a hyper-parameter
 
 
-def _d(o):
+def _d(o: object) -> dict[str, Any]:
     return o.__dict__ if isinstance(o, (Stub, Record)) else {}
 
 
-def _paths(info: dcpfmt.DcpInfo) -> dict[str, tuple]:
+def _paths(info: dcpfmt.DcpInfo) -> dict[str, tuple[str, ...]]:
     """Every key's path (planner_data; else the dotted key, whose fqn part is rejoined below). A
     flattened optimizer state dict (torchtitan: ``("optimizer", "state.<fqn>.exp_avg")``,
     ``("optimizer", "param_groups.<fqn>.lr")``) is unfolded to ``(…, "state", <fqn>, "exp_avg")`` and
@@ -57,7 +56,7 @@ def _optimizer_top(t: str) -> bool:
     return t in OPTIMIZER_KEYS or (t.startswith("optimizer_") and t[len("optimizer_") :].isdigit())
 
 
-def _split(path: tuple, what: str) -> Optional[tuple[tuple, tuple]]:
+def _split(path: tuple[str, ...], what: str) -> Optional[tuple[tuple[str, ...], tuple[str, ...]]]:
     """(container, rest) where ``path`` is ``container + (what,) + rest`` and the container is empty or
     optimizer keys only (``optimizer``, ``optim``)."""
     for i, p in enumerate(path):
@@ -78,11 +77,11 @@ def has_optimizer_state(info: dcpfmt.DcpInfo) -> bool:
     return False
 
 
-def _objects(folder: Path, keys: set[str]) -> dict[str, Any]:
+def _objects(folder: Location, keys: set[str]) -> dict[str, Any]:
     """The non-tensor objects ``keys`` (torch.save blobs in the .distcp files), read through the
     restricted unpickler: nothing is executed."""
     glob_meta, rank_metas = dcpfmt.metadata_files(folder)
-    where: dict[str, dict] = {}
+    where: dict[str, dict[str, Any]] = {}
     for m in [glob_meta] if glob_meta else rank_metas:
         meta, _, _ = dcpfmt.read_metadata_file(m)
         for idx, st in (_d(meta).get("storage_data") or {}).items():
@@ -106,27 +105,28 @@ def _objects(folder: Path, keys: set[str]) -> dict[str, Any]:
     return out
 
 
-def _number(t: SourceTensor, what: str):
+def _number(t: SourceTensor, what: str) -> Any:
     """The value of a 0-d (or one-element) tensor, from its few bytes."""
     import struct
 
     if t.numel != 1 or t.dtype not in _SCALAR:
         raise FormatError(f"{what}: a {t.dtype} tensor of shape {t.shape}, not a scalar")
     if t.ranges is None:
-        x = t.load().item()  # general path (a chunked 0-d tensor: never seen, but torch reads it)
+        # no ranges: a load, the general path (a chunked 0-d tensor: never seen, but torch reads it)
+        x = cast(Callable[[], Any], t.load)().item()
     else:
         (x,) = struct.unpack(_SCALAR[t.dtype], read_bytes(t))
     return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
-def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) -> tuple[Source, dict]:
+def dcp_optimizer_source(where: LocationLike, model_names: Optional[list[str]] = None) -> tuple[Source, dict[str, Any]]:
     """The optimizer state of DCP ``folder``: the source (``<fqn>.<state>`` per parameter with state) and
     the content of ``optimizer_config.json`` (names not yet prefix-stripped). ``model_names``: the model
     export's names of the same checkpoint (which of them have no optimizer state is said in the
     config). Raises FormatError with the reason."""
     from .source import dcp_tensors
 
-    folder = as_path(folder)
+    folder = as_path(where)
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
@@ -135,7 +135,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     state: dict[str, dict[str, str]] = {}  # fqn -> state key -> DCP key
     groups: dict[int, dict[str, str]] = {}  # group index -> hyper-parameter -> DCP key
     per_param: dict[str, dict[str, str]] = {}  # flattened: fqn -> hyper-parameter -> DCP key
-    tops: set[tuple] = set()
+    tops: set[tuple[str, ...]] = set()
     for key, path in paths.items():
         sp = _split(path, "state")
         if sp and len(sp[1]) >= 2:
@@ -176,7 +176,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     if not names:
         raise FormatError("the optimizer state holds no tensors (exp_avg, exp_avg_sq)")
     tensors = dcp_tensors(folder, info, names)
-    step_values = {}
+    step_values: dict[str, Any] = {}
     for t in dcp_tensors(folder, info, {k: f"{fqn}.step" for k, fqn in steps.items()}):
         step_values[t.name[: -len(".step")]] = _number(t, t.name)
     # scalar steps stored as objects (older torch: a Python number)
@@ -194,7 +194,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     for t in dcp_tensors(folder, info, group_tensors):
         objects[t.name] = _number(t, t.name)
 
-    param_groups = []
+    param_groups: list[dict[str, Any]] = []
     for gi in sorted(groups):
         hyper = {h: jsonable(objects.get(k)) for h, k in groups[gi].items() if h != "params"}
         params = objects.get(groups[gi].get("params", ""), [])
@@ -204,7 +204,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     if per_param and not groups:  # flattened: the parameters whose hyper-parameters are equal share a group
         import json
 
-        by_hyper: dict[str, dict] = {}
+        by_hyper: dict[str, dict[str, Any]] = {}
         for fqn, hyper_keys in per_param.items():
             hyper = {h: jsonable(objects.get(k)) for h, k in hyper_keys.items()}
             g = by_hyper.setdefault(json.dumps(hyper, sort_keys=True), hyper | {"step": None, "params": []})
@@ -225,7 +225,7 @@ def dcp_optimizer_source(folder: Path, model_names: Optional[list[str]] = None) 
     fused_parents = {_parent_module(n) for n in fused}
     covered = [n for n in no_state if _parent_module(n) in fused_parents]
     no_state = [n for n in no_state if n not in set(covered)]
-    config = {
+    config: dict[str, Any] = {
         "source": "torch-dcp",
         "optimizer": None,  # a DCP does not record the optimizer's class
         "step": distinct.pop() if len(distinct) == 1 else None,
@@ -268,7 +268,7 @@ def state_tensor_keys(info: dcpfmt.DcpInfo) -> dict[str, str]:
     return out
 
 
-def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
+def reference_tensors(folder: LocationLike, batch_bytes: int = 256 << 20) -> Iterator[tuple[str, Any]]:
     """(``<fqn>.<state>``, tensor) of the optimizer state of DCP ``folder``, read by torch's own DCP
     loader a batch of at most ``batch_bytes`` at a time (``ckpt-tui verify``)."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
@@ -280,8 +280,8 @@ def reference_tensors(folder: Path, batch_bytes: int = 256 << 20):
     size = {t.name: t.nbytes for t in info.tensors}
     batch: list[str] = []
 
-    def load(keys):
-        sd: dict = {}
+    def load(keys: list[str]) -> Iterator[tuple[str, Any]]:
+        sd: dict[str, Any] = {}
         _load_state_dict(
             sd,
             storage_reader=screen.dcp_reader(folder),  # metadata screened, unpickled by us

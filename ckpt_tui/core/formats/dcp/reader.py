@@ -10,12 +10,11 @@ import operator
 import re
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, product, repeat
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Union, cast
 
 from ...dtypes import ITEMSIZE
 from ...progress import check_cancel, report, scoped
-from ...storage import as_path, open_read
+from ...storage import Location, LocationLike, as_path, open_read
 from ...storage import size as storage_size
 from ...types import TensorInfo
 from .. import FormatError
@@ -30,7 +29,8 @@ from ..unpickle import (
     screened_clean,
 )
 from . import stream as dcp_stream
-from .summary import ChunkSummary, SummaryMismatch, load_dcp_summary
+from .stream import LITTLE, StreamFacts
+from .summary import ChunkSummary, Folded, SummaryMismatch, load_dcp_summary
 
 PROGRESS_FROM = 1 << 24  # a .metadata larger than this reports its reading (the scan's progress) and checks cancel
 SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -39,32 +39,32 @@ RANK_META_RE = re.compile(r"^__(\d+)\.metadata$")
 
 @dataclass
 class DcpInfo:
-    path: Path
+    path: Location
     tensors: list[TensorInfo]
     bytes_entries: list[str]
     files: dict[str, int]  # relative file -> bytes it must have at least (max offset+length)
-    planner_data: dict[str, tuple] = field(default_factory=dict)
+    planner_data: dict[str, tuple[str, ...]] = field(default_factory=dict)
     metadata_files: list[str] = field(default_factory=list)
     metadata_bytes: int = 0
     unsafe: set[str] = field(default_factory=set)
     chunk_dims: set[int] = field(default_factory=set)  # dimensions along which chunks are split
     version: Optional[str] = None
     # tensor -> its chunks' offsets (the general reader, or rank-local metadata files to merge)
-    chunk_offsets: dict[str, list[tuple]] = field(default_factory=dict)
+    chunk_offsets: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     # tensor -> (distinct chunk offsets, the most of them sharing one offset[:1]), where read folded (one .metadata)
     chunk_layout: dict[str, tuple[int, int]] = field(default_factory=dict)
     chunk_count: int = 0  # chunk records in all
     chunk_gaps: list[str] = field(default_factory=list)  # tensors whose chunks leave part of them unwritten
     chunk_overlaps: list[str] = field(default_factory=list)  # tensors whose chunks overlap
     # rank-local metadata files: tensor -> its distinct (offsets, sizes) over the files, checked once all are read
-    merged_chunks: dict[str, set] = field(default_factory=dict)
+    merged_chunks: dict[str, set[tuple[tuple[int, ...], tuple[int, ...]]]] = field(default_factory=dict)
 
     @property
     def keys(self) -> list[str]:
         return [t.name for t in self.tensors] + self.bytes_entries
 
 
-def _get(o: Any, name: str, default=None):
+def _get(o: Any, name: str, default: Any = None) -> Any:
     if isinstance(o, (Stub, Record)):
         return o.__dict__.get(name, default)
     if isinstance(o, dict):
@@ -72,24 +72,24 @@ def _get(o: Any, name: str, default=None):
     return getattr(o, name, default)
 
 
-def _props_dtype(props) -> str:
+def _props_dtype(props: object) -> str:
     state = _get(props, "_state")
     if isinstance(state, tuple) and state:
         return str(state[0])
     return str(_get(props, "dtype", "unknown"))
 
 
-def metadata_files(folder: Path) -> tuple[Optional[Path], list[Path]]:
+def metadata_files(folder: Location) -> tuple[Optional[Location], list[Location]]:
     """The global ``.metadata`` (or None) and any rank-local ``__{rank}.metadata`` files."""
     glob_meta = folder / ".metadata"
     ranks = sorted(
         (p for p in folder.iterdir() if RANK_META_RE.match(p.name)),
-        key=lambda p: int(RANK_META_RE.match(p.name).group(1)),
+        key=lambda p: int(cast("re.Match[str]", RANK_META_RE.match(p.name)).group(1)),  # matched just above
     )
     return (glob_meta if glob_meta.is_file() else None), ranks
 
 
-def _check_size(path: Path) -> int:
+def _check_size(path: Location) -> int:
     size = storage_size(path)
     if size == 0:
         raise FormatError(".metadata is empty (0 bytes)", "truncated")
@@ -98,12 +98,12 @@ def _check_size(path: Path) -> int:
     return size
 
 
-def _check_metadata(obj) -> None:
+def _check_metadata(obj: object) -> None:
     if not isinstance(obj, (Stub, Record)) or "state_dict_metadata" not in obj.__dict__:
         raise FormatError("not a torch.distributed.checkpoint Metadata pickle")
 
 
-def read_metadata_file(path: Path) -> tuple[Any, set[str], int]:
+def read_metadata_file(path: Location) -> tuple[Any, set[str], int]:
     """The whole ``Metadata`` as stand-ins: every chunk record and ``storage_data`` entry (what an export
     needs to map chunks to byte ranges)."""
     size = _check_size(path)
@@ -125,7 +125,7 @@ class ChainReader:
     thread take the GIL — a TUI stays responsive while a worker unpickles a 200 MB ``.metadata`` in one C call.
     ``on_read(bytes so far)`` is called there too (progress, or a cancel check that raises)."""
 
-    def __init__(self, parts: list, on_read=None):
+    def __init__(self, parts: list[bytes], on_read: Optional[Callable[[int], None]] = None) -> None:
         self._parts = parts
         parts.reverse()
         self._pos = 0
@@ -137,7 +137,7 @@ class ChainReader:
         if self._on_read is not None:
             self._on_read(self.done)
 
-    def readinto(self, buf) -> int:
+    def readinto(self, buf: Union[bytearray, memoryview]) -> int:
         view = memoryview(buf).cast("B")
         done = 0
         while done < len(view) and self._parts:
@@ -173,7 +173,7 @@ class ChainReader:
         return bytes(out)
 
 
-def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tuple[list, dict]]]:
+def read_metadata_summary(path: Location) -> tuple[Any, set[str], int, Optional[tuple[list[Any], dict[str, int]]]]:
     """``Metadata`` with each tensor's chunk records folded (``chunks`` a :class:`ChunkSummary`) and the
     ``storage_data`` entries as (the states read the ordinary way, ``{file: furthest end}`` of the entries
     compacted first by :mod:`.stream`) — what inspect needs, built in a fraction of the time and memory.
@@ -189,7 +189,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
         check_cancel(cancel)
         report(on_progress, done, total, "bytes", what)
 
-    def folding(parts: list) -> ChainReader:
+    def folding(parts: list[bytes]) -> ChainReader:
         total, shown = sum(map(len, parts)), 0
 
         def on_read(done: int) -> None:  # once per frame the unpickler reads: reported ~64 times in all
@@ -200,7 +200,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
 
         return ChainReader(parts, on_read if big else None)
 
-    def streams():
+    def streams() -> Iterator[tuple[list[bytes], Optional[StreamFacts]]]:
         """What to fold, in turn, until one folds: (the stream's pieces, the facts the rewrite took out)."""
         parts, nchunks, _, facts = dcp_stream.compact(data, reading if big else None)
         yield parts, facts
@@ -217,7 +217,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
     # the rewritten stream is a view for facts only, used for bytes whose full read this process or an earlier
     # run already made and found clean (screened_clean: by content digest).
     screened = screened_clean(data)
-    for parts, facts in streams() if screened else [([data], None)]:
+    for parts, facts in streams() if screened else iter([([data], None)]):
         try:
             up, states, files = load_dcp_summary(folding(parts), facts)
         except SummaryMismatch:
@@ -236,7 +236,7 @@ def read_metadata_summary(path: Path) -> tuple[Any, set[str], int, Optional[tupl
     return obj, unsafe, size, None
 
 
-def screen_metadata(path: Path) -> set[str]:
+def screen_metadata(path: Location) -> set[str]:
     """The globals outside the allowlist that a ``.metadata`` names, from a read of the whole file as written by the
     restricted unpickler (what torch's DCP reader would ``pickle.load``). Raises FormatError where it cannot be
     read."""
@@ -257,9 +257,9 @@ def screen_metadata(path: Path) -> set[str]:
     return up.unsafe
 
 
-def read(folder: Path) -> DcpInfo:
+def read(where: LocationLike) -> DcpInfo:
     """The facts of a DCP folder's metadata: tensors, files and the sizes they must have, how chunks split."""
-    folder = as_path(folder)
+    folder = as_path(where)
     glob_meta, rank_metas = metadata_files(folder)
     sources = [glob_meta] if glob_meta else rank_metas
     if not sources:
@@ -276,7 +276,7 @@ def read(folder: Path) -> DcpInfo:
     return info
 
 
-def _note_cover(info: DcpInfo, t: TensorInfo, offsets: list, sizes: list) -> None:
+def _note_cover(info: DcpInfo, t: TensorInfo, offsets: list[tuple[int, ...]], sizes: list[tuple[int, ...]]) -> None:
     try:
         gap, overlap = chunk_cover(t.shape, offsets, sizes)
     except FormatError as e:
@@ -294,10 +294,10 @@ def _note(info: DcpInfo, name: str, gap: bool, overlap: bool) -> None:
 _ONE_INT = {(0x4B, 2), (0x4D, 3), (0x4A, 5)}  # BININT1, BININT2, BININT: (opcode, token length)
 
 
-def _single_ints(toks: list) -> list:
+def _single_ints(toks: list[bytes]) -> list[int]:
     """The int each token (one pickled int opcode) holds: read whole as little-endian numbers, the opcode their low
     byte, where every one is a BININT1/BININT2/BININT of a value below 2**31; one at a time otherwise."""
-    whole = list(map(int.from_bytes, toks, repeat("little")))
+    whole = list(map(int.from_bytes, toks, repeat(LITTLE)))
     if set(zip(map(operator.and_, whole, repeat(0xFF)), map(len, toks))) <= _ONE_INT:
         vals = list(map(operator.rshift, whole, repeat(8)))
         if max(vals, default=0) < 1 << 31:
@@ -311,15 +311,15 @@ def _single_ints(toks: list) -> list:
     return out
 
 
-def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
+def _fold_cover(info: DcpInfo, t: TensorInfo, fold: Folded, merge: bool) -> None:
     """The tiling check of one tensor's folded chunk records (:data:`ChunkSummary`)."""
     recs = fold.records()
     if len(recs) == 2:  # read the ordinary way: tuples
-        offsets, sizes = recs
+        offsets, shapes = recs
         if merge:
-            info.merged_chunks.setdefault(t.name, set()).update(zip(offsets, sizes))
+            info.merged_chunks.setdefault(t.name, set()).update(zip(offsets, shapes))
         else:
-            _note_cover(info, t, offsets, sizes)
+            _note_cover(info, t, offsets, shapes)
         return
     first, rest, sizes = recs  # the rewritten records' tokens: each distinct token decoded once
     nd, n = len(t.shape), len(first)
@@ -331,7 +331,7 @@ def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
     if set(map(len, tails.values())) - {max(nd - 1, 0)} or set(map(len, sized.values())) - {nd}:
         raise FormatError(f"tensor {t.name!r}: a chunk whose offsets or sizes are not of the tensor's {nd} dimensions")
 
-    def column(tokens: list, table: dict, j: int) -> list:
+    def column(tokens: list[bytes], table: dict[bytes, tuple[int, ...]], j: int) -> list[int]:
         vals = {v[j] for v in table.values()}
         if len(vals) == 1:
             return [vals.pop()] * n
@@ -352,7 +352,7 @@ def _fold_cover(info: DcpInfo, t: TensorInfo, fold, merge: bool) -> None:
         raise FormatError(f"tensor {t.name!r}: {e}") from None
 
 
-def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
+def _read_one(info: DcpInfo, src: Location, merge: bool) -> None:
     seen = {t.name for t in info.tensors}
     meta, unsafe, nbytes, storage = read_metadata_summary(src)
     info.unsafe |= unsafe
@@ -387,7 +387,7 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
                 chunks.release()  # freed tensor by tensor, not all at once at the end (GIL)
             else:
                 offsets = info.chunk_offsets.setdefault(key, [])
-                mine: tuple[list, list] = ([], [])
+                mine: tuple[list[tuple[int, ...]], list[tuple[int, ...]]] = ([], [])
                 for ch in chunks:
                     offs = tuple(_get(ch, "offsets") or ())
                     sizes = tuple(_get(ch, "sizes") or ())
@@ -421,7 +421,7 @@ def _read_one(info: DcpInfo, src: Path, merge: bool) -> None:
     release_in_slices([states])
 
 
-def storage_ends(states: list, files: dict[str, int]) -> None:
+def storage_ends(states: list[Any], files: dict[str, int]) -> None:
     """files[relative path] = the largest offset + length any storage entry places in it."""
     if storage_ends_fast(states, files):
         return
@@ -442,7 +442,7 @@ def storage_ends(states: list, files: dict[str, int]) -> None:
             files[rel] = end
 
 
-def storage_ends_fast(states: list, files: dict[str, int], step: int = 65_536) -> bool:
+def storage_ends_fast(states: list[Any], files: dict[str, int], step: int = 65_536) -> bool:
     """:func:`storage_ends` in C-level passes for the common case (every state a dict with a path and int
     offset and length, each file's last entry its furthest); False (``files`` untouched) where that does not
     hold. ``step`` states at a time, so that no single C call holds the GIL for long."""
@@ -464,7 +464,7 @@ def storage_ends_fast(states: list, files: dict[str, int], step: int = 65_536) -
     return True
 
 
-def _ends_in_order(rels: list, ends: list, last: dict) -> bool:
+def _ends_in_order(rels: list[Any], ends: list[Any], last: dict[Any, int]) -> bool:
     """Fold one slice of (path, end) into ``last``; False where a path or an end is not a str/int or a file's
     entries do not come in increasing order of end (also across slices)."""
     if set(map(type, rels)) - {str} or set(map(type, ends)) - {int}:
@@ -475,7 +475,7 @@ def _ends_in_order(rels: list, ends: list, last: dict) -> bool:
     return not (any(map(operator.gt, ends, map(last.__getitem__, rels))) or any(map(operator.gt, ends_before, ends)))
 
 
-def _merge_ends(last: dict, files: dict) -> None:
+def _merge_ends(last: dict[str, int], files: dict[str, int]) -> None:
     for rel, end in last.items():
         if end > files.get(rel, -1):
             files[rel] = end
@@ -484,7 +484,9 @@ def _merge_ends(last: dict, files: dict) -> None:
 MAX_COVER_CELLS = 1 << 22  # the most grid cells the tiling check paints for one tensor of an irregular layout
 
 
-def chunk_cover(shape: tuple, offsets: list, sizes: list) -> tuple[bool, bool]:
+def chunk_cover(
+    shape: tuple[int, ...], offsets: list[tuple[int, ...]], sizes: list[tuple[int, ...]]
+) -> tuple[bool, bool]:
     """(a gap, an overlap) of the chunks ``offsets[i]``/``sizes[i]`` (tuples) over a tensor of ``shape``: do they
     tile it exactly? Raises FormatError for a chunk that is not of the tensor's rank, not of non-negative integers,
     or reaches outside the tensor. Near-linear for the layouts frameworks write (a split along one dimension, or a
@@ -500,7 +502,9 @@ def chunk_cover(shape: tuple, offsets: list, sizes: list) -> tuple[bool, bool]:
     )
 
 
-def cover_columns(shape: tuple, n: int, ocols: list, scols: list, ints: bool = False) -> tuple[bool, bool]:
+def cover_columns(
+    shape: tuple[int, ...], n: int, ocols: list[list[int]], scols: list[list[int]], ints: bool = False
+) -> tuple[bool, bool]:
     """:func:`chunk_cover` over the chunks' coordinates by dimension: ``ocols[d][i]`` chunk i's offset along d
     (``ints``: every coordinate is known to be an int, as decoded from the pickled tokens)."""
     nd = len(shape)
@@ -553,7 +557,7 @@ def cover_columns(shape: tuple, n: int, ocols: list, scols: list, ints: bool = F
         return distinct < cells, distinct < m
     if cells > MAX_COVER_CELLS:
         raise FormatError(f"a chunk layout too irregular to check ({m} chunks over {cells} grid cells)")
-    seen: dict = {}
+    seen: dict[tuple[int, ...], int] = {}
     painted = 0
     for box in zip(*lo, *hi):
         k = len(split)
@@ -575,7 +579,7 @@ def cover_columns(shape: tuple, n: int, ocols: list, scols: list, ints: bool = F
 MEGATRON_STACKED_RE = re.compile(r"^((?:.+\.)?decoder\.layers\.)(?!\d+\.)(.+)$")
 
 
-def is_megatron_dist(folder: Path) -> bool:
+def is_megatron_dist(folder: Location) -> bool:
     """A Megatron-Core ``dist_checkpointing`` folder: its ``metadata.json`` names the torch_dist backend."""
     import json
 
@@ -605,7 +609,7 @@ def chunk_layout(info: DcpInfo) -> dict[str, tuple[int, int]]:
     out = dict(info.chunk_layout)
     for key, offsets in info.chunk_offsets.items():
         uniq = set(offsets)
-        per_first: dict = {}
+        per_first: dict[tuple[int, ...], int] = {}
         for o in uniq:
             per_first[o[:1]] = per_first.get(o[:1], 0) + 1
         out[key] = (len(uniq), max(per_first.values(), default=0))
@@ -622,7 +626,7 @@ def megatron_tensor_parallel(info: DcpInfo) -> Optional[int]:
     return best or None
 
 
-def ranks_of(files) -> set[int]:
+def ranks_of(files: Iterable[str]) -> set[int]:
     out = set()
     for f in files:
         m = SHARD_RE.match(f)

@@ -10,23 +10,26 @@ pre-allocated tensor.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Collection, Optional, Union
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange, Source, SourceTensor
 from ...names import OPTIMIZER_KEYS, OPTIMIZER_STATE_KEYS, STATE_DICT_WRAPPERS, TRAINING_STATE_KEYS
-from ...storage import as_path, open_read
+from ...storage import Location, LocationLike, as_path, open_read
+from ...types import TensorInfo
 from .. import FormatError, screen
 from ..torch_save.torchfile import storage_offsets
 from ..unpickle import Record, Stub, TensorRef, safe_loads
 from . import reader as dcpfmt
 
+if TYPE_CHECKING:
+    from ..safetensors.header import SafetensorsHeader
+
 # the top-level keys that are not the model: optimizer and training state, a flat optimizer state dict
 NON_MODEL_TOP = OPTIMIZER_KEYS | TRAINING_STATE_KEYS | OPTIMIZER_STATE_KEYS
 
 
-def _d(o):
+def _d(o: object) -> dict[str, Any]:
     return o.__dict__ if isinstance(o, (Stub, Record)) else {}
 
 
@@ -54,7 +57,7 @@ def model_names(info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None) -> dic
 
 
 def output_tensors(
-    folder: Path, info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None
+    folder: Location, info: dcpfmt.DcpInfo, strip_prefix: Optional[str] = None
 ) -> list[tuple[str, str, Optional[int]]]:
     """(DCP key, output name, layer) for every model tensor an export writes. ``layer`` is None for a tensor
     written whole; for the stacked layer tensors of a Megatron-Core torch_dist checkpoint (``decoder.layers.X``
@@ -72,8 +75,8 @@ def output_tensors(
     return out
 
 
-def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_general: bool = False) -> Source:
-    folder = as_path(folder)
+def dcp_source(where: LocationLike, *, strip_prefix: Optional[str] = None, force_general: bool = False) -> Source:
+    folder = as_path(where)
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
@@ -93,7 +96,7 @@ def dcp_source(folder: Path, *, strip_prefix: Optional[str] = None, force_genera
     return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general), notes=notes)
 
 
-def refuse_gaps(info: dcpfmt.DcpInfo, keys) -> None:
+def refuse_gaps(info: dcpfmt.DcpInfo, keys: Collection[str]) -> None:
     """FormatError where a tensor of ``keys`` has chunks that leave part of it unwritten: torch's loader would fill
     that part from ``torch.empty``, so no export or reference read of it is ever right."""
     gaps = [k for k in info.chunk_gaps if k in keys]
@@ -104,7 +107,7 @@ def refuse_gaps(info: dcpfmt.DcpInfo, keys) -> None:
         )
 
 
-def _checked_storage(key: str, st: dict) -> dict:
+def _checked_storage(key: str, st: dict[str, Any]) -> dict[str, Any]:
     """A storage entry whose offset and length are non-negative integers (torch's reader would seek or read a
     negative length: a traceback, not a message)."""
     off, length = st.get("offset"), st.get("length")
@@ -116,7 +119,13 @@ def _checked_storage(key: str, st: dict) -> dict:
     return st
 
 
-def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: bool = False) -> list[SourceTensor]:
+def dcp_tensors(
+    folder: Location,
+    info: dcpfmt.DcpInfo,
+    names: Union[list[tuple[str, str, Optional[int]]], dict[str, str]],
+    *,
+    force_general: bool = False,
+) -> list[SourceTensor]:
     """The DCP tensors ``names`` of ``folder`` as source tensors: byte ranges where the chunks allow, else torch's
     DCP loader one tensor at a time. ``names``: flattened key -> output name, or (key, output name, layer) triples
     (:func:`output_tensors`: one layer of a Megatron-Core stacked tensor when ``layer`` is not None)."""
@@ -124,8 +133,8 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: boo
     keys = {k for k, _, _ in outputs}
     glob_meta, rank_metas = dcpfmt.metadata_files(folder)
     metas = [glob_meta] if glob_meta else rank_metas
-    chunks: dict[str, list] = {}
-    storage: dict[tuple, dict] = {}
+    chunks: dict[str, list[Any]] = {}
+    storage: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     for m in metas:
         meta, _, _ = dcpfmt.read_metadata_file(m)
         sdm = _d(meta).get("state_dict_metadata") or {}
@@ -150,7 +159,7 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: boo
                 f".metadata gives tensor {key!r} chunks that leave part of it unwritten: no file holds "
                 "those values (dcp-chunk-gap)"
             )
-    stacks: dict = {}  # the one stacked tensor loaded whole by the general path, for its layers in turn
+    stacks: dict[str, Any] = {}  # the one stacked tensor loaded whole by the general path, for its layers in turn
     for key, out_name, layer in outputs:
         ti = by_name[key]
         shape = ti.shape if layer is None else ti.shape[1:]
@@ -173,8 +182,8 @@ def dcp_tensors(folder: Path, info: dcpfmt.DcpInfo, names, *, force_general: boo
     return tensors
 
 
-def _layer_loader(load_stack, key: str, layer: int, cache: dict):
-    def load():
+def _layer_loader(load_stack: Callable[[], Any], key: str, layer: int, cache: dict[str, Any]) -> Callable[[], object]:
+    def load() -> object:
         if cache.get("key") != key:
             cache.clear()
             cache.update(key=key, tensor=load_stack())
@@ -183,7 +192,13 @@ def _layer_loader(load_stack, key: str, layer: int, cache: dict):
     return load
 
 
-def _fast_ranges(folder: Path, ti, chunk_list, storage, layer: Optional[int] = None) -> Optional[list[ByteRange]]:
+def _fast_ranges(
+    folder: Location,
+    ti: TensorInfo,
+    chunk_list: list[Any],
+    storage: dict[tuple[str, tuple[int, ...]], dict[str, Any]],
+    layer: Optional[int] = None,
+) -> Optional[list[ByteRange]]:
     """Byte ranges of the tensor (or of one ``layer`` along its leading dimension: a chunk of that layer alone
     is a tensor of the layer's shape behind a leading 1), or None when it takes the general path."""
     if ti.dtype not in ITEMSIZE or not chunk_list:
@@ -191,7 +206,9 @@ def _fast_ranges(folder: Path, ti, chunk_list, storage, layer: Optional[int] = N
     shape = ti.shape
     item = ITEMSIZE[ti.dtype]
     parts = []
-    keys = {}  # chunk offsets in the layer's own dims -> offsets of the stored chunk (its storage key)
+    keys: dict[
+        tuple[int, ...], tuple[int, ...]
+    ] = {}  # chunk offsets in the layer's own dims -> offsets of the stored chunk (its storage key)
     for ch in chunk_list:
         c = _d(ch)
         offs, sizes = tuple(c.get("offsets") or ()), tuple(c.get("sizes") or ())
@@ -261,10 +278,10 @@ def _fast_ranges(folder: Path, ti, chunk_list, storage, layer: Optional[int] = N
     return ranges
 
 
-_ST_CACHE: dict = {}
+_ST_CACHE: dict[tuple[str, int], tuple[SafetensorsHeader, Any]] = {}  # (path, mtime) -> header, sharding info
 
 
-def _is_safetensors(path: Path) -> bool:
+def _is_safetensors(path: Location) -> bool:
     """DCP's SAFETENSORS serialization format: each .distcp file is a safetensors file."""
     try:
         with open_read(path) as f:
@@ -274,7 +291,9 @@ def _is_safetensors(path: Path) -> bool:
         return False
 
 
-def _safetensors_chunk(path: Path, ti, offs, sizes) -> Optional[ByteRange]:
+def _safetensors_chunk(
+    path: Location, ti: TensorInfo, offs: tuple[int, ...], sizes: tuple[int, ...]
+) -> Optional[ByteRange]:
     import json
 
     from ..safetensors import header as stfmt
@@ -299,7 +318,7 @@ def _safetensors_chunk(path: Path, ti, offs, sizes) -> Optional[ByteRange]:
     return ByteRange(str(path), h.data_start + b, e - b)
 
 
-def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item: int) -> Optional[ByteRange]:
+def _blob_range(path: Location, base: int, length: int, numel: int, dtype: str, item: int) -> Optional[ByteRange]:
     """The raw bytes of the one tensor a torch.save blob holds, or None if it is not that simple."""
     try:
         with open_read(path) as f:
@@ -329,7 +348,9 @@ def _blob_range(path: Path, base: int, length: int, numel: int, dtype: str, item
     return ByteRange(str(path), start + t.offset * item, numel * item)
 
 
-def _general_loader(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
+def _general_loader(
+    folder: Location, key: str, ti: TensorInfo, planner_data: Optional[bool] = None
+) -> Callable[[], object]:
     return lambda: load_one(folder, key, ti, planner_data).contiguous()
 
 
@@ -340,7 +361,7 @@ def _torch_failed(key: str, e: Exception) -> FormatError:
     return FormatError(f"torch's DCP loader could not read {key!r}: {type(e).__name__}: {' '.join(last)[:300]}")
 
 
-def load_one(folder: Path, key: str, ti, planner_data: Optional[bool] = None):
+def load_one(folder: Location, key: str, ti: TensorInfo, planner_data: Optional[bool] = None) -> Any:
     """One whole tensor of a DCP folder, read by torch's own DCP loader.
 
     Megatron-Core's writer leaves ``planner_data`` out of ``.metadata`` (torch's key-filtering planner then

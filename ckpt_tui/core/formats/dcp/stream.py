@@ -30,7 +30,7 @@ import pickle
 import re
 from collections import Counter
 from itertools import compress, repeat
-from typing import Optional
+from typing import Callable, Literal, Optional
 
 _PROTO4 = b"\x80\x04"
 _FRAME = 0x95
@@ -122,7 +122,7 @@ CHUNK_CHECK = ("offsets", tuple, "sizes", tuple)  # a 5-tuple item: (class, "off
 STORAGE_CHECK = ("fqn", "index", "offset", "relative_path", "offset", "length")  # an 8-tuple key, items 1-3 and 5-7
 
 
-def _chunk_pattern(found: re.Match) -> tuple[re.Pattern, bytes]:
+def _chunk_pattern(found: re.Match[bytes]) -> tuple[re.Pattern[bytes], bytes]:
     """The pattern for the chunk records that share ``found``'s references: groups 1 the first offset (one int),
     2 the other offsets and the tuple's opcode, 3 the sizes; and the check item (a tuple of the references)."""
     cls, ko, size_cls, ks, size_cls2 = found.groups()
@@ -150,7 +150,7 @@ def _chunk_pattern(found: re.Match) -> tuple[re.Pattern, bytes]:
     return pattern, b"(" + cls + ko + size_cls + ks + size_cls2 + b"t"
 
 
-def _storage_pattern(found: re.Match) -> tuple[re.Pattern, bytes]:
+def _storage_pattern(found: re.Match[bytes]) -> tuple[re.Pattern[bytes], bytes]:
     """The pattern for the storage entries that share ``found``'s references: group 1 ``\\x94`` where the fqn is a
     new string, else empty; 2 the path (a new string or a reference); 3 the offset; 4 the length. And the check
     key (a tuple of the references), with its value None."""
@@ -206,7 +206,7 @@ def encode_int(v: int) -> bytes:
 _TUPLE_OP = {1: b"\x85", 2: b"\x86", 3: b"\x87"}
 
 
-def encode_offsets(offsets: tuple) -> tuple[bytes, bytes]:
+def encode_offsets(offsets: tuple[int, ...]) -> tuple[bytes, bytes]:
     """(first, rest) of an offsets tuple as the chunk pattern captures it (any other length: a form of its own)."""
     toks = [encode_int(v) for v in offsets]
     if not toks:
@@ -215,13 +215,13 @@ def encode_offsets(offsets: tuple) -> tuple[bytes, bytes]:
     return toks[0], b"".join(toks[1:]) + op if op else b"(" + b"".join(toks[1:]) + b"t"
 
 
-def encode_sizes(sizes: tuple) -> bytes:
+def encode_sizes(sizes: tuple[int, ...]) -> bytes:
     toks = b"".join(encode_int(v) for v in sizes)
     op = _TUPLE_OP.get(len(sizes))
     return b")" if not sizes else toks + op if op else b"(" + toks + b"t"
 
 
-def decode_ints(tok: bytes) -> tuple:
+def decode_ints(tok: bytes) -> tuple[int, ...]:
     """The ints of pickled int opcodes (a tuple's opcode or mark, if any, ignored)."""
     out, i, n = [], 0, len(tok)
     while i < n:
@@ -245,13 +245,14 @@ def decode_ints(tok: bytes) -> tuple:
 
 
 _KMJ = {0x4B, 0x4D, 0x4A}
+LITTLE: Literal["little"] = "little"  # int.from_bytes' byte order, as map() passes it
 
 
-def _ints(toks: list) -> list:
+def _ints(toks: list[bytes]) -> list[int]:
     """Decode single pickled ints in C-level passes where every one is a BININT1/BININT2/BININT of a value below
     2**31 (each token read whole as a little-endian number: its opcode is the low byte); one at a time otherwise
     (a LONG1, a negative BININT)."""
-    whole = list(map(int.from_bytes, toks, repeat("little")))
+    whole = list(map(int.from_bytes, toks, repeat(LITTLE)))
     if set(map(operator.and_, whole, repeat(0xFF))) <= _KMJ:
         vals = list(map(operator.rshift, whole, repeat(8)))
         if max(vals, default=0) < 1 << 31:
@@ -262,6 +263,10 @@ def _ints(toks: list) -> list:
 # ---- the facts the rewritten records leave behind --------------------------------------------------------------
 
 
+# one run of chunk records: their (first offsets, other offsets, sizes) tokens
+Run = tuple[list[bytes], list[bytes], list[bytes]]
+
+
 class StreamFacts:
     """What the rewritten records say, gathered from their bytes.
 
@@ -269,15 +274,15 @@ class StreamFacts:
     of one tensor's list). Storage entries: for each path token (a new string, or a reference to one) the largest
     offset + length of its entries, and the references the unpickler resolves."""
 
-    def __init__(self):
-        self.runs: list = []
+    def __init__(self) -> None:
+        self.runs: list[Optional[Run]] = []  # a run is None once its tensor has read it
         self.ends: dict[bytes, int] = {}  # path token -> furthest end
         self.refs: set[bytes] = set()  # reference tokens whose path the unpickler resolves
         self.negative = False  # an entry with a negative offset or length (corrupt: the reader says so)
 
-    def add_storage(self, paths: list, offsets: list, lengths: list) -> list[int]:
+    def add_storage(self, paths: list[bytes], offsets_: list[bytes], lengths_: list[bytes]) -> list[int]:
         """Fold one frame's entries; the indexes of the entries to patch: the first of each new reference."""
-        offsets, lengths = _ints(offsets), _ints(lengths)
+        offsets, lengths = _ints(offsets_), _ints(lengths_)
         if min(offsets, default=0) < 0 or min(lengths, default=0) < 0:
             self.negative = True
         ends = list(map(operator.add, offsets, lengths))
@@ -321,12 +326,12 @@ class ChunkFold:
     distinct offsets sharing one first coordinate — from their pickled tokens (``first``, ``rest`` and ``sizes``
     lists in the same order; :func:`encode_offsets`/:func:`encode_sizes` for records read the ordinary way)."""
 
-    def __init__(self, size: tuple, first: list, rest: list, sizes: list):
+    def __init__(self, size: tuple[int, ...], first: list[bytes], rest: list[bytes], sizes: list[bytes]) -> None:
         self.count = len(first)
         self._first, self._rest, self._sizes = first, rest, sizes
         nd = len(size)
         firsts = set(first)
-        uniq = None
+        uniq: set[tuple[bytes, bytes]] = set()  # the distinct (first, rest), where some first is shared
         if len(firsts) == len(first):  # each record its own first coordinate: every offset distinct
             self.distinct = len(first)
         else:
@@ -334,7 +339,7 @@ class ChunkFold:
             self.distinct = len(uniq)
         rests = {r: decode_ints(r) for r in set(rest)}
         szs = {s: decode_ints(s) for s in set(sizes)}
-        dims: set = set()
+        dims: set[int] = set()
         if (
             nd
             and set(map(len, rests.values())) <= {nd - 1}
@@ -343,10 +348,10 @@ class ChunkFold:
         ):
             if firsts - {_ZERO}:
                 dims.add(0)
-            for r in rests.values():
-                dims.update(d + 1 for d, v in enumerate(r) if v)
-            for s in szs.values():
-                dims.update(d for d, v in enumerate(s) if v != size[d])
+            for rv in rests.values():
+                dims.update(d + 1 for d, v in enumerate(rv) if v)
+            for sv in szs.values():
+                dims.update(d for d, v in enumerate(sv) if v != size[d])
         else:  # ragged records, or a 0-d tensor: the general rule, one chunk at a time
             for f, r, s in zip(first, rest, sizes):
                 o = decode_ints(f) + rests[r]
@@ -364,11 +369,11 @@ class ChunkFold:
             self.per_first = max(Counter(map(operator.itemgetter(0), uniq)).values())
 
     @property
-    def offsets(self) -> set:
+    def offsets(self) -> set[tuple[int, ...]]:
         """The distinct offsets, decoded (merging rank-local metadata files needs them)."""
         return {decode_ints(f) + decode_ints(r) for f, r in set(zip(self._first, self._rest))}
 
-    def records(self) -> tuple[list, list, list]:
+    def records(self) -> tuple[list[bytes], list[bytes], list[bytes]]:
         """The records' (first offset, other offsets, sizes) tokens, in order (the tiling check decodes them)."""
         return self._first, self._rest, self._sizes
 
@@ -400,13 +405,22 @@ def frames(data: bytes) -> Optional[list[tuple[int, int]]]:
 class _Kind:
     """One kind of record: found first with the general pattern, then matched with the specialised one."""
 
-    def __init__(self, general: re.Pattern, specialise, facts: StreamFacts):
+    def __init__(
+        self,
+        general: re.Pattern[bytes],
+        specialise: Callable[[re.Match[bytes]], tuple[re.Pattern[bytes], bytes]],
+        facts: StreamFacts,
+    ) -> None:
         self.general, self.specialise, self.facts = general, specialise, facts
-        self.pattern: Optional[re.Pattern] = None
+        self.pattern: Optional[re.Pattern[bytes]] = None
         self.check = b""
         self.count = 0
 
-    def rewrite(self, buf) -> bytes:
+    def fill(self, parts: list[bytes], n: int, k: int) -> list[bytes]:
+        """The rewritten pieces of ``parts`` (``pattern.split``: ``n`` matches of ``k - 1`` groups each)."""
+        raise NotImplementedError
+
+    def rewrite(self, buf: memoryview) -> bytes:
         if self.pattern is None:
             found = self.general.search(buf)
             if found is None:
@@ -426,7 +440,7 @@ class _Kind:
 
 
 class _Chunks(_Kind):
-    def fill(self, parts: list, n: int, k: int) -> list:
+    def fill(self, parts: list[bytes], n: int, k: int) -> list[bytes]:
         """Each record leaves its memo slots; each run (records with nothing between them but the list's
         ``APPENDS``/``MARK``) leaves its number, after its first record."""
         out = [_CHUNK_FILL] * (2 * n + 1)
@@ -447,7 +461,7 @@ _STORAGE_FILL = b"N" + b"\x94" * 7
 
 
 class _Storage(_Kind):
-    def fill(self, parts: list, n: int, k: int) -> list:
+    def fill(self, parts: list[bytes], n: int, k: int) -> list[bytes]:
         """Each entry leaves its memo slots (7, and the fqn's where it is a new string) and pushes and pops its
         path (a new string keeps its slot); the first entry of each new path reference leaves
         ``(path, reference token)`` in ``storage_data`` instead of popping it."""
@@ -463,7 +477,9 @@ class _Storage(_Kind):
         return out
 
 
-def compact(data: bytes, on_frames=None, chunks: bool = True) -> tuple[list, int, int, Optional[StreamFacts]]:
+def compact(
+    data: bytes, on_frames: Optional[Callable[[int, int], None]] = None, chunks: bool = True
+) -> tuple[list[bytes], int, int, Optional[StreamFacts]]:
     """(the rewritten stream in pieces, chunk records rewritten, storage entries rewritten, their facts);
     ``[data]`` as it is, no facts, where the stream is not one this applies to (not framed protocol 4/5).
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from typing import Optional
+from typing import Any, Callable, Optional, Union
 
 from ...progress import Cancelled
 from .. import FormatError
-from ..unpickle import Record, RestrictedUnpickler, Stub, Unpickled, gc_paused, release_in_slices
-from .stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, encode_offsets, encode_sizes
+from ..unpickle import Readable, Record, RestrictedUnpickler, Stub, Unpickled, gc_paused, release_in_slices
+from .stream import CHUNK_CHECK, STORAGE_CHECK, ChunkFold, Run, StreamFacts, encode_offsets, encode_sizes
 
 
 class SummaryMismatch(Exception):
@@ -28,13 +28,13 @@ _STORAGE_INFO = "torch.distributed.checkpoint.filesystem._StorageInfo"
 _TENSOR_MD = "torch.distributed.checkpoint.metadata.TensorStorageMetadata"
 
 
-def _singleton_class(qualname: str, setstate) -> type:
+def _singleton_class(qualname: str, setstate: Callable[[Any], object]) -> type:
     """A class whose every NEWOBJ gives one shared instance and whose BUILD calls ``setstate`` — both C
     callables (a bound ``dict.get`` and a bound ``list.append``), so the C unpickler builds a record without
     calling back into Python and without keeping an object per record."""
     cls = type(qualname.rsplit(".", 1)[-1], (), {"__slots__": (), "_qualname": qualname, "__setstate__": setstate})
-    inst = object.__new__(cls)
-    cls.__new__ = staticmethod({cls: inst}.get)
+    inst: object = object.__new__(cls)
+    setattr(cls, "__new__", staticmethod({cls: inst}.get))  # noqa: B010 - mypy refuses assigning a class's method
     return cls
 
 
@@ -43,10 +43,10 @@ class TupleFold:
     folds rewritten ones: how many, the distinct offsets, the dimensions split, the most distinct offsets sharing
     one first coordinate."""
 
-    def __init__(self, size: tuple, offs: list, sizes: list):
+    def __init__(self, size: tuple[int, ...], offs: list[tuple[int, ...]], sizes: list[tuple[int, ...]]) -> None:
         uniq = set(offs)
         usz = set(sizes)
-        dims: set = set()
+        dims: set[int] = set()
         nd = len(size)
         if (
             set(map(len, uniq)) <= {nd}
@@ -76,7 +76,7 @@ class TupleFold:
             firsts = list(map(_FIRST0, uniq))
             self.per_first = 1 if len(set(firsts)) == len(firsts) else max(Counter(firsts).values())
 
-    def records(self) -> tuple[list, list]:
+    def records(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
         return self._records
 
     def release(self) -> None:
@@ -84,7 +84,8 @@ class TupleFold:
         self._records = ([], [])
 
 
-ChunkSummary = (ChunkFold, TupleFold)  # a tensor's chunk records, folded
+ChunkSummary = (ChunkFold, TupleFold)  # a tensor's chunk records, folded (for isinstance)
+Folded = Union[ChunkFold, TupleFold]  # the same, as a type
 
 
 _OFFSETS = operator.itemgetter("offsets")
@@ -104,18 +105,18 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
     ``storage_states``). Same allowlist and findings as :class:`RestrictedUnpickler`; any record out of the
     expected shape raises :class:`SummaryMismatch` so the caller reads the file the general way."""
 
-    def __init__(self, f, result: Unpickled, runs: Optional[list] = None):
+    def __init__(self, f: Readable, result: Unpickled, runs: Optional[list[Optional[Run]]] = None) -> None:
         super().__init__(f, result, False)
         self.runs = runs if runs is not None else []  # the rewritten chunk runs' tokens (dcp_stream.StreamFacts)
         self.chunks_checked = False
-        self.chunk_states: list = []
-        self.storage_states: list = []
-        self.index_states: list = []
-        self.folded: list = []  # each tensor's chunk states, kept past the memo: see release_in_slices
-        self._classes: dict = {}
-        self._fold: list = [self._tensor_md]
+        self.chunk_states: list[Any] = []
+        self.storage_states: list[Any] = []
+        self.index_states: list[Any] = []
+        self.folded: list[Any] = []  # each tensor's chunk states, kept past the memo: see release_in_slices
+        self._classes: dict[str, type] = {}
+        self._fold: list[Callable[[Any, Any], None]] = [self._tensor_md]
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         q = f"{module}.{name}"
         cls = self._classes.get(q)
         if cls is not None:
@@ -129,7 +130,7 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         elif q == _TENSOR_MD:
             fold = self._fold  # emptied after the load: the class outlives the unpickler, not the other way
 
-            def setstate(inst, state):
+            def setstate(inst: Any, state: Any) -> None:
                 if not fold:
                     raise SummaryMismatch("TensorStorageMetadata built after the load")
                 fold[0](inst, state)
@@ -140,7 +141,7 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         self._classes[q] = cls
         return cls
 
-    def _tensor_md(self, inst, state):
+    def _tensor_md(self, inst: Any, state: Any) -> None:
         if not isinstance(state, dict):
             raise SummaryMismatch("TensorStorageMetadata state is not a dict")
         chunks = state.get("chunks")
@@ -186,9 +187,10 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
             raise SummaryMismatch("chunk record without offsets/sizes") from None
         table = self.runs
         for r in runs:
-            if not 0 <= r < len(table) or table[r] is None:
+            run = table[r] if 0 <= r < len(table) else None
+            if run is None:
                 raise SummaryMismatch("a chunk run read twice")
-            f, o, z = table[r]
+            f, o, z = run
             table[r] = None
             first += f
             rest += o
@@ -199,7 +201,7 @@ class DcpSummaryUnpickler(RestrictedUnpickler):
         pending.clear()
 
 
-def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
+def load_dcp_summary(f: Readable, facts: Optional[StreamFacts] = None) -> tuple[Unpickled, list[Any], dict[str, int]]:
     """Unpickle a DCP ``.metadata`` from the binary file object ``f`` with :class:`DcpSummaryUnpickler`: (the
     result, the ``_StorageInfo`` states read the ordinary way, ``{file: the furthest offset + length}`` of the
     entries compacted by :mod:`.stream`, whose facts it gathered in ``facts``). Raises SummaryMismatch (read
@@ -235,7 +237,7 @@ def load_dcp_summary(f, facts=None) -> tuple[Unpickled, list, dict]:
     return result, storage, files
 
 
-def _compacted_storage(meta, facts, classes: dict) -> dict:
+def _compacted_storage(meta: object, facts: Optional[StreamFacts], classes: dict[str, type]) -> dict[str, int]:
     """The files of the compacted storage entries: their references resolved by what the rewrite added to
     ``storage_data`` (the check of its references, a ``(path, reference token)`` key for each reference), which
     is then emptied (the ordinary entries' key and value are shared stand-ins: their states are read apart)."""

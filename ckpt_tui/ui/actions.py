@@ -8,41 +8,39 @@ help screen and the palette say that answer, and ``needs`` says it in the toolti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from textual.binding import Binding, BindingType
 
 from ..core.storage import is_url
 from ..core.types import MODEL_ROLES
-
-if TYPE_CHECKING:
-    from .screens.main import MainScreen
+from .host import Host
 
 # why an action cannot run on the main screen now, or None when this check lets it
-Check = Callable[["MainScreen"], Optional[str]]
+Check = Callable[[Host], Optional[str]]
 
 
-def scanned(screen: MainScreen) -> Optional[str]:
+def scanned(screen: Host) -> Optional[str]:
     return "still scanning" if screen.report is None else None
 
 
-def local(screen: MainScreen) -> Optional[str]:
+def local(screen: Host) -> Optional[str]:
     """It writes beside the checkpoint: not one in object storage."""
     if screen.report is not None and is_url(screen.report.inventory.given):
         return "the checkpoint is in object storage: this writes beside it (export reads it)"
     return None
 
 
-def deepspeed_tag(screen: MainScreen) -> Optional[str]:
+def deepspeed_tag(screen: Host) -> Optional[str]:
     tag, why = screen.universal_choice()
     return why if tag is None else None
 
 
-def fixable(screen: MainScreen) -> Optional[str]:
+def fixable(screen: Host) -> Optional[str]:
     return None if screen.fixable() else "nothing here has a fix"
 
 
-def model_component(screen: MainScreen) -> Optional[str]:
+def model_component(screen: Host) -> Optional[str]:
     comp = screen.component_for(screen.selected)[0] if screen.selected is not None else None
     if comp is None:
         return "select a component with tensors"
@@ -51,7 +49,7 @@ def model_component(screen: MainScreen) -> Optional[str]:
     return None
 
 
-def running_job(screen: MainScreen) -> Optional[str]:
+def running_job(screen: Host) -> Optional[str]:
     return None if screen.running_jobs() else "no job is running"
 
 
@@ -68,7 +66,7 @@ class Action:
     app: bool = False  # bound on the App (works over every screen) rather than the main screen
     checks: tuple[Check, ...] = ()  # asked in order by why_not
 
-    def why_not(self, screen: MainScreen) -> Optional[str]:
+    def why_not(self, screen: Host) -> Optional[str]:
         """Why this action cannot run on ``screen`` now, or None when it can."""
         for check in self.checks:
             why = check(screen)

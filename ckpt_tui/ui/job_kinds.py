@@ -11,6 +11,7 @@ from textual.worker import Worker, get_current_worker
 
 from ..core.types import SEVERITY_RANK, Finding, Node
 from .format import plain, size
+from .host import Host, TensorRows
 from .jobs import JobFn, JobInfo, error_text
 from .screens.dialogs import MessageDialog
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from ..core.export.write import ExportResult
     from ..core.repair.run import Repair, RepairResult
     from ..core.report import Report
-    from .screens.main import MainScreen, TensorRows
     from .screens.wizards import ExportChoice
 
 P = TypeVar("P")  # what a wizard returns
@@ -56,29 +56,29 @@ class JobKind(Generic[R]):
     name: ClassVar[str]
     listed: ClassVar[bool] = True  # in the jobs panel, and what quit and cancel ask about
 
-    def start(self, screen: MainScreen, info: JobInfo, fn: JobFn, *, exclusive: bool = False) -> Worker[R]:
+    def start(self, screen: Host, info: JobInfo, fn: JobFn, *, exclusive: bool = False) -> Worker[R]:
         assert info.kind == self.name
         return screen.start_job(info, fn, exclusive=exclusive)
 
-    def ended(self, screen: MainScreen, worker: Worker[R], info: JobInfo, end: str) -> None:
+    def ended(self, screen: Host, worker: Worker[R], info: JobInfo, end: str) -> None:
         if end == "failed":
             screen.app.push_screen(MessageDialog(f"{info.title} failed", error_text(worker), error=True))
         elif end == "cancelled":
-            screen.notify(plain(f"{info.title}: cancelled. {info.cleanup_note}".strip()).plain, markup=False)
+            screen.app.notify(plain(f"{info.title}: cancelled. {info.cleanup_note}".strip()).plain, markup=False)
         elif end == "done":
             self.done(screen, worker.result, info)
 
-    def done(self, screen: MainScreen, result: Optional[R], info: JobInfo) -> None:
+    def done(self, screen: Host, result: Optional[R], info: JobInfo) -> None:
         pass
 
 
 class ScanJob(JobKind["Report"]):
-    """The scan: its progress in the summary line, its end in the tree and the summary (MainScreen)."""
+    """The scan: its progress in the summary line, its end in the tree and the summary (Host)."""
 
     name = "scan"
     listed = False
 
-    def ended(self, screen: MainScreen, worker: Worker[Report], info: JobInfo, end: str) -> None:
+    def ended(self, screen: Host, worker: Worker[Report], info: JobInfo, end: str) -> None:
         screen.scan_ended(worker, end)
 
 
@@ -88,7 +88,7 @@ class TensorsJob(JobKind["TensorRows"]):
     name = "tensors"
     listed = False
 
-    def ended(self, screen: MainScreen, worker: Worker[TensorRows], info: JobInfo, end: str) -> None:
+    def ended(self, screen: Host, worker: Worker[TensorRows], info: JobInfo, end: str) -> None:
         if end == "done" and worker.result is not None:
             screen.tensors_done(worker.result)
 
@@ -96,7 +96,7 @@ class TensorsJob(JobKind["TensorRows"]):
 class RepairJob(JobKind["RepairResult"]):
     name = "repair"
 
-    def open(self, screen: MainScreen, finding: Finding) -> None:
+    def open(self, screen: Host, finding: Finding) -> None:
         """The repair wizard on ``finding``'s repair (an export finding opens the export wizard). Planning a
         repair reads the file it would change (a pickle inside a torch zip): in a worker, not on the UI thread."""
         if finding.fix == "export":
@@ -116,9 +116,9 @@ class RepairJob(JobKind["RepairResult"]):
             if not get_current_worker().is_cancelled:  # x pressed again: the newer plan opens its wizard
                 screen.app.call_from_thread(self._planned, screen, finding, reps[0] if reps else None)
 
-        screen.run_worker(plan, name="repair-plan", group="repair-plan", thread=True, exclusive=True)
+        screen.app.run_worker(plan, name="repair-plan", group="repair-plan", thread=True, exclusive=True)
 
-    def _planned(self, screen: MainScreen, finding: Finding, repair: Optional[Repair]) -> None:
+    def _planned(self, screen: Host, finding: Finding, repair: Optional[Repair]) -> None:
         if repair is None:
             screen.app.push_screen(
                 MessageDialog(
@@ -134,13 +134,13 @@ class RepairJob(JobKind["RepairResult"]):
 
         screen.app.push_screen(RepairWizard(repair), _run_plan(run))
 
-    def run(self, screen: MainScreen, repair: Repair) -> Worker[RepairResult]:
+    def run(self, screen: Host, repair: Repair) -> Worker[RepairResult]:
         info = JobInfo(self.name, f"repair {repair.id}", "nothing was replaced; the original is untouched")
         return self.start(
             screen, info, lambda on_progress, cancel: repair.apply(on_progress=on_progress, cancel=cancel)
         )
 
-    def done(self, screen: MainScreen, result: Optional[RepairResult], info: JobInfo) -> None:
+    def done(self, screen: Host, result: Optional[RepairResult], info: JobInfo) -> None:
         gone = getattr(result, "finding_gone", None)
         text = getattr(result, "summary", None) or str(result)
         title = "Repaired ✔" + (" — the finding is gone" if gone else "")
@@ -151,7 +151,7 @@ class RepairJob(JobKind["RepairResult"]):
 class ExportJob(JobKind["tuple[ExportResult, ...]"]):
     name = "export"
 
-    def open(self, screen: MainScreen) -> None:
+    def open(self, screen: Host) -> None:
         from .screens.wizards import ExportWizard
 
         if screen.report is None:
@@ -164,7 +164,7 @@ class ExportJob(JobKind["tuple[ExportResult, ...]"]):
         screen.app.push_screen(ExportWizard(screen.report, sel), _run_plan(run))
 
     def run(
-        self, screen: MainScreen, plan: ExportPlan, optimizer: Optional[ExportPlan] = None
+        self, screen: Host, plan: ExportPlan, optimizer: Optional[ExportPlan] = None
     ) -> Worker[tuple[ExportResult, ...]]:
         """Export ``plan`` or, with ``optimizer`` (the wizard's "both"), it and the optimizer state's plan side by
         side into the one folder."""
@@ -187,7 +187,7 @@ class ExportJob(JobKind["tuple[ExportResult, ...]"]):
 
         return self.start(screen, info, export)
 
-    def done(self, screen: MainScreen, result: Optional[tuple[ExportResult, ...]], info: JobInfo) -> None:
+    def done(self, screen: Host, result: Optional[tuple[ExportResult, ...]], info: JobInfo) -> None:
         parts = []
         for r in result or ():  # the model, then (the wizard's "both") the optimizer state beside it
             notes = "\n".join(f"• {n}" for n in r.notes)
@@ -201,7 +201,7 @@ class ExportJob(JobKind["tuple[ExportResult, ...]"]):
         screen.app.push_screen(MessageDialog("Export finished ✔", plain(body)))  # never markup: code has [brackets]
 
 
-def _open_tag_wizard(screen: MainScreen, wizard: Callable[[Report, str], Any], run: Callable[[Any], object]) -> None:
+def _open_tag_wizard(screen: Host, wizard: Callable[[Report, str], Any], run: Callable[[Any], object]) -> None:
     """Open ``wizard`` (a TagConversionWizard class) on the tag `u` and `m` convert; ``run`` its plan."""
     tag = screen.universal_tag()
     if tag is None or screen.report is None:
@@ -212,12 +212,12 @@ def _open_tag_wizard(screen: MainScreen, wizard: Callable[[Report, str], Any], r
 class UniversalJob(JobKind["UniversalResult"]):
     name = "universal"
 
-    def open(self, screen: MainScreen) -> None:
+    def open(self, screen: Host) -> None:
         from .screens.wizards import UniversalWizard
 
         _open_tag_wizard(screen, UniversalWizard, lambda plan: self.run(screen, plan))
 
-    def run(self, screen: MainScreen, plan: UniversalPlan) -> Worker[UniversalResult]:
+    def run(self, screen: Host, plan: UniversalPlan) -> Worker[UniversalResult]:
         from ..core.convert.universal import convert_to_universal
 
         info = JobInfo(self.name, "universal", "the converter was stopped and its temp output removed")
@@ -225,7 +225,7 @@ class UniversalJob(JobKind["UniversalResult"]):
             screen, info, lambda on_progress, cancel: convert_to_universal(plan, on_progress=on_progress, cancel=cancel)
         )
 
-    def done(self, screen: MainScreen, result: Optional[UniversalResult], info: JobInfo) -> None:
+    def done(self, screen: Host, result: Optional[UniversalResult], info: JobInfo) -> None:
         text = getattr(result, "instructions", None) or str(result)
         screen.app.push_screen(MessageDialog("Universal checkpoint ready ✔", text))
         screen.action_rescan()
@@ -236,13 +236,13 @@ class ResumeJob(JobKind["TorchDcpResult"]):
 
     name = "resume"
 
-    def open(self, screen: MainScreen) -> None:
+    def open(self, screen: Host) -> None:
         from .screens.wizards import ResumeWizard
 
         # the same DeepSpeed tag `ckpt-tui convert` would take
         _open_tag_wizard(screen, ResumeWizard, lambda plan: self.run(screen, plan))
 
-    def run(self, screen: MainScreen, plan: TorchDcpPlan) -> Worker[TorchDcpResult]:
+    def run(self, screen: Host, plan: TorchDcpPlan) -> Worker[TorchDcpResult]:
         from ..core.convert.torch_dcp import convert_to_torch_dcp
 
         info = JobInfo(self.name, f"torch DCP {plan.out.name}", "the temp output was removed; the source is untouched")
@@ -250,17 +250,17 @@ class ResumeJob(JobKind["TorchDcpResult"]):
             screen, info, lambda on_progress, cancel: convert_to_torch_dcp(plan, on_progress=on_progress, cancel=cancel)
         )
 
-    def done(self, screen: MainScreen, result: Optional[TorchDcpResult], info: JobInfo) -> None:
+    def done(self, screen: Host, result: Optional[TorchDcpResult], info: JobInfo) -> None:
         text = result.instructions if result is not None else ""
         screen.app.push_screen(MessageDialog("Ready to resume under torch FSDP2 ✔", plain(text)))  # literal
 
 
 class StatsJob(JobKind["tuple[str, list[TensorStats]]"]):
-    """min/max/NaN of every tensor of the shown component; the table shows them (MainScreen.stats)."""
+    """min/max/NaN of every tensor of the shown component; the table shows them (Host.stats)."""
 
     name = "stats"
 
-    def open(self, screen: MainScreen) -> None:
+    def open(self, screen: Host) -> None:
         comp, _ = screen.component_for(screen.selected) if screen.selected is not None else (None, "")
         if comp is None:
             return
@@ -276,12 +276,11 @@ class StatsJob(JobKind["tuple[str, list[TensorStats]]"]):
             ),
         )
 
-    def done(self, screen: MainScreen, result: Optional[tuple[str, list[TensorStats]]], info: JobInfo) -> None:
+    def done(self, screen: Host, result: Optional[tuple[str, list[TensorStats]]], info: JobInfo) -> None:
         if result is None:
             return
         component, rows = result
-        if component == screen.shown_component:
-            screen.stats = tuple(rows)
+        screen.show_stats(component, tuple(rows))
 
 
 SCAN, TENSORS = ScanJob(), TensorsJob()

@@ -31,6 +31,7 @@ from ...core.report import Report
 from ...core.types import Finding, Node, Parsed, TensorInfo
 from ..actions import BY_ACTION, bindings
 from ..format import plain
+from ..host import TensorRows
 from ..job_kinds import EXPORT, JOB_KINDS, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
 from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
@@ -38,8 +39,6 @@ from ..widgets.jobs_panel import JobsPanel, progress_text
 from ..widgets.tree import CheckpointTree
 from .dialogs import ConfirmDialog, MessageDialog
 
-# what a tensors job returns: (the node it was asked for, the component listed, its rows, the table's note)
-TensorRows = tuple[str, str, tuple[TensorInfo, ...], str]
 Listing = tuple[tuple[TensorInfo, ...], str]  # the tensor table's rows and note
 if TYPE_CHECKING:
     from ...core.analysis import TensorStats
@@ -291,6 +290,11 @@ class MainScreen(Screen[None]):
         rows, note = listing
         self.stats = ()  # statistics belong to the rows they were computed for
         self.query_one(TensorTable).set_rows(rows, note)
+
+    def show_stats(self, component: str, stats: tuple[TensorStats, ...]) -> None:
+        """A stats job's result (job_kinds.StatsJob): shown if its component is still the table's."""
+        if component == self.shown_component:
+            self.stats = stats
 
     def watch_stats(self, stats: tuple[TensorStats, ...]) -> None:
         line = self.query_one("#stats-summary", Static)

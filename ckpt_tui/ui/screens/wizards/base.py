@@ -15,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, ContentSwitcher, Input, OptionList, Static
 
 from ....core.report import Report
+from ....core.storage import Location
 from ....core.types import user_path
 from ...format import plain, visible
 
@@ -198,6 +199,6 @@ def typed(report: Report, rel: str) -> str:
     return user_path(inv.given or str(inv.root.abspath), rel)
 
 
-def abs_path(report: Report, rel: str) -> Path:
+def abs_path(report: Report, rel: str) -> Location:
     node = report.inventory.node(rel)
     return node.abspath if node is not None else report.inventory.root.abspath

@@ -19,7 +19,7 @@ from ....core.export.plan import ExportPlan
 from ....core.formats.registry import format_of
 from ....core.fsutil import OutputError, check_output_folder, free_bytes
 from ....core.report import Report
-from ....core.storage import is_url
+from ....core.storage import Location, is_url
 from ....core.types import Inventory
 from ...format import plain, size
 from ...widgets.safe_input import SafeInput
@@ -390,7 +390,7 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         )
 
 
-def _default_out(inv: Inventory) -> Path:
+def _default_out(inv: Inventory) -> Location:
     """The output folder the wizard proposes, beside the checkpoint (from the scan: no disk access here)."""
     root = inv.root.abspath
     base = root if inv.root.is_dir else root.parent

@@ -64,7 +64,9 @@ class TagConversionWizard(PlannedWizard[T], Generic[T]):
         node = self.report.inventory.node(self.tag_path)
         f = cast(DeepSpeedZeroFacts, node.facts) if node else DeepSpeedZeroFacts()
         why = self.why(f)
-        out = self.default_out(abs_path(self.report, self.tag_path))
+        tag_dir = abs_path(self.report, self.tag_path)
+        assert isinstance(tag_dir, Path)  # u and m convert local checkpoints only (actions.local)
+        out = self.default_out(tag_dir)
         with Vertical(id="why", classes="pane"):
             yield Static(plain(why), classes="explain")  # it quotes the tag's path
         with Vertical(id="output", classes="pane"):

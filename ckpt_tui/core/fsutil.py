@@ -364,7 +364,7 @@ def preflight_output(
 # temp folders that say whose they are
 
 OWNER_FILE = ".ckpt-tui-owner"  # inside a temp folder: flock'ed by the run that made it, for its life
-_owned: dict[str, int] = {}
+_owned: dict[str, Optional[int]] = {}  # None: the owner lock was not got (another run took it first)
 
 PROBE_RETRIES = 50  # x 5 ms: how long a lock taken by a run waits out inspect's probe of it (leftovers.held)
 
@@ -412,7 +412,7 @@ def owned_temp(folder: StrPath, prefix: str) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _owned[str(tmp)] = fd  # type: ignore[assignment]
+    _owned[str(tmp)] = fd
     return tmp
 
 

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..export.write import ExportError
 from ..jsondoc import JsonFields
+
+if TYPE_CHECKING:
+    from ..report import Report
+    from ..types import Node
 
 
 @dataclass
@@ -27,7 +31,9 @@ class TagPlan(JsonFields):
     framework: Optional[str]
 
 
-def resolve_tag(src: Path, tag: Optional[str], trust_pickles: bool, error: type):
+def resolve_tag(
+    src: Path, tag: Optional[str], trust_pickles: bool, error: type[Exception]
+) -> tuple[Report, Optional[Node], list[str]]:
     """Inspect ``src`` and take the checkpoint a conversion converts (``tag``: that tag instead of the one
     `latest` names): (report, the node or None where ``src`` holds no model, what was said about the choice)."""
     from ..export.api import resolve
@@ -35,7 +41,7 @@ def resolve_tag(src: Path, tag: Optional[str], trust_pickles: bool, error: type)
 
     rep = inspect(src, trust_pickles=trust_pickles)
     inv = rep.inventory
-    node = None
+    node: Optional[Node] = None
     said: list[str] = []
     if inv.layout == "run-folder" or inv.model_node() is not None:
         try:

@@ -196,7 +196,7 @@ def source_folders(plan: ExportPlan) -> list[Path]:
     component and every folder between them (a run's checkpoint). The folder above SRC (a tag's checkpoint,
     the run) only may not be OUT or lie inside it: its files are read or copied (:func:`check_out_vs_sources`),
     but a new folder beside SRC is where the TUI's and the advice's default outputs go."""
-    comp = Path(plan.source.path) if not is_url(plan.source.path) else None
+    comp = Path(str(plan.source.path)) if not is_url(plan.source.path) else None  # a local Location: a Path
     if comp is None:
         return []
     comp = comp.absolute()
@@ -271,7 +271,7 @@ def write_side_files(plan: ExportPlan, tmp: Path, cancel: Optional[CancelToken] 
         if is_url(src):
             write_synced(tmp / name, as_path(src).read_bytes())
         else:
-            copy_new(os.path.realpath(src), tmp / name)  # checked by the plan: a regular file of the checkpoint
+            copy_new(os.path.realpath(str(src)), tmp / name)  # checked by the plan: a regular file of the checkpoint
 
 
 def raise_no_space(e: OSError, plan: ExportPlan) -> None:

@@ -106,7 +106,7 @@ def backup_state(target: Path) -> str:
 
 def replace_file(
     target: Path,
-    write: Callable[[BinaryIO], None],
+    write: Callable[[BinaryIO], object],  # what it returns is not used (a lambda over fh.write)
     *,
     backup: bool,
     needed: int,
@@ -133,7 +133,7 @@ def replace_file(
 
 def _replace(
     stage: FileStage,
-    write: Callable[[BinaryIO], None],
+    write: Callable[[BinaryIO], object],
     backup: bool,
     verify: Optional[Callable[[Path], None]],
     on_progress: Optional[OnProgress],

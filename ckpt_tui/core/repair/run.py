@@ -9,10 +9,13 @@ from typing import Callable, Optional
 
 from ..formats import FormatError
 from ..jsondoc import JsonFields
-from ..progress import Cancelled
+from ..progress import Cancelled, CancelToken, OnProgress
 from ..types import Plan
 from .atomic import RepairError
 from .pickle_edit import EditError
+
+# a repair's action: (on_progress, cancel) -> (a file was written, the message, the backup made, the files written)
+RepairAction = Callable[[Optional[OnProgress], Optional[CancelToken]], tuple[bool, str, Optional[Path], list[Path]]]
 
 
 @dataclass
@@ -48,14 +51,16 @@ class Repair(JsonFields):
     can_apply: bool = True  # False: the plan explains why it cannot be done
     refused: bool = False  # it would apply, but ckpt-tui refuses it (a symbolic link on the way): a failure
     # (on_progress, cancel) -> (changed, message, backup, written); set by the repair's planner
-    action: Optional[Callable] = field(default=None, repr=False)
+    action: Optional[RepairAction] = field(default=None, repr=False)
     trust_pickles: bool = False
 
-    def apply(self, on_progress=None, cancel=None) -> RepairResult:
+    def apply(self, on_progress: Optional[OnProgress] = None, cancel: Optional[CancelToken] = None) -> RepairResult:
         return run_repair(self, on_progress=on_progress, cancel=cancel)
 
 
-def run_repair(r: Repair, on_progress=None, cancel=None) -> RepairResult:
+def run_repair(
+    r: Repair, on_progress: Optional[OnProgress] = None, cancel: Optional[CancelToken] = None
+) -> RepairResult:
     """Run ``r``'s action, turn its failure into a result that says nothing was changed, re-inspect
     and say whether the finding is gone."""
     from ..report import inspect

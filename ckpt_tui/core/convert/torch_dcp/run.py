@@ -17,13 +17,13 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 from ...export.sources import SourceTensor
 from ...formats import screen
 from ...fsutil import copy_new
 from ...jsondoc import JsonFields, as_json
-from ...progress import Cancelled, OnProgress, report
+from ...progress import Cancelled, CancelToken, OnProgress, report
 from ...staging import Sources, staged_output
 from .instructions import instructions
 from .plan import NOTE_FILE, TorchDcpError, TorchDcpPlan
@@ -55,11 +55,12 @@ class TorchDcpResult(JsonFields):
     instructions: str
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return as_json(self, self.json_keys) | {"seconds": round(self.seconds, 3)}
 
 
-def read_tensor(t: SourceTensor):
+# torch is not followed by mypy (pyproject.toml): its tensors, planners, writers and plans are Any here
+def read_tensor(t: SourceTensor) -> Any:
     """``t`` as a torch tensor, its bytes read straight into the tensor's memory (one copy)."""
     import torch
 
@@ -78,28 +79,28 @@ def read_tensor(t: SourceTensor):
     return buf.view(getattr(torch, t.dtype)).reshape(t.shape)
 
 
-def _state(plan: TorchDcpPlan):
+def _state(plan: TorchDcpPlan) -> tuple[dict[str, Any], dict[int, SourceTensor]]:
     """The state dict to save (meta tensors standing for the source's) and, by id of each meta
     tensor, how to read it."""
     import torch
 
     loaders: dict[int, SourceTensor] = {}
 
-    def meta(t: SourceTensor):
+    def meta(t: SourceTensor) -> Any:
         m = torch.empty(t.shape, dtype=getattr(torch, t.dtype), device="meta")
         loaders[id(m)] = t
         return m
 
     by_name = {t.name: t for t in plan.model}
-    model = {}
+    model: dict[str, Any] = {}
     for t in plan.model:
         target = by_name[t.tied_to] if t.tied_to else t
         model[t.name] = meta(target)
-    opt_state: dict[str, dict] = {}
+    opt_state: dict[str, dict[str, Any]] = {}
     for o in plan.optim:
         s = opt_state.setdefault(o.fqn, {"step": torch.tensor(float(plan.steps[o.fqn]), dtype=torch.float32)})
         s[o.key] = meta(o.source)
-    state = {
+    state: dict[str, Any] = {
         "model": model,
         "optimizer": {"state": opt_state, "param_groups": [dict(g) for g in plan.param_groups]},
         "step": plan.global_step if plan.global_step is not None else 0,
@@ -107,7 +108,9 @@ def _state(plan: TorchDcpPlan):
     return state, loaders
 
 
-def _save(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> tuple[int, int]:
+def _save(
+    plan: TorchDcpPlan, folder: Path, on_progress: Optional[OnProgress], cancel: Optional[CancelToken]
+) -> tuple[int, int]:
     """dcp.save of the plan's state into ``folder``, bounded; (tensors, bytes) written."""
     import queue
 
@@ -120,8 +123,8 @@ def _save(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> tuple[int, i
     total = sum(t.nbytes for t in loaders.values())
     done = [0, 0]
 
-    class LazyPlanner(DefaultSavePlanner):
-        def resolve_data(self, write_item):
+    class LazyPlanner(DefaultSavePlanner):  # type: ignore[misc]  # torch's class: Any to mypy (not followed)
+        def resolve_data(self, write_item: Any) -> Any:
             obj = self.lookup_object(write_item.index)
             src = loaders.get(id(obj))
             if src is None:
@@ -134,13 +137,14 @@ def _save(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> tuple[int, i
             report(on_progress, done[1], total, "bytes", "writing")
             return t
 
-    class BoundedWriter(fsmod.FileSystemWriter):
-        def write_data(self, plan_, planner):
+    class BoundedWriter(fsmod.FileSystemWriter):  # type: ignore[misc]  # torch's class: Any to mypy (not followed)
+        def write_data(self, plan_: Any, planner: Any) -> Any:
             prefix = plan_.storage_data.prefix
-            q: queue.Queue = queue.Queue()
-            bucket, size, n = [], 0, 0
+            q: queue.Queue[tuple[Any, str, list[Any]]] = queue.Queue()  # (path, file name, write items)
+            bucket: list[Any] = []
+            size, n = 0, 0
 
-            def flush():
+            def flush() -> None:
                 nonlocal bucket, size, n
                 name = f"{prefix}{n}{fsmod.DEFAULT_SUFFIX}"
                 q.put((self.fs.concat_path(self.path, name), name, bucket))
@@ -170,14 +174,14 @@ def _save(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> tuple[int, i
 
 
 @contextmanager
-def _quiet():
+def _quiet() -> Iterator[None]:
     """No "assuming the intent is to save in a single process" warning: that is the intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*single process.*")
         yield
 
 
-def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
+def _verify(plan: TorchDcpPlan, folder: Path, on_progress: Optional[OnProgress], cancel: Optional[CancelToken]) -> int:
     """Read every tensor back with torch's own dcp.load, a bounded batch at a time, and compare it
     bit-exact with the source; the step and param groups too. Returns the number of tensors checked."""
     import torch
@@ -202,7 +206,7 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
             i += 1
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled")
-        want: dict = {}
+        want: dict[str, Any] = {}
         for path, s in batch:
             d = want
             for k in path[:-1]:
@@ -220,7 +224,7 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
                 )
             done += s.nbytes
         report(on_progress, done, total, "bytes", "verifying")
-    back: dict = {
+    back: dict[str, Any] = {
         "optimizer": {
             "state": {fqn: {"step": torch.tensor(0.0)} for fqn in plan.steps},
             "param_groups": [{k: None for k in g} for g in plan.param_groups],
@@ -240,7 +244,7 @@ def _verify(plan: TorchDcpPlan, folder: Path, on_progress, cancel) -> int:
     return len(items)
 
 
-def note(plan: TorchDcpPlan) -> dict:
+def note(plan: TorchDcpPlan) -> dict[str, Any]:
     """The content of conversion.json."""
     return {
         "converted_by": "ckpt-tui convert --to torch-dcp",
@@ -263,7 +267,7 @@ def note(plan: TorchDcpPlan) -> dict:
 
 
 def convert_to_torch_dcp(
-    plan: TorchDcpPlan, *, on_progress: Optional[OnProgress] = None, cancel=None
+    plan: TorchDcpPlan, *, on_progress: Optional[OnProgress] = None, cancel: Optional[CancelToken] = None
 ) -> TorchDcpResult:
     """Write ``plan``'s output (see the module). Raises :class:`TorchDcpError` on failure and
     :class:`Cancelled` on cancel; either way nothing is left under the final name."""

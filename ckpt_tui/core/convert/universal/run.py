@@ -17,11 +17,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ...fsutil import atomic_write
 from ...jsondoc import JsonFields, as_json
-from ...progress import Cancelled, OnProgress, report
+from ...progress import Cancelled, CancelToken, OnProgress, report
 from ...staging import Sources, staged_output
 from .frozen import export_frozen
 from .instructions import instructions
@@ -31,7 +31,7 @@ from .verify import UniversalVerification, verify_universal
 WATCHDOG_MODULE = "ckpt_tui.core.convert.universal.watchdog"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -57,7 +57,7 @@ def _count_state_files(zdir: Path) -> int:
     return n
 
 
-def watchdog_command(parent_pid: int, cmd: list[str]) -> tuple[list[str], dict]:
+def watchdog_command(parent_pid: int, cmd: list[str]) -> tuple[list[str], dict[str, str]]:
     """The watchdog's argv and the environment additions that make ``-m`` run this very ckpt_tui
     (the converter gets the PYTHONPATH it would have had)."""
     import ckpt_tui
@@ -108,7 +108,7 @@ class UniversalResult(JsonFields):
     warnings: list[str] = field(default_factory=list)
     frozen_only: bool = False  # only the frozen parameters were written (the universal folder was there)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return as_json(self, self.json_keys) | {"seconds": round(self.seconds, 3)}
 
 
@@ -116,8 +116,8 @@ def convert_to_universal(
     plan: UniversalPlan,
     *,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
-    log_path=None,
+    cancel: Optional[CancelToken] = None,
+    log_path: Optional[str | os.PathLike[str]] = None,
     export_frozen_params: Optional[bool] = None,
 ) -> UniversalResult:
     """Run DeepSpeed's converter for ``plan``, verify, move into place, write ``latest_universal``.

@@ -8,13 +8,17 @@ its severities, help line and fix id are registered in ``codes.CODES``.
 from __future__ import annotations
 
 import shlex
-from typing import cast
+from typing import Optional, cast
 
 from .advice import MEMO, export_command, has_breakage, sibling_hint
-from .codes import CODES  # noqa: F401  (diagnose.CODES, as before) every code raised here, registered once
+from .codes import CODES as CODES  # diagnose.CODES, as before: every code raised here, registered once
 from .facts import (
     DirFacts,
+    PickleFacts,
+    SpecialFacts,
+    TensorFacts,
     TextFacts,
+    TorchZipFacts,
 )
 from .formats.dcp.format import merges_with_accelerate
 from .formats.registry import format_of
@@ -60,7 +64,7 @@ def _read_only(f: Finding) -> Finding:
 
 def mark_complete(inv: Inventory, findings: list[Finding]) -> None:
     """Set ``complete`` on each checkpoint of a run folder: no error finding inside it."""
-    broken = set()  # every folder at or above an error: one pass over the findings, not one per checkpoint
+    broken: set[str] = set()  # every folder at or above an error: one pass over the findings, not one per checkpoint
     for f in findings:
         if f.severity == "error":
             parts = f.path.split("/")
@@ -76,13 +80,14 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
     out: list[Finding] = []
     p = n.path
     where = f"`{inv.shown(p)}`"
-    if f.get("special"):
+    special = cast(SpecialFacts, f).get("special")  # any node's facts: these keys where its format has them
+    if special:
         out.append(
             Finding(
                 "special-file",
                 "warning",
                 p,
-                f"{where} is a {f['special']}, not a file; it was skipped without being opened.",
+                f"{where} is a {special}, not a file; it was skipped without being opened.",
             )
         )
     kind = f.get("error_kind")
@@ -121,8 +126,9 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
             out.append(Finding("unreadable", "warning", p, f"{where}: {msg}."))
         elif kind in ("too-deep", "too-many", "too-large", "unreadable"):
             out.append(Finding("unreadable", "warning", p, f"{where}: {msg}."))
-    if f.get("unsafe_globals"):
-        g = ", ".join(f["unsafe_globals"][:6])
+    unsafe = cast(PickleFacts, f).get("unsafe_globals")
+    if unsafe:
+        g = ", ".join(unsafe[:6])
         sev = "info" if inv.trust_pickles else "error"
         out.append(
             Finding(
@@ -140,7 +146,7 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
     if n.role == "marker" and not n.is_dir:
         out.extend(_marker_findings(inv, n))
     if not n.is_dir and n.role in ("model",) and fmt.weights_as_saved:
-        dts = [d for d in f.get("dtypes") or [] if d.startswith(("float", "bfloat"))]
+        dts = [d for d in cast(TensorFacts, f).get("dtypes") or [] if d.startswith(("float", "bfloat"))]
         if len(dts) > 1:
             out.append(
                 Finding(
@@ -151,8 +157,9 @@ def _node_findings(inv: Inventory, n: Node) -> list[Finding]:
                     "export must keep them as stored or cast deliberately.",
                 )
             )
-        if f.get("tied"):
-            pairs = "; ".join(" = ".join(t) for t in f["tied"][:3])
+        tied = cast(TorchZipFacts, f).get("tied")
+        if tied:
+            pairs = "; ".join(" = ".join(t) for t in tied[:3])
             export = export_command(inv, p)
             out.append(
                 Finding(
@@ -267,7 +274,10 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
     model = [c for c in dcps if c.role == "model"]
     both = [c for c in dcps if c.role == "model+optimizer"]
     optim = [c for c in dcps if c.role == "optimizer"]
-    names = lambda cs: ", ".join(f"`{inv.shown(c.path, slash=True)}`" for c in cs)
+
+    def names(cs: list[Node]) -> str:
+        return ", ".join(f"`{inv.shown(c.path, slash=True)}`" for c in cs)
+
     parts = []
     if model:
         parts.append(f"the model is in {names(model)}")
@@ -311,6 +321,7 @@ def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
     if parent is None:
         return []
     name = n.name
+    target: Optional[str]
     if name == "latest_checkpointed_iteration.txt":
         if tag == "release":
             target = "release"
@@ -321,15 +332,10 @@ def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:
                 target = None
     else:
         target = tag
-    ok = (
-        bool(target)
-        and "/" not in target
-        and "\\" not in target
-        and target not in (".", "..")
-        and target.isprintable()
-        and parent.child(target) is not None
-        and parent.child(target).is_dir
-    )
+    ok = False
+    if target and "/" not in target and "\\" not in target and target not in (".", "..") and target.isprintable():
+        found = parent.child(target)
+        ok = found is not None and found.is_dir
     if ok:
         return []
     shown = tag if tag.isprintable() and len(tag) <= 80 else repr(tag[:80])

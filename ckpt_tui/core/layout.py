@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Optional, cast
 
 from .dtypes import short_dtype
-from .facts import JsonFacts
-from .formats.deepspeed.format import deepspeed_layout  # noqa: F401  (layout.deepspeed_layout, as before)
+from .facts import JsonFacts, TensorFacts
+from .formats.deepspeed.format import deepspeed_layout as deepspeed_layout  # layout.deepspeed_layout, as before
 from .formats.registry import HOLDERS, format_of
-from .names import ACCELERATE_FILE_RE, MODEL_FILE_RE, step_of  # noqa: F401  (layout.MODEL_FILE_RE, as before)
-from .types import Inventory, Node, Parsed, model_component
+from .names import ACCELERATE_FILE_RE as ACCELERATE_FILE_RE  # layout.ACCELERATE_FILE_RE, as before
+from .names import MODEL_FILE_RE as MODEL_FILE_RE  # layout.MODEL_FILE_RE, as before
+from .names import step_of
+from .types import Inventory, Node, Parsed, RunCheckpoint, model_component
 from .units import naturalsize, param_count
 
 LAYOUTS = (
@@ -82,10 +85,12 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
             return held
     dcp_children = [c for c in dirs if format_of(c).torch_dcp]
     if "pytorch_model_fsdp.bin" in names:
-        return "fsdp-full", {"model": node.child("pytorch_model_fsdp.bin").path, **_optim_files(node)}
+        full = cast(Node, node.child("pytorch_model_fsdp.bin"))  # one of ``names``
+        return "fsdp-full", {"model": full.path, **_optim_files(node)}
     local = sorted(c.name for c in node.children if re.match(r"^pytorch_model_fsdp(_\d+)?_rank\d+\.bin$", c.name))
     if local:
-        return "fsdp-local", {"model": node.child(local[0]).path, **_optim_files(node)}
+        first = cast(Node, node.child(local[0]))  # a child's name
+        return "fsdp-local", {"model": first.path, **_optim_files(node)}
     if "latest_checkpointed_iteration.txt" in names or re.match(r"^iter_\d+$", node.name):
         iters = [c for c in dirs if re.match(r"^iter_\d+$", c.name)] or (
             [node] if re.match(r"^iter_\d+$", node.name) else []
@@ -132,8 +137,10 @@ def _optim_files(node: Node) -> dict[str, str]:
     return {}
 
 
-def _preferred_model_file(files):
-    order = lambda c: (0 if c.name.endswith(".index.json") else 1 if c.name.endswith(".safetensors") else 2, c.name)
+def _preferred_model_file(files: Sequence[Node]) -> Node:
+    def order(c: Node) -> tuple[int, str]:
+        return (0 if c.name.endswith(".index.json") else 1 if c.name.endswith(".safetensors") else 2, c.name)
+
     return sorted(files, key=order)[0]
 
 
@@ -144,9 +151,10 @@ def _component_text(root: Node, path: str, role: str) -> str:
     bits = []
     if n.size:
         bits.append(naturalsize(n.size))
-    if n.facts.get("param_count"):
-        bits.append(f"{param_count(n.facts['param_count'])} params")
-    dt = n.facts.get("dtypes") or []
+    tensors = cast(TensorFacts, n.facts)  # any format's node: those holding tensors declare these keys
+    if tensors.get("param_count"):
+        bits.append(f"{param_count(tensors['param_count'])} params")
+    dt = tensors.get("dtypes") or []
     if dt:
         bits.append("/".join(short_dtype(d) for d in dt[:2]))
     shown = (
@@ -167,8 +175,9 @@ def _step(root: Node, comps: dict[str, str]) -> Optional[int]:
             return state["global_step"]
     for p in comps.values():
         n = _find(root, p)
-        if n is not None and isinstance(n.facts.get("global_step"), int):
-            return n.facts["global_step"]
+        step = n.facts.get("global_step") if n is not None else None
+        if isinstance(step, int):
+            return step
     s = step_of(root.name)
     if s is not None:
         return s
@@ -182,8 +191,9 @@ def _step(root: Node, comps: dict[str, str]) -> Optional[int]:
 def _world(root: Node, comps: dict[str, str]) -> Optional[int]:
     for p in comps.values():
         n = _find(root, p)
-        if n is not None and n.facts.get("world_size"):
-            return n.facts["world_size"]
+        ws = n.facts.get("world_size") if n is not None else None
+        if ws:
+            return cast(int, ws)  # every format declares world_size an Optional[int]
     return None
 
 
@@ -202,8 +212,9 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
     n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None:
         head += format_of(n_model).summary_detail(n_model)
-    if n_model is not None and n_model.facts.get("tensor_parallel"):
-        head += f", TP={n_model.facts['tensor_parallel']}"  # Megatron-Core torch_dist
+    tp = n_model.facts.get("tensor_parallel") if n_model is not None else None
+    if tp:
+        head += f", TP={tp}"  # Megatron-Core torch_dist
     parts = [head]
     ws = _world(root, comps)
     if ws:
@@ -286,7 +297,7 @@ def _label_frameworks_children(node: Node, layout: str) -> None:
 def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
     """Checkpoint folders (checkpoint-N, global_stepN, step-N, iter_N, *step=N.ckpt) at most
     three levels down (Lightning keeps them in lightning_logs/version_0/checkpoints/)."""
-    out = []
+    out: list[Node] = []
     for c in node.children:
         if not c.is_dir:
             continue
@@ -298,13 +309,14 @@ def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
     return out
 
 
-def _checkpoints(root: Node) -> tuple[list[dict], dict[str, dict[str, str]]]:
+def _checkpoints(root: Node) -> tuple[list[RunCheckpoint], dict[str, dict[str, str]]]:
     """The checkpoints below ``root``, newest first, and each one's components."""
-    out = []
+    out: list[RunCheckpoint] = []
     comps_of = {}
     for c in _checkpoint_dirs(root):
         lay, comps = classify(c)
-        out.append({"path": c.path, "step": step_of(c.name), "layout": lay, "complete": True})
+        step = cast(int, step_of(c.name))  # _checkpoint_dirs keeps the names with a step
+        out.append({"path": c.path, "step": step, "layout": lay, "complete": True})
         comps_of[c.path] = comps
     out.sort(key=lambda d: (-d["step"], d["path"]))
     return out, comps_of

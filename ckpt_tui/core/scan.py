@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, cast
+from typing import Callable, Optional, Union, cast
 
 from .facts import LeftoverFacts, NodeFacts, SpecialFacts
 from .formats import FormatError
@@ -21,8 +21,8 @@ from .formats.registry import classify_file, detect_folder, format_of
 from .formats.unpickle import gc_paused
 from .layout import describe
 from .leftovers import recognise, tree_size
-from .progress import Cancelled, OnProgress, check_cancel, progress_scope, report
-from .storage import RemotePath, StorageError, check, explain, is_url
+from .progress import Cancelled, CancelToken, OnProgress, check_cancel, progress_scope, report
+from .storage import LocationLike, RemotePath, StorageError, check, explain, is_url
 from .types import Inventory, Node, Parsed
 
 MAX_DEPTH = 24
@@ -40,15 +40,16 @@ class ScanEvent:
 
 
 OnNode = Callable[[ScanEvent], None]
+StrPath = Union[str, "os.PathLike[str]"]
 
 
 # ---------------------------------------------------------------- walk
 
 
-def walk(path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
-    if is_url(path):
-        return _walk_remote(RemotePath(str(path)), on_node, cancel)
-    path = Path(path)
+def walk(given: LocationLike, on_node: Optional[OnNode] = None, cancel: Optional[CancelToken] = None) -> Node:
+    if is_url(given):
+        return _walk_remote(RemotePath(str(given)), on_node, cancel)
+    path = Path(cast(StrPath, given))  # not a URL: a local path
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -73,7 +74,7 @@ def walk(path, on_node: Optional[OnNode] = None, cancel=None) -> Node:
     return root
 
 
-def _walk_remote(path: RemotePath, on_node, cancel) -> Node:
+def _walk_remote(path: RemotePath, on_node: Optional[OnNode], cancel: Optional[CancelToken]) -> Node:
     """The same tree from object storage: one recursive listing of the prefix, then the walk over it."""
     try:
         check(str(path))
@@ -96,7 +97,8 @@ def _walk_remote(path: RemotePath, on_node, cancel) -> Node:
             _error(node, f"nested more than {MAX_DEPTH} levels deep; not descended", "too-deep")
             return
         total = 0
-        for child_path in sorted(node.abspath.iterdir(), key=lambda p: p.name):
+        folder = cast(RemotePath, node.abspath)  # the remote walk: every node's abspath is a RemotePath
+        for child_path in sorted(folder.iterdir(), key=lambda p: p.name):
             counter[0] += 1
             if counter[0] > MAX_ENTRIES:
                 _error(node, f"more than {MAX_ENTRIES} entries; the rest were not scanned", "too-many")
@@ -119,7 +121,7 @@ def _walk_remote(path: RemotePath, on_node, cancel) -> Node:
     return root
 
 
-def _emit(on_node, kind, node):
+def _emit(on_node: Optional[OnNode], kind: str, node: Node) -> None:
     if on_node is not None:
         on_node(ScanEvent(kind, node))
 
@@ -129,14 +131,22 @@ def _error(node: Node, error: str, kind: str) -> None:
     node.facts.update(NodeFacts(error=error, error_kind=kind))
 
 
-def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel) -> None:
+def _walk_dir(
+    node: Node,
+    depth: int,
+    seen: set[tuple[int, int]],
+    counter: list[int],
+    on_node: Optional[OnNode],
+    cancel: Optional[CancelToken],
+) -> None:
     _emit(on_node, "found", node)
     check_cancel(cancel)
     if depth >= MAX_DEPTH:
         _error(node, f"nested more than {MAX_DEPTH} levels deep; not descended", "too-deep")
         return
+    folder = cast(Path, node.abspath)  # the local walk: every node's abspath is a Path
     try:
-        entries = sorted(os.scandir(node.abspath), key=lambda e: e.name)
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except PermissionError:
         _error(node, "permission denied: the folder cannot be listed", "permission")
         return
@@ -144,28 +154,28 @@ def _walk_dir(node: Node, depth: int, seen: set, counter: list, on_node, cancel)
         _error(node, f"cannot list: {e.strerror or e}", "unreadable")
         return
     total = 0
-    for e in entries:
+    for entry in entries:
         counter[0] += 1
         if counter[0] > MAX_ENTRIES:
             _error(node, f"more than {MAX_ENTRIES} entries; the rest were not scanned", "too-many")
             break
-        name = e.name
+        name = entry.name
         rel = name if node.path == "." else f"{node.path}/{name}"
-        child_path = node.abspath / name  # == Path(e.path), without parsing the whole path again per entry
+        child_path = folder / name  # == Path(entry.path), without parsing the whole path again per entry
         try:
-            lst = e.stat(follow_symlinks=False)
+            lst = entry.stat(follow_symlinks=False)
         except OSError:
             continue
         is_link = stat.S_ISLNK(lst.st_mode)
         try:
-            st = e.stat(follow_symlinks=True) if is_link else lst
+            st = entry.stat(follow_symlinks=True) if is_link else lst
         except OSError:
             child = Node(rel, child_path, False, format="special", role="unknown")
             child.facts.update(NodeFacts(symlink=True, error="broken symbolic link", error_kind="broken-link"))
             node.children.append(child)
             _emit(on_node, "found", child)
             continue
-        left = None if is_link else recognise(node.abspath, name, stat.S_ISDIR(st.st_mode))
+        left = None if is_link else recognise(folder, name, stat.S_ISDIR(st.st_mode))
         if left is not None:  # a killed run's temp or staging: one node, never descended (its partial files)
             child = Node(rel, child_path, stat.S_ISDIR(st.st_mode), format="leftover", role="unknown")
             if child.is_dir:
@@ -223,7 +233,8 @@ def _analyze_file(node: Node, fmt: Optional[Format], parsed: Parsed) -> None:
         return
     if node.role == "unknown" and fmt is None:  # no format named it
         return
-    if not isinstance(node.abspath, RemotePath) and not os.access(node.abspath, os.R_OK):
+    local = node.abspath
+    if not isinstance(local, RemotePath) and not os.access(cast(Path, local), os.R_OK):  # a Path, or remote
         _error(node, "permission denied: the file cannot be read", "permission")
         return
     if fmt is None:
@@ -263,15 +274,16 @@ def _analyze_dir(node: Node, parsed: Parsed) -> None:
 
 
 def scan(
-    path,
+    path: LocationLike,
     *,
     on_node: Optional[OnNode] = None,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[CancelToken] = None,
     trust_pickles: bool = False,
 ) -> Inventory:
     """Scan ``path`` (a folder or a single file). Raises ScanError if the path itself is unusable."""
-    root = walk(path if is_url(path) else Path(path), on_node, cancel)
+    local = "" if is_url(path) else cast(StrPath, path)  # not a URL: a local path
+    root = walk(path if is_url(path) else Path(local), on_node, cancel)
     nodes = list(root.walk())
     total_files = sum(1 for n in nodes if not n.is_dir)
     parsed = Parsed()
@@ -297,5 +309,5 @@ def scan(
     with progress_scope(on_progress, cancel):  # a long read inside a folder's analysis reports and cancels too
         visit(root)
     inv = describe(root, trust_pickles, parsed)
-    inv.given = str(path) if is_url(path) else os.fspath(path)
+    inv.given = str(path) if is_url(path) else os.fspath(local)
     return inv

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypedDict, TypeVar
 
-from .facts import Facts
+from .facts import Facts, NodeFacts
 from .jsondoc import JsonFields, jsonable
-from .storage import URL_RE
+from .storage import URL_RE, Location
 
 SCHEMA_VERSION = 1
 
@@ -20,7 +21,7 @@ MODEL_ROLES = ("model", "model+optimizer")  # roles of nodes that hold model wei
 T = TypeVar("T")
 
 
-def numel(shape) -> int:
+def numel(shape: Iterable[int]) -> int:
     """Number of elements of a tensor of this shape (1 for a scalar)."""
     n = 1
     for d in shape:
@@ -54,13 +55,13 @@ class Node(JsonFields):
     json_keys = ("path", "kind", "format", "role", "framework", "size", "facts")
 
     path: str  # relative to the scanned root, POSIX style; "." for the root
-    abspath: Path
+    abspath: Location  # a local Path, or a storage.RemotePath for a scan of object storage
     is_dir: bool
     format: str = "unknown"
     role: str = "unknown"
     framework: Optional[str] = None
     size: int = 0  # bytes (files: st_size; folders: sum of what is below)
-    facts: Facts = field(default_factory=dict)  # declared per format in facts.py
+    facts: Facts = field(default_factory=NodeFacts)  # declared per format in facts.py
     children: list["Node"] = field(default_factory=list)
 
     @property
@@ -71,7 +72,7 @@ class Node(JsonFields):
     def kind(self) -> str:
         return "dir" if self.is_dir else "file"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """``as_json`` of ``json_keys``, written out: one per file and folder of the tree (every field but the
         facts is already a JSON value)."""
         return {
@@ -98,14 +99,15 @@ class Node(JsonFields):
         prefix = "" if self.path == "." else self.path + "/"
         if not rel.startswith(prefix):
             return None
-        node = self
+        node: Optional[Node] = self
         for part in rel[len(prefix) :].split("/"):
+            assert node is not None  # the loop returns when a lookup finds nothing
             node = node.child(part)
             if node is None:
                 return None
         return node
 
-    def walk(self):
+    def walk(self) -> Iterator[Node]:
         yield self
         for c in self.children:
             yield from c.walk()
@@ -124,7 +126,7 @@ class Finding(JsonFields):
     fix: Optional[str] = None
     command: Optional[str] = None  # the exact `ckpt-tui ...` line to run for it, from the user's folder
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Optional[str]]:
         """``as_json`` of every field, written out (one per finding; each is a string or None)."""
         return {
             "code": self.code,
@@ -146,17 +148,18 @@ def user_path(given: str, rel: str = ".") -> str:
     return os.path.normpath(p)
 
 
-def in_user_form(given: str, p) -> str:
+def in_user_form(given: str, p: object) -> str:
     """A path ckpt-tui names or creates (an output folder, a file of the source) in the form the user chose
     for ``given``: relative to their current folder if they typed a relative path, else absolute. Not quoted."""
-    if URL_RE.match(str(p)):
-        return str(p)
+    local = str(p)  # a local path's str is its os.fspath
+    if URL_RE.match(local):
+        return local
     if given and (URL_RE.match(given) or not os.path.isabs(given)):  # a local folder for a remote source: relative
         try:
-            return os.path.relpath(p)
+            return os.path.relpath(local)
         except ValueError:  # another drive (Windows): only the absolute form exists
             pass
-    return str(Path(p).absolute())
+    return str(Path(local).absolute())
 
 
 def shell_path(given: str, rel: str = ".") -> str:
@@ -183,6 +186,15 @@ class Parsed:
         return self._by.get((node.path, kind))
 
 
+class RunCheckpoint(TypedDict):
+    """One of a run folder's checkpoints (``Inventory.checkpoints``; the JSON document's ``checkpoints``)."""
+
+    path: str  # relative to the scanned root
+    step: int  # the training step its name carries
+    layout: str  # its own layout
+    complete: bool  # no error finding inside it (diagnose clears it)
+
+
 class FormatAnswers(Protocol):
     """What an Inventory asks a node's format (``formats/format.py`` declares these; the registry answers)."""
 
@@ -203,7 +215,7 @@ class Inventory:
     summary: str
     framework: Optional[str] = None
     components: dict[str, str] = field(default_factory=dict)  # role -> relative path
-    checkpoints: list[dict] = field(default_factory=list)  # run folders: newest first
+    checkpoints: list[RunCheckpoint] = field(default_factory=list)  # run folders: newest first
     trust_pickles: bool = False
     # each of ``checkpoints``' own components (role -> relative path); not part of the JSON document
     checkpoint_components: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
@@ -214,10 +226,10 @@ class Inventory:
     format_of: Callable[["Node"], FormatAnswers] = field(default=_no_formats, repr=False, compare=False)
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Location:
         return self.root.abspath
 
-    def user_form(self, p) -> str:
+    def user_form(self, p: object) -> str:
         """A path ckpt-tui will create (an output folder) in the user's form: relative to their current
         folder when they named the checkpoint by a relative path, else absolute. Not quoted."""
         return in_user_form(self.given, p)
@@ -228,7 +240,7 @@ class Inventory:
         s = shell_path(self.given or str(self.root.abspath), rel)
         return s + "/" if slash and not s.endswith("/") else s
 
-    def nodes(self):
+    def nodes(self) -> Iterator[Node]:
         return self.root.walk()
 
     def node(self, rel: str) -> Optional[Node]:

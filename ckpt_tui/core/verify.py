@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 from .export.api import screened_model, source_for
 from .export.prefix import choose
@@ -334,13 +334,13 @@ def _optimizer_reference(plan: ExportPlan, cfg: dict[str, Any], res: VerifyResul
         screen.require(
             screen.dcp_metadata_files(plan.source.path), trust_pickles=trust_pickles, loader="torch's DCP reader"
         )
-        for name, t in reference_tensors(plan.source.path):
+        for name, t in reference_tensors(cast(Path, plan.source.path)):  # local: a remote SRC was downloaded
             yield (name[len(strip) :] if strip and name.startswith(strip) else name), t
     elif kind == "verl-optimizer":
         from .formats.verl.source import optimizer_reference_tensors
 
         res.reference = "torch.load of every rank's optim file, joined as verl's model merger joins shards"
-        folder = Path(plan.source.path)
+        folder = Path(cast("os.PathLike[str]", plan.source.path))  # local: verify downloads a remote SRC first
         screen.require(
             sorted(folder.glob("optim_world_size_*_rank_*.pt")), trust_pickles=trust_pickles, loader="torch.load"
         )

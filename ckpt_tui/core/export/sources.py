@@ -8,12 +8,12 @@ contiguous byte ranges of the full tensor).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..dtypes import ITEMSIZE
-from ..storage import open_read
+from ..storage import Location, open_read
 from ..types import numel
 
 
@@ -52,7 +52,7 @@ class Source:
     """Everything an export needs to know about the weights it reads."""
 
     kind: str  # "dcp" | "deepspeed" | "universal" | "torch-file" | "safetensors"
-    path: Path
+    path: Location
     tensors: list[SourceTensor]
     train_dtype: Optional[str] = None  # bf16/fp16 runs store fp32 masters: say --dtype bf16 halves the size
     notes: list[str] = field(default_factory=list)
@@ -66,7 +66,7 @@ def read_bytes(t: SourceTensor, limit: int = 1 << 62) -> bytes:
     return read_ranges(t.ranges, limit)
 
 
-def read_ranges(ranges, limit: int = 1 << 62) -> bytes:
+def read_ranges(ranges: Iterable[ByteRange], limit: int = 1 << 62) -> bytes:
     """The bytes of these byte ranges, in order (OSError where a file ends early)."""
     out = bytearray()
     for r in ranges:
@@ -81,7 +81,7 @@ def read_ranges(ranges, limit: int = 1 << 62) -> bytes:
     return bytes(out)
 
 
-def to_torch(t: SourceTensor):
+def to_torch(t: SourceTensor) -> Any:  # a torch.Tensor (torch is not followed here: Any)
     """Materialise ``t`` as a torch tensor (tests, verification, dtype conversion of one tensor)."""
     import torch
 

@@ -230,7 +230,9 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
     if tag.path == ".":
         return None, None  # its folder was not scanned
     parent = inv.node(tag.path.rsplit("/", 1)[0] if "/" in tag.path else ".")
-    uni = parent.child(f"{tag.name}_universal") if parent is not None else None
+    if parent is None:
+        return None, None
+    uni = parent.child(f"{tag.name}_universal")
     if uni is None or not uni.is_dir:
         return None, None
     if uni.format != "deepspeed-universal":
@@ -246,7 +248,8 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
         return None, (uni.path, "incomplete (no *_model_states.pt)")
     broken = next((x.path for x in uni.walk() if x.facts.get("error_kind")), None)
     if broken:
-        return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {uni.find(broken).facts.get('error')})")
+        damaged = cast(Node, uni.find(broken))  # a node of uni's walk
+        return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {damaged.facts.get('error')})")
     tf = inv.parsed.get(tag, TagFacts)
     zero = uni.child("zero")
     for name, shape in tf.param_shapes.items() if tf is not None else ():
@@ -254,7 +257,8 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
         missing = [s for s in UNIVERSAL_STATES if folder is None or folder.child(s + ".pt") is None]
         if missing:
             return None, (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
-        fp32 = cast(TensorFacts, folder.child("fp32.pt").facts)
+        fp32_node = cast(Node, cast(Node, folder).child("fp32.pt"))  # not missing: the folder holds it
+        fp32 = cast(TensorFacts, fp32_node.facts)
         if fp32.get("param_count") is not None and fp32["param_count"] != numel(shape):
             return None, (
                 uni.path,

@@ -5,6 +5,8 @@ checked against DeepSpeed's ``zero_to_fp32`` (tags) or ``torch.load`` (universal
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
@@ -51,6 +53,21 @@ def deepspeed_layout(f: DeepSpeedZeroFacts) -> Optional[str]:
     return f"ZeRO-{st}" if st is not None else None
 
 
+def _child(node: Node, name: str) -> Node:
+    """The child of ``node`` named ``name``, which is one of its children's names (the tag's file lists)."""
+    return cast(Node, node.child(name))
+
+
+def _layer_index(name: str) -> int:
+    """The layer number of a pipeline layer file's name (LAYER_RE matched it)."""
+    return int(cast("re.Match[str]", dsfmt.LAYER_INDEX_RE.match(name)).group(1))
+
+
+def _local(node: Node) -> Path:
+    """``node``'s local path: a reference loader (torch.load, zero_to_fp32) reads local files only."""
+    return Path(cast("os.PathLike[str]", node.abspath))
+
+
 def latest_tag(node: Node, tags: list[Node]) -> Node:
     """The tag of ``tags`` (in folder ``node``) that ``latest`` names, else the newest."""
     latest = node.child("latest")
@@ -84,7 +101,7 @@ class DeepSpeedOptimStatesFiles(FileFormat):
     file_layout = "torch-file"
 
     def loader_files(self, node: Node) -> list[Path]:
-        path = Path(node.abspath)
+        path = _local(node)
         return [] if path.is_dir() else [path]
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
@@ -93,7 +110,14 @@ class DeepSpeedOptimStatesFiles(FileFormat):
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
         yield from dsfmt.read_optim_states(node.abspath).tensor_infos()
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         tag = node.path.rsplit("/", 1)[0] if "/" in node.path else "its folder"
         raise NotExportable(
             f"`{node.path}` is one rank's optimizer states, not a model: export the tag folder "
@@ -107,7 +131,7 @@ def _record(c: Node, e: Exception) -> None:
     else:
         c.facts.update(
             NodeFacts(
-                error=f"cannot read: {e.strerror or e}",
+                error=f"cannot read: {cast(OSError, e).strerror or e}",  # not a FormatError: an OSError
                 error_kind="permission" if isinstance(e, PermissionError) else "unreadable",
             )
         )
@@ -117,8 +141,8 @@ def _layer_files(node: Node, tf: dsfmt.TagFacts) -> list[tuple[str, list[tuple[s
     """Each pipeline layer file's tensors from its data.pkl, in layer order (``tf.layer_tensors`` named as
     the PipelineModule names them); errors are recorded on the files."""
     out = []
-    for name in sorted(tf.layer_files, key=lambda n: int(dsfmt.LAYER_INDEX_RE.match(n).group(1))):
-        c = node.child(name)
+    for name in sorted(tf.layer_files, key=_layer_index):
+        c = _child(node, name)
         try:
             obj = read_torch_file(c).obj
         except (FormatError, OSError) as e:
@@ -138,7 +162,7 @@ def _pipeline_layers(node: Node, tf: dsfmt.TagFacts, ms_name: Optional[str]) -> 
     must hold exactly a consecutive run of the layers' tensors. Where it does not, the gaps in the layer numbers
     are named (a layer of functions writes no file, so a gap alone is no proof)."""
     layers = tf.layers
-    stages = []
+    stages: list[list[tuple[int, ...]]] = []
     stages_n = tf.facts.get("mp_world_size") or max((k[1] for k in tf.model_files), default=-1) + 1
     for m in range(stages_n):
         name = tf.model_files.get((-1, m))
@@ -155,7 +179,7 @@ def _pipeline_layers(node: Node, tf: dsfmt.TagFacts, ms_name: Optional[str]) -> 
         stages.append(shapes)
     if dsfmt.match_pipeline(layers, stages) is not None:
         return []
-    idx = sorted(int(dsfmt.LAYER_INDEX_RE.match(n).group(1)) for n, _ in layers)
+    idx = sorted(_layer_index(n) for n, _ in layers)
     gaps = [f"layer_{i:02d}-model_states.pt" for i in range(max(idx, default=-1) + 1) if i not in idx]
     if gaps:
         return gaps
@@ -174,7 +198,7 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
     ms_name = tf.model_files.get((-1, 0)) or tf.model_files.get((0, 0))
     obj = None
     if ms_name:
-        c = node.child(ms_name)
+        c = _child(node, ms_name)
         if "error" not in c.facts:
             try:
                 obj = read_torch_file(c).obj
@@ -186,7 +210,7 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
         tf.layers = _layer_files(node, tf)
     opt_name = tf.optim_files.get((0, 0)) or (next(iter(tf.optim_files.values())) if tf.optim_files else None)
     if opt_name:
-        oc = node.child(opt_name)
+        oc = _child(node, opt_name)
         try:
             otf = torchfile.read(oc.abspath)
             if otf.unsafe:
@@ -242,7 +266,7 @@ class DeepSpeedTag(FolderFormat):
         return tag_findings(inv, node)
 
     def loader_files(self, node: Node) -> list[Path]:
-        return screen.tag_files(Path(node.abspath))
+        return screen.tag_files(_local(node))
 
     def optimizer_source(
         self,
@@ -266,7 +290,7 @@ class DeepSpeedTag(FolderFormat):
         tf, ms_name, opt_name = read_tag(node)
         # integrity of every rank file: the zip directory must be there
         for fname in list(tf.optim_files.values()) + list(tf.model_files.values()):
-            c = node.child(fname)
+            c = _child(node, fname)
             if fname in (ms_name, opt_name) or "error" in c.facts:
                 continue
             zip_check(c)
@@ -346,7 +370,7 @@ class DeepSpeedTag(FolderFormat):
         # what each states file holds: stage 0's mp_rank_00 the module and the optimizer; a pipeline's
         # mp_rank_XX the stage's optimizer (its weights are in the layer files)
         for (dp, m), name in tf.model_files.items():
-            c = node.child(name)
+            c = _child(node, name)
             if f["ds_layout"] == "zero-0" and dp == -1:
                 c.role = "model+optimizer"
             elif f["ds_layout"] == "pipeline" and dp == -1 and not tf.module_tensors:
@@ -361,7 +385,14 @@ class DeepSpeedTag(FolderFormat):
             tf = read_tag(node)[0]
         yield from dsfmt.tensors(tf)
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         from ...export.sources import strip_names
         from .source import tag_source
 
@@ -377,9 +408,9 @@ class DeepSpeedTag(FolderFormat):
             "zero-0": "torch.load (mp_rank_00_model_states.pt: module, FP16_UnfusedOptimizer fp32_groups)",
             "pipeline": "torch.load (layer_XX-model_states.pt)",
             "bf16-optimizer": "DeepSpeed zero_to_fp32's ZeRO-1/2 reconstruction (its zero_stage check skipped)",
-        }.get(node.facts.get("ds_layout"), self.reference)
+        }.get(cast(DeepSpeedZeroFacts, node.facts).get("ds_layout", ""), self.reference)
 
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
         import contextlib
         import io
         import os
@@ -389,17 +420,17 @@ class DeepSpeedTag(FolderFormat):
 
         get_fp32_state_dict_from_zero_checkpoint = zero_to_fp32().get_fp32_state_dict_from_zero_checkpoint
 
-        layout = node.facts.get("ds_layout")
+        layout = cast(DeepSpeedZeroFacts, node.facts).get("ds_layout")
         if layout in ("zero-0", "pipeline", "bf16-optimizer"):  # zero_to_fp32 rejects these
             with contextlib.redirect_stdout(io.StringIO()):
-                yield from _beyond_reference(node.abspath, layout)
+                yield from _beyond_reference(_local(node), layout)
             return
         with contextlib.redirect_stdout(io.StringIO()):  # it prints progress on stdout, our contract's channel
             sd = get_fp32_state_dict_from_zero_checkpoint(str(node.abspath.parent), tag=node.abspath.name)
         yield from sd.items()
 
 
-def _beyond_reference(tag_dir, layout: str):
+def _beyond_reference(tag_dir: Path, layout: str) -> Iterator[tuple[str, Any]]:
     """The fp32 model of a tag zero_to_fp32 rejects, read with torch.load: BF16_Optimizer through
     zero_to_fp32's own ZeRO-1/2 reconstruction (only its zero_stage check skipped); stage 0 the module,
     each parameter replaced by FP16_UnfusedOptimizer's fp32 master of the same place; a pipeline's layer
@@ -414,9 +445,7 @@ def _beyond_reference(tag_dir, layout: str):
         yield from z._get_fp32_state_dict_from_zero2_checkpoint(len(groups), groups, model_states, False, None).items()
         return
     if layout == "pipeline":
-        for f in sorted(
-            tag_dir.glob("layer_*-model_states.pt"), key=lambda p: int(dsfmt.LAYER_INDEX_RE.match(p.name).group(1))
-        ):
+        for f in sorted(tag_dir.glob("layer_*-model_states.pt"), key=lambda p: _layer_index(p.name)):
             for k, t in torch_load(f, map_location="cpu").items():
                 yield dsfmt.layer_name(f.name, k), t
         return
@@ -424,7 +453,7 @@ def _beyond_reference(tag_dir, layout: str):
     module, opt = sd["module"], sd.get("optimizer") or {}
     buffers = set(sd.get("buffer_names") or [])
     masters = [t for g in opt.get("fp32_groups") or [] for t in g]
-    seen: set = set()
+    seen: set[tuple[Any, ...]] = set()
     params = []
     for k, t in module.items():  # named_parameters() order: no buffers, a tied view once
         view = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
@@ -508,7 +537,7 @@ class DeepSpeedUniversal(FolderFormat):
         return universal_findings(inv, node)
 
     def loader_files(self, node: Node) -> list[Path]:
-        zero = Path(node.abspath) / "zero"
+        zero = _local(node) / "zero"
         return sorted(zero.glob("*/*.pt")) + sorted(zero.glob("*.pt")) if zero.is_dir() else []
 
     def detect(self, node: Node) -> bool:
@@ -525,7 +554,7 @@ class DeepSpeedUniversal(FolderFormat):
     def analyze(self, node: Node, parsed: Parsed) -> None:
         node.format = "deepspeed-universal"
         node.role = "model+optimizer"
-        zero = node.child("zero")
+        zero = _child(node, "zero")  # detect found it
         params = [c for c in zero.children if c.is_dir]
         f = cast(DeepSpeedUniversalFacts, node.facts)
         ms = [c.name for c in node.children if dsfmt.MODEL_STATES_RE.match(c.name)]
@@ -573,25 +602,32 @@ class DeepSpeedUniversal(FolderFormat):
         )
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
-        for d in sorted((node.abspath / "zero").iterdir()):
+        for d in sorted((node.abspath / "zero").iterdir(), key=lambda d: d.name):  # siblings: by name
             f = d / "fp32.pt"
             if not f.is_file():
                 continue
             obj = torchfile.read(f).obj
-            t = obj.get("param") if isinstance(obj, dict) else obj
+            t: Any = obj.get("param") if isinstance(obj, dict) else obj  # a TensorRef, or what the file holds
             if hasattr(t, "shape"):
                 yield TensorInfo(d.name, t.shape, t.dtype, t.nbytes)
 
-    def source(self, node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False):
+    def source(
+        self,
+        node: Node,
+        *,
+        strip_prefix: Optional[str] = None,
+        exclude_frozen: bool = False,
+        trust_pickles: bool = False,
+    ) -> Source:
         from ...export.sources import strip_names
         from .universal import universal_source
 
         return strip_names(universal_source(node.abspath), strip_prefix)
 
-    def reference_tensors(self, node: Node, strip_prefix: Optional[str]):
+    def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
         import torch
 
-        for d in sorted((node.abspath / "zero").iterdir()):
+        for d in sorted((node.abspath / "zero").iterdir(), key=lambda d: d.name):  # siblings: by name
             p = d / "fp32.pt"
             if p.is_file():
                 obj = torch.load(p, weights_only=True)  # {"param": tensor} or the tensor: torch's allowlist reads it

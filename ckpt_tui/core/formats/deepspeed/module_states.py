@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any, Optional
 
 from ...dtypes import short_dtype
 from ...export.sources import Source, SourceTensor
-from ...storage import as_path
+from ...storage import LocationLike, as_path
 from ..unpickle import iter_tensors
 from .reader import (
     MODEL_STATES_RE,
@@ -25,7 +25,7 @@ ZERO3_MODULE_REFUSAL = (
 )
 
 
-def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+def module_states_source(tag_dir: LocationLike, *, exclude_frozen: bool = False) -> Source:
     """The ``module`` state dict of a ZeRO-1/2 tag's ``mp_rank_00_model_states.pt``, as byte ranges.
 
     These are the weights the model computed with, in the training dtype (bf16/fp16): what is left
@@ -33,22 +33,22 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
     from the optimizer-states files is read. Tied aliases (one storage, or ``shared_params``) are
     written once; frozen params are flagged so ``--exclude-frozen`` leaves them out.
     """
-    tag_dir = as_path(tag_dir)
-    names = tag_names(tag_dir)
+    tag = as_path(tag_dir)
+    names = tag_names(tag)
     matches = [m for m in map(MODEL_STATES_RE.match, names) if m]
     if any(m.group(1) is not None for m in matches):
         raise ValueError(ZERO3_MODULE_REFUSAL)
     if any(int(m.group(2)) != 0 for m in matches):
         raise ValueError("model-parallel checkpoints (mp_rank > 0 files) are not supported")
     if "mp_rank_00_model_states.pt" not in names:
-        raise ValueError(f"no mp_rank_00_model_states.pt in {tag_dir.name}: there are no module weights to export")
-    mf = StatesFile(tag_dir / "mp_rank_00_model_states.pt")
+        raise ValueError(f"no mp_rank_00_model_states.pt in {tag.name}: there are no module weights to export")
+    mf = StatesFile(tag / "mp_rank_00_model_states.pt")
     m0 = check_model_states(mf.obj, mf.path.name)
     cfg = m0.get("ds_config")
     zo = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
     if isinstance(zo, dict) and stage_value(zo.get("stage")) == 3:
         raise ValueError(ZERO3_MODULE_REFUSAL)
-    module = m0.get("module")
+    module: Any = m0.get("module")
     if not isinstance(module, dict) or not module:
         raise ValueError(
             f"{mf.path.name} holds no module weights (saved with exclude_frozen_parameters, or "
@@ -68,7 +68,7 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
     recorded_frozen = {str(k) for k in fz} if isinstance(fz, dict) else None
 
     out: list[SourceTensor] = []
-    first_by_view: dict[tuple, str] = {}
+    first_by_view: dict[tuple[object, ...], str] = {}
     seen: set[str] = set()
     for name, t in iter_tensors(module):
         shape = tuple(t.shape)
@@ -81,8 +81,8 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
         if t.storage is None:
             raise ValueError(f"{mf.path.name}: module weight {name} has no storage (a tensor subclass?)")
         view = (t.storage.key, t.offset, shape, t.stride)
-        tied = first_by_view.setdefault(view, name)
-        tied = tied if tied != name else None
+        first = first_by_view.setdefault(view, name)
+        tied: Optional[str] = first if first != name else None
         if tied is None and shared.get(name) in seen:
             tied = shared[name]
         seen.add(name)
@@ -117,4 +117,4 @@ def module_states_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Sour
             f"module weights ({shown}) of mp_rank_00_model_states.pt (--from-module-states), not rebuilt from "
             "the optimizer states"
         )
-    return Source("deepspeed-module", tag_dir, out, notes=[note])
+    return Source("deepspeed-module", tag, out, notes=[note])

@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 import struct
 from collections import OrderedDict
-from pathlib import Path
-from typing import Any, Callable, Optional
+from functools import partial
+from typing import Any, Callable, Optional, Union
 
 from ...export.sources import Source, SourceTensor, read_ranges
-from ...storage import as_path, listdir
+from ...storage import LocationLike, as_path, listdir
 from ..unpickle import Stub, TensorRef, name_part
 from .pipeline import pipeline_layers
 from .reader import LAYER_RE, OPTIM_STATES_RE, OPTIMIZER_CLASS, inline_optimizer, match_pipeline, module_param_names
@@ -34,9 +34,10 @@ STATES = ("exp_avg", "exp_avg_sq")
 CONFIG_FILE = "optimizer_config.json"
 KIND = "deepspeed-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
+Number = Union[int, float]  # a saved step
 
 
-def _state(tag: ZeroTag, rank: int) -> dict:
+def _state(tag: ZeroTag, rank: int) -> dict[str, Any]:
     """The wrapped torch optimizer's state_dict of a rank (``{"state": {i: {...}}, "param_groups": [...]}``)."""
     osd = tag.optimizer_state_dict(rank)
     key = "base_optimizer_state" if tag.stage <= 2 else "optimizer_state_dict"
@@ -48,7 +49,7 @@ def _state(tag: ZeroTag, rank: int) -> dict:
     return sd
 
 
-def _state_groups(tag: ZeroTag, rank: int, key: str) -> list:
+def _state_groups(tag: ZeroTag, rank: int, key: str) -> list[Any]:
     """A rank's flat ``key`` tensor (exp_avg, exp_avg_sq) of each group, in the order of its fp32 groups."""
     n = len(tag.fp32_groups(rank))
     state = _state(tag, rank)["state"]
@@ -65,7 +66,7 @@ def _state_groups(tag: ZeroTag, rank: int, key: str) -> list:
     return out
 
 
-def step_value(v: Any, what: str, tensor_bytes: Callable[[TensorRef], bytes]):
+def step_value(v: Any, what: str, tensor_bytes: Callable[[TensorRef], bytes]) -> Number:
     """A Python number from a saved step value: a number, or a 0-d tensor whose few bytes
     ``tensor_bytes(ref)`` reads (from wherever its file keeps them). Raises ValueError."""
     if isinstance(v, Stub):
@@ -78,16 +79,17 @@ def step_value(v: Any, what: str, tensor_bytes: Callable[[TensorRef], bytes]):
         if v.numel != 1 or v.dtype not in _SCALAR:
             raise ValueError(f"{what}: a {v.dtype} tensor of shape {tuple(v.shape)}, not a scalar step")
         (x,) = struct.unpack(_SCALAR[v.dtype], tensor_bytes(v))
-        return int(x) if isinstance(x, float) and x.is_integer() else x
+        number: Number = int(x) if isinstance(x, float) and x.is_integer() else x
+        return number
     raise ValueError(f"{what}: unreadable step {type(v).__name__}")
 
 
-def _scalar(tag: ZeroTag, rank: int, v: Any, what: str):
+def _scalar(tag: ZeroTag, rank: int, v: Any, what: str) -> Number:
     """A Python number from a step value of ``rank``'s optimizer states file."""
     return step_value(v, what, lambda ref: tag.tensor_bytes(rank, ref, what))
 
 
-def jsonable(v: Any, _left: Optional[list] = None) -> Any:
+def jsonable(v: Any, _left: Optional[list[int]] = None) -> Any:
     """``v`` (hyper-parameters from a pickle) as JSON values; at most 100,000 values in all (a graph of shared
     lists would otherwise be copied once per path): ValueError beyond."""
     left = _left if _left is not None else [100_000]
@@ -109,19 +111,19 @@ def jsonable(v: Any, _left: Optional[list] = None) -> Any:
     return repr(v)
 
 
-def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
+def deepspeed_optimizer_source(tag_dir: LocationLike) -> tuple[Source, dict[str, Any], list[str]]:
     """The optimizer state of ZeRO tag ``tag_dir``: the source (``p.exp_avg``, ``p.exp_avg_sq``,
     ``p.master`` per trainable param ``p``), the content of ``optimizer_config.json`` (names not yet
     prefix-stripped: :func:`strip_config`), and every name the model export of this tag sees (its
     prefix decision must be the same). Raises ValueError with the reason."""
-    tag_dir = as_path(tag_dir)
-    if tag_dir.is_dir():
-        names = listdir(tag_dir)
+    tag_path = as_path(tag_dir)
+    if tag_path.is_dir():
+        names = listdir(tag_path)
         if any(LAYER_RE.match(n) for n in names) or (
             not any(OPTIM_STATES_RE.match(n) for n in names) and "mp_rank_00_model_states.pt" in names
         ):
-            return inline_optimizer_source(tag_dir)
-    tag = open_zero_tag(tag_dir, bf16_optimizer=True)
+            return inline_optimizer_source(tag_path)
+    tag = open_zero_tag(tag_path, bf16_optimizer=True)
     stage, world = tag.stage, tag.world
     m0 = tag.model_states
     shapes = tag.shapes
@@ -130,7 +132,7 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
 
     per_state: dict[str, "OrderedDict[str, SourceTensor]"] = {}
     for key in STATES:
-        per_state[key] = tag.params(lambda r, key=key: _state_groups(tag, r, key), suffix=f".{key}", what=key)
+        per_state[key] = tag.params(partial(_state_groups, tag, key=key), suffix=f".{key}", what=key)
     if masters:
         per_state["master"] = tag.params(suffix=".master")
     out: list[SourceTensor] = []
@@ -140,13 +142,11 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
             out.append(d[f"{name}.{key}"])
 
     # names the model export sees: buffers, frozen params, trainable params, tied aliases
-    module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
+    module_obj = m0.get("module")
+    module: dict[str, Any] = module_obj if isinstance(module_obj, dict) else {}
     buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
-    shared = (
-        {str(k): str(v) for k, v in m0.get("shared_params").items()}
-        if isinstance(m0.get("shared_params"), dict)
-        else {}
-    )
+    shared_obj = m0.get("shared_params")
+    shared = {str(k): str(v) for k, v in shared_obj.items()} if isinstance(shared_obj, dict) else {}
     fz = m0.get("frozen_param_shapes")
     if isinstance(fz, dict):
         frozen = [str(n) for n in fz]
@@ -167,7 +167,7 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         raise ValueError(f"{n_groups} optimizer groups but {len(shapes)} groups in param_shapes")
     steps: list[Optional[Any]] = []
     for i in range(n_groups):
-        seen = set()
+        seen: set[Number] = set()
         for r in range(world):
             st = _state(tag, r)["state"]
             s = st.get(i, st.get(str(i))) or {}
@@ -176,8 +176,9 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         if len(seen) > 1:
             raise ValueError(f"the ranks disagree on the step of optimizer group {i}: {sorted(seen)}")
         steps.append(seen.pop() if seen else None)
-    groups = []
-    pgs = sd0.get("param_groups") if isinstance(sd0.get("param_groups"), (list, tuple)) else []
+    groups: list[dict[str, Any]] = []
+    pgs_obj = sd0.get("param_groups")
+    pgs: Union[list[Any], tuple[Any, ...]] = pgs_obj if isinstance(pgs_obj, (list, tuple)) else []
     for gi, pg in enumerate(pgs):
         if not isinstance(pg, dict):
             continue
@@ -196,8 +197,9 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
     if not groups:  # no param_groups saved: at least which params share a group, and its step
         groups = [{"step": steps[i], "params": list(shapes[i])} for i in range(n_groups)]
     distinct = {s for s in steps if s is not None}
-    cfg_ds = m0.get("ds_config") if isinstance(m0.get("ds_config"), dict) else {}
-    config = {
+    cfg_obj = m0.get("ds_config")
+    cfg_ds: dict[str, Any] = cfg_obj if isinstance(cfg_obj, dict) else {}
+    config: dict[str, Any] = {
         "source": "deepspeed",
         "zero_stage": stage,
         "dp_world_size": world,
@@ -223,11 +225,11 @@ def deepspeed_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         )
     if frozen:
         notes.append(f"{len(frozen)} frozen param(s) have no optimizer state (listed in {CONFIG_FILE})")
-    src = Source(KIND, tag_dir, out, notes=notes)
+    src = Source(KIND, tag_path, out, notes=notes)
     return src, config, model_names
 
 
-def strip_config(config: dict, prefix: Optional[str]) -> dict:
+def strip_config(config: dict[str, Any], prefix: Optional[str]) -> dict[str, Any]:
     """``config`` with ``prefix`` removed from every parameter name (the model export's prefix decision)."""
     if not prefix:
         return config
@@ -246,7 +248,7 @@ def strip_config(config: dict, prefix: Optional[str]) -> dict:
 # ZeRO stage 0 and pipeline: the optimizer inside mp_rank_XX_model_states.pt
 
 
-def _file_scalar(f: StatesFile, v: Any, what: str):
+def _file_scalar(f: StatesFile, v: Any, what: str) -> Number:
     """A step value of a model-states file: a number, or a 0-d tensor whose few bytes are read here."""
     if isinstance(v, Stub):
         v = v.value
@@ -257,13 +259,16 @@ def _file_scalar(f: StatesFile, v: Any, what: str):
             (x,) = struct.unpack(_SCALAR[v.dtype], read_ranges(ref_ranges(f, v, what)))
         except OSError:
             raise ValueError(f"{what}: {f.path.name} ends early") from None
-        return int(x) if isinstance(x, float) and x.is_integer() else x
+        number: Number = int(x) if isinstance(x, float) and x.is_integer() else x
+        return number
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return v
     raise ValueError(f"{what}: unreadable step {v!r}")
 
 
-def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, ...]]):
+def _inline_state(
+    f: StatesFile, names: list[str], shapes: dict[str, tuple[int, ...]]
+) -> tuple[list[SourceTensor], list[dict[str, Any]], set[Number], str]:
     """The per-parameter tensors (``<name>.exp_avg``, ``.exp_avg_sq`` and, FP16_UnfusedOptimizer, ``.master``)
     and param groups of the optimizer inside model-states file ``f``, its i-th parameter being ``names[i]``
     (a torch optimizer numbers its parameters across its groups in order)."""
@@ -285,7 +290,7 @@ def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, 
         )
     pos = {i: k for k, i in enumerate(order)}
     out: list[SourceTensor] = []
-    steps: dict[int, Any] = {}
+    steps: dict[int, Number] = {}
     for k, (i, name) in enumerate(zip(order, names)):
         s = state.get(i, state.get(str(i)))
         if not isinstance(s, dict):
@@ -308,7 +313,7 @@ def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, 
             out.append(SourceTensor(f"{name}.master", tuple(m.shape), m.dtype, ref_ranges(f, m, f"{name}.master")))
         if "step" in s:
             steps[i] = _file_scalar(f, s["step"], f"{f.path.name} {name} step")
-    groups = []
+    groups: list[dict[str, Any]] = []
     for pg in pgs:
         idx = [i for i in (pg.get("params") or []) if i in pos]
         gs = {steps.get(i) for i in idx}
@@ -317,25 +322,27 @@ def _inline_state(f: StatesFile, names: list[str], shapes: dict[str, tuple[int, 
     return out, groups, set(steps.values()), kind
 
 
-def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
+def inline_optimizer_source(tag_dir: LocationLike) -> tuple[Source, dict[str, Any], list[str]]:
     """The optimizer state of a ZeRO stage 0 tag (FP16_UnfusedOptimizer, or the plain torch optimizer, inside
     ``mp_rank_00_model_states.pt``) or of a pipeline tag (one such optimizer per stage, ``mp_rank_XX``), per
     parameter as :func:`deepspeed_optimizer_source` gives it. The optimizer's parameters are numbered, not
     named: stage 0 pairs them with the module's parameters (count, order and shape must agree); a pipeline
     with the layers' tensors (each stage a consecutive run of layers: :func:`match_pipeline`)."""
-    tag_dir = as_path(tag_dir)
-    names = sorted(listdir(tag_dir))
+    tag_path = as_path(tag_dir)
+    names = sorted(listdir(tag_path))
+    m0: Any  # a model-states object (a pipeline stage's: as unpickled)
     if any(LAYER_RE.match(n) for n in names):
-        layers = pipeline_layers(tag_dir)
+        layers = pipeline_layers(tag_path)
         from ..unpickle import iter_tensors
         from .reader import inline_param_shapes, layer_name
 
         layer_list = [(fn, [(layer_name(fn, k), tuple(t.shape)) for k, t in iter_tensors(f.obj)]) for fn, f in layers]
         shapes = {n: s for _, ts in layer_list for n, s in ts}
         ms = sorted(n for n in names if n.startswith("mp_rank_") and n.endswith("_model_states.pt"))
-        files = [StatesFile(tag_dir / n) for n in ms]
-        stages = [inline_param_shapes(f.obj) for f in files]
-        if any(s is None for s in stages):
+        files = [StatesFile(tag_path / n) for n in ms]
+        read = [inline_param_shapes(f.obj) for f in files]
+        stages = [s for s in read if s is not None]
+        if len(stages) != len(read):
             raise ValueError(
                 "a pipeline stage's mp_rank_XX_model_states.pt holds no optimizer state ckpt-tui reads "
                 "(ZeRO-1 or BF16_Optimizer pipelines keep it in *_optim_states.pt: not supported)"
@@ -349,7 +356,7 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         parts = [_inline_state(f, stage_names, shapes) for f, stage_names in zip(files, per_stage)]
         m0 = files[0].obj
     else:
-        mf, m0, kind = open_stage0(tag_dir)
+        mf, m0, kind = open_stage0(tag_path)
         module = m0["module"]
         shapes = {n: tuple(t.shape) for n, t in module.items() if isinstance(t, TensorRef)}
         pnames = (
@@ -361,13 +368,13 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
         parts = [_inline_state(mf, pnames, shapes)]
     out = [t for p in parts for t in p[0]]
     groups = [g for p in parts for g in p[1]]
-    steps = set().union(*(p[2] for p in parts))
+    steps: set[Number] = set().union(*(p[2] for p in parts))
     kind = parts[0][3]
     train = config_train_dtype(m0) if isinstance(m0, dict) else None
     cfg_ds = m0.get("ds_config") if isinstance(m0.get("ds_config"), dict) else {}
     pipeline = any(LAYER_RE.match(n) for n in names)
     states = list(STATES) + (["master"] if kind == "fp16-unfused" else [])
-    config = {
+    config: dict[str, Any] = {
         "source": "deepspeed",
         "zero_stage": 0,
         "dp_world_size": m0.get("dp_world_size"),
@@ -403,5 +410,5 @@ def inline_optimizer_source(tag_dir: Path) -> tuple[Source, dict, list[str]]:
             "the run kept no fp32 masters apart from its module weights (fp32 training): no <name>.master "
             "(the weights are --component model)"
         )
-    model_names = [t.name for t in tag_source(tag_dir).tensors]
-    return Source(KIND, tag_dir, out, notes=notes), config, model_names
+    model_names = [t.name for t in tag_source(tag_path).tensors]
+    return Source(KIND, tag_path, out, notes=notes), config, model_names

@@ -7,13 +7,13 @@ restricted unpickler (tensors become references, never data).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from ...dtypes import ITEMSIZE
 from ...facts import DeepSpeedZeroFacts
-from ...storage import as_path
+from ...storage import Location, LocationLike, as_path
 from ...types import TensorInfo, numel
 from ..torch_save import torchfile
 from ..unpickle import Stub, TensorRef, iter_tensors, name_part
@@ -42,7 +42,7 @@ UNIVERSAL_STATE_ROLES = {
 }
 
 
-def is_tag_dir(names) -> bool:
+def is_tag_dir(names: Iterable[str]) -> bool:
     return any(MODEL_STATES_RE.match(n) or OPTIM_STATES_RE.match(n) for n in names)
 
 
@@ -61,7 +61,9 @@ class TagFacts:
     optim_files: dict[tuple[int, int], str] = field(default_factory=dict)
     optim_prefix: str = ""
     layer_files: list[str] = field(default_factory=list)
-    facts: DeepSpeedZeroFacts = field(default_factory=dict)  # rank 0's states files: merged into the tag's facts
+    facts: DeepSpeedZeroFacts = field(
+        default_factory=DeepSpeedZeroFacts
+    )  # rank 0's states files: merged into the tag's facts
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     frozen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     buffers: dict[str, TensorRef] = field(default_factory=dict)
@@ -76,10 +78,10 @@ class TagFacts:
     module_param_names: list[str] = field(default_factory=list)  # module params in named_parameters() order
     # pipeline: each layer file's tensors (read from their data.pkl), named as PipelineModule names them
     layer_tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
-    layers: list = field(default_factory=list)  # [(file, [(name, shape)])] in layer order
+    layers: list[tuple[str, list[tuple[str, tuple[int, ...]]]]] = field(default_factory=list)  # in layer order
 
 
-def classify_files(names) -> TagFacts:
+def classify_files(names: Iterable[str]) -> TagFacts:
     tf = TagFacts()
     for n in names:
         m = MODEL_STATES_RE.match(n)
@@ -97,11 +99,11 @@ def classify_files(names) -> TagFacts:
     return tf
 
 
-def module_param_names(module: dict, buffer_names) -> list[str]:
+def module_param_names(module: dict[str, Any], buffer_names: Optional[Iterable[object]]) -> list[str]:
     """The parameters of a model-states ``module`` in ``named_parameters()`` order: its state_dict order
     without the buffers and without a second name of one storage view (tied weights)."""
     buffers = {name_part(b) for b in buffer_names or ()}
-    seen: set = set()
+    seen: set[tuple[object, ...]] = set()
     out = []
     for name, t in iter_tensors(module):
         if name in buffers:
@@ -134,6 +136,11 @@ def inline_optimizer(obj: Any) -> Optional[str]:
     return None
 
 
+def _int_fact(v: object) -> Optional[int]:
+    """``v`` where it is an int as DeepSpeed writes one (not a bool, at most 63 bits), else None."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= 63 else None
+
+
 def analyze_model_states(obj: Any, tf: TagFacts) -> None:
     """Facts from the top-level dict of a model-states file."""
     f = tf.facts
@@ -157,20 +164,19 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
         f["pipeline"] = True
         f["pipeline_stages"] = dims["pp_degree"]
     f["universal_checkpoint_info"] = UNIVERSAL_KEY in obj
-    for k_src, k_dst in (
-        ("dp_world_size", "dp_world_size"),
-        ("mp_world_size", "mp_world_size"),
-        ("global_steps", "global_step"),
-        ("ds_version", "ds_version"),
-        ("global_samples", "global_samples"),
-    ):
-        v = obj.get(k_src)
-        # facts of the type DeepSpeed writes, or none: a value of another type (a graph of shared dicts, a huge
-        # string) is not carried into the report
-        if k_src == "ds_version" and isinstance(v, str) and len(v) <= 64:
-            f[k_dst] = v
-        elif k_src != "ds_version" and isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= 63:
-            f[k_dst] = v
+    # facts of the type DeepSpeed writes, or none: a value of another type (a graph of shared dicts, a huge
+    # string) is not carried into the report
+    if (count := _int_fact(obj.get("dp_world_size"))) is not None:
+        f["dp_world_size"] = count
+    if (count := _int_fact(obj.get("mp_world_size"))) is not None:
+        f["mp_world_size"] = count
+    if (count := _int_fact(obj.get("global_steps"))) is not None:
+        f["global_step"] = count
+    version = obj.get("ds_version")
+    if isinstance(version, str) and len(version) <= 64:
+        f["ds_version"] = version
+    if (count := _int_fact(obj.get("global_samples"))) is not None:
+        f["global_samples"] = count
     cfg = obj.get("ds_config")
     if isinstance(cfg, dict):
         zo = cfg.get("zero_optimization") or {}
@@ -215,7 +221,7 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
             if name in buffer_names:
                 tf.buffers[name] = t
         f["module_tensors"] = sum(1 for _ in iter_tensors(module))
-        seen_storage: set = set()
+        seen_storage: set[object] = set()
         n_params = 0
         for n, t in iter_tensors(module):
             key = (t.storage.key, t.offset, t.shape) if t.storage is not None else id(t)
@@ -263,7 +269,7 @@ class OptimStates:
     table lists, and what an optimizer export reads -- each TensorRef names its storage, and
     ``torchfile.storage_offsets(path)`` where that storage's bytes are in the file."""
 
-    path: Path
+    path: Location
     dp_rank: Optional[int]  # from the file name
     mp_rank: Optional[int]
     zero_stage: Optional[int]
@@ -283,12 +289,12 @@ class OptimStates:
         return [TensorInfo(n, t.shape, t.dtype, t.nbytes) for n, t in self.tensors]
 
 
-def optim_states(obj: Any, path: Path) -> OptimStates:
+def optim_states(obj: Any, path: LocationLike) -> OptimStates:
     """:class:`OptimStates` of an optim-states file's unpickled object (``torchfile.read(path).obj``)."""
-    path = as_path(path)
-    m = OPTIM_STATES_RE.match(path.name)
+    where = as_path(path)
+    m = OPTIM_STATES_RE.match(where.name)
     st = OptimStates(
-        path,
+        where,
         int(m.group(2)) if m else None,
         int(m.group(3)) if m else None,
         None,
@@ -314,14 +320,14 @@ def optim_states(obj: Any, path: Path) -> OptimStates:
     for group in maps if isinstance(maps, list) else []:
         for name, addr in group.items() if isinstance(group, dict) else ():
             a = getattr(addr, "__dict__", None) or {}
-            args = a.get("_args") or ()
+            args: Any = a.get("_args") or ()  # unpickled: whatever the file holds
             start, n = a.get("start", args[1] if len(args) > 1 else None), a.get("numel", args[0] if args else None)
             if isinstance(start, int) and isinstance(n, int):
                 st.slices[name_part(name)] = (start, n)
     return st
 
 
-def read_optim_states(path: Path) -> OptimStates:
+def read_optim_states(path: LocationLike) -> OptimStates:
     """Read an optim-states file's structure (zip directory and data.pkl, through the restricted
     unpickler). Raises FormatError (truncated, corrupt) and OSError."""
     tf = torchfile.read(as_path(path))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ...dtypes import short_dtype
 from ...export.sources import Source, SourceTensor
-from ...storage import as_path
+from ...storage import Location, LocationLike, as_path
 from ..unpickle import TensorRef, iter_tensors
 from .module_states import MODULE_NOTE
 from .reader import (
@@ -24,7 +23,7 @@ STAGE0_NOTE = (
 )
 
 
-def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
+def open_stage0(tag_dir: Location) -> tuple[StatesFile, dict[str, Any], Optional[str]]:
     """A stage-0 tag's model-states file, its object and the optimizer kind inside it."""
     names = tag_names(tag_dir)
     ms = [n for n in names if MODEL_STATES_RE.match(n)]
@@ -49,7 +48,7 @@ def open_stage0(tag_dir: Path) -> tuple[StatesFile, dict, Optional[str]]:
     return mf, m0, kind
 
 
-def stage0_masters(m0: dict, name: str) -> list[tuple[str, TensorRef]]:
+def stage0_masters(m0: dict[str, Any], name: str) -> list[tuple[str, TensorRef]]:
     """FP16_UnfusedOptimizer's fp32 masters (``fp32_groups``, flattened in order) paired with the module's
     parameters in ``named_parameters()`` order -- DeepSpeed records no names here: the pairing holds when
     count, order and every shape agree (the engine built its optimizer from ``model.parameters()``), and is
@@ -76,24 +75,24 @@ def stage0_masters(m0: dict, name: str) -> list[tuple[str, TensorRef]]:
     return out
 
 
-def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
+def stage0_source(tag_dir: LocationLike, *, exclude_frozen: bool = False) -> Source:
     """ZeRO stage 0 (no ZeRO): bf16/fp16 runs have FP16_UnfusedOptimizer's fp32 masters in the model states
     (``optimizer.fp32_groups``): each parameter is its master; fp32 runs keep the plain torch optimizer there and
     the module weights are the masters. Buffers as stored; tied names written once."""
-    tag_dir = as_path(tag_dir)
-    mf, m0, kind = open_stage0(tag_dir)
+    tag = as_path(tag_dir)
+    mf, m0, kind = open_stage0(tag)
     module = m0["module"]
     buffer_names = {str(b) for b in (m0.get("buffer_names") or [])}
     masters = dict(stage0_masters(m0, mf.path.name)) if kind == "fp16-unfused" else {}
     params = set(module_param_names(module, buffer_names))
     out: list[SourceTensor] = []
-    first_by_view: dict[tuple, str] = {}
+    first_by_view: dict[tuple[object, ...], str] = {}
     for name, t in iter_tensors(module):
         if t.storage is None:
             raise ValueError(f"{mf.path.name}: module weight {name} has no storage (a tensor subclass?)")
         view = (t.storage.key, t.offset, tuple(t.shape), t.stride)
-        tied = first_by_view.setdefault(view, name)
-        tied = tied if tied != name else None
+        first_name = first_by_view.setdefault(view, name)
+        tied = first_name if first_name != name else None
         if tied is not None:
             first = next(x for x in out if x.name == tied)
             out.append(SourceTensor(name, first.shape, first.dtype, first.ranges, tied_to=tied, note=first.note))
@@ -120,4 +119,4 @@ def stage0_source(tag_dir: Path, *, exclude_frozen: bool = False) -> Source:
             "fp32 training: the module weights are the masters (the plain torch optimizer keeps no separate "
             "fp32 copy): they are written as stored"
         )
-    return Source("deepspeed", tag_dir, out, train_dtype=train, notes=notes)
+    return Source("deepspeed", tag, out, train_dtype=train, notes=notes)

@@ -8,12 +8,12 @@ import itertools
 import math
 import re
 from collections import OrderedDict
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Optional
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange
-from ...storage import as_path, listdir
+from ...storage import Location, LocationLike, as_path, listdir
 from .. import FormatError
 from ..torch_save import torchfile
 from ..unpickle import TensorRef
@@ -33,7 +33,7 @@ MAX_RANGES_PER_TENSOR = 1 << 20
 class StatesFile:
     """One torch zip: its structure (data.pkl) and where each storage's bytes are."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: LocationLike) -> None:
         self.path = as_path(path)
         try:
             tf = torchfile.read(self.path)
@@ -160,7 +160,7 @@ def as_shape(s: Any, what: str) -> tuple[int, ...]:
         raise ValueError(f"{what}: unreadable shape {s!r}") from None
 
 
-def config_train_dtype(model: dict) -> Optional[str]:
+def config_train_dtype(model: dict[str, Any]) -> Optional[str]:
     cfg = model.get("ds_config")
     if isinstance(cfg, dict):
         for key, name in (("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("fp16", "float16")):
@@ -170,7 +170,7 @@ def config_train_dtype(model: dict) -> Optional[str]:
     return None
 
 
-def check_model_states(model: Any, name: str) -> dict:
+def check_model_states(model: Any, name: str) -> dict[str, Any]:
     if not isinstance(model, dict) or "buffer_names" not in model or "param_shapes" not in model:
         raise ValueError(f"{name} is not a DeepSpeed model-states file (no buffer_names/param_shapes)")
     mp = model.get("mp_world_size")
@@ -192,7 +192,7 @@ def check_model_states(model: Any, name: str) -> dict:
     return model
 
 
-def shapes_of(model: dict, name: str) -> list["OrderedDict[str, tuple[int, ...]]"]:
+def shapes_of(model: dict[str, Any], name: str) -> list["OrderedDict[str, tuple[int, ...]]"]:
     ps = model.get("param_shapes")
     if isinstance(ps, dict):  # very old DeepSpeed: one group
         ps = [ps]
@@ -201,7 +201,7 @@ def shapes_of(model: dict, name: str) -> list["OrderedDict[str, tuple[int, ...]]
     return [OrderedDict((str(k), as_shape(v, f"{name}: {k}")) for k, v in g.items()) for g in ps]
 
 
-def optimizer_state(f: StatesFile) -> dict:
+def optimizer_state(f: StatesFile) -> dict[str, Any]:
     obj = f.obj
     osd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
     if not isinstance(osd, dict):
@@ -209,7 +209,7 @@ def optimizer_state(f: StatesFile) -> dict:
     return osd
 
 
-def tag_names(tag_dir: Path) -> list[str]:
+def tag_names(tag_dir: Location) -> list[str]:
     """The file names of a ZeRO tag folder, refusing layouts no source here reads (pipeline, MoE)."""
     if not tag_dir.is_dir():
         raise ValueError(f"{tag_dir} is not a folder")
@@ -221,7 +221,7 @@ def tag_names(tag_dir: Path) -> list[str]:
     return names
 
 
-def is_bf16_optimizer(osd: dict) -> bool:
+def is_bf16_optimizer(osd: dict[str, Any]) -> bool:
     """An ``optimizer_state_dict`` DeepSpeed's BF16_Optimizer saved: ZeRO-1 style fp32 partitions and
     ``param_slice_mappings``, but no ``zero_stage`` (which is why zero_to_fp32 rejects it)."""
     return (
@@ -232,8 +232,8 @@ def is_bf16_optimizer(osd: dict) -> bool:
 
 
 def open_tag(
-    tag_dir: Path, bf16_optimizer: bool = False
-) -> tuple[int, int, dict[int, StatesFile], list[StatesFile], dict]:
+    tag_dir: Location, bf16_optimizer: bool = False
+) -> tuple[int, int, dict[int, StatesFile], list[StatesFile], dict[str, Any]]:
     """A ZeRO tag's stage, world size, optimizer-states files by rank, model-states files (one for
     ZeRO-1/2, one per rank for ZeRO-3) and rank 0's optimizer_state_dict; refuses what no source reads
     (``bf16_optimizer``: a BF16_Optimizer tag is read as ZeRO-1, whose layout it has)."""
@@ -256,6 +256,7 @@ def open_tag(
 
     optim = {dp: StatesFile(tag_dir / n) for (dp, _), n in sorted(optim_files.items())}
     osd0 = optimizer_state(optim[min(optim)])
+    stage: Optional[int]
     if "zero_stage" not in osd0:
         if bf16_optimizer and is_bf16_optimizer(osd0):
             stage = 1  # BF16_Optimizer partitions like ZeRO-1: the same reconstruction, no per-param padding
@@ -300,7 +301,7 @@ def open_tag(
     return stage, world, optim, models, osd0
 
 
-def cut_ranges(ranges, nbytes: int) -> list[ByteRange]:
+def cut_ranges(ranges: Iterable[ByteRange], nbytes: int) -> list[ByteRange]:
     out = []
     for r in ranges:
         if nbytes <= 0:
@@ -311,7 +312,7 @@ def cut_ranges(ranges, nbytes: int) -> list[ByteRange]:
     return out
 
 
-def master_groups(f: StatesFile, stage: int) -> list:
+def master_groups(f: StatesFile, stage: int) -> list[Any]:
     """A rank's fp32 master partition of each param group (ZeRO-3: of each sub-group)."""
     key = "single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"
     g = optimizer_state(f).get(key)

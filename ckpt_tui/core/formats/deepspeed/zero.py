@@ -30,12 +30,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ...dtypes import ITEMSIZE
-from ...export.sources import Source, SourceTensor, read_ranges
-from ...storage import as_path
+from ...export.sources import ByteRange, Source, SourceTensor, read_ranges
+from ...storage import Location, LocationLike, as_path
 from ..unpickle import TensorRef
 from .states import (
     StatesFile,
@@ -61,17 +60,18 @@ class ZeroTag:
     """An opened ZeRO-1/2/3 tag folder (structure only, from the pickles): what the optimizer export
     (:mod:`.optim`) reads through the same partition mapping as the fp32 masters."""
 
-    path: Path
+    path: Location
     stage: int
     world: int
     _optim: dict[int, StatesFile]
     _models: list[StatesFile]
-    _osd0: dict
+    _osd0: dict[str, Any]
 
     @property
-    def model_states(self) -> dict:
+    def model_states(self) -> dict[str, Any]:
         """Rank 0's model-states object (``param_shapes``, ``buffer_names``, ``module``, ``ds_config`` ...)."""
-        return self._models[0].obj
+        states: dict[str, Any] = self._models[0].obj  # check_model_states held it to a dict
+        return states
 
     @property
     def shapes(self) -> list["OrderedDict[str, tuple[int, ...]]"]:
@@ -81,14 +81,14 @@ class ZeroTag:
     def train_dtype(self) -> Optional[str]:
         return config_train_dtype(self.model_states)
 
-    def optimizer_state_dict(self, rank: int) -> dict:
+    def optimizer_state_dict(self, rank: int) -> dict[str, Any]:
         """Rank ``rank``'s ``optimizer_state_dict`` (TensorRefs for tensors)."""
         return optimizer_state(self._optim[rank])
 
     def file_name(self, rank: int) -> str:
         return self._optim[rank].path.name
 
-    def fp32_groups(self, rank: int) -> list:
+    def fp32_groups(self, rank: int) -> list[Any]:
         return master_groups(self._optim[rank], self.stage)
 
     def tensor_bytes(self, rank: int, ref: TensorRef, what: str) -> bytes:
@@ -99,13 +99,20 @@ class ZeroTag:
             raise ValueError(f"{what}: {self.file_name(rank)} ends early") from None
 
     def params(
-        self, groups_of: Optional[Callable[[int], list]] = None, *, suffix: str = "", what: str = "fp32"
+        self, groups_of: Optional[Callable[[int], list[Any]]] = None, *, suffix: str = "", what: str = "fp32"
     ) -> "OrderedDict[str, SourceTensor]":
         """Every trainable param (``name + suffix``) as byte ranges of the flat tensors ``groups_of(rank)``
         gives for each group (default: the fp32 master partitions; or a state laid out like them)."""
         out: "OrderedDict[str, SourceTensor]" = OrderedDict()
         ranks = {id(f): r for r, f in self._optim.items()}
-        of = None if groups_of is None else (lambda f: groups_of(ranks[id(f)]))
+        of: Optional[Callable[[StatesFile], list[Any]]] = None
+        if groups_of is not None:
+            rank_groups = groups_of
+
+            def file_groups(f: StatesFile) -> list[Any]:
+                return rank_groups(ranks[id(f)])
+
+            of = file_groups
         if self.stage <= 2:
             zero2_params(out, self.shapes, self._optim, self.world, self._osd0, groups_of=of, suffix=suffix, what=what)
         else:
@@ -113,18 +120,18 @@ class ZeroTag:
         return out
 
 
-def open_zero_tag(tag_dir: Path, bf16_optimizer: bool = False) -> ZeroTag:
+def open_zero_tag(tag_dir: LocationLike, bf16_optimizer: bool = False) -> ZeroTag:
     """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason;
     ``bf16_optimizer``: also a BF16_Optimizer tag, as ZeRO-1)."""
     stage, world, optim, models, osd0 = open_tag(as_path(tag_dir), bf16_optimizer)
     return ZeroTag(as_path(tag_dir), stage, world, optim, models, osd0)
 
 
-def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimizer: bool = False) -> Source:
+def deepspeed_source(tag_dir: LocationLike, *, exclude_frozen: bool = False, bf16_optimizer: bool = False) -> Source:
     """Where each tensor of the fp32 model ``zero_to_fp32`` would rebuild from ``tag_dir`` lives
     (``bf16_optimizer``: also a BF16_Optimizer tag, which zero_to_fp32 rejects, by the same ZeRO-1 rule)."""
-    tag_dir = as_path(tag_dir)
-    stage, world, optim, models, osd0 = open_tag(tag_dir, bf16_optimizer)
+    tag = as_path(tag_dir)
+    stage, world, optim, models, osd0 = open_tag(tag, bf16_optimizer)
     m0f = models[0]
     m0 = m0f.obj
     shapes = shapes_of(m0, m0f.path.name)
@@ -158,7 +165,9 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
                 for name, s in frozen_shapes.items():
                     shape = as_shape(s, name)
                     numel = math.prod(shape)
-                    ranges, dtype, have = [], None, 0
+                    ranges: list[ByteRange] = []
+                    dtype: Optional[str] = None
+                    have = 0
                     for mf in models:
                         t = (mf.obj.get("frozen_param_fragments") or {}).get(name)
                         if not isinstance(t, TensorRef):
@@ -226,5 +235,5 @@ def deepspeed_source(tag_dir: Path, *, exclude_frozen: bool = False, bf16_optimi
             "its optimizer states record no zero_stage)"
         )
     return Source(
-        "deepspeed", tag_dir, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes, excluded=left_out
+        "deepspeed", tag, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes, excluded=left_out
     )

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, cast
+from typing import Any, Optional, Union, cast
 
-from ..facts import DeepSpeedZeroFacts, TextFacts
+from ..facts import DeepSpeedZeroFacts, TensorFacts, TextFacts
 from ..formats import FormatError
 from ..formats.deepspeed.reader import OPTIM_STATES_RE
 from ..formats.format import NotExportable
 from ..formats.registry import format_of, optimizer_sources
+from ..fsutil import StrPath
 from ..names import step_of
-from ..progress import OnProgress
+from ..progress import CancelToken, OnProgress
 from ..report import Report, inspect
+from ..storage import Location, LocationLike
 from ..types import Finding, Inventory, Node
 from .plan import ExportPlan, make_plan
 from .prefix import choose
@@ -26,12 +28,17 @@ MODULE_STATES_FILE = "mp_rank_00_model_states.pt"
 _OPTIM_FILE_CODES = ("file-corrupt", "file-truncated", "unreadable")
 
 
+def _given(src: LocationLike) -> str:
+    """SRC as the user typed it (a str or a local path; a RemotePath has no os.fspath: TypeError, as before)."""
+    return os.fspath(cast(StrPath, src))
+
+
 def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting") -> tuple[Node, list[str]]:
     """The node holding the model weights, and what was decided on the way and why (said to the
     user). Never guesses silently: a DeepSpeed `latest` that names no tag folder is refused unless
     ``tag`` names one."""
     inv = report.inventory
-    said = []
+    said: list[str] = []
     root = inv.root
     if inv.layout == "run-folder":
         complete = [c for c in inv.checkpoints if c["complete"]]
@@ -93,7 +100,7 @@ def _choose_tag(report: Report, node: Node, tag: Optional[str]) -> tuple[Node, O
                 "folder that holds the tags"
             )
         return node, None
-    parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
+    parent = cast(Node, inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else "."))  # node's folder
     where = inv.shown(parent.path, slash=True)
     if tag:
         alt = parent.child(tag)
@@ -171,10 +178,10 @@ def module_states_command(report: Report, node: Node) -> str:
 
 
 def screened_model(
-    src,
+    src: LocationLike,
     *,
-    tag=None,
-    trust_pickles=False,
+    tag: Optional[str] = None,
+    trust_pickles: bool = False,
     why: str = "cannot read the weights",
     from_module_states: bool = False,
     verb: str = "exporting",
@@ -222,7 +229,12 @@ def _short(dtype: str) -> str:
 
 
 def source_for(
-    node: Node, *, strip_prefix=None, exclude_frozen=False, trust_pickles=False, from_module_states: bool = False
+    node: Node,
+    *,
+    strip_prefix: Optional[str] = None,
+    exclude_frozen: bool = False,
+    trust_pickles: bool = False,
+    from_module_states: bool = False,
 ) -> Source:
     """``node``'s model weights as an export source, opened by its format (``from_module_states``:
     a DeepSpeed tag's module weights instead of its fp32 masters)."""
@@ -241,7 +253,7 @@ def source_for(
         raise ExportError(str(e)) from None
 
 
-def config_dirs(node: Node, report: Report) -> list[Path]:
+def config_dirs(node: Node, report: Report) -> list[Location]:
     """Beside the checkpoint and in the run's output folder above it (HF Trainer writes no
     config.json into sharded-FSDP checkpoints)."""
     p = node.abspath if node.is_dir else node.abspath.parent
@@ -251,7 +263,8 @@ def config_dirs(node: Node, report: Report) -> list[Path]:
         dirs.insert(0, p / sub)
     if p.parent.name.startswith("checkpoint-") or p.name.startswith("checkpoint-"):
         dirs.append(p.parent.parent.parent)
-    seen, out = set(), []
+    seen: set[Location] = set()
+    out: list[Location] = []
     for d in dirs:
         if d not in seen:
             seen.add(d)
@@ -272,7 +285,7 @@ def _refuse_optimizer(report: Report) -> ExportError:
         return ExportError(
             f"no optimizer component in {inv.shown()} ({inv.summary}); --component model exports the model weights"
         )
-    f = node.facts
+    f = cast(TensorFacts, node.facts)  # any format's node: those holding tensors declare these keys
     bits = [node.format]
     if f.get("tensor_count"):
         bits.append(f"{f['tensor_count']} tensors")
@@ -309,28 +322,28 @@ def optimizer_exportable(report: Report) -> Optional[str]:
         except ExportError:
             return None
         return node.path if format_of(node).tag else None
-    node = optimizer_component(report)
-    if node is None:
+    opt = optimizer_component(report)
+    if opt is None:
         return None
-    if format_of(node).optimizer is not None:
-        return node.path
+    if format_of(opt).optimizer is not None:
+        return opt.path
     return None
 
 
 def plan_export(
-    src,
-    out,
+    src: LocationLike,
+    out: StrPath,
     *,
-    dtype="keep",
-    max_shard_size="50GB",
-    exclude_frozen=False,
-    strip_prefix=None,
-    keep_prefix=False,
-    config=None,
-    tag=None,
-    trust_pickles=False,
-    from_module_states=False,
-    component=None,
+    dtype: str = "keep",
+    max_shard_size: Union[int, str] = "50GB",
+    exclude_frozen: bool = False,
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+    config: Optional[StrPath] = None,
+    tag: Optional[str] = None,
+    trust_pickles: bool = False,
+    from_module_states: bool = False,
+    component: Optional[str] = None,
 ) -> tuple[ExportPlan, list[str]]:
     """The export plan. A Lightning checkpoint whose names all start with one LightningModule
     attribute (``model.``) loses it by default (``keep_prefix`` keeps it, ``strip_prefix`` forces
@@ -353,7 +366,7 @@ def plan_export(
             tag=tag,
             trust_pickles=trust_pickles,
         )
-        plan.out_given, plan.src_given = str(out), os.fspath(src)
+        plan.out_given, plan.src_given = str(out), _given(src)
         _refuse_source_out(plan)
         return plan, said
     report, node, said = screened_model(
@@ -376,7 +389,7 @@ def plan_export(
         trust_pickles=trust_pickles,
         from_module_states=from_module_states,
     )
-    plan.out_given, plan.src_given = str(out), os.fspath(src)
+    plan.out_given, plan.src_given = str(out), _given(src)
     _refuse_source_out(plan)
     return plan, said
 
@@ -393,15 +406,15 @@ def _refuse_source_out(plan: ExportPlan) -> None:
 
 
 def _plan_optimizer(
-    src,
-    out,
+    src: LocationLike,
+    out: StrPath,
     *,
-    dtype="keep",
-    max_shard_size="50GB",
-    strip_prefix=None,
-    keep_prefix=False,
-    tag=None,
-    trust_pickles=False,
+    dtype: str = "keep",
+    max_shard_size: Union[int, str] = "50GB",
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+    tag: Optional[str] = None,
+    trust_pickles: bool = False,
     report: Optional[Report] = None,
 ) -> tuple[ExportPlan, list[str]]:
     """The plan of ``--component optimizer``: exp_avg, exp_avg_sq (and fp32 masters where the run kept them
@@ -411,6 +424,7 @@ def _plan_optimizer(
     refused, saying so. ``report``: ``src`` inspected already."""
 
     report = report if report is not None else inspect(src, trust_pickles=trust_pickles)
+    node: Optional[Node]
     try:
         node, said = resolve(report, tag, verb=OPTIMIZER_VERB)
     except ExportError:
@@ -460,14 +474,14 @@ def _plan_optimizer(
 def _optimizer_plan(
     node: Node,
     source: Source,
-    config: dict,
+    config: dict[str, Any],
     model_names: list[str],
-    out,
+    out: StrPath,
     *,
-    dtype,
-    max_shard_size,
-    strip_prefix,
-    keep_prefix,
+    dtype: str,
+    max_shard_size: Union[int, str],
+    strip_prefix: Optional[str],
+    keep_prefix: bool,
 ) -> ExportPlan:
     """The plan of an optimizer ``source``: the model export's prefix decision (``node``: the model's
     node, ``model_names``: its names) applied to the tensors and to ``config``, which goes beside them."""
@@ -495,13 +509,13 @@ def _plan_torch_optimizer(
     report: Report,
     model: Optional[Node],
     said: list[str],
-    out,
+    out: StrPath,
     *,
-    dtype,
-    max_shard_size,
-    strip_prefix,
-    keep_prefix,
-    trust_pickles,
+    dtype: str,
+    max_shard_size: Union[int, str],
+    strip_prefix: Optional[str],
+    keep_prefix: bool,
+    trust_pickles: bool,
 ) -> tuple[ExportPlan, list[str]]:
     """``--component optimizer`` of a torch DCP optimizer folder or a torch file's optimizer state dict;
     ``model``: the checkpoint's model node (its names decide the optimizer's, and their prefix)."""
@@ -519,7 +533,7 @@ def _plan_torch_optimizer(
         )
     if opt is not model:
         said = said + [f"the optimizer state is `{inv.shown(opt.path, slash=opt.is_dir)}`"]
-    model_tensors: Optional[list[tuple[str, tuple]]] = None
+    model_tensors: Optional[list[tuple[str, tuple[int, ...]]]] = None
     model_what = ""
     if model is not None:
         try:
@@ -564,16 +578,16 @@ def _plan_torch_optimizer(
 def _plan(
     report: Report,
     node: Node,
-    out,
+    out: StrPath,
     *,
-    dtype="keep",
-    max_shard_size="50GB",
-    exclude_frozen=False,
-    strip_prefix=None,
-    keep_prefix=False,
-    config=None,
-    trust_pickles=False,
-    from_module_states=False,
+    dtype: str = "keep",
+    max_shard_size: Union[int, str] = "50GB",
+    exclude_frozen: bool = False,
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+    config: Optional[StrPath] = None,
+    trust_pickles: bool = False,
+    from_module_states: bool = False,
 ) -> ExportPlan:
     """The export plan of ``node`` (a model component of the scanned ``report``), without scanning again."""
     try:
@@ -603,12 +617,12 @@ def export_needs(
     report: Report,
     node: Node,
     *,
-    dtype="keep",
-    max_shard_size="50GB",
-    exclude_frozen=False,
-    from_module_states=False,
-    config=None,
-    component=None,
+    dtype: str = "keep",
+    max_shard_size: Union[int, str] = "50GB",
+    exclude_frozen: bool = False,
+    from_module_states: bool = False,
+    config: Optional[StrPath] = None,
+    component: Optional[str] = None,
 ) -> int:
     """The bytes an export of ``node`` (an ``Inventory.export_candidates`` path of the scanned ``report``)
     writes with these options -- the model's tensors in the output dtype, safetensors headers, the index,
@@ -617,7 +631,9 @@ def export_needs(
     checkpoint writes instead (``node`` is not used). Reads headers (a DeepSpeed tag: every rank's
     optimizer-states pickle), never tensor data: call it off the UI thread. Raises ExportError (not
     exportable, unreadable), ValueError (a bad dtype or size)."""
-    out = report.inventory.path / ".ckpt-tui-needs"
+    # a local Path; a remote inventory's is a RemotePath, not an os.PathLike: make_plan's Path() of it raises
+    # TypeError (as before)
+    out = cast(StrPath, report.inventory.path / ".ckpt-tui-needs")
     if component == "optimizer":
         plan, _ = _plan_optimizer(
             report.inventory.path,
@@ -643,24 +659,24 @@ def export_needs(
 
 
 def export(
-    src,
-    out,
+    src: LocationLike,
+    out: StrPath,
     *,
-    dtype="keep",
-    max_shard_size="50GB",
-    jobs=1,
-    exclude_frozen=False,
-    strip_prefix=None,
-    keep_prefix=False,
-    config=None,
-    tag=None,
-    overwrite=False,
-    verify=True,
-    trust_pickles=False,
-    from_module_states=False,
-    component=None,
+    dtype: str = "keep",
+    max_shard_size: Union[int, str] = "50GB",
+    jobs: int = 1,
+    exclude_frozen: bool = False,
+    strip_prefix: Optional[str] = None,
+    keep_prefix: bool = False,
+    config: Optional[StrPath] = None,
+    tag: Optional[str] = None,
+    overwrite: bool = False,
+    verify: bool = True,
+    trust_pickles: bool = False,
+    from_module_states: bool = False,
+    component: Optional[str] = None,
     on_progress: Optional[OnProgress] = None,
-    cancel=None,
+    cancel: Optional[CancelToken] = None,
 ) -> ExportResult:
     plan, said = plan_export(
         src,

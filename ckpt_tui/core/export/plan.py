@@ -9,12 +9,12 @@ from functools import cached_property
 from math import prod
 from operator import attrgetter
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence, Union
 
 from ..dtypes import ITEMSIZE, ST_CODE, short_dtype
 from ..formats.unpickle import gc_paused
 from ..fsutil import regular_inside
-from ..storage import as_path, is_url
+from ..storage import Location, LocationLike, as_path, is_url
 from ..types import Plan, PlanStep, in_user_form
 from .prefix import PrefixChoice
 from .sources import Source, SourceTensor
@@ -39,7 +39,7 @@ CONFIG_FILES = (
 )
 
 
-def parse_size(text) -> int:
+def parse_size(text: Union[int, str]) -> int:
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(text), re.I)
@@ -89,7 +89,7 @@ class ExportPlan:
     out: Path
     files: list[OutFile]
     index: bool
-    copies: list[tuple[Path, str]] = field(default_factory=list)  # (source file, name in out)
+    copies: list[tuple[Location, str]] = field(default_factory=list)  # (source file, name in out)
     dropped_tied: list[tuple[str, str]] = field(default_factory=list)  # (alias, written name)
     excluded: list[str] = field(default_factory=list)
     missing_config: list[str] = field(default_factory=list)
@@ -129,7 +129,7 @@ class ExportPlan:
     def params(self) -> int:
         return sum(t.src.numel for f in self.files for t in f.tensors)
 
-    def shown(self, p) -> str:
+    def shown(self, p: object) -> str:
         """A source path as the user can type it: relative to their folder if they named SRC by a relative
         path, else absolute."""
         return in_user_form(self.src_given, p)
@@ -151,7 +151,7 @@ class ExportPlan:
 
 def header_bytes(f: OutFile) -> bytes:
     """The safetensors header of ``f`` as written: 8-byte length, JSON, padded to 8 bytes."""
-    hdr: dict = {"__metadata__": {"format": "pt"}}
+    hdr: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     off = 0
     for t in f.tensors:
         end = off + t.nbytes
@@ -192,9 +192,9 @@ def make_plan(
     out: Path,
     *,
     dtype: str = "keep",
-    max_shard_size=DEFAULT_MAX_SHARD,
+    max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD,
     exclude_frozen: bool = False,
-    config_dirs: list[Path] = (),
+    config_dirs: Sequence[LocationLike] = (),
     config_path: Optional[Path] = None,
     stem: str = "model",
 ) -> ExportPlan:
@@ -203,7 +203,8 @@ def make_plan(
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}")
     limit = parse_size(max_shard_size)
     outs: list[OutTensor] = []
-    dropped, excluded = [], list(source.excluded)
+    dropped: list[tuple[str, str]] = []
+    excluded = list(source.excluded)
     names = {t.name for t in source.tensors}
     with gc_paused():  # 10^6 tensors: no cyclic GC passes over them while they are made (nothing here is a cycle)
         for t in source.tensors:
@@ -214,7 +215,7 @@ def make_plan(
                 dropped.append((t.name, t.tied_to))
                 continue
             outs.append(OutTensor(t.name, t.shape, out_dtype(t, dtype, source.kind), t))
-    seen = set()
+    seen: set[str] = set()
     for o in outs:
         if o.name in seen:
             raise ValueError(f"two source tensors map to the output name {o.name!r}; use --strip-prefix carefully")
@@ -238,10 +239,10 @@ def make_plan(
         short = short_dtype(source.train_dtype)
         upcast = [o for o in outs if o.src.frozen and o.src.dtype != o.dtype and o.dtype == "float32"]
         if upcast:
-            names = ", ".join(o.name for o in upcast[:4]) + (", ..." if len(upcast) > 4 else "")
+            listed = ", ".join(o.name for o in upcast[:4]) + (", ..." if len(upcast) > 4 else "")
             plan.notes.append(
                 f"the run trained in {short}; these are its fp32 master weights, except {len(upcast)} "
-                f"frozen parameter(s) that have none ({names}): stored in "
+                f"frozen parameter(s) that have none ({listed}): stored in "
                 f"{short_dtype(upcast[0].src.dtype)}, written upcast to fp32 — --dtype {short} "
                 "halves the size"
             )
@@ -261,11 +262,12 @@ def make_plan(
 SIDE_JSON_MAX = 16 << 20  # what the inspector reads of a JSON file
 
 
-def side_file_problem(p: Path, folder: Path) -> Optional[str]:
+def side_file_problem(p: Location, folder: Path) -> Optional[str]:
     """Why the side file ``p`` (config, tokenizer), found in ``folder``, is not copied into an export, or
     None: only a regular file whose real path lies inside ``folder`` (a symbolic link to a file elsewhere,
-    someone's private file, is not); a ``.json`` one must be JSON, as the inspector reads it."""
-    why = regular_inside(p, folder)
+    someone's private file, is not); a ``.json`` one must be JSON, as the inspector reads it. ``p`` is a local
+    file (a remote one is not checked: :func:`_find_configs`)."""
+    why = regular_inside(str(p), folder)  # a local path's str is its os.fspath
     if why is not None or p.suffix != ".json":
         return why
     try:
@@ -277,8 +279,8 @@ def side_file_problem(p: Path, folder: Path) -> Optional[str]:
     return None
 
 
-def _find_configs(plan: ExportPlan, dirs: list[Path], config_path: Optional[Path]) -> None:
-    found: dict[str, Path] = {}
+def _find_configs(plan: ExportPlan, dirs: list[LocationLike], config_path: Optional[Path]) -> None:
+    found: dict[str, Location] = {}
     if config_path is not None:
         cp = Path(config_path)
         if cp.is_file():
@@ -293,9 +295,10 @@ def _find_configs(plan: ExportPlan, dirs: list[Path], config_path: Optional[Path
             p = as_path(d) / name
             if name in found or not p.is_file():
                 continue
-            why = None if is_url(p) else side_file_problem(p, Path(d))
+            # not a URL: a local folder, whose str is its os.fspath
+            why = None if is_url(p) else side_file_problem(p, Path(str(d)))
             if why is not None:  # never copied: said, and a later folder's may still be taken
-                plan.not_copied.append((name, Path(d), why))
+                plan.not_copied.append((name, Path(str(d)), why))
                 continue
             found[name] = p
     plan.copies = [(p, name) for name, p in found.items()]

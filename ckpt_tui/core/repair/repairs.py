@@ -5,17 +5,21 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, BinaryIO, Callable, Optional, cast
 
 from ..formats import FormatError
 from ..formats.registry import format_of
 from ..fsutil import stamp
 from ..names import step_of
-from ..progress import report
-from ..types import MODEL_ROLES, Finding, Node, Plan, PlanStep, user_path
+from ..progress import CancelToken, OnProgress, report
+from ..storage import Location
+from ..types import MODEL_ROLES, Finding, Inventory, Node, Plan, PlanStep, user_path
 from .atomic import RepairError, backup_path, link_on_path, link_refusal, replace_file
 from .pickle_edit import EditError, add_top_level_key, pickle_entry, read_entries, read_pickle, rewrite_zip
 from .run import Repair
+
+if TYPE_CHECKING:
+    from ..report import Report
 
 # deepspeed.checkpoint.constants UNIVERSAL_CHECKPOINT_INFO / _VERSION_KEY / _VERSION_VALUE (0.19.8; the
 # tests check they still match; not imported here: importing deepspeed takes seconds and logs)
@@ -34,24 +38,33 @@ NEXT_TIME = (
 ADVICE_ONLY = "export"
 
 
-def _rel(inv, p: Path) -> str:
+# what a repair's action gives back: (a file was written, the message, the backup made, the files written)
+Applied = tuple[bool, str, Optional[Path], list[Path]]
+
+
+def _local(loc: Location) -> Path:
+    """A repair reads and writes local files: ``loc``, of the scanned tree of a local checkpoint, is a Path."""
+    return cast(Path, loc)
+
+
+def _rel(inv: Inventory, p: Path) -> str:
     """``p`` as the user can type it from where they ran ckpt-tui (``Inventory.shown``)."""
     try:
-        rel = p.relative_to(inv.path).as_posix() or "."
+        rel = p.relative_to(_local(inv.path)).as_posix() or "."
     except ValueError:
         return shlex.quote(str(p))
     return inv.shown(rel)
 
 
-def repairs_for(rep) -> list[Repair]:
+def repairs_for(rep: Report) -> list[Repair]:
     inv = rep.inventory
     out: list[Repair] = []
-    seen = set()
+    seen: set[tuple[str, str]] = set()
     for f in rep.findings:
         if not f.fix or (f.fix, f.path) in seen:
             continue
         seen.add((f.fix, f.path))
-        r = None
+        r: Optional[Repair] = None
         try:
             if f.fix == "universal-info":
                 r = _universal_info(rep, f)
@@ -69,22 +82,22 @@ def repairs_for(rep) -> list[Repair]:
     return out
 
 
-def _cannot(rep, f: Finding, rid: str, why: str, notes: tuple[str, ...] = ()) -> Repair:
+def _cannot(rep: Report, f: Finding, rid: str, why: str, notes: tuple[str, ...] = ()) -> Repair:
     return Repair(
         rid,
         f.code,
         f.path,
         f"cannot repair {f.code} at {rep.inventory.shown(f.path)}",
         Plan(f"No change: {why}", (), notes),
-        root=rep.inventory.path,
+        root=_local(rep.inventory.path),
         can_apply=False,
     )
 
 
-def _link(rep, f: Finding, rid: str, target: Path) -> Optional[Repair]:
+def _link(rep: Report, f: Finding, rid: str, target: Path) -> Optional[Repair]:
     """The repair that refuses, saying why, where a symbolic link lies between the checkpoint and the file
     it would write (a symlinked tag folder, `latest`, DCP folder or the file itself); else None."""
-    link = link_on_path(rep.inventory.path, target)
+    link = link_on_path(_local(rep.inventory.path), target)
     if link is None:
         return None
     r = _cannot(rep, f, rid, link_refusal(link, _rel(rep.inventory, link)))
@@ -95,11 +108,11 @@ def _link(rep, f: Finding, rid: str, target: Path) -> Optional[Repair]:
 # ------------------------------------------------------------------ universal_checkpoint_info
 
 
-def _universal_info(rep, f: Finding) -> Repair:
+def _universal_info(rep: Report, f: Finding) -> Repair:
     inv = rep.inventory
     node = inv.node(f.path)
-    root = inv.path
-    target = (node.abspath if node else root / f.path) / "mp_rank_00_model_states.pt"
+    root = _local(inv.path)
+    target = (_local(node.abspath) if node else root / f.path) / "mp_rank_00_model_states.pt"
     link = _link(rep, f, "universal-info", target)
     if link is not None:
         return link
@@ -149,8 +162,12 @@ def _universal_info(rep, f: Finding) -> Repair:
 
 
 def _apply_universal_info(
-    target: Path, on_progress, cancel, show=str, root: Optional[Path] = None
-) -> tuple[bool, str, Optional[Path], list[Path]]:
+    target: Path,
+    on_progress: Optional[OnProgress],
+    cancel: Optional[CancelToken],
+    show: Callable[[Path], str] = str,
+    root: Optional[Path] = None,
+) -> Applied:
     if not target.is_file():
         raise RepairError(f"{target} no longer exists")
     with open(target, "rb") as src:
@@ -171,7 +188,7 @@ def _apply_universal_info(
             done[0] += n
             report(on_progress, done[0], total, "bytes", "copying records")
 
-        def write(dst) -> None:
+        def write(dst: BinaryIO) -> None:
             rewrite_zip(src, entries, {e.name: new}, dst, on_bytes=on_bytes, cancel=cancel)
 
         def verify(tmp: Path) -> None:
@@ -204,7 +221,7 @@ def _apply_universal_info(
         )
     return (
         True,
-        f"added {UCI_KEY} = {UCI_VALUE!r} to {show(target)}; the original is kept as {show(bak)}",
+        f"added {UCI_KEY} = {UCI_VALUE!r} to {show(target)}; the original is kept as {show(cast(Path, bak))}",  # backup=True
         bak,
         [target],
     )
@@ -218,16 +235,17 @@ def _step(name: str) -> int:
     return -1 if s is None else s
 
 
-def _complete(rep, tag: Node) -> bool:
+def _complete(rep: Report, tag: Node) -> bool:
     return not any(x.severity == "error" and tag.contains(x.path) for x in rep.findings)
 
 
-def _latest(rep, f: Finding) -> Repair:
+def _latest(rep: Report, f: Finding) -> Repair:
     inv = rep.inventory
-    root = inv.path
+    root = _local(inv.path)
     node = inv.node(f.path)
     if node is None:
         return _cannot(rep, f, "latest", f"{f.path} is no longer in the report")
+    parent: Optional[Node]
     if node.is_dir:  # latest-missing: the folder holding the tags
         parent = node
         tags = inv.deepspeed_tags(parent)
@@ -254,7 +272,7 @@ def _latest(rep, f: Finding) -> Repair:
                 if c.is_dir and (format_of(c).tag or format_of(c).universal or step_of(c.name) is not None)
             ]
     complete = [c for c in tags if _complete(rep, c)]
-    target = parent.abspath / name
+    target = _local(parent.abspath) / name
     link = _link(rep, f, "latest", target)
     if link is not None:
         return link
@@ -272,7 +290,7 @@ def _latest(rep, f: Finding) -> Repair:
             old = target.read_bytes()[:200].decode("utf-8", "replace")
         except OSError:
             old = None
-    steps = []
+    steps: list[PlanStep] = []
     if target.exists():
         steps.append(
             PlanStep("backup", _rel(inv, backup_path(target)), _rel(inv, target), 0, "hard link to the current file")
@@ -293,12 +311,20 @@ def _latest(rep, f: Finding) -> Repair:
     title = f"point {_rel(inv, target)} at {best.name}"
     r = Repair("latest", f.code, f.path, title, Plan(title, tuple(steps), tuple(notes)), root=root)
     r.action = lambda on_progress, cancel: _apply_latest(
-        target, content, parent.abspath / best.name, on_progress, cancel, lambda x: _rel(inv, x), root=root
+        target, content, _local(parent.abspath) / best.name, on_progress, cancel, lambda x: _rel(inv, x), root=root
     )
     return r
 
 
-def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel, show=str, root: Optional[Path] = None):
+def _apply_latest(
+    target: Path,
+    content: str,
+    tagdir: Path,
+    on_progress: Optional[OnProgress],
+    cancel: Optional[CancelToken],
+    show: Callable[[Path], str] = str,
+    root: Optional[Path] = None,
+) -> Applied:
     if not tagdir.is_dir():
         raise RepairError(f"{tagdir} no longer exists")
     if target.is_file():
@@ -308,9 +334,13 @@ def _apply_latest(target: Path, content: str, tagdir: Path, on_progress, cancel,
         except OSError as e:
             raise RepairError(f"{target}: {e.strerror}") from None
     data = content.encode()
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(data)
+
     bak = replace_file(
         target,
-        lambda fh: fh.write(data),
+        write,
         backup=True,
         needed=len(data) + 4096,
         on_progress=on_progress,
@@ -363,13 +393,13 @@ def check_metadata_tmp(folder: Path, trust: bool = False) -> tuple[bool, str]:
     return True, f"verified against {len(need)} shard file(s), {len(sd)} storage records"
 
 
-def _dcp_metadata(rep, f: Finding) -> Repair:
+def _dcp_metadata(rep: Report, f: Finding) -> Repair:
     from ..advice import last_complete_sibling
 
     inv = rep.inventory
-    root = inv.path
+    root = _local(inv.path)
     node = inv.node(f.path)
-    folder = node.abspath if node else root / f.path
+    folder = _local(node.abspath) if node else root / f.path
     link = _link(rep, f, "dcp-metadata", folder / ".metadata.tmp") or _link(
         rep, f, "dcp-metadata", folder / ".metadata"
     )
@@ -404,7 +434,13 @@ def _dcp_metadata(rep, f: Finding) -> Repair:
     return r
 
 
-def _apply_dcp(folder: Path, trust: bool, on_progress, cancel, root: Optional[Path] = None):
+def _apply_dcp(
+    folder: Path,
+    trust: bool,
+    on_progress: Optional[OnProgress],
+    cancel: Optional[CancelToken],
+    root: Optional[Path] = None,
+) -> Applied:
     target = folder / ".metadata"
     tmp = folder / ".metadata.tmp"
     if target.is_file():
@@ -421,9 +457,12 @@ def _apply_dcp(folder: Path, trust: bool, on_progress, cancel, root: Optional[Pa
         if p.read_bytes() != data:
             raise RepairError("verification failed: the written .metadata differs from .metadata.tmp")
 
+    def write(fh: BinaryIO) -> None:
+        fh.write(data)
+
     replace_file(
         target,
-        lambda fh: fh.write(data),
+        write,
         backup=False,
         needed=len(data) + 4096,
         watch=(tmp,),
@@ -438,16 +477,17 @@ def _apply_dcp(folder: Path, trust: bool, on_progress, cancel, root: Optional[Pa
 # ------------------------------------------------------------------ advice only
 
 
-def _export_advice(rep, f: Finding) -> Repair:
+def _export_advice(rep: Report, f: Finding) -> Repair:
     inv = rep.inventory
-    root = inv.path
+    root = _local(inv.path)
     node = inv.node(f.path)
-    sub = None
+    sub: Optional[Node] = None
     if f.code == "dcp-components" and node is not None:
         apart = [c for c in node.children if c.is_dir and format_of(c).components_apart]
         models = [c for c in apart if c.role in MODEL_ROLES]
-        sub = (models or apart or [None])[0]
-    src = sub.abspath if sub is not None else (node.abspath if node is not None else root / f.path)
+        candidates = models or apart
+        sub = candidates[0] if candidates else None
+    src = _local(sub.abspath) if sub is not None else (_local(node.abspath) if node is not None else root / f.path)
     shown = _rel(inv, src)
     out = shlex.quote(user_path(inv.given or str(root), os.path.relpath(src, root)) + "_exported")
     cmd = f"ckpt-tui export {shown} --out {out}"

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union, cast
 
 from ...export.sources import SourceTensor
 from ...export.write import ExportError
@@ -62,10 +62,10 @@ class TorchDcpPlan(TagPlan):
 
     model: list[SourceTensor]  # names already final (prefix stripped); tied aliases have tied_to
     optim: list[OptimTensor]
-    param_groups: list[dict]  # torch's param_group form: hyper-parameters + "params": [fqn]
+    param_groups: list[dict[str, Any]]  # torch's param_group form: hyper-parameters + "params": [fqn]
     steps: dict[str, Any]  # fqn -> the optimizer step of its group
     optimizer_class: str  # "AdamW" | "Adam"
-    hyper: dict  # the constructor arguments the load code passes
+    hyper: dict[str, Any]  # the constructor arguments the load code passes
     train_dtype: Optional[str]
     strip_prefix: Optional[str]
     carried: list[Path]  # files copied as they are into the output
@@ -75,7 +75,7 @@ class TorchDcpPlan(TagPlan):
     said: list[str] = field(default_factory=list)
     given: str = ""
 
-    def shown(self, p) -> str:
+    def shown(self, p: object) -> str:
         return in_user_form(self.given, p)
 
     def to_plan(self) -> Plan:
@@ -110,7 +110,7 @@ class TorchDcpPlan(TagPlan):
             tuple(notes),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return as_json(self, self.json_keys) | {
             "tensors": len(self.model),
             "optimizer_tensors": len(self.optim),
@@ -132,7 +132,7 @@ def default_out(tag_dir: Path) -> Path:
     return run.parent / f"{run.name}-{name}-torch-dcp"
 
 
-def _optimizer_class(cfg: Optional[dict]) -> tuple[str, list[str]]:
+def _optimizer_class(cfg: Optional[dict[str, Any]]) -> tuple[str, list[str]]:
     """torch's class that DeepSpeed's optimizer config amounts to, and warnings."""
     if not isinstance(cfg, dict):
         return "AdamW", [
@@ -140,7 +140,8 @@ def _optimizer_class(cfg: Optional[dict]) -> tuple[str, list[str]]:
             "torch.optim.AdamW's; check that this is the update rule the run used"
         ]
     typ = str(cfg.get("type", "")).lower()
-    params = cfg.get("params") if isinstance(cfg.get("params"), dict) else {}
+    params_obj = cfg.get("params")
+    params: dict[str, Any] = params_obj if isinstance(params_obj, dict) else {}
     warn = []
     if typ not in ("adam", "adamw"):
         raise TorchDcpError(
@@ -161,7 +162,7 @@ def _optimizer_class(cfg: Optional[dict]) -> tuple[str, list[str]]:
     return ("AdamW" if adamw else "Adam"), warn
 
 
-def _torch_group_defaults(cls: str) -> dict:
+def _torch_group_defaults(cls: str) -> dict[str, Any]:
     """The param_group keys and default values of torch's ``cls`` in this torch (what get_state_dict
     would save and dcp.load will look for)."""
     import torch
@@ -171,8 +172,8 @@ def _torch_group_defaults(cls: str) -> dict:
 
 
 def torch_dcp_plan(
-    src,
-    out=None,
+    src: Union[str, os.PathLike[str]],
+    out: Union[str, os.PathLike[str], None] = None,
     *,
     tag: Optional[str] = None,
     trust_pickles: bool = False,
@@ -194,7 +195,7 @@ def torch_dcp_plan(
             "DeepSpeed tag folder (global_stepN/ with *_optim_states.pt files), or the checkpoint "
             "folder holding one"
         )
-    tag_dir = node.abspath
+    tag_dir = cast(Path, node.abspath)  # SRC is a local Path (above): so are the scan's nodes
     errs = [x for x in rep.findings if x.severity == "error" and node.contains(x.path) and x.code != "unsafe-pickle"]
     if errs:
         raise TorchDcpError(
@@ -225,7 +226,7 @@ def torch_dcp_plan(
         if t.tied_to:
             t.tied_to = fqn(t.tied_to)
         model.append(t)
-    optim = []
+    optim: list[OptimTensor] = []
     for t in opt_src.tensors:
         base, _, key = t.name.rpartition(".")
         if key in ("exp_avg", "exp_avg_sq"):
@@ -233,9 +234,12 @@ def torch_dcp_plan(
 
     cls, warnings = _optimizer_class(config.get("optimizer"))
     defaults = _torch_group_defaults(cls)
-    groups, steps = [], {}
-    opt_cfg = config.get("optimizer") if isinstance(config.get("optimizer"), dict) else {}
-    ds_params = opt_cfg.get("params") if isinstance(opt_cfg.get("params"), dict) else {}
+    groups: list[dict[str, Any]] = []
+    steps: dict[str, Any] = {}
+    opt_obj = config.get("optimizer")
+    opt_cfg: dict[str, Any] = opt_obj if isinstance(opt_obj, dict) else {}
+    ds_params_obj = opt_cfg.get("params")
+    ds_params: dict[str, Any] = ds_params_obj if isinstance(ds_params_obj, dict) else {}
     defaulted: list[str] = []
     for g in config["param_groups"]:
         step = g.get("step")
@@ -260,7 +264,9 @@ def torch_dcp_plan(
             f"neither the checkpoint nor its DeepSpeed config records {', '.join(defaulted)}: torch's "
             "defaults were written; pass the run's values to the optimizer and check them after loading"
         )
-    hyper = {k: groups[0][k] for k in ("lr", "betas", "eps", "weight_decay") if groups and k in groups[0]}
+    hyper: dict[str, Any] = {
+        k: groups[0][k] for k in ("lr", "betas", "eps", "weight_decay") if groups and k in groups[0]
+    }
     if len(groups) > 1:
         warnings.append(
             f"the run had {len(groups)} param groups: build the optimizer with the same groups "
@@ -268,7 +274,7 @@ def torch_dcp_plan(
         )
 
     train_dtype = zt.train_dtype
-    not_carried = []
+    not_carried: list[str] = []
     if train_dtype in ("bfloat16", "float16"):
         not_carried.append(
             f"the {'bf16' if train_dtype == 'bfloat16' else 'fp16'} module weights: the fp32 masters "
@@ -289,7 +295,7 @@ def torch_dcp_plan(
         "DeepSpeed's engine counters (global_samples, skipped_steps) and client state "
         "(a Lightning/Trainer loop state, the data sampler)"
     )
-    carried = []
+    carried: list[Path] = []
     ck = tag_dir.parent
     for f in sorted(ck.iterdir()) if ck.is_dir() else []:
         if f.is_file() and CARRIED_RE.match(f.name):

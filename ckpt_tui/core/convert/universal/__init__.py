@@ -17,8 +17,8 @@ what it wrote against the fp32 masters we reconstruct ourselves, move the result
 """
 
 from .frozen import export_frozen
-from .instructions import frozen_load_code, instructions
-from .plan import FROZEN_FILE, TMP_PREFIX, UniversalError, UniversalPlan, universal_plan
+from .instructions import FROZEN_FILE, frozen_load_code, instructions
+from .plan import TMP_PREFIX, UniversalError, UniversalPlan, universal_plan
 from .run import UniversalResult, convert_to_universal, write_latest
 from .verify import UniversalVerification, verify_universal
 

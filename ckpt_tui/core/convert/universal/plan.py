@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 from ...export.write import ExportError
 from ...facts import DeepSpeedZeroFacts
@@ -20,6 +20,9 @@ from ...staging import refusal
 from ...types import Plan, PlanStep, in_user_form
 from ..common import TagPlan, resolve_tag
 from .instructions import FROZEN_FILE
+
+if TYPE_CHECKING:
+    from ...report import Report
 
 CONVERTER_MODULE = "deepspeed.checkpoint.ds_to_universal"
 TMP_PREFIX = UNIVERSAL_TEMP  # inspect lists a killed run's as a leftover by the same name (core/leftovers.py)
@@ -70,7 +73,7 @@ class UniversalPlan(TagPlan):
     frozen_only: bool = False
     given: str = ""  # SRC as the user typed it: the paths the plan and the instructions print follow its form
 
-    def shown(self, p) -> str:
+    def shown(self, p: object) -> str:
         """``p`` as the user can type it: relative to their folder if they named SRC by a relative
         path, else absolute (not quoted: prose and Python strings)."""
         return in_user_form(self.given, p)
@@ -148,7 +151,7 @@ class UniversalPlan(TagPlan):
             tuple(notes),
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         # the document counts the trainable parameters and adds the printable plan
         return as_json(self, self.json_keys) | {"trainable": len(self.trainable), "plan": self.to_plan().to_json()}
 
@@ -158,8 +161,8 @@ def _workers() -> int:
 
 
 def universal_plan(
-    src,
-    out=None,
+    src: Union[str, os.PathLike[str]],
+    out: Union[str, os.PathLike[str], None] = None,
     *,
     trust_pickles: bool = False,
     target_stage: Optional[int] = None,
@@ -192,7 +195,7 @@ def universal_plan(
             "needs a DeepSpeed tag folder (global_stepN/) with *_optim_states.pt files"
         )
     f = cast(DeepSpeedZeroFacts, node.facts)
-    tag_dir = node.abspath
+    tag_dir = cast(Path, node.abspath)  # SRC is a local Path (above): so are the scan's nodes
     names = [c.name for c in node.children]
     if f.get("pipeline") or any(LAYER_RE.match(n) for n in names):
         raise UniversalError(
@@ -238,7 +241,9 @@ def universal_plan(
             buffer_names = {str(b) for b in (obj.get("buffer_names") or [])}
     except Exception:  # noqa: BLE001 - already screened by the inspector; buffers are only informative
         pass
-    trainable, frozen, buffers = [], [], []
+    trainable: list[str] = []
+    frozen: list[str] = []
+    buffers: list[str] = []
     for t in source.tensors:
         if t.tied_to:
             continue
@@ -330,12 +335,12 @@ def default_out(tag_dir: Path) -> Path:
     return Path(tag_dir).parent / f"{Path(tag_dir).name}_universal"
 
 
-def _complete_universal(rep, out: Path) -> bool:
+def _complete_universal(rep: Report, out: Path) -> bool:
     """Is ``out`` a complete universal checkpoint that `latest_universal` beside it names (no error
     finding inside it)?"""
     if not out.is_dir():
         return False
-    root = rep.inventory.root.abspath
+    root = cast(Path, rep.inventory.root.abspath)  # a local scan (universal_plan): its root is a Path
     try:
         rel = out.relative_to(root).as_posix()
     except ValueError:  # SRC was the tag folder: look at the folder holding it and its universal sibling

@@ -72,7 +72,7 @@ def _real_ckpt_copy_fixture(tmp_path):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The advice corpus's count of what it ran (quoted in the README's hardening table)."""
+    """The advice corpus's count of what it ran (quoted in the figures table of docs/safety.md)."""
     import sys
 
     for name, mod in list(sys.modules.items()):

@@ -1,1 +1,1 @@
-"""Fast tests: table-driven, synthetic trees made from real headers, no torch (see README, Development)."""
+"""Fast tests: table-driven, synthetic trees made from real headers, no torch (see CONTRIBUTING.md)."""

@@ -1,16 +1,12 @@
-"""The finding-code registry (ckpt_tui/core/codes.py) is the one vocabulary: the README's table,
-diagnose's findings, the CLI's fix ids and the TUI's help screen and fix keys all agree with it."""
+"""The finding-code registry (ckpt_tui/core/codes.py) is the one vocabulary: the generated table of
+docs/reference/finding-codes.md (tests/unit/test_docs.py holds it current), diagnose's findings, the CLI's fix ids and the TUI's help screen and fix keys all agree with it."""
 
 from __future__ import annotations
 
 from ckpt_tui.core.codes import CODES, FIXES, fix_key
 from ckpt_tui.core.types import SEVERITY_RANK
 
-from . import readme, test_findings
-
-
-def test_readme_table_lists_exactly_the_registered_codes_and_severities():
-    assert readme.finding_codes() == {c.code: set(c.severities) for c in CODES.values()}
+from . import test_findings
 
 
 def test_each_code_is_well_formed():

@@ -1,6 +1,7 @@
 """The facts declaration (ckpt_tui/core/facts.py) cannot drift: every node of every synthetic tree
 writes only declared keys of the declared types (the diagnose and layout tables check their trees
-too), every declared key has a writer, and the README's JSON schema lists exactly the declared keys."""
+too), every declared key has a writer; docs/reference/facts.md is generated from the declaration (tests/unit/test_docs.py
+holds it current)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import get_type_hints
 
 import pytest
 
-from . import readme, trees
-from .api import FACTS_BY_FORMAT, NodeFacts, inspect
+from . import trees
+from .api import FACTS_BY_FORMAT, inspect
 from .facts import undeclared
 
 WRITERS = [
@@ -47,12 +48,3 @@ def test_every_literal_key_written_is_declared():
         top = re.sub(r"\([^()]*\)", "()", call)  # the call's own arguments, not those of calls inside it
         written |= set(re.findall(r"(?:^|,)\s*(\w+)=", top))
     assert written and not sorted(written - keys)
-
-
-def test_the_readme_lists_the_declared_keys_of_every_format():
-    documented = readme.facts_keys()
-    common = set(get_type_hints(NodeFacts))
-    assert documented.pop("*") == common
-    for fmt, decl in FACTS_BY_FORMAT.items():
-        assert documented.get(fmt) == set(get_type_hints(decl)) - common, fmt
-    assert set(documented) == set(FACTS_BY_FORMAT)

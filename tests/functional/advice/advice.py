@@ -122,7 +122,7 @@ def run(cmd: str, cwd: Path, *, answer_yes: bool = False, timeout: int = 600) ->
 
 @dataclass
 class Tally:
-    """What the corpus ran: printed at the end and quoted in the README's hardening table."""
+    """What the corpus ran: printed at the end and quoted in the figures table of docs/safety.md."""
 
     commands: int = 0  # ckpt-tui commands run (dry runs and real runs counted once each)
     dry_runs: int = 0

@@ -125,7 +125,7 @@ def test_deepspeed_run_resumes_under_fsdp2_at_1_and_3_ranks(fixture, real_ckpt, 
     assert "Traceback" not in r.stdout + r.stderr
     code = printed_code(r.stdout)
     assert "checkpoint_id='resume-fsdp2'" in code
-    assert code in (ROOT / "README.md").read_text()  # the README's worked example is this very code
+    assert code in (ROOT / "docs" / "convert.md").read_text()  # the convert guide's worked example is this very code
     (tmp_path / "load.py").write_text(code)
 
     ref = torch.load(run / "reference.pt", weights_only=True)

@@ -1,4 +1,4 @@
-"""README's "Adding a format" made true: its ``.npy`` example, taken from the README as written (so the two cannot
+"""ARCHITECTURE.md's "Adding a format" made true: its ``.npy`` example, taken from ARCHITECTURE.md as written (so the two cannot
 drift), runs through inspect, the folder layout, ``tensors``, export and verify in a ``ckpt-tui`` process whose only
 change is one ``register(Npy())`` call (nothing monkeypatched)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# the whole of what the subprocess adds to ckpt-tui: the README's module, and one registry call
+# the whole of what the subprocess adds to ckpt-tui: ARCHITECTURE.md's module, and one registry call
 MAIN = """\
 import sys
 from ckpt_tui.core.formats.registry import register
@@ -27,11 +27,12 @@ main(sys.argv[1:])
 """
 
 
-def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("**Adding a format**") :]
+def architecture_example() -> str:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    section = text[text.index("\n## Adding a format\n") :]
+    section = section[: section.index("\n## ", 1)]
     m = re.search(r"```python\n(.*?)```", section, re.S)
-    assert m, "the README's Adding a format section has no python block"
+    assert m, "ARCHITECTURE.md's Adding a format section has no python block"
     return m.group(1)
 
 
@@ -39,7 +40,7 @@ def readme_example() -> str:
 def npy_ckpt_tui(tmp_path):
     mod = tmp_path / "mod"
     mod.mkdir()
-    (mod / "npy_format.py").write_text(readme_example())
+    (mod / "npy_format.py").write_text(architecture_example())
     (mod / "run_ckpt_tui.py").write_text(MAIN)
     env = dict(os.environ, PYTHONPATH=f"{mod}{os.pathsep}{ROOT}", COLUMNS="120", NO_COLOR="1")
 

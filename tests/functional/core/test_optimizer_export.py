@@ -189,15 +189,15 @@ def test_a_truncated_rank_is_refused(real_ckpt_copy, tmp_path):
 
 
 def test_the_readme_worked_example_is_what_export_prints(real_ckpt, tmp_path):
-    """The README's worked example, from the folder holding the HF Trainer + ZeRO-2 bf16 `checkpoint-2`: the
+    """The export guide's worked example (docs/export.md), from the folder holding the HF Trainer + ZeRO-2 bf16 `checkpoint-2`: the
     command as written, its stderr line and stdout block as shown (only the seconds may differ), the printed
-    code run as printed, and what the README says `sd` and `config` then hold."""
+    code run as printed, and what the guide says `sd` and `config` then hold."""
     import re
     import shutil
 
     from tests.snippets import run_printed, snippet_after
 
-    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "export.md").read_text()
     block = text[text.index("$ ckpt-tui export checkpoint-2 --component optimizer --out optim/\n") :]
     command, said, *shown = block[: block.index("```")].splitlines()
     shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", tmp_path / "checkpoint-2")

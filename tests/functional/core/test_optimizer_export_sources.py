@@ -196,12 +196,12 @@ def test_verify_an_optimizer_export(real_ckpt, real_ckpt_copy, tmp_path):
 
 
 def test_cli_and_the_printed_load_code_run_as_printed(real_ckpt, tmp_path):
-    """The README's example, and the "Load it with" code it prints, run exactly as printed."""
+    """The export guide's example (docs/export.md), and the "Load it with" code it prints, run exactly as printed."""
     from tests.snippets import run_printed, snippet_after
 
-    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "export.md").read_text()
     line = "ckpt-tui export checkpoint-2 --component optimizer --out optim/"
-    assert line in readme
+    assert line in guide
     import shutil
 
     shutil.copytree(real_ckpt("hf-fsdp2") / "checkpoint-2", tmp_path / "checkpoint-2")

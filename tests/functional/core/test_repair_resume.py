@@ -80,7 +80,7 @@ def test_lightning_resumes_after_the_in_place_fix(real_ckpt_copy, tmp_path):
 
 
 def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
-    """The README's Lightning steps, proven: a ZeRO-2 run saved by 2 ranks resumes on 1 rank from its
+    """The universal guide's Lightning steps (docs/universal-and-fix.md), proven: a ZeRO-2 run saved by 2 ranks resumes on 1 rank from its
     universal conversion with load_universal and fit(ckpt_path=<the .ckpt folder>)."""
     from ckpt_tui.core.convert.universal import convert_to_universal, universal_plan
 
@@ -111,7 +111,7 @@ args = TrainingArguments(output_dir=sys.argv[1], deepspeed=hf_ds_config(2), per_
                          save_steps=2, save_strategy="steps", bf16=True, use_cpu=True, report_to=[],
                          disable_tqdm=True, dataloader_num_workers=0)
 model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
-model.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}   # the README's one line
+model.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}   # the universal guide's one line
 Trainer(model=model, args=args, train_dataset=_Data()).train()
 finish()  # leave without the interpreter's teardown (see _common.finish)
 """
@@ -127,7 +127,7 @@ ds_cls, _ = lc._strategies()
 base = lc.module_cls()
 
 class WithInfo(base):
-    def on_fit_start(self):   # the README's one line
+    def on_fit_start(self):   # the universal guide's one line
         self.trainer.strategy.model.module.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}
 
 strategy = ds_cls(config={"steps_per_print": 10**9,
@@ -145,7 +145,7 @@ finish()  # leave without the interpreter's teardown (see _common.finish)
 
 
 def test_next_time_advice_makes_deepspeed_write_the_key(tmp_path):
-    """The README's one line for HF Trainer and for Lightning: the saved checkpoint then has
+    """The universal guide's one line (docs/universal-and-fix.md) for HF Trainer and for Lightning: the saved checkpoint then has
     universal_checkpoint_info, so ds_to_universal accepts it and the finding does not appear."""
 
     for name, code, ck in (

@@ -67,8 +67,8 @@ def worst(findings: Iterable[Finding]) -> Optional[str]:
     return min((f.severity for f in findings), key=lambda s: SEVERITY_RANK[s], default=None)
 
 
-def size(n: Optional[int]) -> str:
-    """Bytes, humanized (None as 0)."""
+def size(n: Optional[float]) -> str:
+    """Bytes (or bytes a second), humanized (None as 0)."""
     return naturalsize(n or 0)
 
 

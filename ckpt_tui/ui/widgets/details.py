@@ -15,8 +15,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
 
+from ...core.analysis import TensorStats
 from ...core.codes import fix_key
 from ...core.present import GLYPH, shape_text, short_dtype, size
+from ...core.types import TensorInfo
 from ..format import SEV_STYLE, fact_rows, middle_ellipsis, plain_text, visible
 
 MAX_ROWS = 100
@@ -35,7 +37,7 @@ class Facts(Static):
         t.add_column()
         for k, v in fact_rows(node):
             t.add_row(k, plain_text(v))  # a fact's value may come from the file: never markup
-        parts = [plain_text(node.path if node.path != "." else node.abspath.name, "bold")]
+        parts: list[Text | Table] = [plain_text(node.path if node.path != "." else node.abspath.name, "bold")]
         for f in findings:  # what is wrong comes first
             line = Text()
             line.append(f"{GLYPH[f.severity]} {f.severity} ", style=SEV_STYLE[f.severity])
@@ -74,7 +76,7 @@ class TensorTable(Vertical):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.rows: list = []
-        self.stats: dict[str, object] = {}
+        self.stats: dict[str, TensorStats] = {}
         self.last_filter_ms = 0.0
         self._shown: list = []  # the rows drawn (at most MAX_ROWS matches)
         self._with_stats = False
@@ -83,7 +85,7 @@ class TensorTable(Vertical):
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter tensors by name…", id="tensor-filter")
         yield Static("", id="tensor-count")
-        table = DataTable(id="tensor-table", cursor_type="row", zebra_stripes=False)
+        table: DataTable[Any] = DataTable(id="tensor-table", cursor_type="row", zebra_stripes=False)
         yield table
 
     def on_mount(self) -> None:
@@ -186,7 +188,7 @@ class TensorTable(Vertical):
     def refilter(self) -> None:
         t0 = time.perf_counter()
         text = self.filter.strip().lower()
-        shown = []
+        shown: list[TensorInfo] = []
         matches = 0
         lower = getattr(self, "_lower", [])
         for r, low in zip(self.rows, lower):

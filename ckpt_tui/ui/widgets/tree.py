@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.geometry import Size
 from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
 
 from ...core.formats.registry import format_of
 from ...core.types import Node
@@ -36,7 +37,7 @@ class CheckpointTree(Tree[Node]):
         self.show_root = True
         self.guide_depth = 2
         self.findings_by_path: dict[str, list] = {}
-        self._by_path: dict[str, object] = {}
+        self._by_path: dict[str, TreeNode[Node]] = {}
 
     def content_width(self) -> int:
         """Cells the shown lines need (guides, icons and labels): the width at which no label is cut,
@@ -123,6 +124,8 @@ class CheckpointTree(Tree[Node]):
         tnode = self.root
         node = self.root.data
         for i in range(len(parts)):
+            if node is None:
+                break
             self._fill(tnode, node)
             tnode.expand()
             sub = "/".join(parts[: i + 1])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Union
+from typing import Any, BinaryIO, Iterable, Optional, Union
 
 from ..storage import LocationLike
 from . import FormatError
@@ -112,16 +112,17 @@ def dcp_metadata_files(folder: LocationLike) -> list[Path]:
     return [local_path(glob_meta)] if glob_meta else [local_path(p) for p in ranks]  # the local folder's Paths
 
 
-def dcp_reader(where: LocationLike, *, trust_pickles: bool = False) -> Any:
+def dcp_reader(where: LocationLike, *, trust_pickles: bool = False, rank: Optional[int] = None) -> Any:
     """torch's ``FileSystemReader`` for ``folder``, once its metadata files passed the screen, handed the
     ``Metadata`` ckpt-tui unpickled itself (torch's own classes, through the allowlist) instead of letting it
-    ``pickle.load`` the file. With ``trust_pickles``: torch's reader as it is."""
+    ``pickle.load`` the file. With ``trust_pickles``: torch's reader as it is. ``rank``: every read of the
+    metadata reads that rank's ``__{rank}.metadata`` (its chunks alone)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     folder = local_path(where)
     require(dcp_metadata_files(folder), trust_pickles=trust_pickles, loader="torch's DCP reader")
-    if trust_pickles:
+    if trust_pickles and rank is None:
         return FileSystemReader(str(folder))
 
     # torch is not followed by mypy (pyproject.toml): FileSystemReader is Any, a class mypy cannot check against
@@ -130,10 +131,10 @@ def dcp_reader(where: LocationLike, *, trust_pickles: bool = False) -> Any:
             from .dcp.reader import RANK_META_RE
             from .unpickle import torch_metadata
 
-            rank = kwargs.get("rank")
-            name = f"__{rank}.metadata" if rank is not None else ".metadata"
+            asked = rank if rank is not None else kwargs.get("rank")
+            name = f"__{asked}.metadata" if asked is not None else ".metadata"
             path = folder / name
-            if not path.is_file() or (rank is not None and not RANK_META_RE.match(name)):
+            if rank is None and (not path.is_file() or (asked is not None and not RANK_META_RE.match(name))):
                 path = folder / ".metadata"
             with open(path, "rb") as f:  # these bytes, read by the allowlist unpickler, are what torch gets
                 data = f.read()

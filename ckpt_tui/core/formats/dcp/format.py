@@ -99,10 +99,6 @@ class DcpFolder(FolderFormat):
     def findings(self, inv: Inventory, node: Node) -> list[Finding]:
         return dcp_findings(inv, node)
 
-    def loader_files(self, node: Node) -> list[Path]:
-        path = screen.local_path(node.abspath)
-        return screen.dcp_metadata_files(path) if path.is_dir() else []
-
     def holds_optimizer(self, node: Node) -> bool:
         from .optim import has_optimizer_state
 
@@ -227,19 +223,97 @@ class DcpFolder(FolderFormat):
 
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
+    def reference_for(self, node: Node) -> Optional[str]:
+        if _safetensors_data_files(node) is not None:
+            return "safetensors (the .distcp files are safetensors files)"
+        return self.reference
+
+    def loader_files(self, node: Node) -> list[Path]:
+        path = screen.local_path(node.abspath)
+        if not path.is_dir() or _safetensors_data_files(node) is not None:
+            return []  # safetensors' loader reads no pickle
+        return screen.dcp_metadata_files(path)
+
     def reference_tensors(self, node: Node, strip_prefix: Optional[str]) -> Iterator[tuple[str, Any]]:
+        """torch's DCP loader, a tensor at a time. Two layouts it cannot read in one process take another
+        reference: rank-local metadata only (torch reads rank 0's chunks alone): each rank's metadata in turn,
+        into one tensor; data files torch's ``FileSystemWriter(serialization_format=SAFETENSORS)`` wrote (its
+        own reader ``torch.load``s them and fails): the safetensors library, each chunk placed at the offsets
+        its header's ``DCP_SHARDING_INFO`` gives."""
+        import torch
+
         from .source import load_one, output_tensors, refuse_gaps
 
         info = dcpfmt.read(node.abspath)
         by_name = {t.name: t for t in info.tensors}
         outputs = output_tensors(node.abspath, info, strip_prefix)
         refuse_gaps(info, {k for k, _, _ in outputs})
+        st_files = _safetensors_data_files(node)
+        folder = screen.local_path(node.abspath)
+        ranks = (
+            []
+            if st_files is not None or (folder / ".metadata").is_file()
+            else sorted(int(m.group(1)) for p in folder.iterdir() if (m := dcpfmt.RANK_META_RE.match(p.name)))
+        )
+
+        def whole(key: str) -> Any:
+            ti = by_name[key]
+            if st_files is not None:
+                return _from_safetensors(st_files, key, ti)
+            if ranks:
+                full = torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))
+                for r in ranks:
+                    load_one(node.abspath, key, ti, rank=r, into=full)
+                return full
+            return load_one(node.abspath, key, ti, bool(info.planner_data))
+
         loaded: dict[str, Any] = {}
         for key, name, layer in outputs:
             if key not in loaded:
                 loaded.clear()
-                loaded[key] = load_one(node.abspath, key, by_name[key], bool(info.planner_data))
+                loaded[key] = whole(key)
             yield name, (loaded[key] if layer is None else loaded[key][layer])
+
+
+def _safetensors_data_files(node: Node) -> Optional[list[Path]]:
+    """The ``*.distcp`` files of a DCP folder written with ``serialization_format=SAFETENSORS`` (each a
+    safetensors file whose header metadata holds ``DCP_SHARDING_INFO``), or None for any other DCP."""
+    folder = screen.local_path(node.abspath)
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.name.endswith(".distcp") and p.is_file())
+    if not files:
+        return None
+    for p in files:
+        try:
+            head = read_header(p)
+        except (FormatError, OSError):
+            return None
+        if "DCP_SHARDING_INFO" not in (head.metadata or {}):
+            return None
+    return files
+
+
+def _from_safetensors(files: list[Path], key: str, ti: TensorInfo) -> Any:
+    """The whole tensor ``key``: every file's chunk of it (the safetensors library reads it) at its offsets."""
+    import torch
+    from safetensors import safe_open
+
+    full = torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))
+    for p in files:
+        head = read_header(p)
+        if not any(t.name == key for t in head.tensors):
+            continue
+        try:
+            offsets = json.loads(head.metadata["DCP_SHARDING_INFO"])[key]["saved_offsets"]
+        except (ValueError, KeyError, TypeError):
+            raise FormatError(f"{p.name}: DCP_SHARDING_INFO gives no saved_offsets for {key!r}") from None
+        with safe_open(str(p), framework="pt") as f:
+            part = f.get_tensor(key)
+        if len(offsets) != part.dim() or any(o + n > s for o, n, s in zip(offsets, part.shape, ti.shape)):
+            raise FormatError(f"{p.name}: the chunk of {key!r} at {offsets} does not fit its shape {list(ti.shape)}")
+        full[tuple(slice(o, o + n) for o, n in zip(offsets, part.shape))] = part
+    return full
 
 
 class DcpSafetensorsFolder(FolderFormat):

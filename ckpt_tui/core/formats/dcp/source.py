@@ -10,7 +10,9 @@ pre-allocated tensor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Collection, Optional, Union
+import logging
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Optional, Union
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange, Source, SourceTensor
@@ -354,35 +356,66 @@ def _general_loader(
     return lambda: load_one(folder, key, ti, planner_data).contiguous()
 
 
-def _torch_failed(key: str, e: Exception) -> FormatError:
+def _torch_failed(key: str, e: BaseException) -> FormatError:
     """torch's DCP loader failed on ``key``: one line (its CheckpointException carries every rank's traceback)."""
     first = str(e).strip().splitlines()
     last = [ln for ln in first if ln and not ln.startswith((" ", "Traceback"))][-1:] or first[:1]
     return FormatError(f"torch's DCP loader could not read {key!r}: {type(e).__name__}: {' '.join(last)[:300]}")
 
 
-def load_one(folder: Location, key: str, ti: TensorInfo, planner_data: Optional[bool] = None) -> Any:
+@contextmanager
+def _quiet_torch_dcp() -> Iterator[None]:
+    """torch's DCP loader logs a warning with a traceback when a folder has only rank-local metadata ("Global
+    metadata is not found. Falling back…"): not for the user's terminal while ckpt-tui asks it."""
+    log = logging.getLogger("torch.distributed.checkpoint")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def load_one(
+    folder: Location,
+    key: str,
+    ti: TensorInfo,
+    planner_data: Optional[bool] = None,
+    *,
+    rank: Optional[int] = None,
+    into: Any = None,
+) -> Any:
     """One whole tensor of a DCP folder, read by torch's own DCP loader.
 
     Megatron-Core's writer leaves ``planner_data`` out of ``.metadata`` (torch's key-filtering planner then
-    fails): there the tensor is loaded into a pre-allocated tensor of its full shape by the default planner."""
+    fails): there the tensor is loaded into a pre-allocated tensor of its full shape by the default planner.
+    ``rank``: read with that rank's own ``__{rank}.metadata`` (a folder with rank-local metadata only, where
+    torch in one process reads rank 0's alone), into the full-shape tensor ``into``: the chunks that rank
+    saved land in place, so loading every rank's into one tensor gives the whole of it."""
     import torch
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     if planner_data is None:
         planner_data = bool(dcpfmt.read(folder).planner_data)
-    reader = screen.dcp_reader(folder)  # the metadata screened, and unpickled by ckpt-tui, not by torch
+    reader = screen.dcp_reader(folder, rank=rank)  # the metadata screened, and unpickled by ckpt-tui, not by torch
     try:
-        if not planner_data:
-            sd = {key: torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))}
-            _load_state_dict(sd, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
-            return sd[key]
-        sd = {}
-        _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
-    except (KeyboardInterrupt, MemoryError):
+        with _quiet_torch_dcp():
+            if rank is not None:
+                sd = {key: into}
+                _load_state_dict(
+                    sd, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True
+                )
+                return into
+            if not planner_data:
+                sd = {key: torch.empty(ti.shape, dtype=getattr(torch, ti.dtype))}
+                _load_state_dict(sd, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+                return sd[key]
+            sd = {}
+            _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(keys={key}), no_dist=True)
+    except (KeyboardInterrupt, MemoryError, SystemExit):
         raise
-    except Exception as e:  # CheckpointException, OSError, ValueError, RuntimeError...: a message, not a traceback
+    except BaseException as e:  # CheckpointException (a BaseException), OSError, ValueError…: a message
         raise _torch_failed(key, e) from None
     # the loaded dict is nested again: walk it by the key's structure
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict

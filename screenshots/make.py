@@ -1,7 +1,7 @@
-"""Regenerate the README screenshots by driving the real app on real fixture checkpoints.
+"""Regenerate the screenshots of the README and docs/tui.md by driving the real app on real fixture checkpoints.
 
     python screenshots/make.py            # writes screenshots/*.svg (and /tmp/ckpt-tui-shots/png/*.png)
-    python screenshots/make.py --size 120x40   # the README's wide set, in screenshots/120x40/
+    python screenshots/make.py --size 120x40   # docs/tui.md's wide set, in screenshots/120x40/
     python screenshots/make.py --size 100x30   # a trial at another size, under /tmp/ckpt-tui-shots/100x30
 
 The checkpoints are copied to fixed, readable paths under /tmp/ckpt-tui-shots so the pictures

@@ -3,7 +3,8 @@ types and what they mean. The ``inspect --json`` document writes them as they ar
 
 Every key is optional (``total=False``): a fact is there when the headers said it. ``facts_type``
 names the declaration of a node; tests/unit/test_facts.py inspects every synthetic tree and holds
-each node's facts to it, and the README's JSON schema to the keys declared here.
+each node's facts to it; docs/reference/facts.md is generated from the keys and comments declared here
+(scripts/write_reference.py; a unit test fails when the page is stale).
 """
 
 from __future__ import annotations

@@ -631,9 +631,12 @@ def export_needs(
     checkpoint writes instead (``node`` is not used). Reads headers (a DeepSpeed tag: every rank's
     optimizer-states pickle), never tensor data: call it off the UI thread. Raises ExportError (not
     exportable, unreadable), ValueError (a bad dtype or size)."""
-    # a local Path; a remote inventory's is a RemotePath, not an os.PathLike: make_plan's Path() of it raises
-    # TypeError (as before)
-    out = cast(StrPath, report.inventory.path / ".ckpt-tui-needs")
+    # OUT is only planned, never written, and its place changes no size: beside a local checkpoint; for one in
+    # object storage (a RemotePath, deliberately no os.PathLike, which make_plan's Path() refused) a local name
+    where = report.inventory.path
+    out: StrPath = (
+        Path(os.fspath(where), ".ckpt-tui-needs") if isinstance(where, os.PathLike) else Path(".ckpt-tui-needs")
+    )
     if component == "optimizer":
         plan, _ = _plan_optimizer(
             report.inventory.path,

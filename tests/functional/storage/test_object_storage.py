@@ -334,3 +334,25 @@ async def test_the_tui_offers_no_action_that_writes_beside_a_url(s3, monkeypatch
         why = "the checkpoint is in object storage: this writes beside it (export reads it)"
         assert [app.main.why_not(a) for a in ("fix", "universal", "resume_fsdp2")] == [why] * 3
         assert app.main.why_not("export") is None
+
+
+NEEDS = """
+import sys
+from ckpt_tui.core.export.api import export_needs
+from ckpt_tui.core.report import inspect
+
+rep = inspect(sys.argv[1])
+print(export_needs(rep, rep.inventory.model_node(), dtype="keep"))
+"""
+
+
+@pytest.mark.parametrize("name", ["fsdp2-dcp", "hf-model-sharded"])
+def test_the_export_wizards_space_check_of_a_url_is_the_local_one(s3, name):
+    # the TUI's export wizard asks export_needs for its free-space line: for a checkpoint in object storage it
+    # raised TypeError (a RemotePath is no os.PathLike), which the wizard showed as the reason
+    remote = subprocess.run(
+        [sys.executable, "-c", NEEDS, f"s3://{BUCKET}/{name}"], capture_output=True, text=True, env=s3.env, timeout=120
+    )
+    local = subprocess.run([sys.executable, "-c", NEEDS, str(fixture_path(name))], capture_output=True, text=True)
+    assert remote.returncode == 0 and local.returncode == 0, remote.stderr + local.stderr
+    assert int(remote.stdout) == int(local.stdout) > 0

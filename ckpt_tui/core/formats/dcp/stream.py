@@ -51,69 +51,21 @@ _CHUNK_FILL = b"N" + b"\x94" * 8 + b"0"  # NONE, MEMOIZE x8, POP: a chunk record
 # The first regular record of each kind is found with a general pattern (any memo references); the rest are
 # matched with a pattern specialised to that record's references (its class, its keys, torch.Size: the same memo
 # slots for every record of the stream), which leaves only the numbers, a name and a path to capture.
+# fmt: off
+# (one line per record the pattern matches, as the stream lays them out)
 CHUNK_RE = re.compile(
-    rb"("
-    + _REF
-    + rb")"
-    + _NEW
-    + rb"("
-    + _REF
-    + rb")("
-    + _REF
-    + rb")"
-    + _TUP
-    + _SIZE_TAIL
-    + rb"("
-    + _REF
-    + rb")("
-    + _REF
-    + rb")"
-    + _TUP
-    + _SIZE_TAIL
-    + rb"ub",
-    re.DOTALL,
-)
+    rb"(" + _REF + rb")" + _NEW
+    + rb"(" + _REF + rb")(" + _REF + rb")" + _TUP + _SIZE_TAIL
+    + rb"(" + _REF + rb")(" + _REF + rb")" + _TUP + _SIZE_TAIL + rb"ub",
+    re.DOTALL)
 STORAGE_RE = re.compile(
-    rb"("
-    + _REF
-    + rb")"
-    + _NEW
-    + rb"("
-    + _REF
-    + rb")"
-    + _KEY
-    + rb"("
-    + _REF
-    + rb")(?:"
-    + _INT
-    + rb"|N)"
-    + rb"("
-    + _REF
-    + rb")("
-    + _REF
-    + rb")"
-    + _TUP
-    + _SIZE_TAIL
-    + rb"ub"
-    + rb"("
-    + _REF
-    + rb")"
-    + _NEW
-    + rb"("
-    + _REF
-    + rb")"
-    + _KEY
-    + rb"("
-    + _REF
-    + rb")"
-    + _INT
-    + rb"("
-    + _REF
-    + rb")"
-    + _INT
-    + rb"ub",
-    re.DOTALL,
-)
+    rb"(" + _REF + rb")" + _NEW
+    + rb"(" + _REF + rb")" + _KEY + rb"(" + _REF + rb")(?:" + _INT + rb"|N)"
+    + rb"(" + _REF + rb")(" + _REF + rb")" + _TUP + _SIZE_TAIL + rb"ub"
+    + rb"(" + _REF + rb")" + _NEW
+    + rb"(" + _REF + rb")" + _KEY + rb"(" + _REF + rb")" + _INT + rb"(" + _REF + rb")" + _INT + rb"ub",
+    re.DOTALL)
+# fmt: on
 _STORAGE_KEY = b"\x8c\x0cstorage_data\x94"
 _NEVER = re.compile(rb"(?!)")  # matches nothing: the records of a kind left as they are
 

@@ -40,6 +40,7 @@ from .staging import (
     UNIVERSAL_TEMP,
     VERIFY_TEMP,
     parse_name,
+    pid_alive,
     top_out,
 )
 
@@ -68,15 +69,8 @@ def _held(lock: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
+    """Is the repair of ``pid`` still running? (This process's own temp file is live, unlike staging's view.)"""
+    return pid == os.getpid() or pid_alive(pid)
 
 
 def _regular(p: Path) -> bool:

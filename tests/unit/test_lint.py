@@ -52,23 +52,13 @@ def test_mypy_is_strict_on_the_core_and_exempts_nothing(tmp_path):
     for pkg in ("ckpt_tui", "ckpt_tui/core", "ckpt_tui/cli"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
-    probe = "def f(x):\n    return x\n"
-    (tmp_path / "ckpt_tui/core/probe.py").write_text(probe)
-    (tmp_path / "ckpt_tui/cli/probe.py").write_text(probe)
     args = ("--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"))
-    core = subprocess.run(
-        [sys.executable, "-m", "mypy", *args, "ckpt_tui/core/probe.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    face = subprocess.run(
-        [sys.executable, "-m", "mypy", *args, "ckpt_tui/cli/probe.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def check(face: str) -> subprocess.CompletedProcess:
+        (tmp_path / f"ckpt_tui/{face}/probe.py").write_text("def f(x):\n    return x\n")
+        cmd = [sys.executable, "-m", "mypy", *args, f"ckpt_tui/{face}/probe.py"]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    core, face = check("core"), check("cli")
     assert core.returncode == 1 and "no-untyped-def" in core.stdout, core.stdout + core.stderr
     assert face.returncode == 0, face.stdout + face.stderr

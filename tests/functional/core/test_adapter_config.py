@@ -14,16 +14,9 @@ transformers = pytest.importorskip("transformers")
 
 
 def _tiny_llama():
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=32,
-    )
-    return transformers.LlamaForCausalLM(cfg)
+    from ckpt_tui.samples._common import TINY_LLAMA  # the fixtures' model: non-square MLP, 2 layers
+
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA))
 
 
 @pytest.mark.parametrize(

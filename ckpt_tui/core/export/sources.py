@@ -1,14 +1,16 @@
 """Where each output tensor's bytes are in the source.
 
 A :class:`SourceTensor` is either a list of byte ranges whose concatenation is the full tensor in
-row-major order (the fast path: bytes are moved by offset, never become Python objects), or a
-``load`` callable that materialises it with torch (the general path: layouts whose chunks are not
-contiguous byte ranges of the full tensor).
+row-major order (the fast path: bytes are moved by offset, never become Python objects), a
+``chunks`` generator of its bytes in order (a tensor computed piece by piece, e.g. a LoRA merge in
+row blocks: bounded memory, nothing on disk to point at), or a ``load`` callable that materialises
+it with torch (the general path: layouts whose chunks are not contiguous byte ranges of the full
+tensor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -37,6 +39,9 @@ class SourceTensor:
     # the name ``list_tensors`` gives this tensor in the file it comes from, where that differs (a torch
     # file's weights under a wrapper key: DeepSpeed's `module.X`, Lightning's `state_dict.X`)
     listed_as: Optional[str] = None
+    # the tensor's bytes in ``dtype``, row-major, in pieces whose concatenation is the full tensor (a computed
+    # tensor: the writer casts and writes piece by piece, never holding the whole)
+    chunks: Optional[Callable[[], Iterator[bytes]]] = None
 
     @property
     def numel(self) -> int:
@@ -87,7 +92,12 @@ def to_torch(t: SourceTensor) -> Any:  # a torch.Tensor (torch is not followed h
 
     if t.load is not None:
         return t.load()
-    data = read_bytes(t)
+    if t.chunks is not None:
+        data = b"".join(t.chunks())
+        if len(data) != t.nbytes:
+            raise ValueError(f"{t.name}: its chunks hold {len(data)} bytes, its shape and dtype {t.nbytes}")
+    else:
+        data = read_bytes(t)
     dt = getattr(torch, t.dtype)
     if not data:
         return torch.empty(t.shape, dtype=dt)

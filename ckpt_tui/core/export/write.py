@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..fsutil import OutputError, check_sources, copy_new, create_new, free_bytes, write_synced
@@ -124,6 +124,12 @@ def _write_tensor(
             _copy_range(fd, dst_fd, r.offset, dst_off, r.length, counter, cancel)
             dst_off += r.length
         return
+    if s.ranges is None and s.chunks is not None:  # a computed tensor (a LoRA merge): piece by piece
+        for piece in _computed_chunks(t, cancel):
+            _pwrite_all(dst_fd, piece, dst_off)
+            dst_off += len(piece)
+            counter.add(len(piece))
+        return
     import torch
 
     dt = getattr(torch, t.dtype)
@@ -160,6 +166,38 @@ def _write_tensor(
         while written < len(data):
             written += os.pwrite(dst_fd, data[written : written + BUF], dst_off + written)
     counter.add(t.nbytes)
+
+
+def _computed_chunks(t: OutTensor, cancel: Optional[CancelToken]) -> Iterator[bytes]:
+    """The bytes of a computed source (``src.chunks``), cast as planned piece by piece, in pieces of at most BUF
+    (memory: one generated piece and its cast). A generator that gives more or fewer bytes than the tensor's
+    shape and dtype hold is an ExportError, raised as soon as it overflows: never a short or long tensor."""
+    s = t.src
+    assert s.chunks is not None
+    item = DTYPE_ITEMSIZE[s.dtype]
+    cast: Optional[Callable[[bytes], bytes]] = None
+    if s.dtype != t.dtype:
+        import torch
+
+        sdt, dt = getattr(torch, s.dtype), getattr(torch, t.dtype)
+
+        def cast(raw: bytes) -> bytes:
+            return bytes(torch.frombuffer(bytearray(raw), dtype=sdt).to(dt).view(torch.uint8).numpy().tobytes())
+
+    total, carry = 0, b""  # carry: the bytes of an element split between two pieces (cast whole elements only)
+    for piece in s.chunks():
+        check_cancel(cancel)
+        total += len(piece)
+        if total > s.nbytes:
+            raise ExportError(f"{t.name}: computed more than its {s.nbytes} bytes")
+        data = carry + piece if carry else piece
+        whole = len(data) - len(data) % item if cast is not None else len(data)
+        carry = data[whole:]
+        for i in range(0, whole, BUF):
+            part = bytes(data[i : min(whole, i + BUF)])
+            yield cast(part) if cast is not None else part
+    if total != s.nbytes:
+        raise ExportError(f"{t.name}: computed {total} bytes, its shape and dtype hold {s.nbytes}")
 
 
 def _write_remote(t: OutTensor, dst_fd: int, dst_off: int, counter: ByteCounter, cancel: Optional[CancelToken]) -> None:
@@ -408,6 +446,9 @@ def _source_chunks(
                     pos += n
                     left -= n
                     yield torch.frombuffer(buf, dtype=sdt).to(dt).view(torch.uint8).numpy().tobytes()
+        return
+    if s.chunks is not None:
+        yield from _computed_chunks(t, cancel)
         return
     assert s.load is not None
     loaded: Any = s.load()

@@ -82,6 +82,13 @@ GROUPS: dict[str, Group] = {
         2,
         ("hf-ds-zero1", "hf-ds-zero2", "hf-ds-zero3", "hf-ds-zero2-tied-frozen", "hf-fsdp1", "hf-fsdp2"),
     ),
+    # HF Trainer + PEFT LoRA (one module, two launches): one process, then 2 ranks (DDP, DeepSpeed, FSDP)
+    "hf_peft": Group(
+        "hf_peft",
+        1,
+        ("peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "full-gpt2-optim", "full-llama-bias-optim"),
+    ),
+    "hf_peft_dist": Group("hf_peft", 2, ("peft-ddp-mts", "peft-ds-zero2", "peft-ds-zero3", "peft-fsdp2", "peft-fsdp1")),
     "lightning": Group("lightning_ckpt", 2, ("lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp")),
     "torch_dcp": Group(
         "torch_dcp",
@@ -169,6 +176,31 @@ def _ds_beyond(files: list[str], oracle_ranks: int = 1) -> list[str]:
     )
 
 
+_RUN = "run/checkpoint-2/"
+_BASE = ["base-model/config.json", "base-model/model.safetensors"]
+_TRAINER = ["trainer_state.json", "training_args.bin", "optimizer.pt", "scheduler.pt"]
+
+
+def _hf_peft(kind: str) -> list[str]:
+    """A Trainer run of samples/hf_peft.py: ``base-model/``, ``run/checkpoint-2/`` and ``oracle/``.
+    ``kind``: "single" / "ddp" (adapter folder + optimizer.pt), "ds2" / "ds3" (adapter folder + tag),
+    "fsdp" (DCP folders only: no adapter_config.json), "full" (no PEFT: model.safetensors + optimizer.pt)."""
+    rng = ["rng_state.pth"] if kind in ("single", "full") else ["rng_state_0.pth", "rng_state_1.pth"]
+    oracle = ["oracle/optimizer_names.json"]
+    if kind == "full":
+        return [_RUN + f for f in _TRAINER + rng + ["config.json", "model.safetensors"]] + oracle
+    oracle.append("oracle/adapter_state.safetensors")
+    adapter = ["adapter_config.json", "adapter_model.safetensors"]
+    if kind in ("single", "ddp"):
+        files = _TRAINER + rng + adapter
+    elif kind in ("ds2", "ds3"):
+        files = ["trainer_state.json", "training_args.bin"] + rng + adapter + _ds("global_step2", 2, kind == "ds3")
+        oracle.append("oracle/adapter_state_fp32.safetensors")
+    else:
+        files = ["trainer_state.json", "scheduler.pt"] + rng + _dcp("pytorch_model_fsdp_0/") + _dcp("optimizer_0/")
+    return _BASE + [_RUN + f for f in files] + oracle
+
+
 _LIT = "checkpoints/epoch=0-step=2.ckpt/"
 
 
@@ -234,6 +266,16 @@ EXPECTED: dict[str, list[str]] = {
     "hf-ds-zero2-tied-frozen": _hf_ds(False),
     "hf-fsdp1": _hf_fsdp(),
     "hf-fsdp2": _hf_fsdp(),
+    "peft-llama": _hf_peft("single"),
+    "peft-llama-bias-bf16": _hf_peft("single"),
+    "peft-gpt2-rslora": _hf_peft("single"),
+    "full-gpt2-optim": _hf_peft("full"),
+    "full-llama-bias-optim": _hf_peft("full"),
+    "peft-ddp-mts": _hf_peft("ddp"),
+    "peft-ds-zero2": _hf_peft("ds2"),
+    "peft-ds-zero3": _hf_peft("ds3"),
+    "peft-fsdp2": _hf_peft("fsdp"),
+    "peft-fsdp1": _hf_peft("fsdp"),
     "lightning-ds-zero2": [
         _LIT + f
         for f in [
@@ -488,7 +530,9 @@ def source_hash() -> str:
 
 def group_hash(group: str) -> str:
     """A hash of what decides a group's output: its generator module and the sample modules it imports,
-    its definition, the files it must write, the converter of its derived variants and its venv's pins.
+    its definition, the files it must write, the converter of its derived variants, its venv's pins and, for
+    a generator that imports peft, the installed peft (not among tests/fixtures.py's FRAMEWORKS, which key the
+    whole cache: a peft upgrade regenerates only the groups that use it)
     The test fixtures cache each group under it, so a new or changed group regenerates only itself."""
     import hashlib
     import inspect
@@ -497,7 +541,7 @@ def group_hash(group: str) -> str:
     grp = GROUPS[group]
     here = Path(__file__).parent
     h = hashlib.sha256(repr(grp).encode())
-    todo, seen = [grp.module], set()
+    todo, seen, uses_peft = [grp.module], set(), False
     while todo:
         mod = todo.pop()
         if mod in seen:
@@ -505,6 +549,7 @@ def group_hash(group: str) -> str:
         seen.add(mod)
         src = (here / f"{mod}.py").read_bytes()
         h.update(mod.encode() + b"\0" + src)
+        uses_peft = uses_peft or re.search(rb"^\s*(?:from|import) peft\b", src, re.M) is not None
         todo += [
             m.decode() for m in re.findall(rb"ckpt_tui\.samples\.(\w+)", src) if (here / f"{m.decode()}.py").is_file()
         ]
@@ -516,6 +561,13 @@ def group_hash(group: str) -> str:
         from .venvs import VENVS
 
         h.update(repr(VENVS[grp.venv]).encode())
+    if uses_peft:
+        from importlib import metadata
+
+        try:
+            h.update(f"peft={metadata.version('peft')}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(b"peft=missing")
     return h.hexdigest()[:16]
 
 

@@ -43,6 +43,8 @@ accelerate 1.15.0), and what each variant therefore holds:
 - PEFT 0.21 with lora_bias=True warns that every lora_B.bias "has invalid shape ... ZeRO-3 / FSDP shards were
   not gathered": a false alarm (a bias is 1-D); the saved biases are whole.
 - GPT2Config's default bos/eos (50256) lie outside a 256-token vocabulary; TINY_GPT2 sets them to 255.
+- Two generations write the same bytes, but for adapter_config.json: PEFT keeps target_modules as a set, so
+  the list's order follows Python's per-process string hashing (compare it as a set).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def _q(name: str) -> str:
     return f"`{visible(s)}`"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Parsed:
     kind: str  # "lora" | "emb" | "mag" | "mts" | "orig" | "plain" | "bad"
     module: str = ""  # the base module name (no ROOT)
@@ -188,39 +188,48 @@ def _split_prefix(name: str) -> Optional[tuple[str, str]]:
     return head, name[pos + 1 + len(ROOT) :]
 
 
+LEAVES = ("weight", "bias")
+
+
 def _parse(rest: str) -> _Parsed:
-    parts = [p for p in rest.split(".") if p not in WRAPPER_PARTS]
-    if "" in parts:
-        lora_ish = any(p.startswith("lora_") or p in ("modules_to_save", "original_module") for p in parts)
+    """What the name under ``base_model.model.`` is. String searches first: a base weight (no ``lora_`` in it,
+    most names of a whole model) costs a few of them, and only the last parts of a LoRA name are split off."""
+    if "_wrapped_module" in rest or "_orig_mod" in rest:
+        rest = ".".join(p for p in rest.split(".") if p not in WRAPPER_PARTS)
+    d = f".{rest}."
+    if not rest or ".." in d:
+        lora_ish = ".lora_" in d or ".modules_to_save." in d or ".original_module." in d
         return _Parsed("bad" if lora_ish else "plain", rest=rest, why="an empty part in the name")
-    n = len(parts)
-    if "original_module" in parts:
+    if ".original_module." in d:
         return _Parsed("orig")
-    if "modules_to_save" in parts:
-        i = parts.index("modules_to_save")
-        inner = parts[i + 2 :]
-        if i == 0 or not inner:
+    i = d.find(".modules_to_save.")
+    if i >= 0:
+        module = d[1:i] if i > 0 else ""
+        adapter, _, inner = d[i + len(".modules_to_save.") : -1].partition(".")
+        if not module or not inner:
             return _Parsed("bad", why="a modules_to_save name without its module or tensor")
-        if any(p.startswith("lora_") for p in inner):
+        if f".{inner}".find(".lora_") >= 0:
             return _Parsed("bad", why="a LoRA layer inside a modules_to_save copy")
-        return _Parsed("mts", module=".".join(parts[:i]), adapter=parts[i + 1], rest=".".join(inner))
-    if "token_adapter" in parts:
+        return _Parsed("mts", module=module, adapter=adapter, rest=inner)
+    if ".token_adapter." in d:
         return _Parsed("bad", why="trainable tokens (trainable_token_indices) are not read")
-    if n >= 4 and parts[-3] in LORA_WEIGHTS and parts[-1] in ("weight", "bias"):
-        return _Parsed("lora", ".".join(parts[:-3]), parts[-3], parts[-1], parts[-2])
-    if n >= 3 and parts[-2] in LORA_WEIGHTS and parts[-1] in ("weight", "bias"):
-        return _Parsed("lora", ".".join(parts[:-2]), parts[-2], parts[-1], None)
-    if n >= 3 and parts[-2] in LORA_EMBEDDINGS:
-        return _Parsed("emb", ".".join(parts[:-2]), parts[-2], "", parts[-1])
-    if n >= 2 and parts[-1] in LORA_EMBEDDINGS:
-        return _Parsed("emb", ".".join(parts[:-1]), parts[-1], "", None)
-    if n >= 4 and parts[-3] == MAGNITUDE and parts[-1] == "weight":
-        return _Parsed("mag", ".".join(parts[:-3]), MAGNITUDE, "", parts[-2])
-    if n >= 2 and parts[-1] == MAGNITUDE:
-        return _Parsed("mag", ".".join(parts[:-1]), MAGNITUDE, "", None)
-    if any(p.startswith("lora_") for p in parts):
-        return _Parsed("bad", why="not a plain LoRA tensor (a LoRA variant this tool does not read)")
-    return _Parsed("plain", rest=".".join(parts))
+    if ".lora_" not in d:
+        return _Parsed("plain", rest=rest)
+    t = rest.rsplit(".", 3)
+    n = len(t)
+    if n == 4 and t[1] in LORA_WEIGHTS and t[3] in LEAVES:
+        return _Parsed("lora", t[0], t[1], t[3], t[2])
+    if n >= 3 and t[-2] in LORA_WEIGHTS and t[-1] in LEAVES:
+        return _Parsed("lora", ".".join(t[:-2]), t[-2], t[-1], None)
+    if n >= 3 and t[-2] in LORA_EMBEDDINGS:
+        return _Parsed("emb", ".".join(t[:-2]), t[-2], "", t[-1])
+    if n >= 2 and t[-1] in LORA_EMBEDDINGS:
+        return _Parsed("emb", ".".join(t[:-1]), t[-1], "", None)
+    if n == 4 and t[1] == MAGNITUDE and t[3] == "weight":
+        return _Parsed("mag", t[0], MAGNITUDE, "", t[2])
+    if n >= 2 and t[-1] == MAGNITUDE:
+        return _Parsed("mag", ".".join(t[:-1]), MAGNITUDE, "", None)
+    return _Parsed("bad", why="not a plain LoRA tensor (a LoRA variant this tool does not read)")
 
 
 def _lora_ish(name: str) -> bool:
@@ -272,6 +281,17 @@ def lora_layout(
     such names are taken as modules_to_save, unless the names hold a LoRA module's own base weight
     (``…q_proj.base_layer.weight``: a whole model's state dict), where they count as ``others``.
     """
+    from ..formats.unpickle import gc_paused
+
+    with gc_paused():  # a million small acyclic objects: the cyclic GC would walk them again and again
+        return _layout(shapes, container, target_modules)
+
+
+def _layout(
+    shapes: Mapping[str, tuple[int, ...]],
+    container: Optional[str],
+    target_modules: Optional[Sequence[str] | str],
+) -> Optional[AdapterTensors]:
     probs = _Problems()
     dropped: list[str] = []
     others = 0
@@ -285,7 +305,7 @@ def lora_layout(
 
     for src in shapes:
         if not isinstance(src, str) or len(src) > MAX_NAME:
-            if isinstance(src, str) and _lora_ish(src[:MAX_NAME]):
+            if isinstance(src, str) and _lora_ish(src):
                 found = True
                 dropped.append(src)
                 probs.add(f"a name of {len(src)} characters is not read", key="long")

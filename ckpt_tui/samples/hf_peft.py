@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from ckpt_tui.samples._common import TINY_LLAMA, log, run_variants, seed_all
-from ckpt_tui.samples.hf_trainer import _cpu_fsdp_trainer_cls, _Data, _reset_accelerate, hf_ds_config, init_deepspeed
+from ckpt_tui.samples.hf_trainer import TokenData, cpu_fsdp_trainer_cls, hf_ds_config, init_deepspeed, reset_accelerate
 
 STEPS = 2
 LR = 1e-2
@@ -292,8 +292,8 @@ def run_variant(name: str, spec: Spec) -> None:
     else:
         model = _build(spec)
     args = _args(spec)
-    trainer_cls = _cpu_fsdp_trainer_cls() if spec.kind == "fsdp" else Trainer
-    trainer = trainer_cls(model=model, args=args, train_dataset=_Data())
+    trainer_cls = cpu_fsdp_trainer_cls() if spec.kind == "fsdp" else Trainer
+    trainer = trainer_cls(model=model, args=args, train_dataset=TokenData())
     trainer.train()
 
     names = _optimizer_names(trainer, model)
@@ -311,7 +311,7 @@ def run_variant(name: str, spec: Spec) -> None:
         trainer.deepspeed.destroy()
     del trainer, model
     gc.collect()
-    _reset_accelerate()
+    reset_accelerate()
     if spec.kind == "ds":
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 

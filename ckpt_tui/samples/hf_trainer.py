@@ -47,7 +47,7 @@ def hf_ds_config(stage: int) -> dict:
     }
 
 
-class _Data(torch.utils.data.Dataset):
+class TokenData(torch.utils.data.Dataset):
     def __init__(self, n: int = 16) -> None:
         self.rows = [batch(i, 0, bs=1, seq=16)[0] for i in range(n)]
 
@@ -58,7 +58,7 @@ class _Data(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i].clone()}
 
 
-def _cpu_fsdp_trainer_cls():
+def cpu_fsdp_trainer_cls():
     from transformers import Trainer
 
     class CpuFsdpTrainer(Trainer):
@@ -78,7 +78,7 @@ def _cpu_fsdp_trainer_cls():
     return CpuFsdpTrainer
 
 
-def _reset_accelerate() -> None:
+def reset_accelerate() -> None:
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=False)
@@ -120,18 +120,18 @@ def run_variant(out: Path, kind: str, n: int, tied: bool, frozen: bool) -> None:
             },
             **common,
         )
-        trainer_cls = _cpu_fsdp_trainer_cls()
+        trainer_cls = cpu_fsdp_trainer_cls()
     config = LlamaConfig(**TINY_LLAMA, tie_word_embeddings=tied)
     model = AutoModelForCausalLM.from_config(config)
     if frozen:
         model.get_input_embeddings().weight.requires_grad_(False)
-    trainer = trainer_cls(model=model, args=args, train_dataset=_Data())
+    trainer = trainer_cls(model=model, args=args, train_dataset=TokenData())
     trainer.train()
     if kind == "ds":
         trainer.deepspeed.destroy()
     del trainer, model
     gc.collect()
-    _reset_accelerate()
+    reset_accelerate()
     if kind == "ds":
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 

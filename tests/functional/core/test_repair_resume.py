@@ -8,7 +8,7 @@ from tests.util import torchrun
 HF_RESUME = r"""
 import json, os, sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, finish, init_dist
-from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
+from ckpt_tui.samples.hf_trainer import TokenData, hf_ds_config
 init_dist(deepspeed=True)
 import deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
@@ -19,7 +19,7 @@ args = TrainingArguments(output_dir=sys.argv[2], deepspeed=hf_ds_config(2), per_
                          use_cpu=True, report_to=[], seed=99, disable_tqdm=True, dataloader_num_workers=0)
 torch.manual_seed(99)
 model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
-tr = Trainer(model=model, args=args, train_dataset=_Data())
+tr = Trainer(model=model, args=args, train_dataset=TokenData())
 tr.train(resume_from_checkpoint=ck)
 if int(os.environ.get("RANK", "0")) == 0:  # one line: two ranks would interleave
     # one write() of one line: a pipe shared by two ranks never splits it (print may, when it buffers)
@@ -101,7 +101,7 @@ def test_lightning_resumes_from_universal_2_to_1(real_ckpt_copy, tmp_path):
 HF_SAVE_WITH_INFO = r"""
 import sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, finish, init_dist, seed_all
-from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
+from ckpt_tui.samples.hf_trainer import TokenData, hf_ds_config
 init_dist(deepspeed=True)
 import deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
@@ -112,7 +112,7 @@ args = TrainingArguments(output_dir=sys.argv[1], deepspeed=hf_ds_config(2), per_
                          disable_tqdm=True, dataloader_num_workers=0)
 model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
 model.universal_checkpoint_info = {"universal_checkpoint_version": 0.4}   # the universal guide's one line
-Trainer(model=model, args=args, train_dataset=_Data()).train()
+Trainer(model=model, args=args, train_dataset=TokenData()).train()
 finish()  # leave without the interpreter's teardown (see _common.finish)
 """
 

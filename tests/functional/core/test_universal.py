@@ -386,7 +386,7 @@ def test_load_universal_2_to_1_rank_with_frozen(real_ckpt, tmp_path):
 HF_RESUME = r"""
 import json, sys, torch
 from ckpt_tui.samples._common import TINY_LLAMA, init_dist
-from ckpt_tui.samples.hf_trainer import _Data, hf_ds_config
+from ckpt_tui.samples.hf_trainer import TokenData, hf_ds_config
 init_dist(deepspeed=True)
 import deepspeed
 deepspeed.init_distributed(dist_backend="gloo")
@@ -399,7 +399,7 @@ args = TrainingArguments(output_dir=sys.argv[2], deepspeed=cfg, per_device_train
                          seed=99, disable_tqdm=True, dataloader_num_workers=0)
 torch.manual_seed(99)
 model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_LLAMA))
-tr = Trainer(model=model, args=args, train_dataset=_Data())
+tr = Trainer(model=model, args=args, train_dataset=TokenData())
 tr.train(resume_from_checkpoint=ck)
 print("RESULT " + json.dumps({"global_step": tr.state.global_step, "engine_steps": tr.deepspeed.global_steps}))
 """

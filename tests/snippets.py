@@ -69,6 +69,23 @@ MODELS: dict[str, tuple[str, str | None]] = {
     # exported names and shapes stands in (their oracles are the frameworks' own loads, in test_megatron_torchtitan)
     "megatron-dist": ("tensors", None),
     "torchtitan": ("tensors", None),
+    # PEFT LoRA runs (samples/hf_peft.py): their exports load by from_pretrained (PeftModel's or the merged
+    # model's); a load_state_dict snippet of one would be a defect the "tensors" tree would still catch
+    **{
+        f: ("tensors", None)
+        for f in (
+            "peft-llama",
+            "peft-llama-bias-bf16",
+            "peft-gpt2-rslora",
+            "peft-ddp-mts",
+            "peft-ds-zero2",
+            "peft-ds-zero3",
+            "peft-fsdp2",
+            "peft-fsdp1",
+            "full-gpt2-optim",
+            "full-llama-bias-optim",
+        )
+    },
     # single-file Lightning .ckpt files made by tests/functional/core/test_prefix_and_snippets.py
     "lightning-file-one": ("tinylm", None),  # self.model = TinyLM()
     "lightning-file-two": ("tinylm+head", None),  # self.model = TinyLM(); self.head = nn.Linear(64, 8)
@@ -112,10 +129,14 @@ def build(arch, out):
     raise SystemExit(f"unknown architecture {arch}")
 
 def out_folder(snippet):
-    for node in ast.walk(ast.parse(snippet)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and os.path.isdir(node.value):
-            return node.value
-    raise SystemExit("the snippet names no existing output folder")
+    # the last folder it names: a PEFT snippet names the base first, then the exported adapter
+    found = [
+        node.value for node in ast.walk(ast.parse(snippet))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and os.path.isdir(node.value)
+    ]
+    if not found:
+        raise SystemExit("the snippet names no existing output folder")
+    return found[-1]
 
 results = []
 for case in json.loads(sys.stdin.read()):
@@ -140,7 +161,11 @@ for case in json.loads(sys.stdin.read()):
     for f in sorted(os.listdir(out)):  # an optimizer export beside the model ("both") is not the model's
         if f.endswith(".safetensors") and not f.startswith("optimizer"):
             exported.update(load_file(os.path.join(out, f)))
-    sd = model.state_dict()
+    if "PeftModel.from_pretrained(" in snippet:  # a LoRA adapter: what PEFT saves of the model is the export
+        from peft import get_peft_model_state_dict
+        sd = get_peft_model_state_dict(model)
+    else:
+        sd = model.state_dict()
     owners = {sd[k].untyped_storage().data_ptr() for k in exported if k in sd}
     results.append({
         "out": out, "from_pretrained": ".from_pretrained(" in snippet, "exported": len(exported),

@@ -49,6 +49,25 @@ from .output import echo, emit_json, fail, run_core
     "<name>.exp_avg, .exp_avg_sq, and .master where the run kept fp32 masters apart) and "
     f"optimizer_config.json (step, param groups) of {optimizer_sources()}; other sources: not supported yet.",
 )
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="A LoRA adapter: write the base model with the adapter merged in (a Hugging Face folder), bit-exact "
+    "with PEFT's merge_and_unload(). Without it an adapter is written as PEFT saves it.",
+)
+@path_option(
+    "--base",
+    "base",
+    default=None,
+    help="With --merge: the base model's folder, where adapter_config.json's base_model_name_or_path is not "
+    "found (looked for beside you, the checkpoint, its run and the local Hugging Face cache; never downloaded).",
+)
+@path_option(
+    "--adapter-config",
+    "adapter_config",
+    default=None,
+    help="A LoRA adapter saved without its adapter_config.json (FSDP, DeepSpeed): the run's adapter_config.json.",
+)
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
 @click.option(
@@ -76,6 +95,9 @@ def export_cmd(
     tag,
     from_module_states,
     component,
+    merge,
+    base,
+    adapter_config,
     exclude_frozen,
     strip_prefix,
     keep_prefix,
@@ -99,6 +121,13 @@ def export_cmd(
     a temp folder, fsynced and moved into place only when complete and
     verified.
 
+    A LoRA adapter (a PEFT run's adapter_model.safetensors, or its DeepSpeed
+    tag or FSDP folder) is written as PEFT saves it: adapter_model.safetensors
+    and adapter_config.json, loaded by PeftModel.from_pretrained(base, OUT).
+    --merge writes the base model with the adapter merged in, bit-exact with
+    PEFT's merge_and_unload(); the base is found where adapter_config.json
+    says (or --base PATH), never downloaded.
+
     A Lightning checkpoint whose names all start with one LightningModule
     attribute (model.) loses that prefix (--keep-prefix keeps it). The code
     printed at the end loads the output: from_pretrained when it has a
@@ -110,6 +139,8 @@ def export_cmd(
       ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 \\
           --max-shard-size 5GB
       ckpt-tui export checkpoint-2000 --out merged/ --dry-run
+      ckpt-tui export checkpoint-500 --out adapter/      # a LoRA run: the adapter
+      ckpt-tui export checkpoint-500 --merge --out merged/  # ... merged into its base
     """
 
     from ..core.export.api import plan_export
@@ -149,6 +180,9 @@ def export_cmd(
                 trust_pickles=trust_pickles,
                 from_module_states=from_module_states,
                 component=component,
+                merge=merge,
+                base=base,
+                adapter_config=adapter_config,
             ),
         )
     quiet = launch is not None and launch.rank != 0  # a dry run under a launcher: rank 0 prints it
@@ -166,6 +200,9 @@ def export_cmd(
             trust_pickles=trust_pickles,
             from_module_states=from_module_states,
             component=component,
+            merge=merge,
+            base=base,
+            adapter_config=adapter_config,
         )
     except ScanError as e:
         fail(str(e), EXIT_USAGE)

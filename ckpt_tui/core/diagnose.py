@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Optional, cast
 
-from .advice import MEMO, export_command, has_breakage, sibling_hint
+from .advice import MEMO, checkpoint_of, export_command, has_breakage, sibling_hint
 from .codes import CODES as CODES  # diagnose.CODES, as before: every code raised here, registered once
 from .facts import (
     DirFacts,
@@ -47,10 +47,49 @@ def diagnose(inv: Inventory) -> list[Finding]:
                 "checkpoint folder (e.g. checkpoint-2000/) or a run folder that holds them.",
             )
         )
+    if inv.adapter is not None:
+        out.append(_adapter_finding(inv))
     if is_url(inv.given):  # object storage: repairs, universal and convert write beside the checkpoint
         out = [_read_only(f) for f in out]
     out.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.path, f.code))
     return out
+
+
+def _adapter_finding(inv: Inventory) -> Finding:
+    """``adapter-only``: a LoRA adapter, what it needs, and the export that writes what the user deploys."""
+    from .adapters.found import AdapterInfo
+
+    info = cast(AdapterInfo, inv.adapter)
+    node = info.node
+    ck = checkpoint_of(node) or (node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
+    if not node.is_dir and ck == node.path:
+        ck = "."
+    where = inv.shown(ck, slash=True)
+    src = inv.shown(ck)
+    adapter_cmd = f"ckpt-tui export {src} --out DIR"
+    merge_cmd = f"ckpt-tui export {src} --merge --out DIR"
+    msg = f"`{where}` holds a {info.headline()}, not a whole model. "
+    command: Optional[str]
+    if info.config is None:
+        msg += (
+            "This save wrote no adapter_config.json: the tensors do not tell lora_alpha, use_rslora, "
+            "fan_in_fan_out, lora_bias or the base, so an export needs the run's adapter_config.json "
+            "(--adapter-config PATH)."
+        )
+        command = None
+    elif info.base is not None and info.base.found is not None:
+        msg += (
+            f"`{merge_cmd}` writes the merged model (a Hugging Face folder: what you deploy); "
+            f"`{adapter_cmd}` writes the adapter as PEFT loads it."
+        )
+        command = merge_cmd
+    else:
+        msg += (
+            f"`{adapter_cmd}` writes the adapter as PEFT loads it; to merge it, add --merge and --base "
+            "with the base model's folder."
+        )
+        command = adapter_cmd
+    return Finding("adapter-only", "info", ck, msg, command=command)
 
 
 def _read_only(f: Finding) -> Finding:
@@ -217,8 +256,12 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                 cmd,
             )
         )
-    if "adapter_config.json" in names and not any(
-        c.name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") for c in n.children
+    if (
+        inv.adapter is None
+        and "adapter_config.json" in names
+        and not any(
+            c.name in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json") for c in n.children
+        )
     ):
         out.append(
             Finding(

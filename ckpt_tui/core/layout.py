@@ -197,7 +197,9 @@ def _world(root: Node, comps: dict[str, str]) -> Optional[int]:
     return None
 
 
-def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
+def summary(root: Node, layout: str, comps: dict[str, str], model_text: Optional[str] = None) -> str:
+    """One line: what the checkpoint is and where its parts are. ``model_text``: what to say of the model
+    component instead of its size (a LoRA adapter's description, found by reading more than the layout)."""
     if layout == "unknown":
         return "not a checkpoint: nothing here is a format ckpt-tui recognises"
     if layout == "run-folder":
@@ -207,7 +209,9 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         newest = ck[0]
         lay, comps = classify(newest)
         plural = "s" if len(ck) != 1 else ""
-        return f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: " + summary(newest, lay, comps)
+        return f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: " + summary(
+            newest, lay, comps, model_text
+        )
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None:
@@ -228,14 +232,16 @@ def summary(root: Node, layout: str, comps: dict[str, str]) -> str:
         where.append(_component_text(root, comps["model"], "model and optimizer"))
     else:
         for role in ("model", "model+optimizer", "optimizer"):
-            if role in comps:
+            if role == "model" and model_text is not None and role in comps:
+                where.append(model_text)
+            elif role in comps:
                 where.append(
                     _component_text(root, comps[role], role.replace("+", " and "))
                     if role != "optimizer"
                     else f"optimizer in `{comps[role]}{'/' if _isdir(root, comps[role]) else ''}`"
                 )
-    if where:
-        text += ": " + ", ".join(where)
+    if where:  # a LoRA adapter's text has commas of its own: its parts are set apart with semicolons
+        text += ": " + ("; " if model_text is not None else ", ").join(where)
     return text
 
 

@@ -65,6 +65,13 @@ def inspect(
         cancel=cancel,
         trust_pickles=trust_pickles,
     )
+    if not remote and inv.layout != "unknown":
+        from .adapters.found import adapter_info
+        from .layout import summary
+
+        inv.adapter = adapter_info(inv)
+        if inv.adapter is not None:
+            inv.summary = summary(inv.root, inv.layout, inv.components, inv.adapter.headline())
     with gc_paused():  # findings are plain data, one per broken file: collections would walk the tree again
         findings = diagnose(inv)
         mark_complete(inv, findings)

@@ -224,6 +224,8 @@ class Inventory:
     given: str = field(default="", repr=False, compare=False)
     # the format registry's format_of: what the questions below ask (types.py sits below the formats)
     format_of: Callable[["Node"], FormatAnswers] = field(default=_no_formats, repr=False, compare=False)
+    # the model component's LoRA adapter (adapters.found.AdapterInfo), found after the scan; None: not one
+    adapter: Any = field(default=None, repr=False, compare=False)
 
     @property
     def path(self) -> Location:

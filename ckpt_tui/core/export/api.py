@@ -344,11 +344,18 @@ def plan_export(
     trust_pickles: bool = False,
     from_module_states: bool = False,
     component: Optional[str] = None,
+    merge: bool = False,
+    base: Optional[StrPath] = None,
+    adapter_config: Optional[StrPath] = None,
 ) -> tuple[ExportPlan, list[str]]:
     """The export plan. A Lightning checkpoint whose names all start with one LightningModule
     attribute (``model.``) loses it by default (``keep_prefix`` keeps it, ``strip_prefix`` forces
     one): see :mod:`.prefix`. ``component``: "model" (the default) or "optimizer" (the role to export
-    where a checkpoint has several; a DCP holding both exports its model part as the model)."""
+    where a checkpoint has several; a DCP holding both exports its model part as the model). A LoRA adapter
+    exports as PEFT saves it, or merged into its base (``merge``; ``base``: its folder where the adapter's
+    record does not find it; ``adapter_config``: the adapter_config.json of a save that wrote none)."""
+    if (merge or base is not None or adapter_config is not None) and component == "optimizer":
+        raise ExportError("--merge, --base and --adapter-config export a LoRA adapter's weights, not an optimizer")
     if component is not None and component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, not {component!r}")
     if component == "optimizer":
@@ -376,6 +383,23 @@ def plan_export(
         from_module_states=from_module_states,
         why="the checkpoint has problems an export cannot work around",
     )
+    adapter = _adapter_plan(
+        report,
+        node,
+        src,
+        out,
+        merge=merge,
+        base=base,
+        adapter_config=adapter_config,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        trust_pickles=trust_pickles,
+        said=said,
+    )
+    if adapter is not None:
+        adapter.out_given, adapter.src_given = str(out), _given(src)
+        _refuse_source_out(adapter)
+        return adapter, said
     plan = _plan(
         report,
         node,
@@ -392,6 +416,65 @@ def plan_export(
     plan.out_given, plan.src_given = str(out), _given(src)
     _refuse_source_out(plan)
     return plan, said
+
+
+def _adapter_plan(
+    report: Report,
+    node: Node,
+    src: LocationLike,
+    out: StrPath,
+    *,
+    merge: bool,
+    base: Optional[StrPath],
+    adapter_config: Optional[StrPath],
+    dtype: str,
+    max_shard_size: Union[int, str],
+    trust_pickles: bool,
+    said: list[str],
+) -> Optional[ExportPlan]:
+    """The plan of a LoRA adapter's export (:mod:`.adapter`), or None where ``node`` holds no adapter."""
+    from ..adapters.found import adapter_info
+    from .adapter import plan_adapter, plan_merge
+
+    inv = report.inventory
+    if adapter_config is None and inv.adapter is not None and inv.adapter.node is node:
+        info = inv.adapter  # found by the inspection
+    else:
+        info = adapter_info(inv, node, config_path=Path(adapter_config) if adapter_config is not None else None)
+    if info is None:
+        if merge or base is not None or adapter_config is not None:
+            raise ExportError(
+                f"--merge, --base and --adapter-config are for a LoRA adapter; {inv.shown(node.path)} holds "
+                f"no LoRA tensors ({inv.summary})"
+            )
+        return None
+    if adapter_config is not None and info.config is None:
+        raise ExportError(f"--adapter-config {adapter_config}: {info.config_error or 'not found'}")
+    try:
+        source = source_for(node, trust_pickles=trust_pickles)
+    except FormatError as e:
+        raise ExportError(f"`{inv.shown(node.path)}`: {e}") from None
+    given = f"`{inv.shown(node.path, slash=node.is_dir)}`"
+    if not merge:
+        said.append(f"{given} holds a {info.what()}: written as PEFT saves it (adapter_model.safetensors)")
+        return plan_adapter(info, source, Path(out).absolute(), dtype=dtype, given=given)
+    said.append(f"{given} holds a {info.what()}: merging it into its base model")
+    return plan_merge(
+        info,
+        source,
+        Path(out).absolute(),
+        read_base=lambda folder: _base_source(folder, trust_pickles),
+        base=Path(base) if base is not None else None,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        given=given,
+    )
+
+
+def _base_source(folder: Path, trust_pickles: bool) -> Source:
+    """A merge's base model: its weights, screened as every export's source is."""
+    _, node, _ = screened_model(folder, trust_pickles=trust_pickles, why="the base model has problems")
+    return source_for(node, trust_pickles=trust_pickles)
 
 
 def _refuse_source_out(plan: ExportPlan) -> None:
@@ -623,6 +706,7 @@ def export_needs(
     from_module_states: bool = False,
     config: Optional[StrPath] = None,
     component: Optional[str] = None,
+    merge: bool = False,
 ) -> int:
     """The bytes an export of ``node`` (an ``Inventory.export_candidates`` path of the scanned ``report``)
     writes with these options -- the model's tensors in the output dtype, safetensors headers, the index,
@@ -647,6 +731,23 @@ def export_needs(
             report=report,
         )
         return plan.output_bytes
+    inv = report.inventory
+    if inv.adapter is not None and inv.adapter.node is node:  # a LoRA adapter: what its export writes
+        adapter = _adapter_plan(
+            report,
+            node,
+            inv.path,
+            out,
+            merge=merge,
+            base=None,
+            adapter_config=None,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            trust_pickles=inv.trust_pickles,
+            said=[],
+        )
+        if adapter is not None:
+            return adapter.output_bytes
     plan = _plan(
         report,
         node,
@@ -678,6 +779,9 @@ def export(
     trust_pickles: bool = False,
     from_module_states: bool = False,
     component: Optional[str] = None,
+    merge: bool = False,
+    base: Optional[StrPath] = None,
+    adapter_config: Optional[StrPath] = None,
     on_progress: Optional[OnProgress] = None,
     cancel: Optional[CancelToken] = None,
 ) -> ExportResult:
@@ -694,6 +798,9 @@ def export(
         trust_pickles=trust_pickles,
         from_module_states=from_module_states,
         component=component,
+        merge=merge,
+        base=base,
+        adapter_config=adapter_config,
     )
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes

@@ -101,6 +101,10 @@ class ExportPlan:
     stem: str = "model"  # output files: <stem>.safetensors, or shards + <stem>.safetensors.index.json
     extra_files: list[tuple[str, str]] = field(default_factory=list)  # (name in out, text): written beside them
     not_copied: list[tuple[str, Path, str]] = field(default_factory=list)  # side files refused: (name, folder, why)
+    # a merge reads two sources: the base (``source``) and the adapter, whose files and folder these are
+    also_read: list[Location] = field(default_factory=list)
+    also_folders: list[Path] = field(default_factory=list)
+    load_base: Optional[str] = None  # an adapter export: the base the load code builds (a folder or hub id)
 
     @property
     def index_name(self) -> str:

@@ -24,15 +24,31 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_forward_module.", "_fsdp_wrapped_
 
 
 def _architecture(plan: ExportPlan) -> Optional[str]:
-    """The first ``architectures`` entry of the config.json the export copies, if it is one."""
-    for src, name in plan.copies:
-        if name == "config.json":
-            try:
-                arch = (json.loads(as_path(src).read_bytes()).get("architectures") or [None])[0]
-            except (OSError, ValueError, AttributeError, TypeError):
+    """The first ``architectures`` entry of the config.json the export writes (copied, or written: a merge's
+    base config), if it is one."""
+    raw: Optional[bytes] = next((text.encode() for name, text in plan.extra_files if name == "config.json"), None)
+    try:
+        if raw is None:
+            src = next((src for src, name in plan.copies if name == "config.json"), None)
+            if src is None:
                 return None
-            return arch if isinstance(arch, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch) else None
-    return None
+            raw = as_path(src).read_bytes()
+        arch = (json.loads(raw).get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return arch if isinstance(arch, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", arch) else None
+
+
+def _adapter_snippet(plan: ExportPlan, out: str) -> str:
+    """A PEFT adapter folder: the base model, then the adapter on it (``PeftModel.from_pretrained``)."""
+    base = plan.load_base
+    lines = ["from peft import PeftModel", "from transformers import AutoModelForCausalLM", ""]
+    if base is None:
+        lines.append("base = AutoModelForCausalLM.from_pretrained(BASE)  # BASE: the base model's folder or hub id")
+    else:
+        lines.append(f"base = AutoModelForCausalLM.from_pretrained({base!r})")
+    lines.append(f"model = PeftModel.from_pretrained(base, {out!r})")
+    return "\n".join(lines)
 
 
 def hf_style(names: list[str], prefix: Optional[PrefixChoice]) -> bool:
@@ -62,6 +78,8 @@ def load_snippet(plan: ExportPlan, given: Optional[str] = None) -> str:
     out = user_path(given if given is not None else (plan.out_given or str(plan.out)))
     if plan.stem == "optimizer":
         return _optimizer_snippet(plan, out)
+    if plan.stem == "adapter_model":
+        return _adapter_snippet(plan, out)
     names = [t.name for f in plan.files for t in f.tensors]
     arch = _architecture(plan)
     frozen = len(plan.excluded)

@@ -37,6 +37,11 @@ def _entry(root: Path) -> tuple[Path, str]:
     ckpts = [c for c in root.iterdir() if c.is_dir() and c.name.startswith("checkpoint-")]
     if len(ckpts) == 1:
         return root, ckpts[0].name
+    run = root / "run"  # a PEFT run (samples/hf_peft.py): the Trainer's output_dir beside its base-model/
+    if run.is_dir():
+        ckpts = [c for c in run.iterdir() if c.is_dir() and c.name.startswith("checkpoint-")]
+        if len(ckpts) == 1:
+            return run, ckpts[0].name
     lit = root / "checkpoints"
     if (lit / "latest_checkpointed_iteration.txt").is_file():  # a Megatron --save folder (megatron-dist)
         return root, "checkpoints"

@@ -1,0 +1,251 @@
+"""Export a LoRA adapter: as PEFT saves it (``adapter_model.safetensors`` + ``adapter_config.json``), or merged
+into its base model as a Hugging Face folder (``--merge``).
+
+    plan = plan_adapter(info, source, out)                 # the adapter, under get_peft_model_state_dict's names
+    plan = plan_merge(info, out, base=Path("base-model"))  # the base with every LoRA layer merged
+
+The adapter's tensors are renamed only (:mod:`..adapters.names`); a merged weight is computed in row blocks
+(:mod:`.merge`); every other tensor of the base is copied by byte range. Imports neither peft nor transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from ..adapters.base import model_folder_problem
+from ..adapters.config import CONFIG_NAME, LoraConfig
+from ..adapters.found import AdapterInfo, config_places
+from ..safetext import visible
+from ..storage import Location, as_path
+from .plan import CONFIG_FILES, ExportPlan, make_plan, side_file_problem
+from .sources import Source, SourceTensor
+from .write import ExportError
+
+ADAPTER_STEM = "adapter_model"
+NO_SHARDS = 1 << 62  # PEFT reads one adapter_model.safetensors: an adapter is never sharded
+# what the tensors of an adapter cannot tell, and a PEFT adapter folder needs (adapter_config.json's keys)
+UNREADABLE = ("lora_alpha", "use_rslora", "fan_in_fan_out", "lora_bias", "base_model_name_or_path")
+# module names of input embeddings and output heads, whose weights a model may tie
+TIEABLE = ("lm_head", "embed_tokens", "wte", "word_embeddings", "embed_in", "embed_out", "tok_embeddings", "output")
+
+
+def _what_read(info: AdapterInfo) -> str:
+    ranks = sorted({m.rank for m in info.layout.modules})
+    return f"r={'/'.join(map(str, ranks))} on {visible(', '.join(info.layout.targets()))}"
+
+
+def need_config(info: AdapterInfo, given: str) -> ExportError:
+    """The refusal of an adapter export without an adapter_config.json (FSDP and DeepSpeed saves write none)."""
+    looked = ", ".join(visible(str(p)) for p in info.config_looked[:4])
+    why = visible(info.config_error) if info.config_error else f"no {CONFIG_NAME} (looked: {looked})"
+    return ExportError(
+        f"{given} holds a LoRA adapter ({_what_read(info)}; {len(info.layout.modules)} layers), but {why}. "
+        f"Its tensors do not say {', '.join(UNREADABLE)}, which PEFT needs to load it: give the run's "
+        f"{CONFIG_NAME} with --adapter-config PATH"
+    )
+
+
+def _renamed(source: Source, info: AdapterInfo) -> Source:
+    saved = info.layout.saved
+    tensors = [replace(t, name=saved[t.name], tied_to=None) for t in source.tensors if t.name in saved]
+    notes = list(source.notes)
+    if info.layout.container != "peft":
+        notes.append("named as PEFT's get_peft_model_state_dict names them (the adapter name `.default` dropped)")
+    return replace(source, tensors=tensors, notes=notes, excluded=[])
+
+
+def _config_text(cfg: LoraConfig) -> str:
+    assert cfg.path is not None
+    return as_path(cfg.path).read_bytes().decode("utf-8")
+
+
+def plan_adapter(
+    info: AdapterInfo, source: Source, out: Path, *, dtype: str = "keep", given: str = "the checkpoint"
+) -> ExportPlan:
+    """The adapter export: ``adapter_model.safetensors`` with get_peft_model_state_dict's keys and values, and the
+    adapter_config.json it was trained with."""
+    if info.config is None:
+        raise need_config(info, given)
+    plan = make_plan(_renamed(source, info), out, dtype=dtype, max_shard_size=NO_SHARDS, stem=ADAPTER_STEM)
+    plan.extra_files.append((CONFIG_NAME, _config_text(info.config)))
+    plan.load_base = info.base.recorded if info.base is not None else None
+    if info.base is not None and info.base.found is not None:
+        plan.load_base = info.shown(info.base.found)
+    return plan
+
+
+# ---------------------------------------------------------------- merge
+
+
+def read_files(source: Source) -> list[Location]:
+    """The files a merge reads of the adapter: its byte ranges' files; every file of its folder where a tensor
+    is loaded otherwise (a DeepSpeed tag's partitions)."""
+    files: set[Path] = {Path(r.path) for t in source.tensors for r in (t.ranges or ())}
+    if any(t.ranges is None for t in source.tensors):
+        root = Path(str(source.path))
+        root = root if root.is_dir() else root.parent
+        files |= {p for p in root.iterdir() if p.is_file()}
+    return list(sorted(files))
+
+
+def _tied(config: dict[str, Any], names: set[str]) -> bool:
+    tie = config.get("tie_word_embeddings")
+    if isinstance(tie, bool):
+        return tie
+    return "lm_head.weight" not in names  # no head of its own: it shares the embedding's
+
+
+def _tieable(module: str) -> bool:
+    return module.rsplit(".", 1)[-1] in TIEABLE
+
+
+def _base_config(folder: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((folder / "config.json").read_bytes())
+    except (OSError, ValueError) as e:
+        raise ExportError(f"the base model's config.json in {folder} cannot be read: {e}") from None
+    if not isinstance(doc, dict):
+        raise ExportError(f"the base model's config.json in {folder} is not a JSON object")
+    return doc
+
+
+def plan_merge(
+    info: AdapterInfo,
+    source: Source,
+    out: Path,
+    *,
+    read_base: Callable[[Path], Source],
+    base: Optional[Path] = None,
+    dtype: str = "keep",
+    max_shard_size: Union[int, str] = "50GB",
+    given: str = "the checkpoint",
+) -> ExportPlan:
+    """The merged model: the base's tensors, every LoRA target's weight as PEFT's merge_and_unload computes it,
+    the adapter's modules_to_save in place of the base's; the base's config (vocab_size as the adapter's
+    embedding, where modules_to_save resized it), generation config and tokenizer (the checkpoint's first).
+    ``read_base``: the base folder's weights as an export source, screened as every source is (export.api)."""
+    from .merge import merged_bias, merged_tensor
+
+    cfg = info.config
+    if cfg is None:
+        raise need_config(info, given)
+    unsupported = cfg.unsupported_for_merge()
+    if unsupported:
+        raise ExportError(
+            f"{given}: the adapter uses {', '.join(unsupported)}, which a plain LoRA merge (W + B·A·scale) does "
+            "not compute; merge it with PEFT itself (merge_and_unload)"
+        )
+    folder = base
+    if folder is None:
+        lookup = info.base
+        if lookup is None or lookup.found is None:
+            where = "; ".join(lookup.looked) if lookup is not None and lookup.looked else "nowhere: none recorded"
+            rec = f"`{visible(lookup.recorded)}`" if lookup is not None and lookup.recorded else "the base model"
+            raise ExportError(
+                f"--merge needs the base model: {rec} was not found (looked: {visible(where)}). "
+                "Pass --base PATH (a folder holding its config.json and weights)"
+            )
+        folder = lookup.found
+    folder = Path(folder)
+    problem = model_folder_problem(folder)
+    if problem is not None:
+        raise ExportError(f"--base {visible(str(folder))}: {visible(problem)}")
+    bsrc = read_base(folder)
+    bcfg = _base_config(folder)
+    by_name = {t.name: t for t in bsrc.tensors}
+    names = set(by_name)
+    tied = _tied(bcfg, names)
+    lora = {t.name: t for t in source.tensors}
+    saved_to_src = {v: k for k, v in info.layout.saved.items()}
+
+    def adapter_tensor(saved: str) -> SourceTensor:
+        return lora[saved_to_src[saved]]
+
+    problems: list[str] = []
+    replaced: dict[str, SourceTensor] = {}
+    for m in info.layout.modules:
+        if tied and _tieable(m.module):
+            problems.append(f"a LoRA on `{visible(m.module)}`, whose weight the base ties to another")
+            continue
+        wname = f"{m.module}.weight"
+        w = by_name.get(wname)
+        if w is None:
+            problems.append(f"`{visible(wname)}` is not in the base model")
+            continue
+        a, b = adapter_tensor(m.a), adapter_tensor(m.b)
+        fifo = cfg.fan_in_fan_out and not m.embedding
+        if m.embedding:
+            want = (a.shape[1], b.shape[0])
+        else:
+            want = (b.shape[0], a.shape[1])
+            if fifo:
+                want = (want[1], want[0])
+        if tuple(w.shape) != want:
+            problems.append(f"`{visible(wname)}` is {list(w.shape)} in the base, the LoRA on it makes {list(want)}")
+            continue
+        scale = cfg.scale(m.module)
+        try:
+            replaced[wname] = merged_tensor(w, a, b, scale, fan_in_fan_out=fifo, embedding=m.embedding)
+            if m.b_bias is not None:
+                bias = by_name.get(f"{m.module}.bias")
+                if bias is None:
+                    problems.append(f"lora_bias on `{visible(m.module)}`, which has no bias in the base")
+                    continue
+                replaced[bias.name] = merged_bias(bias, adapter_tensor(m.b_bias), scale)
+        except ValueError as e:  # a dtype the merge does not compute, shapes that do not fit: said per layer
+            problems.append(str(e))
+    vocab: Optional[int] = None
+    for tname, saved in info.layout.modules_to_save.items():
+        t = adapter_tensor(saved)
+        if tied and _tieable(tname.rsplit(".", 1)[0]):
+            problems.append(f"modules_to_save `{visible(tname)}`, a weight the base ties to another")
+            continue
+        w = by_name.get(tname)
+        if w is None:
+            problems.append(f"modules_to_save `{visible(tname)}` is not in the base model")
+            continue
+        if tuple(w.shape) != tuple(t.shape):
+            if tname.rsplit(".", 2)[-2] in TIEABLE and len(t.shape) == 2 and t.shape[1:] == w.shape[1:]:
+                vocab = t.shape[0]  # the run resized the embedding (new tokens): the config follows it
+            else:
+                problems.append(f"modules_to_save `{visible(tname)}` is {list(t.shape)}, the base's {list(w.shape)}")
+                continue
+        replaced[tname] = replace(t, name=tname)
+    if problems:
+        raise ExportError(
+            f"cannot merge {given} into the base in {visible(str(folder))}:\n  " + "\n  ".join(problems[:8])
+        )
+    tensors = [replaced.get(t.name, t) for t in bsrc.tensors]
+    merged = Source(
+        "merged",
+        bsrc.path,
+        tensors,
+        notes=[
+            f"{len(info.layout.modules)} LoRA layers merged into the base model in {visible(info.shown(folder))} "
+            "as PEFT's merge_and_unload computes them"
+        ],
+    )
+    places = config_places(info.node)
+    plan = make_plan(merged, out, dtype=dtype, max_shard_size=max_shard_size, config_dirs=[*places, folder])
+    # the model config and generation config are the base's, never a checkpoint's; the tokenizer: the checkpoint's
+    # first (a run that added tokens saved its own)
+    plan.copies = [(p, n) for p, n in plan.copies if n not in ("config.json", "generation_config.json")]
+    gen = folder / "generation_config.json"
+    if gen.is_file() and side_file_problem(gen, folder) is None:
+        plan.copies.append((gen, gen.name))
+    if vocab is not None:
+        bcfg = dict(bcfg, vocab_size=vocab)
+        plan.notes.append(
+            f"vocab_size {vocab}: the embedding the run saved (modules_to_save) is larger than the base's"
+        )
+    plan.extra_files.append(("config.json", json.dumps(bcfg, indent=2, sort_keys=True) + "\n"))
+    plan.missing_config = []
+    plan.also_read = read_files(source)
+    plan.also_folders = list(dict.fromkeys(places[:2]))
+    return plan
+
+
+__all__ = ["plan_adapter", "plan_merge", "need_config", "ADAPTER_STEM", "CONFIG_FILES"]

@@ -1,0 +1,172 @@
+"""LoRA runs (issue 23) as a user meets them: inspect says what the adapter is and where its base is; `export`
+writes the adapter as PEFT saves it, and `export --merge` the merged model, bit-exact with PEFT's own
+`PeftModel.from_pretrained(base).merge_and_unload()`; each printed load snippet runs as printed.
+
+Fixtures: samples/hf_peft.py — each variant is `base-model/` beside the Trainer's `run/checkpoint-2/`, the base
+recorded as the relative path `base-model`. The user stands in `run/` (the Trainer's output_dir)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.fixtures import fixture_path
+from tests.snippets import run_load_snippets, snippet_after
+from tests.util import ckpt_tui
+
+FOLDER = ["peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "peft-ddp-mts"]
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    d = tmp_path / name
+    shutil.copytree(fixture_path(name), d, symlinks=True)
+    return d
+
+
+def _peft(variant: Path, adapter: Path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(variant / "base-model")
+    return PeftModel.from_pretrained(base, adapter).eval()
+
+
+def _ids():
+    return torch.arange(0, 32).reshape(2, 16) % 250
+
+
+def test_inspect_names_the_adapter_and_finds_its_base(tmp_path):
+    v = _copy("peft-llama", tmp_path)
+    r = ckpt_tui("inspect", "checkpoint-2", "--json", cwd=v / "run")
+    doc = json.loads(r.stdout)
+    assert "LoRA adapter (r=4, alpha=8, on q_proj, v_proj;" in doc["summary"], doc["summary"]
+    assert "for `base-model` — found at `../base-model`; optimizer in `optimizer.pt`" in doc["summary"], doc["summary"]
+    (f,) = [f for f in doc["findings"] if f["code"] == "adapter-only"]
+    assert f["command"] == "ckpt-tui export checkpoint-2 --merge --out DIR"
+
+
+def test_inspect_says_when_the_base_is_not_found_or_not_recorded(tmp_path):
+    v = _copy("peft-llama", tmp_path)
+    shutil.rmtree(v / "base-model")
+    doc = json.loads(ckpt_tui("inspect", "checkpoint-2", "--json", cwd=v / "run").stdout)
+    assert "for `base-model` — not found: pass `--base PATH`;" in doc["summary"], doc["summary"]
+    (f,) = [f for f in doc["findings"] if f["code"] == "adapter-only"]
+    assert f["command"] == "ckpt-tui export checkpoint-2 --out DIR"  # the adapter needs no base
+    cfg = v / "run" / "checkpoint-2" / "adapter_config.json"
+    doc = json.loads(cfg.read_text())
+    doc["base_model_name_or_path"] = None
+    cfg.write_text(json.dumps(doc))
+    doc = json.loads(ckpt_tui("inspect", "checkpoint-2", "--json", cwd=v / "run").stdout)
+    assert "— base not recorded (`base_model_name_or_path` is null): pass `--base PATH`;" in doc["summary"]
+
+
+@pytest.mark.parametrize("name", FOLDER)
+def test_export_writes_the_adapter_as_peft_saves_it(name, tmp_path):
+    v = _copy(name, tmp_path)
+    run = v / "run"
+    r = ckpt_tui("export", "checkpoint-2", "--out", "adapter", cwd=run)
+    assert r.returncode == 0, r.stderr
+    out = run / "adapter"
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert (out / "adapter_config.json").read_bytes() == (run / "checkpoint-2" / "adapter_config.json").read_bytes()
+    got = load_file(out / "adapter_model.safetensors")
+    oracle = load_file(v / "oracle" / "adapter_state.safetensors")  # get_peft_model_state_dict of the live run
+    assert sorted(got) == sorted(oracle)
+    for k in oracle:
+        assert got[k].dtype == oracle[k].dtype and torch.equal(got[k], oracle[k]), k
+    snippet = snippet_after(r.stdout)
+    assert "PeftModel.from_pretrained(base, 'adapter')" in snippet, snippet
+    run_load_snippets([(snippet, run, name)])
+    with torch.no_grad():  # the exported adapter gives the checkpoint's logits exactly
+        a = _peft(v, run / "checkpoint-2")(_ids()).logits
+        b = _peft(v, out)(_ids()).logits
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", FOLDER)
+def test_merge_is_bit_exact_with_peft_merge_and_unload(name, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    v = _copy(name, tmp_path)
+    run = v / "run"
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--out", "merged", cwd=run)
+    assert r.returncode == 0, r.stderr
+    out = run / "merged"
+    peft_model = _peft(v, run / "checkpoint-2")
+    with torch.no_grad():
+        unmerged = peft_model(_ids()).logits
+    oracle = peft_model.merge_and_unload().state_dict()
+    base = load_file(v / "base-model" / "model.safetensors")
+    got = {}
+    for f in out.glob("*.safetensors"):
+        got.update(load_file(f))
+    assert sorted(got) == sorted(base)  # every tensor the base has, and only those (a tied head stays tied)
+    for k, t in got.items():
+        assert t.dtype == oracle[k].dtype and torch.equal(t, oracle[k]), k
+    cfg = json.loads((run / "checkpoint-2" / "adapter_config.json").read_text())
+    targets = cfg["target_modules"]
+    changed = {}
+    for k, t in got.items():
+        mod = k.rsplit(".", 1)[0]
+        hit = mod in targets or mod.rsplit(".", 1)[-1] in targets  # names, or module paths ("all-linear" saved)
+        if hit and k.endswith(".weight") and k in base:
+            changed[k] = int((t != base[k]).sum())
+    assert changed and all(n > 0 for n in changed.values()), changed  # every target moved: a missing merge fails
+    model = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    merged, info = model
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        logits = merged.eval()(_ids()).logits
+    if logits.dtype == torch.float32:
+        assert (logits - unmerged).abs().max().item() <= 1e-5
+    snippet = snippet_after(r.stdout)
+    assert ".from_pretrained('merged')" in snippet, snippet
+    run_load_snippets([(snippet, run, name)])
+
+
+def test_merge_without_the_base_lists_every_place_looked(tmp_path):
+    v = _copy("peft-llama", tmp_path)
+    shutil.move(v / "base-model", tmp_path / "elsewhere")
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--out", "merged", cwd=v / "run")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "`base-model` was not found" in r.stderr and "--base PATH" in r.stderr, r.stderr
+    assert not (v / "run" / "merged").exists()
+    r = ckpt_tui(
+        "export", "checkpoint-2", "--merge", "--base", str(tmp_path / "elsewhere"), "--out", "m", cwd=v / "run"
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_merge_refuses_a_base_whose_shapes_disagree(tmp_path):
+    from safetensors.torch import save_file
+
+    v = _copy("peft-llama", tmp_path)
+    f = v / "base-model" / "model.safetensors"
+    sd = load_file(f)
+    k = "model.layers.0.self_attn.q_proj.weight"
+    sd[k] = torch.zeros(sd[k].shape[0], sd[k].shape[1] // 2)
+    save_file(sd, f, metadata={"format": "pt"})
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--out", "merged", cwd=v / "run")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert k in r.stderr and "the LoRA on it makes" in r.stderr, r.stderr
+
+
+def test_merge_refuses_lora_variants(tmp_path):
+    v = _copy("peft-llama", tmp_path)
+    cfg = v / "run" / "checkpoint-2" / "adapter_config.json"
+    doc = json.loads(cfg.read_text())
+    doc["use_dora"] = True
+    cfg.write_text(json.dumps(doc))
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--out", "merged", cwd=v / "run")
+    assert r.returncode != 0 and "use_dora" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_merge_on_a_whole_model_is_refused(tmp_path):
+    v = _copy("peft-llama", tmp_path)
+    r = ckpt_tui("export", "base-model", "--merge", "--out", "merged", cwd=v)
+    assert r.returncode != 0 and "no LoRA tensors" in r.stderr and "Traceback" not in r.stderr, r.stderr

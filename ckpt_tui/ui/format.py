@@ -26,6 +26,7 @@ __all__ = [
     "size",
     "worst",
     "middle_ellipsis",
+    "distinct_cuts",
     "plain",
     "plain_text",
     "visible",
@@ -47,6 +48,7 @@ BADGE_STYLE = {
     "model": "bold black on green",
     "optimizer": "bold black on magenta",
     "model+optimizer": "bold black on green",
+    "adapter": "bold black on cyan",
 }
 
 
@@ -56,18 +58,19 @@ BADGE_STYLE = {
 GAP = Style(italic=True)
 
 
-def node_label(node, findings=()) -> Text:
+def node_label(node, findings=(), *, adapter: bool = False) -> Text:
     """``▲ MODEL name/ 1.6 MB`` or ``name badge 1.6 MB``: one plain space between the parts, each part a
-    styled span of one Text (a tree line never wraps: no non-breaking spaces)."""
+    styled span of one Text (a tree line never wraps: no non-breaking spaces). ``adapter``: the node holds a
+    LoRA adapter (its badge says ADAPTER, not MODEL)."""
     name = visible(node.abspath.name if node.path == "." else node.name) + ("/" if node.is_dir else "")
     sev = worst(findings)
-    badge = role_badge(node.role)
-    main = node.role in MAIN_ROLES
+    badge = "adapter" if adapter else role_badge(node.role)
+    main = adapter or node.role in MAIN_ROLES
     parts: list[tuple[str, str]] = []
     if sev:
         parts.append((GLYPH[sev], SEV_STYLE[sev]))
     if badge and main:  # model/optimizer first, in capitals: never cut
-        parts.append((badge.upper(), BADGE_STYLE.get(node.role, "reverse")))
+        parts.append((badge.upper(), BADGE_STYLE.get("adapter" if adapter else node.role, "reverse")))
     parts.append((name, "bold" if node.is_dir else ""))
     if badge and not main:
         parts.append((badge, "dim reverse"))
@@ -81,7 +84,77 @@ def node_label(node, findings=()) -> Text:
     return label
 
 
+# container prefixes wrappers put before a model's own names (PEFT, DDP/DeepSpeed, torch.compile, FSDP, DCP of a
+# Trainer): a name that must be cut loses these first
+WRAPPERS = ("base_model.model.", "module.", "_orig_mod.", "_fsdp_wrapped_module.", "model.base_model.model.")
+
+
+def _unwrapped(name: str) -> str:
+    for w in sorted(WRAPPERS, key=len, reverse=True):
+        if name.startswith(w) and len(name) > len(w):
+            return name[len(w) :]
+    return name
+
+
 def middle_ellipsis(name: str, width: int, sep: str = ".") -> str:
+    """``name`` in at most ``width`` cells (:func:`_middle`); a wrapper's prefix (``base_model.model.``) gives way
+    first, shown as a leading ``…``."""
+    if cell_len(name) <= width:
+        return name
+    bare = _unwrapped(name)
+    if bare != name and width >= 12:
+        return "…" + _middle(bare, width - 1, sep)
+    return _middle(name, width, sep)
+
+
+def distinct_cuts(names: list[str], width: int, sep: str = ".") -> list[str]:
+    """Each of ``names`` cut to ``width`` cells (:func:`middle_ellipsis`) so that names that differ read
+    differently: where two cuts of different names agree, each keeps the component where they part (the
+    ``q_proj`` of one and the ``v_proj`` of the other) and as much after it as fits."""
+    cuts = [middle_ellipsis(n, width, sep) for n in names]
+    groups: dict[str, set[str]] = {}
+    for n, c in zip(names, cuts):
+        groups.setdefault(c, set()).add(n)
+    clashing = {c: sorted(g) for c, g in groups.items() if len(g) > 1}
+    if not clashing or width < 8:
+        return cuts
+    for i, (n, c) in enumerate(zip(names, cuts)):
+        group = clashing.get(c)
+        if group is None:
+            continue
+        parts = n.split(sep)
+        others = [o.split(sep) for o in group if o != n]
+        # from the end, the component where this name has parted from every other of its group
+        d = max(
+            (
+                next((k for k in range(1, len(parts) + 1) if k > len(o) or parts[-k] != o[-k]), len(parts))
+                for o in others
+            ),
+        )
+        keep = sep.join(parts[len(parts) - d :])  # the parting component and everything after it
+        head = parts[: len(parts) - d]
+        start = sep.join(head)
+        idx = next((k for k in range(1, len(head)) if head[k].isdigit()), 0)  # the layer index, if any
+        layer = sep.join(head[idx - 1 : idx + 1]) if idx else ""  # `layers.0`
+        num = head[idx] if idx else ""
+        room = width - cell_len(keep) - 1  # the start and what joins it to ``keep``
+        cut = middle_ellipsis(start, room, sep) if room >= 2 else ""
+        # most to least of the name; once a layer index is there, no form drops it
+        options = [
+            start + sep + keep if start else keep,
+            cut + "…" + keep if cut and (not layer or layer in cut) else "",
+            "…" + layer + "…" + keep if layer else "",
+            "…" + num + sep + keep if num and idx == len(head) - 1 else "",
+            "…" + num + "…" + keep if num else "",
+            num + "…" + keep if num else "",
+            "…" + keep if not num else "",
+            num + "…" + _cells_from_end(keep, width - cell_len(num) - 1) if num and width > cell_len(num) + 4 else "",
+        ]
+        cuts[i] = next((o for o in options if o and cell_len(o) <= width), "…" + _cells_from_end(n, width - 1))
+    return cuts
+
+
+def _middle(name: str, width: int, sep: str = ".") -> str:
     """``name`` in at most ``width`` cells, cut in the middle where it must be: the start up to the first
     numeric component (the layer index) and the leaf are kept, then as many components before the leaf as
     fit, e.g. ``model.layers.10.self_attn.q_proj.weight`` in 29 cells is ``model.layers.10…q_proj.weight``.
@@ -135,13 +208,31 @@ def _cells_from_end(text: str, n: int) -> str:
     return _cells(text[::-1], n)[::-1]
 
 
-def fact_rows(node) -> list[tuple[str, str]]:
+def adapter_rows(info) -> list[tuple[str, str]]:
+    """The facts of a LoRA adapter (core.adapters.found.AdapterInfo): what it is and where its base is."""
+    rows = [("adapter", info.what())]
+    cfg, base = info.config, info.base
+    if cfg is None:
+        rows.append(("config", "no adapter_config.json: an export needs --adapter-config"))
+    elif base is None or base.recorded is None:
+        rows.append(("base", "not recorded: --merge needs --base"))
+    elif base.found is not None:
+        rows.append(("base", f"{base.recorded} (found at {info.shown(base.found)})"))
+    else:
+        rows.append(("base", f"{base.recorded} (not found: --merge needs --base)"))
+    return rows
+
+
+def fact_rows(node, adapter=None) -> list[tuple[str, str]]:
+    """The facts shown for ``node``; ``adapter``: the LoRA adapter it holds (AdapterInfo), if it holds one."""
     f = node.facts
     rows = []
     if node.framework:
         rows.append(("framework", node.framework))
     rows.append(("format", node.format))
     rows.append(("role", node.role))
+    if adapter is not None:
+        rows += adapter_rows(adapter)
     if f.get("zero_stage") is not None:
         rows.append(("ZeRO stage", str(f["zero_stage"])))
     if f.get("ds_layout") in ("zero-0", "bf16-optimizer", "pipeline"):

@@ -92,3 +92,29 @@ def test_a_long_wrapper_start_gives_way_before_the_leaf(width):
     for leaf in ("q_proj", "k_proj"):
         out = middle_ellipsis(f"model.model.layers.0.self_attn.{leaf}.weight", width)
         assert out == f"…layers.0…{leaf}.weight" and len(out) <= width
+
+
+LORA = [
+    f"base_model.model.model.layers.{layer}.self_attn.{p}_proj.lora_{ab}.weight"
+    for layer in (0, 1, 10)
+    for p in "qkv"
+    for ab in "AB"
+]
+
+
+@pytest.mark.parametrize("width", [26, 29, 30, 34, 40, 60])
+def test_distinct_cuts_keep_lora_rows_apart_and_the_wrapper_gives_way_first(width):
+    from ckpt_tui.ui.format import distinct_cuts
+
+    cuts = distinct_cuts(LORA, width)
+    assert all(cell_len(c) <= width for c in cuts)
+    assert len(set(cuts)) == len(LORA), cuts  # issue 23: q_proj and v_proj read the same
+    if width >= 30:
+        assert all(not c.startswith("base_model") for c in cuts)  # the PEFT wrapper went first
+
+
+def test_distinct_cuts_change_nothing_where_the_plain_cut_already_differs():
+    from ckpt_tui.ui.format import distinct_cuts
+
+    names = [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(3)]
+    assert distinct_cuts(names, 29) == [middle_ellipsis(n, 29) for n in names]

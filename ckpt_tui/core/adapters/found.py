@@ -86,14 +86,14 @@ class AdapterInfo:
         return self.what() + self.base_text()
 
     def shown(self, p: Path) -> str:
-        """A found path as the user can type it from where they are: relative when it is near, else absolute."""
+        """A found path as the user can type it from where they are: relative where that is shorter, else absolute."""
         if self.cwd is None:
             return str(p)
         try:
             rel = os.path.relpath(p, self.cwd)
         except ValueError:
             return str(p)
-        return rel if rel.count("..") <= 3 else str(p)
+        return rel if len(rel) < len(str(p)) else str(p)  # ../base-model, not ../../../../tmp/x/base-model
 
 
 def _names(node: Node, inv: Inventory) -> Optional[dict[str, tuple[int, ...]]]:

@@ -207,7 +207,7 @@ class MainScreen(Screen[None]):
             plain(inv.summary + (f"   [{marks}]" if marks else "   ✔ no problems"))
         )
         tree = self.query_one(CheckpointTree)
-        tree.load(inv.root, by_path)
+        tree.load(inv.root, by_path, inv.adapter.node.path if inv.adapter is not None else None)
         target = inv.model_path()
         if inv.layout == "run-folder" and inv.checkpoints:
             target = inv.checkpoints[0]["path"]
@@ -233,7 +233,10 @@ class MainScreen(Screen[None]):
         # its own findings, and the checkpoint's errors elsewhere: errors lead, whichever node is selected
         mine = [f for f in findings if f.path == node.path]
         elsewhere = [f for f in findings if f.severity == "error" and f.path != node.path]
-        self.query_one(Facts).show(node, by_severity(elsewhere + mine, node))
+        adapter = self.report.inventory.adapter if self.report else None
+        self.query_one(Facts).show(
+            node, by_severity(elsewhere + mine, node), adapter if adapter is not None and adapter.node is node else None
+        )
         if self.report is not None:
             self.load_tensors(node)
 

@@ -19,7 +19,7 @@ from ...core.analysis import TensorStats
 from ...core.codes import fix_key
 from ...core.present import GLYPH, shape_text, short_dtype, size
 from ...core.types import TensorInfo
-from ..format import SEV_STYLE, fact_rows, middle_ellipsis, plain_text, visible
+from ..format import SEV_STYLE, distinct_cuts, fact_rows, plain_text, visible
 
 MAX_ROWS = 100
 
@@ -28,14 +28,14 @@ class Facts(Static):
     """The selected node's name, then the findings it is given (the caller orders them, errors first; one
     about another file names it), then the node's facts."""
 
-    def show(self, node, findings) -> None:
+    def show(self, node, findings, adapter=None) -> None:
         if node is None:
             self.update("")
             return
         t = Table.grid(padding=(0, 1))
         t.add_column(style="dim", no_wrap=True)
         t.add_column()
-        for k, v in fact_rows(node):
+        for k, v in fact_rows(node, adapter):
             t.add_row(k, plain_text(v))  # a fact's value may come from the file: never markup
         parts: list[Text | Table] = [plain_text(node.path if node.path != "." else node.abspath.name, "bold")]
         for f in findings:  # what is wrong comes first
@@ -151,10 +151,8 @@ class TensorTable(Vertical):
         table.clear(columns=True)
         for c, w in widths.items():
             table.add_column(c, width=w, key=c)
-        name_w = widths["name"]
-        table.add_rows(
-            [[Text(middle_ellipsis(row["name"], name_w)) if c == "name" else row[c] for c in widths] for row in cells]
-        )
+        shown = distinct_cuts([row["name"] for row in cells], widths["name"])
+        table.add_rows([[Text(cut) if c == "name" else row[c] for c in widths] for row, cut in zip(cells, shown)])
         if 0 < cursor < table.row_count:
             table.move_cursor(row=cursor, animate=False)
 

@@ -9,7 +9,7 @@ get the room."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from rich.text import Text
 from textual.binding import Binding
@@ -37,6 +37,7 @@ class CheckpointTree(Tree[Node]):
         self.show_root = True
         self.guide_depth = 2
         self.findings_by_path: dict[str, list] = {}
+        self.adapter_path: Optional[str] = None  # the node badged ADAPTER (a LoRA adapter's weights)
         self._by_path: dict[str, TreeNode[Node]] = {}
 
     def content_width(self) -> int:
@@ -70,8 +71,10 @@ class CheckpointTree(Tree[Node]):
     def on_blur(self) -> None:
         self.refresh(layout=True)
 
-    def load(self, root: Node, findings_by_path: dict[str, list]) -> None:
+    def load(self, root: Node, findings_by_path: dict[str, list], adapter_path: Optional[str] = None) -> None:
+        """Show ``root``'s tree; ``adapter_path``: the node holding a LoRA adapter (badged ADAPTER)."""
         self.findings_by_path = findings_by_path
+        self.adapter_path = adapter_path
         self.clear()
         self._by_path = {}
         self.root.set_label(self._label(root))
@@ -92,7 +95,7 @@ class CheckpointTree(Tree[Node]):
         return [f for p, fs in self.findings_by_path.items() if p == node.path or p.startswith(pre) for f in fs]
 
     def _label(self, node: Node) -> Text:
-        label = node_label(node, self._subtree_findings(node))
+        label = node_label(node, self._subtree_findings(node), adapter=node.path == self.adapter_path)
         fmt = format_of(node)
         if fmt.one_line:  # a universal checkpoint: its summary on its line
             label.append(" ")

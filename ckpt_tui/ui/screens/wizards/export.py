@@ -25,7 +25,7 @@ from ...format import plain, size
 from ...widgets.safe_input import SafeInput
 from .base import PlannedWizard, typed
 
-Component = Literal["model", "optimizer", "both"]
+Component = Literal["model", "optimizer", "both", "adapter", "merged"]
 CHECK_AFTER = 0.25  # seconds after the last keystroke in the output folder before the disk is asked
 
 
@@ -39,7 +39,7 @@ class ExportSource:
     desc: str
 
     def label(self) -> str:
-        return self.desc if self.component != "model" else f"{self.path}  —  {self.desc}"
+        return self.desc if self.component not in ("model", "adapter") else f"{self.path}  —  {self.desc}"
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class ExportInputs:
     component: Component
     dtype: str
     max_shard_size: str
+    base: str = ""  # "merged": the base model's folder as typed ("": where the adapter's record finds it)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def check_output(typed_out: str, inv: Inventory) -> OutputCheck:
 
 
 class ExportWizard(PlannedWizard[ExportChoice]):
-    STEPS = ("source", "output", "dtype", "shards", "confirm")
+    STEPS: tuple[str, ...] = ("source", "output", "dtype", "shards", "confirm")
     TITLE = "Export to safetensors"
     READY = "Press enter to export (then verify every tensor). The plan:"
     FAILED = "Cannot export"
@@ -110,6 +111,19 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         inv = report.inventory
         self.candidates: list[ExportSource] = [ExportSource("model", p, d) for p, d in inv.export_candidates()]
         self.model_default = self.candidates[0].path if self.candidates else "."
+        self.adapter = inv.adapter  # a LoRA adapter (core.adapters.found.AdapterInfo): two ways to export it
+        if self.adapter is not None:
+            self.STEPS = ("source", "base", "output", "dtype", "shards", "confirm")
+            at = self.adapter.node.path
+            self.candidates = [c for c in self.candidates if c.path != at]
+            self.candidates[:0] = [
+                ExportSource("merged", at, f"{self.adapter.what()}, merged into its base model: a Hugging Face folder"),
+                ExportSource(
+                    "adapter", at, "the adapter as PEFT saves it (adapter_model.safetensors + adapter_config.json)"
+                ),
+            ]
+            self.model_default = at
+        self._forward = True  # the way the last step change went: the base step is passed over unless merging
         # the core decides whether this checkpoint has an optimizer state it exports; the wizard only asks
         self.optimizer_at = optimizer_exportable(report)
         if self.optimizer_at is not None:
@@ -139,7 +153,24 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         self._nexts_waiting = 0  # enter presses on the output step while the disk was asked (typed ahead)
 
     def step_titles(self) -> list[str]:
-        return ["what to export", "where to write it", "output dtype", "shard size", "check the plan and run"]
+        titles = {
+            "source": "what to export",
+            "base": "the base model",
+            "output": "where to write it",
+            "dtype": "output dtype",
+            "shards": "shard size",
+            "confirm": "check the plan and run",
+        }
+        return [titles[s] for s in self.STEPS]
+
+    def show_step(self) -> None:
+        if self.STEPS[self.step] == "base" and self.component() != "merged":
+            self.step += 1 if self._forward else -1  # only a merge needs the base
+        super().show_step()
+
+    def action_back(self) -> None:
+        self._forward = False
+        super().action_back()
 
     def run_label(self) -> str:
         return "Export"
@@ -158,6 +189,9 @@ class ExportWizard(PlannedWizard[ExportChoice]):
                 classes="explain",
             )
             yield OptionList(*[Option(plain(c.label())) for c in self.candidates], id="source-list")
+        with Vertical(id="base", classes="pane"):
+            yield Static(plain(self._base_explain()), classes="explain")
+            yield SafeInput(value=self._base_default(), id="base-path")
         with Vertical(id="output", classes="pane"):
             yield Static(
                 "A new folder. Files are written to a hidden temp folder beside it and moved into place "
@@ -183,6 +217,22 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             )
             yield Input(value="50GB", id="shard")
         yield from self.confirm_pane()
+
+    def _base_explain(self) -> str:
+        a = self.adapter
+        base = a.base if a is not None else None
+        text = "The base model the adapter is merged into: a folder with its config.json and weights."
+        if base is not None and base.found is not None:
+            return text + f" The adapter names `{base.recorded}`, found at {a.shown(base.found)}."
+        if base is not None and base.recorded:
+            return text + f" The adapter names `{base.recorded}`, which is not on this machine: type its folder."
+        return text + " The adapter does not record it: type its folder."
+
+    def _base_default(self) -> str:
+        a = self.adapter
+        if a is not None and a.base is not None and a.base.found is not None:
+            return a.shown(a.base.found)
+        return ""
 
     def on_mount(self) -> None:
         ol = self.query_one("#source-list", OptionList)
@@ -295,8 +345,8 @@ class ExportWizard(PlannedWizard[ExportChoice]):
                 raise LookupError(f"{src.path} is not in the checkpoint")
             need = 0
             if src.component != "optimizer":
-                need = export_needs(self.report, node, dtype="keep")
-            if src.component != "model":
+                need = export_needs(self.report, node, dtype="keep", merge=src.component == "merged")
+            if src.component in ("optimizer", "both"):
                 need += export_needs(self.report, node, dtype="keep", component="optimizer")
         except Exception as e:  # the plan step says it in full
             need = f"cannot size the export: {(str(e).splitlines() or [''])[0]}"
@@ -314,6 +364,7 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             self._ask_disk()
 
     def action_next(self) -> None:
+        self._forward = True
         if self.STEPS[self.step] == "output" and self.current_check() is None:
             self._nexts_waiting += 1  # go on (or say why not) when the disk has answered
             self._ask_disk(after=0)
@@ -337,11 +388,12 @@ class ExportWizard(PlannedWizard[ExportChoice]):
     def options(self) -> ExportInputs:
         comp = self.component()
         return ExportInputs(
-            src=typed(self.report, "." if comp != "model" else self.source().path),
+            src=typed(self.report, "." if comp not in ("model",) else self.source().path),
             out=self._out_value(),
             component=comp,
             dtype=self.dtype(),
             max_shard_size=self.query_one("#shard", Input).value,
+            base=self.query_one("#base-path", Input).value.strip() if comp == "merged" else "",
         )
 
     def dtype(self) -> str:
@@ -349,6 +401,15 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         return ["keep", "fp32", "bf16", "fp16"][ol.highlighted or 0]
 
     def validate_step(self, name: str) -> Optional[str]:
+        if name == "base":
+            from ....core.adapters.base import model_folder_problem
+
+            typed_base = self.query_one("#base-path", Input).value.strip()
+            if not typed_base:
+                return "type the base model's folder (its config.json and weights)"
+            problem = model_folder_problem(Path(typed_base).expanduser())  # a few stat calls, no reading
+            if problem:
+                return f"{typed_base}: {problem}"
         if name == "output":
             check = self.current_check()  # action_next waits for it
             if check is not None and check.refusal:
@@ -369,6 +430,13 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         from ....core.export.api import plan_export
 
         out = Path(o.out).expanduser()
+        if o.component == "adapter":
+            plan, said = plan_export(o.src, out, dtype=o.dtype)
+            return ExportChoice(plan), "\n".join(said + [plan.to_plan().describe()])
+        if o.component == "merged":
+            base = Path(o.base).expanduser()
+            plan, said = plan_export(o.src, out, merge=True, base=base, dtype=o.dtype, max_shard_size=o.max_shard_size)
+            return ExportChoice(plan), "\n".join(said + [plan.to_plan().describe()])
         if o.component != "both":
             plan, said = plan_export(o.src, out, component=o.component, dtype=o.dtype, max_shard_size=o.max_shard_size)
             return ExportChoice(plan), "\n".join(said + [plan.to_plan().describe()])

@@ -19,7 +19,6 @@ from ckpt_tui.ui.app import make_app
 from ckpt_tui.ui.format import distinct_cuts
 from ckpt_tui.ui.widgets.details import MAX_ROWS, TensorTable
 from tests.fixtures import REGISTRY, SKIPPED, fixture_path
-
 from tests.functional.ui.test_app import wait_for
 
 PEFT = "peft-llama"

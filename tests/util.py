@@ -142,11 +142,14 @@ def freeze(proc, timeout: float = 60.0) -> None:
         time.sleep(0.005)
 
 
-def ckpt_tui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The installed `ckpt-tui` command on this checkout (PYTHONPATH), run in ``cwd``."""
+def ckpt_tui(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed `ckpt-tui` command on this checkout (PYTHONPATH), run in ``cwd`` (``env``: variables added)."""
     root = Path(__file__).resolve().parents[1]
     env = dict(
-        os.environ, PYTHONPATH=str(root), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        os.environ,
+        PYTHONPATH=str(root),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(env or {}),
     )
     return subprocess.run(["ckpt-tui", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Optional, cast
 
-from .advice import MEMO, checkpoint_of, export_command, has_breakage, sibling_hint
+from .advice import MEMO, export_command, has_breakage, sibling_hint
 from .codes import CODES as CODES  # diagnose.CODES, as before: every code raised here, registered once
 from .facts import (
     DirFacts,
@@ -61,32 +61,32 @@ def _adapter_finding(inv: Inventory) -> Finding:
 
     info = cast(AdapterInfo, inv.adapter)
     node = info.node
-    ck = checkpoint_of(node) or (node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
-    if not node.is_dir and ck == node.path:
+    # the checkpoint holding it: the folder of adapter_model.safetensors, of a DeepSpeed tag, of a DCP folder
+    ck = node.path.rsplit("/", 1)[0] if "/" in node.path else "."
+    if node is inv.root:
         ck = "."
     where = inv.shown(ck, slash=True)
     src = inv.shown(ck)
     adapter_cmd = f"ckpt-tui export {src} --out DIR"
     merge_cmd = f"ckpt-tui export {src} --merge --out DIR"
-    msg = f"`{where}` holds a {info.headline()}, not a whole model. "
+    msg = f"`{where}` holds a {info.what()}, not a whole model"
     command: Optional[str]
     if info.config is None:
         msg += (
-            "This save wrote no adapter_config.json: the tensors do not tell lora_alpha, use_rslora, "
-            "fan_in_fan_out, lora_bias or the base, so an export needs the run's adapter_config.json "
-            "(--adapter-config PATH)."
+            f"{info.base_text()}. This save wrote no adapter_config.json, and the tensors do not tell lora_alpha, "
+            "use_rslora, fan_in_fan_out, lora_bias or the base: an export needs the run's adapter_config.json."
         )
         command = None
     elif info.base is not None and info.base.found is not None:
         msg += (
-            f"`{merge_cmd}` writes the merged model (a Hugging Face folder: what you deploy); "
+            f"{info.base_text()}. `{merge_cmd}` writes the merged model (a Hugging Face folder: what you deploy); "
             f"`{adapter_cmd}` writes the adapter as PEFT loads it."
         )
         command = merge_cmd
     else:
         msg += (
-            f"`{adapter_cmd}` writes the adapter as PEFT loads it; to merge it, add --merge and --base "
-            "with the base model's folder."
+            f"{info.base_text()}. `{adapter_cmd}` writes the adapter as PEFT loads it; to merge it, add --merge "
+            "and --base with the base model's folder."
         )
         command = adapter_cmd
     return Finding("adapter-only", "info", ck, msg, command=command)

@@ -228,7 +228,12 @@ def summary(root: Node, layout: str, comps: dict[str, str], model_text: Optional
         parts.append(f"step {step}")
     text = ", ".join(parts)
     where = []
-    if comps.get("model") and comps.get("model") == comps.get("optimizer"):
+    if model_text is not None and (comps.get("model") or comps.get("model+optimizer")):
+        opt = comps.get("model+optimizer") or comps.get("optimizer")
+        if opt:  # a LoRA adapter's tag holds its optimizer state too: the adapter, then where the state is
+            where.append(f"optimizer in `{opt}{'/' if _isdir(root, opt) else ''}`")
+        where.insert(0, model_text)
+    elif comps.get("model") and comps.get("model") == comps.get("optimizer"):
         where.append(_component_text(root, comps["model"], "model and optimizer"))
     else:
         for role in ("model", "model+optimizer", "optimizer"):

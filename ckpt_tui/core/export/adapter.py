@@ -48,9 +48,30 @@ def need_config(info: AdapterInfo, given: str) -> ExportError:
     )
 
 
-def _renamed(source: Source, info: AdapterInfo) -> Source:
+def adapter_tensors(source: Source, info: AdapterInfo, given: str) -> dict[str, SourceTensor]:
+    """PEFT saved name -> the source tensor holding it. The inspection named the tensors as the file lists them
+    (a DCP folder's under its ``model.`` container); the source may have taken the container off. Every adapter
+    tensor must be there: an adapter export never writes fewer tensors than the adapter has."""
     saved = info.layout.saved
-    tensors = [replace(t, name=saved[t.name], tied_to=None) for t in source.tensors if t.name in saved]
+    prefix = info.layout.prefix
+    out: dict[str, SourceTensor] = {}
+    for t in source.tensors:
+        for listed in (t.listed_as, t.name, prefix + t.name if prefix else None):
+            if listed is not None and listed in saved:
+                out[saved[listed]] = t
+                break
+    missing = sorted(set(saved.values()) - set(out))
+    if missing:
+        raise ExportError(
+            f"{given}: {len(missing)} of the adapter's {len(saved)} tensors are not in what its format reads "
+            f"(e.g. {visible(missing[0])}); nothing was written"
+        )
+    return out
+
+
+def _renamed(source: Source, info: AdapterInfo, given: str) -> Source:
+    by_saved = adapter_tensors(source, info, given)
+    tensors = [replace(t, name=name, tied_to=None, listed_as=None) for name, t in by_saved.items()]
     notes = list(source.notes)
     if info.layout.container != "peft":
         notes.append("named as PEFT's get_peft_model_state_dict names them (the adapter name `.default` dropped)")
@@ -69,7 +90,7 @@ def plan_adapter(
     adapter_config.json it was trained with."""
     if info.config is None:
         raise need_config(info, given)
-    plan = make_plan(_renamed(source, info), out, dtype=dtype, max_shard_size=NO_SHARDS, stem=ADAPTER_STEM)
+    plan = make_plan(_renamed(source, info, given), out, dtype=dtype, max_shard_size=NO_SHARDS, stem=ADAPTER_STEM)
     plan.extra_files.append((CONFIG_NAME, _config_text(info.config)))
     plan.load_base = info.base.recorded if info.base is not None else None
     if info.base is not None and info.base.found is not None:
@@ -158,11 +179,10 @@ def plan_merge(
     by_name = {t.name: t for t in bsrc.tensors}
     names = set(by_name)
     tied = _tied(bcfg, names)
-    lora = {t.name: t for t in source.tensors}
-    saved_to_src = {v: k for k, v in info.layout.saved.items()}
+    by_saved = adapter_tensors(source, info, given)
 
     def adapter_tensor(saved: str) -> SourceTensor:
-        return lora[saved_to_src[saved]]
+        return by_saved[saved]
 
     problems: list[str] = []
     replaced: dict[str, SourceTensor] = {}
@@ -243,8 +263,16 @@ def plan_merge(
         )
     plan.extra_files.append(("config.json", json.dumps(bcfg, indent=2, sort_keys=True) + "\n"))
     plan.missing_config = []
-    plan.also_read = read_files(source)
-    plan.also_folders = list(dict.fromkeys(places[:2]))
+    # what the plan's tensors do not point at by byte range: the adapter's files, and the base's under merged weights
+    base_files = {Path(r.path) for t in bsrc.tensors for r in (t.ranges or ())}
+    plan.also_read = list(dict.fromkeys([*read_files(source), *sorted(base_files)]))
+    # OUT may not be, hold or lie inside what the merge reads: the adapter's component and its checkpoint (not the
+    # run: a new folder beside the checkpoint is where outputs go), and the base model's folder
+    comp = Path(str(info.node.abspath))
+    ck = comp if comp.is_dir() else comp.parent
+    if not ck.name.startswith("checkpoint-") and ck.parent.name.startswith("checkpoint-"):
+        ck = ck.parent
+    plan.also_folders = list(dict.fromkeys([*([comp] if comp.is_dir() else []), ck, folder.absolute()]))
     return plan
 
 

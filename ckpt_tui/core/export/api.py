@@ -448,6 +448,11 @@ def _adapter_plan(
                 f"no LoRA tensors ({inv.summary})"
             )
         return None
+    if info.layout.problems:  # unpaired or mismatched lora_A/lora_B, another adapter's name: never half an adapter
+        raise ExportError(
+            f"`{inv.shown(node.path)}` holds LoRA tensors that do not make one adapter:\n  "
+            + "\n  ".join(info.layout.problems[:8])
+        )
     if adapter_config is not None and info.config is None:
         raise ExportError(f"--adapter-config {adapter_config}: {info.config_error or 'not found'}")
     try:
@@ -455,6 +460,9 @@ def _adapter_plan(
     except FormatError as e:
         raise ExportError(f"`{inv.shown(node.path)}`: {e}") from None
     given = f"`{inv.shown(node.path, slash=node.is_dir)}`"
+    other = _saved_adapter_beside(inv, node)
+    if other is not None:
+        said.append(other)
     if not merge:
         said.append(f"{given} holds a {info.what()}: written as PEFT saves it (adapter_model.safetensors)")
         return plan_adapter(info, source, Path(out).absolute(), dtype=dtype, given=given)
@@ -468,6 +476,27 @@ def _adapter_plan(
         dtype=dtype,
         max_shard_size=max_shard_size,
         given=given,
+    )
+
+
+def _saved_adapter_beside(inv: Inventory, node: Node) -> Optional[str]:
+    """Which adapter is taken where a DeepSpeed tag and the Trainer's adapter_model.safetensors are both there,
+    and why: the tag's fp32 masters are what the run trained; the file beside it holds the module's copy in the
+    training dtype (ZeRO-3 under transformers 5 gathers a whole one; older ones saved an empty file)."""
+    if not format_of(node).tag:
+        return None
+    parent = inv.node(node.path.rsplit("/", 1)[0] if "/" in node.path else ".")
+    saved = parent.child("adapter_model.safetensors") if parent is not None and parent is not node else None
+    if saved is None:
+        return None
+    f = cast(TensorFacts, saved.facts)
+    dts = "/".join(f.get("dtypes") or [])
+    held = f"{f.get('tensor_count') or 0} tensors" + (f", {dts}" if dts else "")
+    return (
+        f"taking the DeepSpeed tag {inv.shown(node.path, slash=True)} (the fp32 master weights the run trained), "
+        f"not {inv.shown(saved.path)} beside it ({held}: the module's copy the Trainer saved"
+        + ("" if f.get("tensor_count") else ", empty: an ungathered ZeRO-3 save")
+        + ")"
     )
 
 

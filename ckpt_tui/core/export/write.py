@@ -262,7 +262,7 @@ def refusal(e: OutputError, plan: ExportPlan) -> str:
 
 def export_sources(plan: ExportPlan) -> Sources:
     """What OUT may not be, hold or lie inside for ``plan`` (as :func:`check_out_vs_sources` checks it)."""
-    folders = source_folders(plan)
+    folders = list(dict.fromkeys([*source_folders(plan), *plan.also_folders]))  # a merge: the adapter's too
     above = [f.parent for f in folders]  # a tag's checkpoint, a checkpoint's run: OUT may not be or hold them
     return Sources(folders, [*source_files(plan), *(p for p, _ in plan.copies), *above], plan.shown)
 
@@ -292,9 +292,10 @@ def source_files(plan: ExportPlan) -> list[Location]:
         r.path for f in plan.files for t in f.tensors for r in (t.src.ranges or ())
     }  # a Path per file, not per range
     files: set[Any] = set(map(as_path, paths))  # Paths or RemotePaths: each kind orders itself
-    if any(t.src.ranges is None for f in plan.files for t in f.tensors):
+    if any(t.src.ranges is None and t.src.chunks is None for f in plan.files for t in f.tensors):
         root = plan.source.path if plan.source.path.is_dir() else plan.source.path.parent
         files |= {p for p in root.iterdir() if p.is_file()}
+    files |= set(plan.also_read)  # a merge reads the adapter's files too
     return sorted(files)
 
 

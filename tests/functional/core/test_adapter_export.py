@@ -170,3 +170,72 @@ def test_merge_on_a_whole_model_is_refused(tmp_path):
     v = _copy("peft-llama", tmp_path)
     r = ckpt_tui("export", "base-model", "--merge", "--out", "merged", cwd=v)
     assert r.returncode != 0 and "no LoRA tensors" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _merge_oracle(v: Path, adapter: Path) -> dict:
+    return _peft(v, adapter).merge_and_unload().state_dict()
+
+
+def _equal_files(out: Path, oracle: dict) -> None:
+    got = {}
+    for f in out.glob("*.safetensors"):
+        got.update(load_file(f))
+    assert got and all(k in oracle for k in got)
+    for k, t in got.items():
+        assert t.dtype == oracle[k].dtype and torch.equal(t, oracle[k]), k
+
+
+@pytest.mark.parametrize("name", ["peft-ds-zero2", "peft-ds-zero3"])
+def test_a_deepspeed_tag_exports_its_fp32_masters_and_says_which_adapter_it_took(name, tmp_path):
+    v = _copy(name, tmp_path)
+    run = v / "run"
+    r = ckpt_tui("export", "checkpoint-2", "--out", "adapter", cwd=run)
+    assert r.returncode == 0, r.stderr
+    # the Trainer also saved adapter_model.safetensors (bf16, gathered): the tag's fp32 masters are taken, and said
+    assert "taking the DeepSpeed tag checkpoint-2/global_step2/" in r.stderr, r.stderr
+    assert "adapter_model.safetensors beside it (8 tensors, bfloat16" in r.stderr, r.stderr
+    got = load_file(run / "adapter" / "adapter_model.safetensors")
+    oracle = load_file(v / "oracle" / "adapter_state_fp32.safetensors")  # the live run's fp32 masters
+    assert sorted(got) == sorted(oracle) and all(torch.equal(got[k], oracle[k]) for k in oracle)
+    run_load_snippets([(snippet_after(r.stdout), run, name)])
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--out", "merged", cwd=run)
+    assert r.returncode == 0, r.stderr
+    _equal_files(run / "merged", _merge_oracle(v, run / "adapter"))
+
+
+def _peft_config(path: Path) -> Path:
+    from peft import LoraConfig
+
+    # the run's settings (samples/hf_peft.py): an FSDP save writes no adapter_config.json of its own
+    LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], base_model_name_or_path="base-model"
+    ).save_pretrained(path)
+    return path / "adapter_config.json"
+
+
+def test_an_fsdp2_save_needs_the_runs_adapter_config_and_then_exports_and_merges(tmp_path):
+    v = _copy("peft-fsdp2", tmp_path)
+    run = v / "run"
+    r = ckpt_tui("export", "checkpoint-2", "--out", "adapter", cwd=run)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    for word in (
+        "r=4 on q_proj, v_proj",
+        "lora_alpha",
+        "use_rslora",
+        "fan_in_fan_out",
+        "lora_bias",
+        "--adapter-config",
+    ):
+        assert word in r.stderr, (word, r.stderr)
+    assert not (run / "adapter").exists()
+    cfg = _peft_config(tmp_path / "cfg")
+    r = ckpt_tui("export", "checkpoint-2", "--adapter-config", str(cfg), "--out", "adapter", cwd=run)
+    assert r.returncode == 0, r.stderr
+    got = load_file(run / "adapter" / "adapter_model.safetensors")
+    oracle = load_file(v / "oracle" / "adapter_state.safetensors")
+    assert sorted(got) == sorted(oracle) and all(torch.equal(got[k], oracle[k]) for k in oracle)
+    assert (run / "adapter" / "adapter_config.json").read_bytes() == cfg.read_bytes()
+    run_load_snippets([(snippet_after(r.stdout), run, "peft-fsdp2")])
+    r = ckpt_tui("export", "checkpoint-2", "--adapter-config", str(cfg), "--merge", "--out", "merged", cwd=run)
+    assert r.returncode == 0, r.stderr
+    _equal_files(run / "merged", _merge_oracle(v, run / "adapter"))

@@ -246,7 +246,7 @@ def _report(res, said, out, as_json) -> None:
         f"{param_count(res.params)} {unit} to {shell_path(out)} in {res.seconds:.1f} s — {ver}"
     )
     for n in res.notes:
-        if not n.startswith(("the model is", "exporting the newest", "exporting the optimizer state of")):
+        if not n.startswith(("the model is", "exporting the newest", "exporting the optimizer state of", "taking the")):
             echo(f"  note: {n}")
     echo("Load it with:")
     for line in res.load_code.splitlines():

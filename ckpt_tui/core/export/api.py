@@ -464,9 +464,9 @@ def _adapter_plan(
     if other is not None:
         said.append(other)
     if not merge:
-        said.append(f"{given} holds a {info.what()}: written as PEFT saves it (adapter_model.safetensors)")
+        said.append(f"the model is a {info.what()} in {given}: written as PEFT saves it (adapter_model.safetensors)")
         return plan_adapter(info, source, Path(out).absolute(), dtype=dtype, given=given)
-    said.append(f"{given} holds a {info.what()}: merging it into its base model")
+    said.append(f"the model is a {info.what()} in {given}: merging it into its base model")
     return plan_merge(
         info,
         source,

@@ -129,14 +129,14 @@ def build(arch, out):
     raise SystemExit(f"unknown architecture {arch}")
 
 def out_folder(snippet):
-    # the last folder it names: a PEFT snippet names the base first, then the exported adapter
+    # the folder it names first; a PEFT snippet names the base first, then the exported adapter: the last
     found = [
         node.value for node in ast.walk(ast.parse(snippet))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and os.path.isdir(node.value)
     ]
     if not found:
         raise SystemExit("the snippet names no existing output folder")
-    return found[-1]
+    return found[-1] if "PeftModel.from_pretrained(" in snippet else found[0]
 
 results = []
 for case in json.loads(sys.stdin.read()):

@@ -139,8 +139,8 @@ def export_cmd(
       ckpt-tui export checkpoint-2000 --out merged/ --dtype bf16 \\
           --max-shard-size 5GB
       ckpt-tui export checkpoint-2000 --out merged/ --dry-run
-      ckpt-tui export checkpoint-500 --out adapter/      # a LoRA run: the adapter
-      ckpt-tui export checkpoint-500 --merge --out merged/  # ... merged into its base
+      ckpt-tui export checkpoint-500 --out adapter/          # a LoRA adapter
+      ckpt-tui export checkpoint-500 --merge --out merged/   # merged in
     """
 
     from ..core.export.api import plan_export

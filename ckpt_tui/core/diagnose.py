@@ -332,7 +332,25 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
     msg = f"{where} holds torch.distributed.checkpoint folders rather than being one: " + "; ".join(parts) + "."
     target = model[0] if model else (both[0] if both else None)
     command = None
-    if target is not None and has_breakage(target):  # nothing reads it until it is whole: no command that fails
+    adapter = inv.adapter
+    fix: Optional[str] = "export"
+    if target is not None and target.role == "model" and not target.facts.get("tensor_count"):
+        # an HF Trainer + FSDP1 + PEFT save: the model folder has no tensor entries, the weights were not written
+        msg += (
+            f" `{inv.shown(target.path, slash=True)}` holds no tensors: the save did not write the model's weights "
+            "(no export can recover them from it)."
+        )
+        target, fix = None, None
+    elif target is not None and adapter is not None and adapter.node is target and adapter.config is None:
+        # a LoRA adapter saved without adapter_config.json: the export needs the run's (the adapter-only finding)
+        msg += (
+            f" `{inv.shown(target.path, slash=True)}` holds a LoRA adapter saved without its adapter_config.json: "
+            "ckpt-tui export writes it as PEFT loads it once given the run's config (--adapter-config PATH)."
+        )
+        target, fix = None, None
+    if fix is None:
+        pass  # said above: no command to give
+    elif target is not None and has_breakage(target):  # nothing reads it until it is whole: no command that fails
         msg += (
             f" `{inv.shown(target.path, slash=True)}` is damaged (see the errors in it): no tool can read it "
             "until it is whole again."
@@ -354,7 +372,7 @@ def _dcp_components_finding(inv: Inventory, n: Node, dcps: list[Node]) -> Findin
         msg += f" `{command}` picks it for you and writes its model weights as safetensors."
     else:
         msg += " None of them holds model weights."
-    return Finding("dcp-components", "info", p, msg, "export", command)
+    return Finding("dcp-components", "info", p, msg, fix, command)
 
 
 def _marker_findings(inv: Inventory, n: Node) -> list[Finding]:

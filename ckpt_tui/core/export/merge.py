@@ -26,8 +26,9 @@ different BLAS call and differs in the last bit). With the same K (= r) every el
 gemm kernel whatever the other dimension, except where the product degenerates to a matrix-vector product: a
 block of one row, or W with one column, goes through gemv, whose summation differs (torch 2.13 with MKL 2024.2,
 measured over 360k blocks of random shapes, r 1..256, any start). So a block has at least two rows (a one-row
-remainder joins the block before it) and a W with one column is one block. Memory: one block of W and its fp32
-delta (``block_bytes`` bounds the delta: rows = block_bytes // (columns * 4)), with A and B (small) loaded once.
+remainder joins the block before it) and a W with one column is one block. ``torch.mm(..., out=)`` into a reused
+buffer is the same kernel call. Memory: one block's W rows, fp32 delta and output bytes (``block_bytes`` bounds the
+three together: ``cols * (4 + 2 * itemsize)`` a row), with A and B (small) loaded once.
 
 Never imports peft or transformers; torch only inside the functions.
 """
@@ -66,23 +67,36 @@ def merged_tensor(
     def chunks() -> Iterator[bytes]:
         import torch
 
+        if rows == 0 or cols == 0:
+            return
         dt = getattr(torch, base.dtype)
+        item = torch.empty((), dtype=dt).element_size()
         fa, fb = _fp32(a), _fp32(b)  # as autocast_adapter_dtype leaves them
-        read = _row_reader(base, rows, cols)
-        for s, e in row_blocks(rows, cols, block_bytes):
-            w = read(s, e)
-            if fan_in_fan_out or embedding:  # PEFT: transpose(b @ a, True) * s, rows of W = columns of a
-                d = torch.mm(fb, fa[:, s:e]).mul_(scale).T
+        fill = _row_filler(base, rows, cols, item)
+        blocks = row_blocks(rows, cols, block_bytes, item)
+        most = max(e - s for s, e in blocks)
+        # one W-rows buffer and one fp32 delta buffer, reused block after block (torch.mm(out=) is the same
+        # kernel call): fresh blocks of tens of MB per block stay in glibc's heap once its mmap threshold has risen
+        wbuf = bytearray(most * cols * item)
+        wall = torch.frombuffer(wbuf, dtype=dt)
+        dall = torch.empty(most * cols, dtype=torch.float32)
+        for s, e in blocks:
+            n = e - s
+            fill(s, e, memoryview(wbuf)[: n * cols * item])
+            w = wall[: n * cols].view(n, cols)
+            if fan_in_fan_out or embedding:  # PEFT: transpose(b @ a, True) * s; rows of W = columns of a
+                d = torch.mm(fb, fa[:, s:e], out=dall[: n * cols].view(cols, n)).mul_(scale).T
             else:
-                d = torch.mm(fb[s:e], fa).mul_(scale)
-            if embedding:  # Embedding.merge: W += delta.to(W.dtype), an add in W's dtype
-                out = w.add_(d.to(dt))
-            else:  # Linear.merge: W += delta (fp32), computed in fp32 and rounded once: delta + W, commuted
-                out = d.add_(w).to(dt)
-            del w, d
-            data = bytes(out.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            del out
-            yield data
+                d = torch.mm(fb[s:e], fa, out=dall[: n * cols].view(n, cols)).mul_(scale)
+            # elementwise, in slices of rows: a mixed-dtype add allocates a temporary the size of its operands
+            step = max(1, (1 << 18) // cols)
+            for i in range(0, n, step):
+                wi, di = w[i : i + step], d[i : i + step]
+                if embedding:  # Embedding.merge: W += delta.to(W.dtype), an add in W's dtype
+                    wi.add_(di.to(dt))
+                else:  # Linear.merge: W += delta (fp32): computed in fp32, rounded once; delta + W, commuted
+                    wi.copy_(di.add_(wi))
+            yield bytes(memoryview(wbuf)[: n * cols * item])  # one copy: the buffer is reused
 
     return SourceTensor(base.name, tuple(base.shape), base.dtype, chunks=chunks, note="LoRA merged")
 
@@ -108,15 +122,16 @@ def merged_bias(bias: SourceTensor, b_bias: SourceTensor, scale: float) -> Sourc
     return SourceTensor(bias.name, tuple(bias.shape), bias.dtype, chunks=chunks, note="LoRA bias merged")
 
 
-def row_blocks(rows: int, cols: int, block_bytes: int) -> list[tuple[int, int]]:
-    """The [start, end) row blocks of a (rows, cols) merge: each one's fp32 delta at most ``block_bytes``
-    where it can be, never a one-row block unless W has one row, and one block where W has one column (the
-    module docstring says why: a matrix-vector product sums in another order)."""
+def row_blocks(rows: int, cols: int, block_bytes: int, item: int = 2) -> list[tuple[int, int]]:
+    """The [start, end) row blocks of a (rows, cols) merge of a W of ``item``-byte elements: each block's
+    working set (its W rows, their fp32 delta and the output bytes: ``cols * (4 + 2 * item)`` a row) at most
+    ``block_bytes`` where it can be; never a one-row block unless W has one row, and one block where W has one
+    column (the module docstring says why: a matrix-vector product sums in another order)."""
     if rows <= 0:
         return []
     if cols <= 1:
         return [(0, rows)]
-    per = max(2, block_bytes // (cols * 4))
+    per = max(2, block_bytes // (cols * (4 + 2 * item)))
     bounds = list(range(0, rows, per)) + [rows]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         del bounds[-2]  # a one-row remainder joins the block before it
@@ -155,39 +170,38 @@ def _fp32(t: SourceTensor) -> Any:
     return to_torch(t).to(torch.float32).contiguous()
 
 
-def _row_reader(base: SourceTensor, rows: int, cols: int) -> Callable[[int, int], Any]:
-    """``read(s, e)``: rows [s, e) of W as a writable torch tensor of W's dtype. By byte range where W has
-    them (only those rows are read); a ``load``/``chunks`` source is materialised once and sliced."""
+def _row_filler(base: SourceTensor, rows: int, cols: int, item: int) -> Callable[[int, int, memoryview], None]:
+    """``fill(s, e, into)``: the bytes of W's rows [s, e) into ``into``. By byte range where W has them (only
+    those rows are read); a ``load``/``chunks`` source is materialised once and sliced."""
     import torch
 
-    dt = getattr(torch, base.dtype)
-    row_bytes = cols * torch.empty((), dtype=dt).element_size()
+    row_bytes = cols * item
     if base.ranges is None:
-        whole = to_torch(base).to(dt).reshape(rows, cols)
+        whole = to_torch(base).to(getattr(torch, base.dtype)).contiguous().reshape(-1).view(torch.uint8)
+        if tuple(whole.shape) != (rows * row_bytes,):
+            raise ValueError(f"{visible(base.name)}: loaded {tuple(whole.shape)} bytes, not a {rows}x{cols} tensor")
+        raw = memoryview(whole.numpy())
 
-        def sliced(s: int, e: int) -> Any:
-            return whole[s:e].clone()
+        def sliced(s: int, e: int, into: memoryview) -> None:
+            into[:] = raw[s * row_bytes : e * row_bytes]
 
         return sliced
     ranges = base.ranges
     if sum(r.length for r in ranges) != rows * row_bytes:
         raise ValueError(f"{visible(base.name)}: its byte ranges do not hold a {rows}x{cols} {base.dtype} tensor")
 
-    def read(s: int, e: int) -> Any:
-        buf = bytearray((e - s) * row_bytes)
-        _read_into(ranges, s * row_bytes, buf)
-        return torch.frombuffer(buf, dtype=dt).reshape(e - s, cols) if buf else torch.empty((0, cols), dtype=dt)
+    def read(s: int, e: int, into: memoryview) -> None:
+        _read_into(ranges, s * row_bytes, into)
 
     return read
 
 
-def _read_into(ranges: tuple[ByteRange, ...], start: int, buf: bytearray) -> None:
-    """Fill ``buf`` with the bytes [start, start + len(buf)) of the concatenation of ``ranges`` (OSError where a
+def _read_into(ranges: tuple[ByteRange, ...], start: int, view: memoryview) -> None:
+    """Fill ``view`` with the bytes [start, start + len(view)) of the concatenation of ``ranges`` (OSError where a
     file ends early): one copy, straight into the block."""
-    view = memoryview(buf)
     pos = 0  # offset of the current range in the concatenation
     for r in ranges:
-        lo, hi = max(start, pos), min(start + len(buf), pos + r.length)
+        lo, hi = max(start, pos), min(start + len(view), pos + r.length)
         if lo < hi:
             with open_read(r.path) as f:
                 f.seek(r.offset + lo - pos)
@@ -199,5 +213,5 @@ def _read_into(ranges: tuple[ByteRange, ...], start: int, buf: bytearray) -> Non
                         raise OSError(f"{visible(r.path)}: ended {hi - lo - got} bytes early at {r.offset + lo - pos}")
                     got += n
         pos += r.length
-        if pos >= start + len(buf):
+        if pos >= start + len(view):
             break

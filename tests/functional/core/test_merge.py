@@ -178,10 +178,11 @@ def test_merged_tensors_are_peft_merge_and_unload_bit_exact(tmp_path, case):
 @pytest.mark.parametrize(
     "case", ["llama-bf16-linear-embedding-head", "gpt2-bf16-conv1d-lora-bias", "llama-fp16-rslora-patterns"]
 )
-@pytest.mark.parametrize("block_bytes", [1, 3 * 64 * 4, 5 * 64 * 4, 7 * 128 * 4, 100 * 64 * 4])
+@pytest.mark.parametrize("block_bytes", [1, 3 * 64 * 8, 5 * 64 * 8, 7 * 128 * 8, 100 * 64 * 8])
 def test_row_blocks_of_any_size_give_the_full_product(tmp_path, case, block_bytes):
     """block_bytes=1 asks for one-row blocks (row_blocks gives two: a one-row matmul sums in another order),
-    the others for blocks of 3, 5, 7 rows (no divisor of 64, 128, 192, 256: a short last block) and 100."""
+    the others (a row of a 16-bit W costs cols * 8 bytes) for blocks of 3, 5 or 7 rows of 64 or 128 columns (no
+    divisor of 64, 128, 192, 256: a short last block, a one-row remainder) and of 100."""
     base_dir, adapter_dir, oracle = _build(tmp_path, case)
     tensors, merged = _merged_sources(base_dir, adapter_dir, block_bytes=block_bytes)
     _check_against(oracle, tensors, merged, base_dir)
@@ -207,7 +208,8 @@ def test_blocks_equal_peft_s_full_product_for_awkward_shapes(tmp_path, rows, col
         path = tmp_path / f"w{int(transposed)}.safetensors"
         save_file({"w": w, "a": a, "b": b}, str(path))
         st = {t.name: t for t in safetensors_source(path).tensors}
-        for block_bytes in (1, 4 * cols * 3, 4 * cols * 64, 32 << 20):
+        per_row = cols * (4 + 2 * w.element_size())  # row_blocks' cost of a row
+        for block_bytes in (1, per_row * 3, per_row * 64, 32 << 20):
             got = merged_tensor(st["w"], st["a"], st["b"], 1.5, fan_in_fan_out=transposed, block_bytes=block_bytes)
             assert torch.equal(_raw(to_torch(got)), _raw(full)), (transposed, block_bytes)
         # a base that is not byte ranges (a `load` source) is read whole and sliced: the same values
@@ -216,14 +218,18 @@ def test_blocks_equal_peft_s_full_product_for_awkward_shapes(tmp_path, rows, col
         assert torch.equal(_raw(to_torch(got)), _raw(full))
 
 
-@pytest.mark.parametrize("rows, cols, block_bytes", [(64, 64, 1), (64, 64, 3 * 256), (65, 64, 256 * 4), (10, 1, 8)])
+@pytest.mark.parametrize(
+    "rows, cols, block_bytes", [(64, 64, 1), (64, 64, 3 * 512), (65, 64, 512 * 4), (10, 1, 8), (5632, 2048, 32 << 20)]
+)
 def test_row_blocks_cover_the_rows_never_one_row(rows, cols, block_bytes):
-    blocks = row_blocks(rows, cols, block_bytes)
+    blocks = row_blocks(rows, cols, block_bytes)  # a bf16 W: a row costs cols * 8 bytes (W, fp32 delta, output)
     assert blocks[0][0] == 0 and blocks[-1][1] == rows
     assert all(e1 == s2 for (_, e1), (s2, _) in zip(blocks, blocks[1:]))
     assert all(e - s >= 2 for s, e in blocks)
     if cols == 1:
         assert blocks == [(0, rows)]  # a matrix-vector product: one block
+    else:
+        assert all((e - s) * cols * 8 <= max(block_bytes, 2 * cols * 8) for s, e in blocks[:-1])
 
 
 def test_shapes_that_do_not_fit_are_refused():
@@ -248,7 +254,7 @@ def test_the_writer_writes_the_merged_model(tmp_path, case):
     from safetensors.torch import load_file
 
     base_dir, adapter_dir, oracle = _build(tmp_path, case)
-    tensors, merged = _merged_sources(base_dir, adapter_dir, block_bytes=5 * 64 * 4)
+    tensors, merged = _merged_sources(base_dir, adapter_dir, block_bytes=5 * 64 * 8)
     for out_dtype in ("keep", "float16"):
         f = OutFile(
             f"{out_dtype}.safetensors",

@@ -322,8 +322,12 @@ def render(results: list[dict], mach: dict, runs: int, driver: str, same: dict, 
         f"{', '.join(f'{x:.2f}' for x in mach['load'])}.",
         f"Base: random bf16 Llama, {size / 1e9:.2f} GB (hidden 2048, intermediate 5632, 8 layers, vocab 32000); "
         f"LoRA r={RANK}, alpha={ALPHA} on {', '.join(TARGETS)}. ours = "
-        + ("`ckpt-tui export ADAPTER --merge --base BASE`" if driver == "cli" else "merged_tensor + write_file")
-        + f" ({driver}). Median of {runs} run(s), page cache warm, whole processes, imports included.",
+        + {
+            "cli": "`ckpt-tui export ADAPTER --merge --base BASE`",
+            "direct": "merged_tensor + write_file driven by a script",
+            "both": "`ckpt-tui export ADAPTER --merge --base BASE`, and (direct) merged_tensor + write_file",
+        }[driver]
+        + f". Median of {runs} run(s), page cache warm, whole processes, imports included.",
         "",
         "| tool | wall s | +flush s | peak RSS MB | RSS above import torch | wall / PEFT | +flush / PEFT | output |",
         "|---|---:|---:|---:|---:|---:|---:|---|",

@@ -11,25 +11,39 @@ such match, or more than one, or the model beside it keeps no order (a safetenso
 name), the tensors are ``param_<i>.exp_avg`` … and the plan says why. A file whose state is keyed by
 FQN (``get_optimizer_state_dict``) is named as it is.
 
+An HF Trainer checkpoint's ``optimizer.pt`` (``config.json`` or ``adapter_config.json`` beside it) is named
+first in the Trainer's own order (:mod:`.trainer_order`: the architecture built from the config, PEFT's
+wrapping emulated for an adapter, the base's config.json found by :func:`..adapters.base.find_base`), which
+names what :func:`align` cannot (a safetensors model beside it, equal shapes); accepted only where every group's
+size and weight_decay and every state's shape agree, and said why not otherwise.
+
 Read through the restricted unpickler; tensor bytes are byte ranges of the zip (:mod:`.source`).
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from typing import Any, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...dtypes import ITEMSIZE
 from ...export.sources import Source, SourceTensor
+from ...safetext import visible
 from ...storage import Location, LocationLike, as_path, open_read
 from .. import FormatError
 from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
 from ..unpickle import Stub, TensorRef
 from . import torchfile
 
+if TYPE_CHECKING:
+    from .trainer_order import TrainerOrder
+
 KIND = "torch-file-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
 _MAX_PAIRS = 20_000_000  # alignment table size beyond which names are not attempted
+TRAINER_OPTIMIZER = "optimizer.pt"  # what Trainer._save_optimizer_and_scheduler writes
+MODEL_CONFIG = "config.json"
 
 
 def find_optimizer_state(obj: Any) -> tuple[Optional[dict[Any, Any]], str, int]:
@@ -102,6 +116,80 @@ def align(
         names.append(model[j][0])
         j += 1
     return names, ""
+
+
+def trainer_run_order(path: Location, weight_decay: Any) -> Optional[TrainerOrder]:
+    """The HF Trainer's order of ``path``'s parameters, None where ``path`` is not the ``optimizer.pt`` of a
+    Trainer checkpoint folder (``config.json`` or ``adapter_config.json`` beside it); ``why_not`` set where the
+    folder is one but no order can be derived. ``weight_decay``: param group 0's (the run's args.weight_decay)."""
+    from .trainer_order import TrainerOrder, trainer_param_order
+
+    if not isinstance(path, Path) or path.name != TRAINER_OPTIMIZER:
+        return None
+    folder = path.parent
+    config = folder / MODEL_CONFIG
+    from ...adapters.config import CONFIG_NAME, AdapterConfigError, LoraConfig, read_lora_config
+
+    adapter = folder / CONFIG_NAME
+    has_config, has_adapter = os.path.lexists(config), os.path.lexists(adapter)
+    if not has_config and not has_adapter:
+        return None
+    if isinstance(weight_decay, Stub):
+        weight_decay = weight_decay.value
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)):
+        return TrainerOrder([], [], "param group 0 has no numeric weight_decay")
+    lora: Optional[LoraConfig] = None
+    link_root: Optional[Path] = None
+    if has_adapter:
+        try:
+            lora = read_lora_config(adapter)
+        except AdapterConfigError as e:
+            return TrainerOrder([], [], visible(str(e).replace(str(adapter), CONFIG_NAME)))
+        if not has_config:
+            from ...adapters.base import find_base
+
+            lookup = find_base(lora.base_model_name_or_path, checkpoint=folder, revision=lora.revision)
+            if lookup.found is None:
+                return TrainerOrder([], [], f"the base model's {MODEL_CONFIG} is needed: {lookup.message()}")
+            config = lookup.found / MODEL_CONFIG
+            if lookup.found.parent.name == "snapshots":  # a Hugging Face cache snapshot: links into ../../blobs
+                link_root = lookup.found.parent.parent
+    order = trainer_param_order(config, adapter_config=lora, weight_decay=float(weight_decay), link_root=link_root)
+    where = f"the {MODEL_CONFIG} beside it" if has_config else f"the base's {MODEL_CONFIG} ({visible(config)})"
+    order.what = f"{order.what}, built on the meta device from {where}"
+    return order
+
+
+def _trainer_names(
+    path: Location, groups: list[dict[Any, Any]], order: list[Any], shapes: list[Optional[tuple[int, ...]]]
+) -> tuple[Optional[list[str]], Optional[str]]:
+    """(the export's names of ``order``, the note) where ``path`` is a Trainer checkpoint's optimizer.pt:
+    names None where the Trainer's order is refused or disagrees (the note says which check failed);
+    (None, None) where ``path`` is not a Trainer's."""
+    from .trainer_order import check_against
+
+    torder = trainer_run_order(path, groups[0].get("weight_decay") if groups else None)
+    if torder is None:
+        return None, None
+    sizes = [len(g.get("params") or []) for g in groups]
+    wds: list[float] = []
+    for g in groups:
+        w = g.get("weight_decay")
+        w = w.value if isinstance(w, Stub) else w
+        wds.append(float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else float("nan"))
+    why: Optional[str]
+    if order != list(range(len(order))):
+        why = "the param groups do not number their parameters 0, 1, … in order"
+    else:
+        state_shapes = {i: s for i, s in enumerate(shapes) if s is not None}
+        why = check_against(torder, sizes, wds, state_shapes, torder.shapes)
+    if why is not None:
+        return None, f"the HF Trainer's parameter order was not used: {why}"
+    return torder.export_names(), (
+        f"the optimizer's {len(order)} parameters, keyed by index, are named in the HF Trainer's order "
+        f"(create_optimizer: the weight-decay group, then the no-decay group, each in named_parameters() order) "
+        f"of {torder.what}: the groups' sizes and weight_decay and every state's shape agree"
+    )
 
 
 def _tensor(path: Location, t: TensorRef, offsets: dict[str, tuple[int, int]], name: str) -> SourceTensor:
@@ -177,21 +265,26 @@ def torch_optimizer_source(
                     return tuple(t.shape)
             return None
 
-        found, why = (
-            (None, model_what or "no model beside it") if model is None else align([shape_of(i) for i in order], model)
-        )
-        if found is not None and not extra:
-            names = dict(zip(order, found))
-            notes.append(
-                f"the optimizer's {len(order)} parameters, keyed by index, line up in order and shape with "
-                "the model's parameters: named by them"
-            )
+        shapes = [shape_of(i) for i in order]
+        by_trainer, trainer_note = (None, None) if extra else _trainer_names(path, groups, order, shapes)
+        if trainer_note is not None:
+            notes.append(trainer_note)
+        if by_trainer is not None:
+            names = dict(zip(order, by_trainer))
         else:
-            names = {i: f"param_{i}" for i in order}
-            notes.append(
-                f"the optimizer state is keyed by index and could not be named ({why or 'unmatched indices'}): "
-                "its tensors are param_<i>.exp_avg …, i the index in the param groups' params"
-            )
+            found, why = (None, model_what or "no model beside it") if model is None else align(shapes, model)
+            if found is not None and not extra:
+                names = dict(zip(order, found))
+                notes.append(
+                    f"the optimizer's {len(order)} parameters, keyed by index, line up in order and shape with "
+                    "the model's parameters: named by them"
+                )
+            else:
+                names = {i: f"param_{i}" for i in order}
+                notes.append(
+                    f"the optimizer state is keyed by index and could not be named ({why or 'unmatched indices'}): "
+                    "its tensors are param_<i>.exp_avg …, i the index in the param groups' params"
+                )
         gparams = [[names[p] for p in (g.get("params") or [])] for g in groups]
 
     tensors: list[SourceTensor] = []

@@ -67,6 +67,9 @@ class OutTensor:
     shape: tuple[int, ...]
     dtype: str  # output dtype
     src: SourceTensor
+    # a computed tensor (a LoRA merge): the BLAKE2b digest of the bytes the writer wrote, which verification
+    # compares the file with instead of computing the merge a second time
+    written_digest: Optional[bytes] = field(default=None, compare=False, repr=False)
 
     @cached_property
     def nbytes(self) -> int:  # asked ~10 times per tensor by a plan: once (a header of 10^6 tensors)

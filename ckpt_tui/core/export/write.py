@@ -8,6 +8,7 @@ tensor needs it): same-dtype byte ranges move kernel-side with ``os.copy_file_ra
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import threading
 import time
@@ -125,10 +126,13 @@ def _write_tensor(
             dst_off += r.length
         return
     if s.ranges is None and s.chunks is not None:  # a computed tensor (a LoRA merge): piece by piece
+        digest = hashlib.blake2b(digest_size=32)
         for piece in _computed_chunks(t, cancel):
             _pwrite_all(dst_fd, piece, dst_off)
+            digest.update(piece)
             dst_off += len(piece)
             counter.add(len(piece))
+        t.written_digest = digest.digest()
         return
     import torch
 
@@ -507,6 +511,19 @@ def _verify_files(
                     continue
                 pos = h.data_start + offsets[t.name][0]
                 end = h.data_start + offsets[t.name][1]
+                if t.written_digest is not None:  # computed (a merge): the file against what was computed
+                    digest = hashlib.blake2b(digest_size=32)
+                    while pos < end:
+                        check_cancel(cancel)
+                        got = os.pread(fd, min(BUF, end - pos), pos)
+                        if not got:
+                            break
+                        digest.update(got)
+                        pos += len(got)
+                        counter.add(len(got))
+                    if pos != end or digest.digest() != t.written_digest:
+                        bad.append(t.name)
+                    continue
                 ok = True
                 for chunk in _source_chunks(t, cancel, fds):
                     got = os.pread(fd, len(chunk), pos)

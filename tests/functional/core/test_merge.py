@@ -268,6 +268,20 @@ def test_the_writer_writes_the_merged_model(tmp_path, case):
             assert torch.equal(_raw(back[t.name]), _raw(want)), t.name
         plan = type("P", (), {"files": [f]})()  # verify_files reads only .files where given files
         assert verify_files(plan, tmp_path, files=[f]) == []
+        # a merged tensor is checked against the digest of what the merge computed, not by merging again: a
+        # flipped byte in it on disk is found
+        m = next(t for t in f.tensors if t.src.chunks is not None)
+        assert m.written_digest is not None
+        from ckpt_tui.core.formats.safetensors import header as stfmt
+
+        h = stfmt.read_header(tmp_path / f.name)
+        at = h.data_start + h.offsets[m.name][0]
+        with open(tmp_path / f.name, "r+b") as fh:
+            fh.seek(at)
+            byte = fh.read(1)
+            fh.seek(at)
+            fh.write(bytes([byte[0] ^ 1]))
+        assert verify_files(plan, tmp_path, files=[f]) == [m.name]
     assert merged
 
 

@@ -160,6 +160,31 @@ def trainer_run_order(path: Location, weight_decay: Any) -> Optional[TrainerOrde
     return order
 
 
+def saved_weights(folder: Path, adapter: bool) -> tuple[Optional[dict[str, tuple[int, ...]]], str]:
+    """(name -> shape, which file) of the weights a Trainer checkpoint saved: ``adapter_model.safetensors`` of a
+    PEFT run, ``model.safetensors`` (or the shards its index names) of a full one; None where there are none
+    to read (a torch-pickle ``pytorch_model.bin``: not read here)."""
+    from ..safetensors.header import read_header, read_index
+
+    stem = "adapter_model" if adapter else "model"
+    single, index = folder / f"{stem}.safetensors", folder / f"{stem}.safetensors.index.json"
+    out: dict[str, tuple[int, ...]] = {}
+    try:
+        if single.is_file() and not single.is_symlink():
+            files = [single]
+        elif not adapter and index.is_file() and not index.is_symlink():
+            shards = {v for v in read_index(index)["weight_map"].values() if isinstance(v, str)}
+            files = [folder / v for v in sorted(shards) if "/" not in v and v not in ("", ".", "..")]
+        else:
+            return None, ""
+        for f in files:
+            h = read_header(f)
+            out.update((n, tuple(s)) for n, s in zip(h.names, h.shapes))
+    except (FormatError, OSError):
+        return None, ""
+    return out, f"{stem}.safetensors"
+
+
 def _trainer_names(
     path: Location, groups: list[dict[Any, Any]], order: list[Any], shapes: list[Optional[tuple[int, ...]]]
 ) -> tuple[Optional[list[str]], Optional[str]]:
@@ -178,17 +203,21 @@ def _trainer_names(
         w = w.value if isinstance(w, Stub) else w
         wds.append(float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else float("nan"))
     why: Optional[str]
+    saved: Optional[dict[str, tuple[int, ...]]] = None
+    saved_what = ""
     if order != list(range(len(order))):
         why = "the param groups do not number their parameters 0, 1, … in order"
     else:
         state_shapes = {i: s for i, s in enumerate(shapes) if s is not None}
-        why = check_against(torder, sizes, wds, state_shapes, torder.shapes)
+        saved, saved_what = saved_weights(path.parent, torder.adapter) if isinstance(path, Path) else (None, "")
+        why = check_against(torder, sizes, wds, state_shapes, torder.shapes, saved=saved, saved_what=saved_what)
     if why is not None:
         return None, f"the HF Trainer's parameter order was not used: {why}"
     return torder.export_names(), (
         f"the optimizer's {len(order)} parameters, keyed by index, are named in the HF Trainer's order "
         f"(create_optimizer: the weight-decay group, then the no-decay group, each in named_parameters() order) "
         f"of {torder.what}: the groups' sizes and weight_decay and every state's shape agree"
+        + (f", and {saved_what} holds every name in that shape" if saved is not None else "")
     )
 
 

@@ -78,6 +78,7 @@ class TrainerOrder:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name in groups -> parameter shape
     saved: dict[str, str] = field(default_factory=dict)  # name in groups -> the name the export gives it
     what: str = ""  # "full fine-tuning of GPT2LMHeadModel" / "a LoRA adapter on LlamaForCausalLM"
+    adapter: bool = False  # a PEFT run: the names are the adapter's (PEFT's saved names)
 
     def export_names(self) -> list[str]:
         """The export's names of indices 0, 1, … (the groups concatenated)."""
@@ -536,9 +537,10 @@ def wrap_peft(base: _Node, out_name: Optional[str], cfg: LoraConfig) -> tuple[_N
         if not match(key):
             continue
         parent, attr, target = _lookup(base, key)
+        if target.kind in _OTHER_LORA_KINDS:
+            raise _Refuse(f"target module {visible(key)!r} is a {target.kind} layer: PEFT's LoRA of it is not emulated")
         if target.kind not in _LORA_KINDS:
-            extra = " (PEFT has it; not emulated here)" if target.kind in _OTHER_LORA_KINDS else ""
-            raise _Refuse(f"target module {visible(key)!r} is a {target.kind} module{extra}")
+            raise _Refuse(f"target module {visible(key)!r} is not a Linear, Conv1D or Embedding: PEFT would refuse it")
         layer = _lora_layer(target, cfg.rank(key), cfg.lora_bias)
         parent.children[attr] = layer
         replaced += 1
@@ -630,7 +632,9 @@ def trainer_param_order(
         names[name] = saved.get(id(p), name)
     if not decay and not rest:
         return _refused("the model has no trainable parameter")
-    return TrainerOrder([decay, rest], [float(weight_decay), 0.0], None, shapes, names, what)
+    return TrainerOrder(
+        [decay, rest], [float(weight_decay), 0.0], None, shapes, names, what, adapter_config is not None
+    )
 
 
 def check_against(
@@ -639,9 +643,14 @@ def check_against(
     groups_wd: list[float],
     state_shapes: dict[int, tuple[int, ...]],
     shapes: dict[str, tuple[int, ...]],
+    *,
+    saved: Optional[dict[str, tuple[int, ...]]] = None,
+    saved_what: str = "the weights beside it",
 ) -> Optional[str]:
     """None where ``order`` is the optimizer's (its ``param_groups`` sizes and weight_decay, the shape of the
-    state of index i, ``shapes`` of the order's names); else which check failed."""
+    state of index i, ``shapes`` of the order's names); else which check failed. ``saved``: the (name, shape) of
+    the weights the checkpoint saved beside the optimizer (``saved_what``), which hold every name the order gives,
+    in that shape (a config that disagrees with the run names what the run did not train)."""
     if order.why_not is not None:
         return order.why_not
     if len(groups_sizes) != len(order.groups) or len(groups_wd) != len(order.groups):
@@ -666,4 +675,13 @@ def check_against(
                 f"the state of index {i} has shape {tuple(shape)}, the Trainer's parameter {i} "
                 f"({visible(order.saved.get(flat[i], flat[i]))}) {have}"
             )
+    if saved is not None:
+        for n in flat:
+            name = order.saved.get(n, n)
+            if name not in saved:
+                return f"{saved_what} holds no {visible(name)}, which the Trainer's order names"
+            if tuple(saved[name]) != shapes.get(n):
+                return (
+                    f"{visible(name)} is {tuple(saved[name])} in {saved_what}, {shapes.get(n)} in the Trainer's order"
+                )
     return None

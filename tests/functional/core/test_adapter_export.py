@@ -239,3 +239,12 @@ def test_an_fsdp2_save_needs_the_runs_adapter_config_and_then_exports_and_merges
     r = ckpt_tui("export", "checkpoint-2", "--adapter-config", str(cfg), "--merge", "--out", "merged", cwd=run)
     assert r.returncode == 0, r.stderr
     _equal_files(run / "merged", _merge_oracle(v, run / "adapter"))
+
+
+def test_merge_then_dtype_is_merge_and_unload_then_to(tmp_path):
+    v = _copy("peft-llama", tmp_path)
+    run = v / "run"
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--dtype", "bf16", "--out", "merged", cwd=run)
+    assert r.returncode == 0, r.stderr
+    oracle = {k: t.to(torch.bfloat16) for k, t in _merge_oracle(v, run / "checkpoint-2").items()}
+    _equal_files(run / "merged", oracle)

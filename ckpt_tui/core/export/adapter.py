@@ -193,7 +193,10 @@ def plan_merge(
         wname = f"{m.module}.weight"
         w = by_name.get(wname)
         if w is None:
-            problems.append(f"`{visible(wname)}` is not in the base model")
+            if f"{m.module}.in_proj_weight" in by_name:  # PEFT's MultiheadAttention LoRA: another merge entirely
+                problems.append(f"a LoRA on the MultiheadAttention `{visible(m.module)}`: not merged (PEFT only)")
+            else:
+                problems.append(f"`{visible(wname)}` is not in the base model")
             continue
         a, b = adapter_tensor(m.a), adapter_tensor(m.b)
         fifo = cfg.fan_in_fan_out and not m.embedding

@@ -248,3 +248,20 @@ def test_merge_then_dtype_is_merge_and_unload_then_to(tmp_path):
     assert r.returncode == 0, r.stderr
     oracle = {k: t.to(torch.bfloat16) for k, t in _merge_oracle(v, run / "checkpoint-2").items()}
     _equal_files(run / "merged", oracle)
+
+
+def test_merge_refuses_modules_to_save_on_a_tied_weight(tmp_path):
+    from safetensors.torch import save_file
+
+    v = _copy("peft-gpt2-rslora", tmp_path)  # GPT-2 ties lm_head to wte: its base file holds wte only
+    ck = v / "run" / "checkpoint-2"
+    sd = load_file(ck / "adapter_model.safetensors")
+    sd["base_model.model.lm_head.weight"] = torch.zeros(256, 64)  # as PEFT saves modules_to_save=["lm_head"]
+    save_file(sd, ck / "adapter_model.safetensors", metadata={"format": "pt"})
+    doc = json.loads((ck / "adapter_config.json").read_text())
+    doc["modules_to_save"] = ["lm_head"]
+    (ck / "adapter_config.json").write_text(json.dumps(doc))
+    r = ckpt_tui("export", "checkpoint-2", "--merge", "--out", "merged", cwd=v / "run")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "modules_to_save `lm_head.weight`, a weight the base ties to another" in r.stderr, r.stderr
+    assert not (v / "run" / "merged").exists()

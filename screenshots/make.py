@@ -94,6 +94,29 @@ async def shot_main_and_wizard(ckpt: Path) -> None:
         save(app, "export-wizard")
 
 
+async def shot_lora(ckpt: Path) -> None:
+    """A LoRA run (issue 23): the ADAPTER badge, the base in the details, the rows of q_proj and v_proj apart, and the
+    export wizard's choice of the merged model or the adapter. Run from the Trainer's output folder, as a user is."""
+    from ckpt_tui.ui.screens.wizards import ExportWizard
+    from ckpt_tui.ui.widgets.details import TensorTable
+
+    here = os.getcwd()
+    os.chdir(ckpt.parent)
+    try:
+        app = make_app(Path(ckpt.name), clock=MockClock())
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.report is not None)
+            await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) > 0)
+            await pilot.pause(0.2)
+            save(app, "lora")
+            await pilot.press("e")
+            assert isinstance(app.screen, ExportWizard), app.screen
+            await pilot.pause(0.2)
+            save(app, "lora-export-wizard")
+    finally:
+        os.chdir(here)
+
+
 async def shot_findings(ckpt: Path) -> None:
     from ckpt_tui.ui.screens.findings import FindingsScreen
 
@@ -169,8 +192,10 @@ def main() -> int:
     fsdp = fresh_copy(fixture_path("hf-fsdp1") / "checkpoint-2", BASE / "run" / "checkpoint-2000")
     ds = fresh_copy(fixture_path("hf-ds-zero2") / "checkpoint-2", BASE / "deepspeed-run" / "checkpoint-3")
     big = big_checkpoint(BASE / "llama-run" / "checkpoint-500")
+    lora = fresh_copy(fixture_path("peft-llama"), BASE / "lora-run") / "run" / "checkpoint-2"
     asyncio.run(shot_main_and_wizard(fsdp))
     asyncio.run(shot_findings(ds))
+    asyncio.run(shot_lora(lora))
     asyncio.run(shot_export_progress(big))
     to_png(sorted(HERE_OUT.glob("*.svg")))
     return 0

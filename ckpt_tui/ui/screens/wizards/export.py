@@ -179,8 +179,13 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         inv = self.report.inventory
         with Vertical(id="source", classes="pane"):
             yield Static(
-                "The model weights to export. ckpt-tui picked the model component of this checkpoint;"
-                " pick another if you want."
+                (
+                    "This checkpoint holds a LoRA adapter: merged into its base model (what you deploy), or the"
+                    " adapter as PEFT saves it (PeftModel.from_pretrained loads it)."
+                    if self.adapter is not None
+                    else "The model weights to export. ckpt-tui picked the model component of this checkpoint;"
+                    " pick another if you want."
+                )
                 + (
                     " Or its optimizer state (optimizer.safetensors + optimizer_config.json), or both."
                     if self.optimizer_at is not None

@@ -184,8 +184,11 @@ def _clean(out: Path) -> None:
     os.sync()
 
 
-def run_once(argv: list[str], out: Path, env: dict, kind: str = "dir") -> dict:
-    _clean(out)
+def timed(
+    argv: list[str], out: Path, env: dict
+) -> tuple[list[str], subprocess.CompletedProcess, float, float, list[float]]:
+    """Run ``argv`` (``{out}`` replaced) under ``/usr/bin/time -v``, then ``sync``: (the command, its process, wall s,
+    wall s with the flush, each "Maximum resident set size" it printed in MB). merge_bench.py times with it too."""
     cmd = ["/usr/bin/time", "-v"] + [a.replace("{out}", str(out)) for a in argv]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -193,12 +196,18 @@ def run_once(argv: list[str], out: Path, env: dict, kind: str = "dir") -> dict:
     os.sync()
     t2 = time.perf_counter()
     rss = [int(x) / 1024 for x in re.findall(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)]
+    return cmd, p, t1 - t0, t2 - t0, rss
+
+
+def run_once(argv: list[str], out: Path, env: dict, kind: str = "dir") -> dict:
+    _clean(out)
+    cmd, p, wall, flush, rss = timed(argv, out, env)
     produced = max(_du(out), _du(Path(str(out) + ".pt")))
     if p.returncode != 0 or not rss or (produced == 0 and kind != "none"):
         tail = "\n".join((p.stdout + p.stderr).splitlines()[-25:])
         raise RuntimeError(f"failed (rc={p.returncode}, output {produced} B): {' '.join(cmd)}\n{tail}")
     # nested /usr/bin/time (one per rank under torchrun --no-python): the ranks' first, the launcher's last
-    return {"wall": t1 - t0, "flush": t2 - t0, "rss_mb": rss[-1], "rank_rss_mb": rss[:-1], "out_bytes": produced}
+    return {"wall": wall, "flush": flush, "rss_mb": rss[-1], "rank_rss_mb": rss[:-1], "out_bytes": produced}
 
 
 def machine() -> dict:

@@ -40,8 +40,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from export_bench import timed  # the same /usr/bin/time + sync timing as the export benchmark (bench/ is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -176,18 +177,12 @@ def run_once(argv: list[str], out: Path, env: dict, warm: list[Path], makes_outp
     shutil.rmtree(out, ignore_errors=True)
     _warm(warm)
     os.sync()
-    cmd = ["/usr/bin/time", "-v"] + [a.replace("{out}", str(out)) for a in argv]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    t1 = time.perf_counter()
-    os.sync()
-    t2 = time.perf_counter()
-    rss = [int(x) / 1024 for x in re.findall(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)]
+    cmd, p, wall, flush, rss = timed(argv, out, env)
     produced = _du(out)
     if p.returncode != 0 or not rss or (makes_output and produced == 0):
         tail = "\n".join((p.stdout + p.stderr).splitlines()[-25:])
         raise RuntimeError(f"failed (rc={p.returncode}, output {produced} B): {' '.join(cmd)}\n{tail}")
-    return {"wall": t1 - t0, "flush": t2 - t0, "rss_mb": rss[-1], "out_bytes": produced}
+    return {"wall": wall, "flush": flush, "rss_mb": rss[-1], "out_bytes": produced}
 
 
 def compare(a: Path, b: Path) -> str:

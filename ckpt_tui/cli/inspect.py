@@ -113,15 +113,28 @@ def tensors_cmd(path, as_json, limit):
     table = Table(box=None, pad_edge=False)
     for col in ("name", "shape", "dtype", "size"):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    from ..core.whole import empty_weights
+
+    empty = empty_weights(node)  # saved without gathering: its empty rows marked, and why said after them
     for t in rows:
         dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
+        shape = Text(visible(shape_text(t.shape)))
+        if empty and not t.numel:
+            shape = Text(f"✖ {shape_text(t.shape)}", style="bold red")
         # every cell from the header as a Text: a str cell is Rich markup
-        table.add_row(
-            Text(visible(t.name)), Text(visible(shape_text(t.shape))), Text(visible(dtype)), naturalsize(t.nbytes)
-        )
-    Console(soft_wrap=False).print(table)
+        table.add_row(Text(visible(t.name)), shape, Text(visible(dtype)), naturalsize(t.nbytes))
+    console = Console(soft_wrap=False)
+    console.print(table)
     total = sum(t.nbytes for t in rows)
     click.echo(f"{len(rows)} tensors, {sum(t.numel for t in rows):,} elements, {naturalsize(total)}")
+    if empty:
+        console.print(
+            Text(
+                f"✖ weights-empty: {visible(inv.shown(node.path))} {empty}; `ckpt-tui inspect {inv.shown()}` "
+                "says why and where the weights are",
+                style="bold red",
+            )
+        )
     upcast = [t for t in rows if t.upcast_from]
     if upcast:
         echo(

@@ -87,6 +87,27 @@ CODES: dict[str, FindingCode] = {
         FindingCode("frozen-params", ("info",), "parameters without optimizer state", "export"),
         FindingCode("tied-weights", ("info",), "tensors sharing storage (written once on export)", "export"),
         FindingCode("adapter-only", ("info",), "a PEFT adapter without the base model"),
+        FindingCode(
+            "weights-empty",
+            ("error",),
+            "weights saved without gathering: no tensors, or every one empty (export refuses)",
+        ),
+        FindingCode(
+            "checkpoint-incomplete",
+            ("error",),
+            "an HF Trainer checkpoint-N killed while saving or half deleted by a rotation",
+        ),
+        FindingCode("rng-state-missing", ("info",), "no RNG state: it resumes, but not bit-for-bit"),
+        FindingCode(
+            "resume-model-only",
+            ("warning", "info"),
+            "save_only_model: resumes with a fresh optimizer (under DeepSpeed: not at all)",
+        ),
+        FindingCode(
+            "optimizer-state-missing",
+            ("warning",),
+            "a DCP optimizer without state for some parameters: dcp.load needs partial load",
+        ),
         FindingCode("not-a-checkpoint", ("error",), "nothing recognised"),
         FindingCode("unreadable", ("error", "warning"), "permission denied, symlink loop, too deep"),
         FindingCode("special-file", ("warning",), "a FIFO or device in the tree (never opened)"),

@@ -25,6 +25,7 @@ from .formats.registry import format_of
 from .names import step_of
 from .storage import is_url
 from .types import SEVERITY_RANK, Finding, Inventory, Node
+from .whole import optimizer_gap_finding, trainer_findings, weights_empty_finding
 
 
 def diagnose(inv: Inventory) -> list[Finding]:
@@ -34,6 +35,10 @@ def diagnose(inv: Inventory) -> list[Finding]:
     try:
         for n in root.walk():
             out.extend(_node_findings(inv, n))
+            for extra in (weights_empty_finding(inv, n), optimizer_gap_finding(inv, n)):
+                if extra is not None:
+                    out.append(extra)
+        out.extend(trainer_findings(inv))
     finally:
         MEMO.reset(token)
     if inv.layout == "unknown" and not any(f.severity == "error" for f in out):

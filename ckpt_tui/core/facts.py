@@ -74,6 +74,8 @@ class TorchZipFacts(TorchFileFacts, TensorFacts, total=False):
     iteration: int  # top-level iteration (Megatron)
     epoch: int  # top-level epoch (Lightning)
     object: str  # the class of what it holds when that is not a dict
+    save_only_model: bool  # training_args.bin: TrainingArguments.save_only_model (read, never guessed)
+    deepspeed: bool  # training_args.bin: the run was given a DeepSpeed config
 
 
 class DeepSpeedModelStatesFacts(TorchFileFacts, total=False):
@@ -108,6 +110,8 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     chunk_overlaps: list[str]  # tensors whose chunks overlap (the first 8)
     tensor_parallel: int  # Megatron-Core torch_dist: tensor-parallel size, from how the tensors are split
     stacked_layers: int  # Megatron-Core torch_dist: layers stacked along a leading dimension (decoder.layers.…)
+    optimizer_gaps: list[str]  # parameters its optimizer's param_groups list without state (the first 16)
+    optimizer_gaps_total: int  # how many there are
 
 
 class VerlFacts(NodeFacts, TensorFacts, total=False):

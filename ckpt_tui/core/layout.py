@@ -11,8 +11,8 @@ from .facts import JsonFacts, TensorFacts
 from .formats.deepspeed.format import deepspeed_layout as deepspeed_layout  # layout.deepspeed_layout, as before
 from .formats.registry import HOLDERS, format_of
 from .names import ACCELERATE_FILE_RE as ACCELERATE_FILE_RE  # layout.ACCELERATE_FILE_RE, as before
+from .names import HF_CKPT_DIR_RE, step_of, trainer_written
 from .names import MODEL_FILE_RE as MODEL_FILE_RE  # layout.MODEL_FILE_RE, as before
-from .names import step_of
 from .types import Inventory, Node, Parsed, RunCheckpoint, model_component
 from .units import naturalsize, param_count
 
@@ -108,7 +108,7 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     if model_files:
         comps = {"model": _preferred_model_file(model_files).path}
         comps.update(_optim_files(node))
-        if "trainer_state.json" in names:
+        if trainer_written(names):  # a killed save (no trainer_state.json yet) is still the Trainer's
             return "hf-trainer", comps
         if any(n.startswith("random_states") for n in names) or "optimizer.bin" in names:
             return "accelerate", comps
@@ -127,6 +127,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
         if described is not None:
             return described
         return ("lightning" if only.name.endswith(".ckpt") else "torch-file"), {only.role: only.path}
+    if HF_CKPT_DIR_RE.match(node.name) and trainer_written(names):
+        # a Trainer's checkpoint without its weights (a rotation killed mid-delete): still the Trainer's, broken
+        return "hf-trainer", _optim_files(node)
     return "unknown", {}
 
 
@@ -197,21 +200,39 @@ def _world(root: Node, comps: dict[str, str]) -> Optional[int]:
     return None
 
 
-def summary(root: Node, layout: str, comps: dict[str, str], model_text: Optional[str] = None) -> str:
+def summary(
+    root: Node,
+    layout: str,
+    comps: dict[str, str],
+    model_text: Optional[str] = None,
+    incomplete: frozenset[str] = frozenset(),
+) -> str:
     """One line: what the checkpoint is and where its parts are. ``model_text``: what to say of the model
-    component instead of its size (a LoRA adapter's description, found by reading more than the layout)."""
+    component instead of its size (a LoRA adapter's description, found by reading more than the layout).
+    ``incomplete``: a run folder's checkpoints that have error findings (the newest complete one is described)."""
     if layout == "unknown":
         return "not a checkpoint: nothing here is a format ckpt-tui recognises"
     if layout == "run-folder":
         ck = sorted(_checkpoint_dirs(root), key=lambda c: (step_of(c.name), c.name), reverse=True)
         if not ck:
             return "run folder"
-        newest = ck[0]
-        lay, comps = classify(newest)
         plural = "s" if len(ck) != 1 else ""
-        return f"run folder with {len(ck)} checkpoint{plural}; newest `{newest.path}/`: " + summary(
-            newest, lay, comps, model_text
-        )
+        head = f"run folder with {len(ck)} checkpoint{plural}"
+        whole = [c for c in ck if c.path not in incomplete]
+        if not whole:
+            return f"{head}, none complete (newest `{ck[0].path}/`)"
+        newest = whole[0]
+        skipped = [c for c in ck if c.path in incomplete and (step_of(c.name) or 0) > (step_of(newest.name) or 0)]
+        lay, comps = classify(newest)
+        if skipped:
+            head += (
+                f"; newest complete `{newest.path}/` (newer, incomplete: "
+                + ", ".join(f"`{c.path}/`" for c in skipped[:3])
+                + ")"
+            )
+        else:
+            head += f"; newest `{newest.path}/`"
+        return f"{head}: " + summary(newest, lay, comps, model_text)
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, model_component(comps) or "") if comps else None
     if n_model is not None:

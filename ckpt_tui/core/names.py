@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-# checkpoint-N (HF Trainer), global_stepN (DeepSpeed), step-N (torchtitan), iter_N (Megatron),
-# epoch=E-step=N.ckpt / *step=N*.ckpt (Lightning)
+# checkpoint-N (HF Trainer; tmp-checkpoint-N while it saves), global_stepN (DeepSpeed), step-N (torchtitan),
+# iter_N (Megatron), epoch=E-step=N.ckpt / *step=N*.ckpt (Lightning)
 CKPT_DIR_RE = re.compile(
-    r"^(checkpoint-(\d+)|global_step_?(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$"
+    r"^((?:tmp-)?checkpoint-(\d+)|global_step_?(\d+)|step-(\d+)|iter_(\d+)|epoch=\d+-step=(\d+)\.ckpt|.*step=(\d+).*\.ckpt)$"
 )
 FSDP_MODEL_DIR_RE = re.compile(r"^pytorch_model_fsdp_(\d+)$")  # HF Trainer / Accelerate sharded FSDP
 FSDP_OPTIM_DIR_RE = re.compile(r"^optimizer_(\d+)$")
@@ -58,6 +58,24 @@ def backed_up_name(name: str) -> Optional[str]:
 
 # a flat torch optimizer state dict (FSDP2 get_state_dict saved flat)
 OPTIMIZER_STATE_KEYS = frozenset({"state", "param_groups"})
+
+
+HF_CKPT_DIR_RE = re.compile(r"^(?:tmp-)?checkpoint-\d+$")  # what an HF Trainer names a checkpoint (and while saving)
+
+
+def trainer_written(names: "set[str]") -> bool:
+    """Do these file names (one folder's) show the HF Trainer wrote it? ``training_args.bin`` (its ``_save``), or
+    ``trainer_state.json``, or a scheduler beside an optimizer (``scheduler.pt`` with ``optimizer.pt``,
+    ``optimizer_0/`` or a DeepSpeed tag, and none of Accelerate's own files: FSDP sharded saves write no
+    ``training_args.bin``). A user's own
+    ``save_pretrained("checkpoint-5")`` has none of them."""
+    if "training_args.bin" in names or "trainer_state.json" in names:
+        return True
+    if any(ACCELERATE_FILE_RE.match(n) for n in names):
+        return False  # Accelerate's save_state (its random_states_0.pkl, optimizer.bin ...), not the Trainer
+    return "scheduler.pt" in names and any(
+        n in ("optimizer.pt", "optimizer_0") or n.startswith("global_step") for n in names
+    )
 
 
 def step_of(name: str) -> Optional[int]:

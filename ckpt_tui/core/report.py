@@ -75,4 +75,10 @@ def inspect(
     with gc_paused():  # findings are plain data, one per broken file: collections would walk the tree again
         findings = diagnose(inv)
         mark_complete(inv, findings)
+    if inv.layout == "run-folder" and any(not c["complete"] for c in inv.checkpoints):
+        from .layout import summary as run_summary
+
+        model_text = inv.adapter.headline() if inv.adapter is not None else None
+        broken = frozenset(c["path"] for c in inv.checkpoints if not c["complete"])
+        inv.summary = run_summary(inv.root, inv.layout, inv.components, model_text, incomplete=broken)
     return Report(inv, findings, bytes_fetched() - before if remote else None)

@@ -44,12 +44,14 @@ def listable(inv: Inventory, node: Node) -> tuple[Optional[Node], str]:
     if node.path in inv.checkpoint_components:  # a checkpoint of a run folder
         rel = inv.model_path(node.path)
     elif node is inv.root and inv.layout == "run-folder" and inv.checkpoints:
-        ck = inv.checkpoints[0]["path"]
+        whole = [c for c in inv.checkpoints if c["complete"]]
+        ck = (whole or inv.checkpoints)[0]["path"]
         rel = inv.model_path(ck)
         if rel:
             sub = inv.node(rel)
             if sub is not None and lists_tensors(sub):
-                return sub, f"the model component {inv.shown(rel, slash=sub.is_dir)} of the newest checkpoint"
+                newest = "newest complete" if whole and ck != inv.checkpoints[0]["path"] else "newest"
+                return sub, f"the model component {inv.shown(rel, slash=sub.is_dir)} of the {newest} checkpoint"
     if rel is None:
         rel = model_component(classify(node)[1])
     if rel and rel != node.path:

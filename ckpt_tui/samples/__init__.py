@@ -121,6 +121,20 @@ GROUPS: dict[str, Group] = {
             "lightning-file-optim",
         ),
     ),
+    # saves that went wrong the common ways (killed, rotated, model-only, ungathered ZeRO-3), one process
+    "hf_broken": Group(
+        "hf_broken",
+        1,
+        (
+            "hf-killed-save",
+            "hf-rotation-killed",
+            "hf-model-only",
+            "dcp-optim-nograd",
+            "hf-ds-model-only",
+            "zero3-ungathered",
+            "zero3-peft-ungathered",
+        ),
+    ),
     "demo": Group("demo", 2, ("demo",)),
     "verl": Group("verl_fsdp", 2, ("verl-fsdp2", "verl-fsdp1"), venv="verl"),
 }
@@ -333,6 +347,22 @@ EXPECTED: dict[str, list[str]] = {
     "plain-pt-optim": ["checkpoint.pt"],
     "plain-pt-optim-groups": ["checkpoint.pt"],
     "lightning-file-optim": ["last.ckpt"],
+    "hf-killed-save": [_RUN + f for f in _TRAINER + ["rng_state.pth", "model.safetensors"]]
+    + ["run/checkpoint-4/" + f for f in ("model.safetensors", "optimizer.pt", "scheduler.pt", "training_args.bin")],
+    "hf-rotation-killed": [_RUN + f for f in _TRAINER + ["rng_state.pth", "model.safetensors"]]
+    + ["run/checkpoint-1/" + f for f in _TRAINER + ["rng_state.pth"]],
+    "hf-model-only": [_RUN + f for f in ("model.safetensors", "trainer_state.json", "training_args.bin")],
+    "hf-ds-model-only": [_RUN + f for f in ("model.safetensors", "trainer_state.json", "training_args.bin")],
+    "dcp-optim-nograd": _dcp("checkpoint-2/", world=1),
+    "zero3-ungathered": ["state_dict.pt", "checkpoint-2/model.safetensors", "oracle/model.safetensors"]
+    + [f"checkpoint-2/{f}" for f in _ds("global_step2", 1, True, bf16=False)],
+    "zero3-peft-ungathered": _BASE
+    + ["oracle/adapter_state.safetensors"]
+    + [
+        f"{sub}/checkpoint-2/{f}"
+        for sub in ("ungathered", "no-tensors")
+        for f in ["adapter_config.json", "adapter_model.safetensors"] + _ds("global_step2", 1, True, bf16=False)
+    ],
     "verl-fsdp2": _verl(True),
     "verl-fsdp1": _verl(False),
     "demo": (

@@ -38,9 +38,10 @@ def _rm(*paths: Path) -> None:
 
 
 def hf_trainer_plain(base: Path) -> Path:
-    """HF Trainer without DeepSpeed/FSDP: the weights beside trainer_state.json, no tag folder."""
+    """HF Trainer without DeepSpeed/FSDP: the weights beside trainer_state.json, no tag folder. (Its
+    training_args.bin goes too: it names DeepSpeed, and a DeepSpeed save without its tag is incomplete.)"""
     d = trees.tree("hf-ds-zero2", base) / "checkpoint-2"
-    _rm(d / "global_step2", d / "latest", d / "zero_to_fp32.py", d / "zero_to_torch.py")
+    _rm(d / "global_step2", d / "latest", d / "zero_to_fp32.py", d / "zero_to_torch.py", d / "training_args.bin")
     return d
 
 

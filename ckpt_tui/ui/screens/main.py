@@ -273,10 +273,15 @@ class MainScreen(Screen[None]):
     def tensors_of(path: str, comp: Node, note: str, parsed: Optional[Parsed]) -> TensorRows:
         """The rows the table shows for ``comp`` (runs in a worker): the one place that asks the core."""
         from ...core.tensors import list_tensors
+        from ...core.whole import empty_weights
+        from ..widgets.details import EMPTY_MARK
 
         rows: tuple[TensorInfo, ...] = ()
         try:
             rows = tuple(list_tensors(comp, parsed))
+            why = empty_weights(comp)
+            if why:
+                note = f"{EMPTY_MARK}: {why}; see its finding" + (f" ({note})" if note else "")
         except Exception as e:  # a broken file: say so in the table's caption
             note = f"cannot list tensors: {e}"
         return path, comp.path, rows, note

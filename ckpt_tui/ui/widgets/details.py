@@ -24,6 +24,10 @@ from ..format import SEV_STYLE, distinct_cuts, fact_rows, plain_text, visible
 MAX_ROWS = 100
 
 
+# the caption of a listing whose weights were saved empty (weights-empty): its empty rows are marked too
+EMPTY_MARK = "✖ weights-empty"
+
+
 class Facts(Static):
     """The selected node's name, then the findings it is given (the caller orders them, errors first; one
     about another file names it), then the node's facts."""
@@ -104,6 +108,8 @@ class TensorTable(Vertical):
             "dtype": plain_text(dtype),
             "shape": plain_text(shape_text(r.shape)),
         }
+        if not r.numel and getattr(self, "note", "").startswith(EMPTY_MARK):  # weights saved without gathering
+            cells["shape"] = Text(f"✖ {shape_text(r.shape)}", style="bold red")
         if self._with_stats:
             st = self.stats.get(r.name)
             fmt = lambda v: "" if v is None else f"{v:.3g}"
@@ -201,7 +207,10 @@ class TensorTable(Vertical):
         count = f"{matches:,}/{len(self.rows):,} match '{text}'" if text else f"{matches:,} tensors"
         if matches > len(shown):
             count += f" ({len(shown)} shown)"
-        self.query_one("#tensor-count", Static).update(plain_text(count + (f" — {note}" if note else "")))
+        caption = plain_text(count + (f" — {note}" if note else ""))
+        if note.startswith(EMPTY_MARK):
+            caption.stylize("bold red")
+        self.query_one("#tensor-count", Static).update(caption)
         self.last_filter_ms = (time.perf_counter() - t0) * 1000
 
     def on_input_changed(self, event: Input.Changed) -> None:

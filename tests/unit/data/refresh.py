@@ -58,14 +58,48 @@ VARIANTS = {
     "fsdp-local": "fsdp-local",
     "megatron-legacy": "megatron-legacy, latest_checkpointed_iteration.txt",
     "megatron-dist": "megatron-dist (Megatron-Core dist_checkpointing, TP=2, stacked layers)",
+    "hf-killed-save": "checkpoint-incomplete (killed in _save_rng_state), rng-state-missing",
+    "hf-rotation-killed": "checkpoint-incomplete (a rotation killed mid-delete)",
+    "hf-model-only": "resume-model-only (save_only_model, one process)",
+    "hf-ds-model-only": "resume-model-only (save_only_model under DeepSpeed)",
+    "dcp-optim-nograd": "optimizer-state-missing (a parameter that never got a gradient)",
+    "zero3-ungathered": "weights-empty (ungathered ZeRO-3 save_pretrained and torch.save)",
+    "zero3-peft-ungathered": "weights-empty (ungathered and tensorless PEFT adapters)",
     "plain-pt": "torch-file, lightning (.ckpt file), tied-weights in a torch file",
 }
+
+
+def _distcp_holes(path: Path, size: int) -> list[list[int]]:
+    """A .distcp shard is never read but for its non-tensor entries (an optimizer's param_groups objects, which
+    the inspector reads for the parameters they list): those byte ranges are kept, the rest is one hole each."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    try:
+        meta = dcp.FileSystemReader(str(path.parent)).read_metadata()
+    except Exception:
+        return [[0, size]] if size else []
+    kept = sorted(
+        (st.offset, st.length)
+        for idx, st in (meta.storage_data or {}).items()
+        if st.relative_path == path.name and isinstance(meta.state_dict_metadata.get(idx.fqn), BytesStorageMetadata)
+    )
+    out, at = [], 0
+    for off, length in kept:
+        if off > at:
+            out.append([at, off - at])
+        at = max(at, off + length)
+    if size > at:
+        out.append([at, size - at])
+    return out
 
 
 def holes_of(path: Path, size: int) -> list[list[int]]:
     """[[offset, length], ...] of the bytes the inspector never reads."""
     name = path.name
-    if name.endswith((".distcp", ".py")):
+    if name.endswith(".distcp"):
+        return _distcp_holes(path, size)
+    if name.endswith(".py"):
         return [[0, size]] if size else []
     if name.endswith(".safetensors"):
         with open(path, "rb") as f:

@@ -20,6 +20,7 @@ from ...names import (
     OPTIMIZER_STATE_KEYS,
     TRAINING_STATE_KEYS,
     step_of,
+    trainer_written,
 )
 from ...types import Finding, Inventory, Node, Parsed, TensorInfo
 from .. import FormatError, screen
@@ -88,7 +89,7 @@ class DcpFolder(FolderFormat):
         if any(step_of(c.name) is not None for c in members) or has_model_files:
             return None
         comps = _dcp_folder_components(members)
-        if "trainer_state.json" in names:
+        if trainer_written(names):
             return "hf-trainer-fsdp", comps
         if any(ACCELERATE_FILE_RE.match(n) for n in names):
             return "accelerate-fsdp", comps
@@ -201,6 +202,13 @@ class DcpFolder(FolderFormat):
             layers = {n for _, _, n in dcpfmt.megatron_stacked(info).values()}
             if len(layers) == 1:
                 f["stacked_layers"] = layers.pop()
+        if role in ("optimizer", "model+optimizer") and not missing and not short and not info.unsafe:
+            from .optim import params_without_state  # reads the param groups' `params` lists only
+
+            gaps = params_without_state(node.abspath, info)
+            if gaps:
+                f["optimizer_gaps"] = [fact_text(g) for g in gaps[:16]]
+                f["optimizer_gaps_total"] = len(gaps)
         parsed.put(node, info)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:

@@ -77,6 +77,40 @@ def has_optimizer_state(info: dcpfmt.DcpInfo) -> bool:
     return False
 
 
+def params_without_state(where: LocationLike, info: dcpfmt.DcpInfo) -> list[str]:
+    """The parameters the optimizer's param_groups list that its state has no entry for: never given a gradient
+    (torch's optimizers create a parameter's state at its first step). Reads the groups' ``params`` lists only (a
+    flattened state dict lists each parameter's hyper-parameters by name: nothing to read). [] when it holds no
+    FQN-keyed state, or its lists cannot be read safely."""
+    state: set[str] = set()
+    listed: list[str] = []
+    params_keys: list[str] = []
+    for key, path in _paths(info).items():
+        sp = _split(path, "state")
+        if sp and len(sp[1]) >= 2:
+            state.add(".".join(sp[1][:-1]))
+            continue
+        sp = _split(path, "param_groups")
+        if sp and len(sp[1]) == 2:
+            if str(sp[1][0]).isdigit():
+                if sp[1][1] == "params":
+                    params_keys.append(key)
+            else:
+                listed.append(str(sp[1][0]))
+    if not state:
+        return []
+    if params_keys:
+        try:
+            objects = _objects(as_path(where), set(params_keys))
+        except (FormatError, OSError, zipfile.BadZipFile):
+            return []
+        for k in params_keys:
+            v = objects.get(k)
+            if isinstance(v, (list, tuple)):
+                listed.extend(str(p) for p in v)
+    return [p for p in dict.fromkeys(listed) if p not in state]
+
+
 def _objects(folder: Location, keys: set[str]) -> dict[str, Any]:
     """The non-tensor objects ``keys`` (torch.save blobs in the .distcp files), read through the
     restricted unpickler: nothing is executed."""

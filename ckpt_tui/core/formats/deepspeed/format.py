@@ -21,7 +21,7 @@ from ...facts import (
     TensorFacts,
     TextFacts,
 )
-from ...names import step_of
+from ...names import step_of, trainer_written
 from ...present import universal_summary
 from ...storage import open_read
 from ...types import Finding, Inventory, Node, Parsed, TensorInfo, numel
@@ -240,7 +240,7 @@ class DeepSpeedTag(FolderFormat):
         latest = node.child("latest")
         chosen = latest_tag(node, members)
         comps = {"model": chosen.path, "optimizer": chosen.path}
-        if "trainer_state.json" in names:
+        if trainer_written(names):
             return "hf-trainer-deepspeed", comps
         if node.name.endswith(".ckpt") or (
             latest is not None and cast(TextFacts, latest.facts).get("names") == "checkpoint"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 from ...facts import TorchFileFacts, TorchZipFacts
 from ...types import Node, Parsed, TensorInfo
 from ..format import Described, FileFormat, set_tensor_facts
-from ..unpickle import iter_tensors
+from ..unpickle import Stub, iter_tensors
 from . import torchfile
 from .torchfile import TorchFile, pick_state_dict
 
@@ -198,3 +198,9 @@ class TorchSave(TorchFileFormat):
                 node.role = "optimizer"
         elif obj is not None:
             f["object"] = fact_text(getattr(obj, "_qualname", type(obj).__name__))
+            if node.role == "training-args" and isinstance(obj, Stub):  # TrainingArguments, read as data
+                fields = obj.__dict__
+                if isinstance(fields.get("save_only_model"), bool):
+                    f["save_only_model"] = fields["save_only_model"]
+                ds = fields.get("deepspeed")
+                f["deepspeed"] = bool(ds) if isinstance(ds, (str, dict)) else ds is not None

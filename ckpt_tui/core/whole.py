@@ -1,0 +1,380 @@
+"""Is a checkpoint whole, and will it resume? Pure, like diagnose: reads the facts the scan gathered (and, for an
+adapter file, its header's shapes; for a checkpoint inspected alone, the names beside it), never a tensor.
+
+- ``weights-empty``: weights saved under ZeRO-3 or FSDP without gathering them first (every tensor has a 0 in its
+  shape, or the file holds no tensors at all), and where the real weights are: the DeepSpeed tag or DCP folder
+  beside it, and the export that takes them from there.
+- ``checkpoint-incomplete``: an HF Trainer ``checkpoint-N`` whose save was killed (no ``trainer_state.json``, which
+  the Trainer writes last) or half deleted by a rotation (a file its siblings have is gone); the newest complete
+  sibling and the exact way to resume from it.
+- ``rng-state-missing``: resumes, but not bit-reproducibly.
+- ``resume-model-only``: saved with ``save_only_model`` (read from ``training_args.bin``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, cast
+
+from .advice import has_breakage
+from .facts import DcpFacts, TensorFacts, TorchZipFacts
+from .formats.registry import format_of
+from .names import HF_CKPT_DIR_RE, MODEL_FILE_RE, step_of, trainer_written
+from .storage import is_url
+from .types import Finding, Inventory, Node
+
+RNG_RE_PREFIX = "rng_state"
+
+
+def empty_weights(n: Node) -> Optional[str]:
+    """What makes the weights ``n`` holds empty (a phrase), or None: they are not, or it holds no weights."""
+    f = cast(TensorFacts, n.facts)
+    if "tensor_count" not in f or n.role != "model":
+        return None
+    fmt = format_of(n)
+    if n.is_dir:
+        if not fmt.torch_dcp:
+            return None
+        return "holds no tensor entries" if not f["tensor_count"] else None
+    if not fmt.weights_as_saved:
+        return None  # a ZeRO-3 tag's own model_states.pt holds empty placeholders by design
+    count = f["tensor_count"]
+    if not count:
+        return "holds no tensors at all"
+    if not f.get("param_count"):
+        return f"holds {count} tensors, every one empty (a 0 in its shape)"
+    if n.name.startswith("adapter_model."):
+        lora = [t for t in fmt.tensors(n) if ".lora_A." in t.name or ".lora_B." in t.name]
+        if lora and all(len(t.shape) < 2 or 0 in t.shape for t in lora):
+            return f"holds {len(lora)} LoRA tensors, none of them a matrix (PEFT's own check: fewer than 2 dimensions)"
+    return None
+
+
+def _folder_of(inv: Inventory, n: Node) -> Node:
+    parent = n.path.rsplit("/", 1)[0] if "/" in n.path else "."
+    return inv.node(parent) or inv.root
+
+
+def _recovery(inv: Inventory, n: Node) -> Optional[Node]:
+    """The DeepSpeed tag or DCP model folder beside ``n`` that holds its weights whole (not itself empty or broken)."""
+    folder = _folder_of(inv, n)
+    for c in folder.children:
+        if c is n or not c.is_dir or has_breakage(c):
+            continue
+        fmt = format_of(c)
+        if fmt.tag and c.facts.get("module_tensors"):
+            return c
+        if fmt.torch_dcp and c.role in ("model", "model+optimizer") and cast(TensorFacts, c.facts).get("param_count"):
+            return c
+    return None
+
+
+def weights_empty_finding(inv: Inventory, n: Node) -> Optional[Finding]:
+    why = empty_weights(n)
+    if why is None:
+        return None
+    where = f"`{inv.shown(n.path, slash=n.is_dir)}`"
+    adapter = n.name.startswith("adapter_model.") or (inv.adapter is not None and inv.adapter.node is n)
+    what = "the adapter" if adapter else "the model"
+    dcp = n.is_dir and format_of(n).torch_dcp
+    if dcp:
+        msg = f"{where} {why}: the save wrote none of the model's weights, so there is nothing in it to load."
+    else:
+        msg = (
+            f"{where} {why}: it was saved under ZeRO-3 or FSDP without gathering the sharded weights first, so "
+            f"loading it fails or gives {'an adapter that changes nothing' if adapter else 'an empty or randomly initialised model'}."
+        )
+    command = None
+    src = _recovery(inv, n)
+    if src is not None:
+        folder = _folder_of(inv, n)
+        # export the checkpoint folder when it picks that tag/DCP for its model (it then also finds adapter_config.json)
+        target = folder if inv.model_node(None if folder is inv.root else _checkpoint_key(inv, folder)) is src else src
+        command = f"ckpt-tui export {inv.shown(target.path)} --out DIR"
+        msg += (
+            f" The weights are whole in `{inv.shown(src.path, slash=True)}` beside it: `{command}` writes "
+            f"{what} from there as safetensors" + (" (with adapter_config.json, as PEFT loads it)." if adapter else ".")
+        )
+    elif n is inv.root and _sharded_beside(inv) is not None:
+        # the file was inspected alone: its folder was not scanned, only listed
+        beside, sub = cast(tuple[str, str], _sharded_beside(inv))
+        command = f"ckpt-tui export {beside} --out DIR"
+        msg += (
+            f" `{os.path.join(beside, sub)}/` beside it is where such a run keeps the sharded weights: "
+            f"`ckpt-tui inspect {beside}` says whether they are whole there, and `{command}` takes them from there."
+        )
+    elif dcp:
+        optim = [c for c in _folder_of(inv, n).children if c.is_dir and c.role == "optimizer"]
+        kept = (
+            f" What survives is `{inv.shown(optim[0].path, slash=True)}`: the optimizer's moments, not the weights."
+            if optim
+            else ""
+        )
+        msg += (
+            " Nothing beside it holds the weights, and no tool can recover them from this save (the HF Trainer with "
+            "FSDP1, SHARDED_STATE_DICT and a PEFT model saves this way)." + kept + " Train again with FSDP2 "
+            "(fsdp_config version 2), which saves the adapter in pytorch_model_fsdp_0/."
+        )
+    else:
+        msg += (
+            " Nothing beside it holds the weights: take them from the run's DeepSpeed tag (global_stepN/) or DCP "
+            "folder if you have it, or save again after gathering (DeepSpeed: stage3_gather_16bit_weights_on_model_save "
+            "true, or engine.save_16bit_model)."
+        )
+    return Finding("weights-empty", "error", n.path, msg, None, command)
+
+
+def _sharded_beside(inv: Inventory) -> Optional[tuple[str, str]]:
+    """(the folder as shown, the sub-folder's name) of a DeepSpeed tag or FSDP model folder beside the file the
+    user inspected alone, by name only; None if there is none (or it is not a local file)."""
+    if is_url(inv.given) or inv.root.is_dir:
+        return None
+    parent = os.path.dirname(os.path.abspath(str(inv.root.abspath)))
+    try:
+        with os.scandir(parent) as it:
+            subs = sorted(
+                e.name
+                for e in it
+                if e.is_dir(follow_symlinks=False)
+                and (e.name.startswith("global_step") or e.name.startswith("pytorch_model_fsdp"))
+            )
+    except OSError:
+        return None
+    if not subs:
+        return None
+    shown = os.path.dirname(inv.shown(".")) or "."
+    return shown, subs[-1]
+
+
+def _checkpoint_key(inv: Inventory, folder: Node) -> Optional[str]:
+    return folder.path if folder.path in inv.checkpoint_components else None
+
+
+def optimizer_gap_finding(inv: Inventory, n: Node) -> Optional[Finding]:
+    """``optimizer-state-missing``: a DCP optimizer state without entries for some parameters it optimises."""
+    f = cast(DcpFacts, n.facts)
+    gaps = f.get("optimizer_gaps")
+    if not gaps:
+        return None
+    total = f.get("optimizer_gaps_total", len(gaps))
+    names = ", ".join(f"`{g}`" for g in gaps[:4]) + (f" and {total - 4} more" if total > 4 else "")
+    where = inv.shown(n.path)
+    return Finding(
+        "optimizer-state-missing",
+        "warning",
+        n.path,
+        f"`{where}/`'s optimizer lists {total} parameter(s) it holds no state for ({names}): they never received a "
+        "gradient, so the optimizer never created their moments. torch's standard resume (get_state_dict(model, "
+        'optimizer), then dcp.load, as accelerate does) stops with "Missing key in checkpoint state_dict: '
+        f'optimizer.state.{gaps[0]}…". Load it with `dcp.load(state, checkpoint_id="{where}", '
+        "planner=DefaultLoadPlanner(allow_partial_load=True))` (torch.distributed.checkpoint.default_planner): "
+        "those parameters then restart with fresh moments, the others resume as saved.",
+    )
+
+
+# --- HF Trainer checkpoints ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainerSave:
+    """What an HF Trainer checkpoint folder holds, by name (nothing read)."""
+
+    path: str  # relative to the scanned root ("" for a sibling outside it)
+    name: str
+    weights: bool
+    optimizer: bool
+    scheduler: bool
+    state: bool  # trainer_state.json
+    rng: frozenset[str]  # rng_state*.pth names
+    save_only_model: Optional[bool]
+    deepspeed: Optional[bool]
+    written: bool  # trainer_written(its names)
+
+    @property
+    def step(self) -> int:
+        return cast(int, step_of(self.name))
+
+
+def _save_of(path: str, name: str, entries: dict[str, bool], args: Optional[TorchZipFacts] = None) -> TrainerSave:
+    """``entries``: name -> is a folder."""
+    names = set(entries)
+    tag = any(d and n.startswith("global_step") for n, d in entries.items())
+    return TrainerSave(
+        path=path,
+        name=name,
+        weights=tag
+        or any(MODEL_FILE_RE.match(n) for n in names)
+        or any(d and n.startswith("pytorch_model_fsdp") for n, d in entries.items()),
+        optimizer=tag or "optimizer.pt" in names or any(d and n.startswith("optimizer_") for n, d in entries.items()),
+        scheduler="scheduler.pt" in names,
+        state="trainer_state.json" in names,
+        rng=frozenset(n for n in names if n.startswith(RNG_RE_PREFIX) and n.endswith(".pth")),
+        save_only_model=args.get("save_only_model") if args else None,
+        deepspeed=args.get("deepspeed") if args else None,
+        written=trainer_written(names),
+    )
+
+
+def _node_save(n: Node) -> TrainerSave:
+    args = n.child("training_args.bin")
+    return _save_of(
+        n.path, n.name, {c.name: c.is_dir for c in n.children}, cast(TorchZipFacts, args.facts) if args else None
+    )
+
+
+def _outside_siblings(inv: Inventory) -> list[TrainerSave]:
+    """The HF checkpoints beside a checkpoint inspected alone: their names only (a local folder; at most 64)."""
+    if is_url(inv.given):
+        return []
+    parent = os.path.dirname(os.path.abspath(str(inv.root.abspath)))
+    out: list[TrainerSave] = []
+    try:
+        with os.scandir(parent) as it:
+            for e in it:
+                if len(out) >= 64:
+                    break
+                if e.name == inv.root.name or not HF_CKPT_DIR_RE.match(e.name) or not e.is_dir(follow_symlinks=False):
+                    continue
+                entries: dict[str, bool] = {}
+                with os.scandir(e.path) as inner:
+                    for i, x in enumerate(inner):
+                        if i >= 256:
+                            break
+                        entries[x.name] = x.is_dir(follow_symlinks=False)
+                out.append(_save_of("", e.name, entries))
+    except OSError:
+        return []
+    return out
+
+
+def trainer_findings(inv: Inventory) -> list[Finding]:
+    """``checkpoint-incomplete``, ``rng-state-missing`` and ``resume-model-only`` on every HF Trainer checkpoint."""
+    groups: list[tuple[Optional[Node], list[Node]]] = []
+    if inv.root.is_dir and HF_CKPT_DIR_RE.match(inv.root.name):
+        groups.append((None, [inv.root]))
+    for n in inv.nodes():
+        if n.is_dir:
+            cks = [c for c in n.children if c.is_dir and HF_CKPT_DIR_RE.match(c.name)]
+            if cks:
+                groups.append((n, cks))
+    out: list[Finding] = []
+    for parent, cks in groups:
+        saves = [_node_save(c) for c in cks]
+        others = _outside_siblings(inv) if parent is None else []
+        every = saves + others
+        if not any(s.written for s in every):
+            continue  # a user's own save_pretrained("checkpoint-5"): not the Trainer's
+        verdicts = {s.path: _incomplete(s, every) for s in saves}
+        for s in others:
+            verdicts.setdefault("\0" + s.name, _incomplete(s, every))
+        for c, s in zip(cks, saves):
+            why = verdicts[s.path]
+            if why:
+                out.append(_incomplete_finding(inv, c, s, why, every, verdicts))
+                continue
+            out.extend(_resume_findings(inv, s, every))
+    return out
+
+
+def _incomplete(s: TrainerSave, every: list[TrainerSave]) -> Optional[str]:
+    """Why ``s`` is not a whole Trainer save, or None."""
+    if not s.state:
+        return "it has no trainer_state.json, which the Trainer writes last (after the weights, optimizer, scheduler and RNG states): the save was killed"
+    model_only = s.save_only_model is True
+    peers = [p for p in every if p is not s and p.written and p.state]
+    lacks = []
+    if not s.weights:
+        lacks.append("the model weights")
+    if not model_only and not s.optimizer and (s.save_only_model is False or any(p.optimizer for p in peers)):
+        lacks.append("the optimizer state (optimizer.pt)")
+    if not model_only and not s.scheduler and any(p.scheduler for p in peers):
+        lacks.append("scheduler.pt")
+    if lacks:
+        return (
+            f"it lacks {' and '.join(lacks)}, which the Trainer writes before trainer_state.json: files were deleted "
+            "after the save (a checkpoint rotation killed mid-delete, or a copy that stopped)"
+        )
+    return None
+
+
+def _shown_save(inv: Inventory, s: TrainerSave) -> str:
+    if s.path:
+        return inv.shown(s.path)
+    parent = os.path.dirname(inv.shown(".").rstrip("/"))  # a sibling of the inspected checkpoint
+    return os.path.join(parent, s.name) if parent else s.name
+
+
+def _incomplete_finding(
+    inv: Inventory, n: Node, s: TrainerSave, why: str, every: list[TrainerSave], verdicts: dict[str, Optional[str]]
+) -> Finding:
+    me = inv.shown(n.path)
+    whole = sorted(
+        (
+            p
+            for p in every
+            if p is not s
+            and not verdicts.get(p.path or "\0" + p.name)
+            and p.written
+            and not (p.path and has_breakage(cast(Node, inv.node(p.path))))
+        ),
+        key=lambda p: p.step,
+        reverse=True,
+    )
+    msg = f"`{me}/` is not a complete HF Trainer checkpoint: {why}."
+    highest = not any(p.step > s.step for p in every if p is not s)  # what resume_from_checkpoint=True picks
+    if whole:
+        good = _shown_save(inv, whole[0])
+        msg += f' Resume from the newest complete one: `trainer.train(resume_from_checkpoint="{good}")`' + (
+            f"; resume_from_checkpoint=True would pick `{me}/` (the highest number) and fail, so move it aside "
+            f"first: `mv {me} {me}.incomplete`."
+            if highest
+            else "."
+        )
+    else:
+        msg += " No complete checkpoint is beside it: restart the run, or train from its weights without resuming."
+    if s.weights and not s.state:
+        msg += f" Its weights can still be exported: `ckpt-tui export {me} --out DIR`."
+    return Finding("checkpoint-incomplete", "error", n.path, msg)
+
+
+def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -> list[Finding]:
+    me = inv.shown(s.path)
+    out = []
+    if s.save_only_model:
+        if s.deepspeed:
+            out.append(
+                Finding(
+                    "resume-model-only",
+                    "warning",
+                    s.path,
+                    f"`{me}/` was saved with save_only_model=True under DeepSpeed: it holds no DeepSpeed tag, so "
+                    f'`trainer.train(resume_from_checkpoint="{me}")` stops with "Can\'t find a valid checkpoint". '
+                    f'Start a new run from its weights instead (from_pretrained("{me}")).',
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "resume-model-only",
+                    "info",
+                    s.path,
+                    f"`{me}/` was saved with save_only_model=True: it holds no optimizer, scheduler or RNG state. "
+                    f'`trainer.train(resume_from_checkpoint="{me}")` resumes without a word, with a fresh optimizer '
+                    "and the learning-rate schedule restarted from its warm-up.",
+                )
+            )
+        return out
+    expected = set().union(*(p.rng for p in every if p.state)) if every else set()
+    missing = sorted(expected - s.rng) if s.rng else sorted(expected) or ["rng_state.pth"]
+    if s.state and (not s.rng or missing):
+        out.append(
+            Finding(
+                "rng-state-missing",
+                "info",
+                s.path,
+                f"`{me}/` has no {', '.join(missing[:4])}: it resumes, but the random streams (dropout, data "
+                "order) start afresh, so the resumed run is not bit-for-bit the one that was interrupted.",
+            )
+        )
+    return out

@@ -13,7 +13,9 @@ adapter file, its header's shapes; for a checkpoint inspected alone, the names b
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from dataclasses import dataclass
 from typing import Optional, cast
 
@@ -22,7 +24,7 @@ from .facts import DcpFacts, TensorFacts, TorchZipFacts
 from .formats.registry import format_of
 from .names import HF_CKPT_DIR_RE, MODEL_FILE_RE, step_of, trainer_written
 from .storage import is_url
-from .types import Finding, Inventory, Node
+from .types import Finding, Inventory, Node, user_path
 
 RNG_RE_PREFIX = "rng_state"
 
@@ -167,7 +169,7 @@ def optimizer_gap_finding(inv: Inventory, n: Node) -> Optional[Finding]:
         f"`{where}/`'s optimizer lists {total} parameter(s) it holds no state for ({names}): they never received a "
         "gradient, so the optimizer never created their moments. torch's standard resume (get_state_dict(model, "
         'optimizer), then dcp.load, as accelerate does) stops with "Missing key in checkpoint state_dict: '
-        f'optimizer.state.{gaps[0]}…". Load it with `dcp.load(state, checkpoint_id="{where}", '
+        f'optimizer.state.{gaps[0]}…". Load it with `dcp.load(state, checkpoint_id={py(user_path(inv.given or str(inv.root.abspath), n.path))}, '
         "planner=DefaultLoadPlanner(allow_partial_load=True))` (torch.distributed.checkpoint.default_planner): "
         "those parameters then restart with fresh moments, the others resume as saved.",
     )
@@ -298,17 +300,25 @@ def _incomplete(s: TrainerSave, every: list[TrainerSave]) -> Optional[str]:
     return None
 
 
-def _shown_save(inv: Inventory, s: TrainerSave) -> str:
+def _user(inv: Inventory, s: TrainerSave) -> str:
+    """Where ``s`` is, as the user can name it (unquoted): a node of the tree, or a sibling of the inspected root."""
+    given = inv.given or str(inv.root.abspath)
     if s.path:
-        return inv.shown(s.path)
-    parent = os.path.dirname(inv.shown(".").rstrip("/"))  # a sibling of the inspected checkpoint
+        return user_path(given, s.path)
+    parent = os.path.dirname(user_path(given).rstrip("/"))
     return os.path.join(parent, s.name) if parent else s.name
+
+
+def py(path: str) -> str:
+    """``path`` as a Python string literal (escapes, quotes and control characters written as escapes)."""
+    return json.dumps(path)
 
 
 def _incomplete_finding(
     inv: Inventory, n: Node, s: TrainerSave, why: str, every: list[TrainerSave], verdicts: dict[str, Optional[str]]
 ) -> Finding:
     me = inv.shown(n.path)
+    mine = _user(inv, s)
     whole = sorted(
         (
             p
@@ -324,10 +334,10 @@ def _incomplete_finding(
     msg = f"`{me}/` is not a complete HF Trainer checkpoint: {why}."
     highest = not any(p.step > s.step for p in every if p is not s)  # what resume_from_checkpoint=True picks
     if whole:
-        good = _shown_save(inv, whole[0])
-        msg += f' Resume from the newest complete one: `trainer.train(resume_from_checkpoint="{good}")`' + (
+        good = py(_user(inv, whole[0]))
+        msg += f" Resume from the newest complete one: `trainer.train(resume_from_checkpoint={good})`" + (
             f"; resume_from_checkpoint=True would pick `{me}/` (the highest number) and fail, so move it aside "
-            f"first: `mv {me} {me}.incomplete`."
+            f"first: `mv {me} {shlex.quote(mine + '.incomplete')}`."
             if highest
             else "."
         )
@@ -340,6 +350,7 @@ def _incomplete_finding(
 
 def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -> list[Finding]:
     me = inv.shown(s.path)
+    lit = py(_user(inv, s))
     out = []
     if s.save_only_model:
         if s.deepspeed:
@@ -349,8 +360,8 @@ def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -
                     "warning",
                     s.path,
                     f"`{me}/` was saved with save_only_model=True under DeepSpeed: it holds no DeepSpeed tag, so "
-                    f'`trainer.train(resume_from_checkpoint="{me}")` stops with "Can\'t find a valid checkpoint". '
-                    f'Start a new run from its weights instead (from_pretrained("{me}")).',
+                    f'`trainer.train(resume_from_checkpoint={lit})` stops with "Can\'t find a valid checkpoint". '
+                    f"Start a new run from its weights instead (from_pretrained({lit})).",
                 )
             )
         else:
@@ -360,7 +371,7 @@ def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -
                     "info",
                     s.path,
                     f"`{me}/` was saved with save_only_model=True: it holds no optimizer, scheduler or RNG state. "
-                    f'`trainer.train(resume_from_checkpoint="{me}")` resumes without a word, with a fresh optimizer '
+                    f"`trainer.train(resume_from_checkpoint={lit})` resumes without a word, with a fresh optimizer "
                     "and the learning-rate schedule restarted from its warm-up.",
                 )
             )

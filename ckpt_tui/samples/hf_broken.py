@@ -162,16 +162,25 @@ def _trainer_run(out: Path, **kw: Any) -> None:
         os.environ.update(env)
 
 
-def _dcp_nograd(out: Path) -> None:
-    import torch.distributed.checkpoint as dcp
+def nograd_model() -> torch.nn.Module:
+    """dcp-optim-nograd's model: TinyLM and ``unused``, a trainable Linear the forward never calls (tests build it)."""
     from torch import nn
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from ckpt_tui.samples._common import TinyLM, lm_loss
+    from ckpt_tui.samples._common import TinyLM
 
     seed_all()
     model = TinyLM()
     model.unused = nn.Linear(8, 8, bias=False)  # trainable, in the optimizer, never in the forward
+    return model
+
+
+def _dcp_nograd(out: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from ckpt_tui.samples._common import lm_loss
+
+    model = nograd_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(2):
         ids = batch(step, 0)
@@ -282,18 +291,26 @@ def resume(checkpoint: str, out: str, deepspeed: bool = False) -> int:
     the step it reached, or 1 and the exception (a test's oracle for a finding's advice)."""
     from transformers import Trainer
 
-    steps = 2 + int(checkpoint.rstrip("/").rsplit("-", 1)[-1]) if checkpoint[-1].isdigit() else 4
+    # "True": resume_from_checkpoint=True, which takes the highest-numbered checkpoint-N in OUTDIR
+    target: str | bool = True if checkpoint == "True" else checkpoint
+    steps = 2 + int(checkpoint.rstrip("/").rsplit("-", 1)[-1]) if checkpoint[-1].isdigit() else 6
     kw: dict[str, Any] = dict(max_steps=steps, save_steps=steps)
     if deepspeed:
         init_deepspeed()
         kw["deepspeed"] = hf_ds_config(2)
-    trainer = Trainer(model=_model(), args=_args(out, **kw), train_dataset=TokenData())
+    from transformers import TrainerCallback
+
+    class From(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            print(f"RESUMING from step {state.global_step}", flush=True)  # the checkpoint's, once loaded
+
+    trainer = Trainer(model=_model(), args=_args(out, **kw), train_dataset=TokenData(), callbacks=[From()])
     try:
-        trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.train(resume_from_checkpoint=target)
     except Exception as e:  # the oracle reports what HF raised
         print(f"RESUME-FAILED {type(e).__name__}: {e}")
         return 1
-    print(f"RESUMED step {trainer.state.global_step}")
+    print(f"RESUMED to step {trainer.state.global_step}")
     return 0
 
 

@@ -1,0 +1,236 @@
+"""Is this checkpoint whole, and will it resume (issue 24)? On saves that went wrong the common ways, written by
+the real frameworks (samples/hf_broken.py; peft-fsdp1 of samples/hf_peft.py): each finding's advice is run as
+printed, and HF's own ``Trainer.train(resume_from_checkpoint=...)`` is the oracle for every resume it advises.
+The user stands in the variant folder, as after their run."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.fixtures import fixture_path
+from tests.util import ckpt_tui
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    d = tmp_path / name
+    shutil.copytree(fixture_path(name), d, symlinks=True)
+    return d
+
+
+def _findings(cwd: Path, path: str, code: str) -> list[dict]:
+    doc = json.loads(ckpt_tui("inspect", path, "--json", cwd=cwd).stdout)
+    return [f for f in doc["findings"] if f["code"] == code]
+
+
+def _resume(cwd: Path, checkpoint: str, out: str = "resumed", deepspeed: bool = False) -> tuple[int, str]:
+    """HF's own resume_from_checkpoint (samples/hf_broken.py --resume): (exit code, its RESUM* lines)."""
+    from ckpt_tui.samples import launch_env
+
+    cmd = [sys.executable, "-m", "ckpt_tui.samples.hf_broken", "--resume", checkpoint, out]
+    r = subprocess.run(cmd + ["--deepspeed"] * deepspeed, cwd=cwd, env=launch_env(), capture_output=True, text=True)
+    lines = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith("RESUM"))
+    assert lines, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.returncode, lines
+
+
+def _advised(message: str) -> str:
+    """The path of the printed `trainer.train(resume_from_checkpoint="...")`, read as Python reads the literal."""
+    (literal,) = re.findall(r'resume_from_checkpoint=("(?:[^"\\]|\\.)*")', message)
+    return ast.literal_eval(literal)
+
+
+# ---------------------------------------------------------------------------------------------- killed saves
+
+
+def test_a_save_killed_before_trainer_state_is_incomplete_and_the_advice_resumes(tmp_path):
+    v = _copy("hf-killed-save", tmp_path)
+    (f,) = _findings(v, "run", "checkpoint-incomplete")
+    assert (f["severity"], f["path"]) == ("error", "checkpoint-4")
+    # what the finding says of the broken one is what HF does
+    rc, out = _resume(v, "run/checkpoint-4")
+    assert rc == 1 and "FileNotFoundError" in out and "trainer_state.json" in out, out
+    # the checkpoint it names resumes
+    assert _advised(f["message"]) == "run/checkpoint-2"
+    rc, out = _resume(v, _advised(f["message"]))
+    assert rc == 0 and "RESUMING from step 2" in out, out
+    # and the mv it prints, run as printed, makes resume_from_checkpoint=True pick that one
+    (mv,) = re.findall(r"`(mv [^`]+)`", f["message"])
+    subprocess.run(mv, shell=True, cwd=v, check=True)
+    shutil.rmtree(v / "resumed")
+    rc, out = _resume(v, "True", out="run")
+    assert rc == 0 and "RESUMING from step 2" in out, out
+    # once moved aside, the run is whole again
+    assert _findings(v, "run", "checkpoint-incomplete") == []
+
+
+def test_the_printed_advice_works_for_a_run_folder_whose_name_needs_quoting(tmp_path):
+    v = _copy("hf-killed-save", tmp_path)
+    odd = "my 'run\""
+    (v / "run").rename(v / odd)
+    (f,) = _findings(v, odd, "checkpoint-incomplete")
+    assert _advised(f["message"]) == f"{odd}/checkpoint-2"
+    (mv,) = re.findall(r"`(mv [^`]+)`", f["message"])
+    subprocess.run(mv, shell=True, cwd=v, check=True)
+    assert (v / odd / "checkpoint-4.incomplete").is_dir() and not (v / odd / "checkpoint-4").exists()
+    rc, out = _resume(v, _advised(f["message"]))
+    assert rc == 0 and "RESUMING from step 2" in out, out
+
+
+def test_run_listing_export_and_summary_skip_the_killed_checkpoint(tmp_path):
+    v = _copy("hf-killed-save", tmp_path)
+    r = ckpt_tui("inspect", "run", cwd=v)
+    assert re.search(r"checkpoint-4\s+step 4\s+hf-trainer\s+✖ incomplete", r.stdout), r.stdout
+    assert "newest complete `checkpoint-2/` (newer, incomplete: `checkpoint-4/`)" in " ".join(r.stdout.split())
+    r = ckpt_tui("export", "run", "--out", str(tmp_path / "out"), cwd=v)
+    assert r.returncode == 0, r.stderr
+    assert "the newest complete checkpoint `run/checkpoint-2/` (step 2): skipped newer `run/checkpoint-4/`" in r.stderr
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    want = load_file(v / "run" / "checkpoint-2" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    # named directly, its weights are still exported, as the finding says
+    (f,) = _findings(v, "run/checkpoint-4", "checkpoint-incomplete")
+    assert "`ckpt-tui export run/checkpoint-4 --out DIR`" in f["message"]
+
+
+def test_a_rotation_killed_mid_delete_is_incomplete_and_the_advice_resumes(tmp_path):
+    v = _copy("hf-rotation-killed", tmp_path)
+    (f,) = _findings(v, "run", "checkpoint-incomplete")
+    assert f["path"] == "checkpoint-1" and "lacks the model weights" in f["message"]
+    assert "mv " not in f["message"]  # resume_from_checkpoint=True already picks the newer, whole checkpoint-2
+    rc, out = _resume(v, _advised(f["message"]))
+    assert rc == 0 and "RESUMING from step 2" in out, out
+
+
+def test_save_only_model_says_what_a_resume_does_and_hf_does_it(tmp_path):
+    one = _copy("hf-model-only", tmp_path)
+    (f,) = _findings(one, "run/checkpoint-2", "resume-model-only")
+    assert f["severity"] == "info" and "fresh optimizer" in f["message"]
+    rc, out = _resume(one, "run/checkpoint-2")
+    assert rc == 0 and "RESUMING from step 2" in out, out  # silently, as the finding says
+    ds = _copy("hf-ds-model-only", tmp_path)
+    (f,) = _findings(ds, "run/checkpoint-2", "resume-model-only")
+    assert f["severity"] == "warning" and "Can't find a valid checkpoint" in f["message"]
+    rc, out = _resume(ds, "run/checkpoint-2", deepspeed=True)
+    assert rc == 1 and "Can't find a valid checkpoint" in out, out
+
+
+def test_no_rng_state_is_an_info_and_resumes(tmp_path):
+    v = _copy("hf-rotation-killed", tmp_path)
+    (v / "run" / "checkpoint-2" / "rng_state.pth").unlink()
+    (f,) = _findings(v, "run", "rng-state-missing")
+    assert (f["severity"], f["path"]) == ("info", "checkpoint-2")
+    assert _findings(v, "run", "checkpoint-incomplete")[0]["path"] == "checkpoint-1"  # only the rotated one
+    rc, out = _resume(v, "run/checkpoint-2")
+    assert rc == 0 and "RESUMING from step 2" in out, out
+
+
+# ---------------------------------------------------------------------------------------------- empty weights
+
+
+def test_an_ungathered_zero3_save_is_empty_and_the_printed_export_recovers_it_bit_exact(tmp_path):
+    v = _copy("zero3-ungathered", tmp_path)
+    (f,) = [f for f in _findings(v, "checkpoint-2", "weights-empty")]
+    assert f["path"] == "model.safetensors" and f["command"] == "ckpt-tui export checkpoint-2 --out DIR"
+    out = tmp_path / "out"
+    r = ckpt_tui(*f["command"].replace("DIR", str(out)).split()[1:], cwd=v)
+    assert r.returncode == 0, r.stderr
+    got, want = load_file(out / "model.safetensors"), load_file(v / "oracle" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out)  # loads as the model it was
+
+
+@pytest.mark.parametrize("path", ["checkpoint-2/model.safetensors", "state_dict.pt"])
+def test_export_refuses_an_empty_file_with_the_reason(tmp_path, path):
+    v = _copy("zero3-ungathered", tmp_path)
+    r = ckpt_tui("export", path, "--out", str(tmp_path / "out"), cwd=v)
+    assert r.returncode == 1 and "weights-empty" in r.stderr and "every one empty" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_file_inspected_alone_points_at_the_tag_beside_it_and_that_command_works(tmp_path):
+    v = _copy("zero3-ungathered", tmp_path)
+    (f,) = _findings(v, "checkpoint-2/model.safetensors", "weights-empty")
+    assert f["command"] == "ckpt-tui export checkpoint-2 --out DIR"
+    assert "`ckpt-tui inspect checkpoint-2` says whether they are whole there" in f["message"]
+    r = ckpt_tui("inspect", "checkpoint-2", "--json", cwd=v)
+    assert json.loads(r.stdout)["components"]["model"] == "global_step2"
+    r = ckpt_tui(*f["command"].replace("DIR", str(tmp_path / "out")).split()[1:], cwd=v)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("sub", ["ungathered", "no-tensors"])
+def test_an_empty_adapter_is_refused_and_the_printed_export_gives_what_peft_loads(tmp_path, sub):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    v = _copy("zero3-peft-ungathered", tmp_path)
+    ck = f"{sub}/checkpoint-2"
+    (f,) = _findings(v, ck, "weights-empty")
+    assert f["path"] == "adapter_model.safetensors" and f["command"] == f"ckpt-tui export {ck} --out DIR"
+    r = ckpt_tui("export", f"{ck}/adapter_model.safetensors", "--out", str(tmp_path / "bad"), cwd=v)
+    assert r.returncode == 1 and "weights-empty" in r.stderr, r.stderr
+    out = tmp_path / "out"
+    r = ckpt_tui(*f["command"].replace("DIR", str(out)).split()[1:], cwd=v)
+    assert r.returncode == 0, r.stderr
+    got, want = load_file(out / "adapter_model.safetensors"), load_file(v / "oracle" / "adapter_state.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(v / "base-model"), out)
+    loaded = {k: p for k, p in model.named_parameters() if "lora_" in k}
+    assert len(loaded) == len(want) and all(p.numel() for p in loaded.values())
+
+
+def test_hf_fsdp1_peft_says_nothing_can_recover_it_and_what_survives(tmp_path):
+    v = _copy("peft-fsdp1", tmp_path)
+    (f,) = _findings(v, "run", "weights-empty")
+    assert f["path"] == "checkpoint-2/pytorch_model_fsdp_0" and f["command"] is None
+    assert "no tool can recover them" in f["message"] and "checkpoint-2/optimizer_0/`" in f["message"]
+    r = ckpt_tui("export", "run", "--out", str(tmp_path / "out"), cwd=v)
+    assert r.returncode != 0 and "no complete checkpoint" in r.stderr and "weights-empty" in r.stderr, r.stderr
+
+
+def test_tensors_marks_empty_weights(tmp_path):
+    v = _copy("zero3-ungathered", tmp_path)
+    r = ckpt_tui("tensors", "checkpoint-2/model.safetensors", cwd=v)
+    assert r.returncode == 0 and r.stdout.count("✖ 0") == 21, r.stdout
+    assert "✖ weights-empty:" in r.stdout
+    r = ckpt_tui("tensors", "checkpoint-2", cwd=v)  # the tag: whole, nothing marked
+    assert "✖" not in r.stdout, r.stdout
+
+
+# ---------------------------------------------------------------------------------------------- optimizer gaps
+
+
+def test_a_dcp_optimizer_without_state_for_a_never_grad_parameter(tmp_path):
+    """The finding's two claims on the real save: torch's standard resume fails; partial load resumes the rest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from ckpt_tui.samples.hf_broken import nograd_model
+
+    v = _copy("dcp-optim-nograd", tmp_path)
+    (f,) = _findings(v, "checkpoint-2", "optimizer-state-missing")
+    assert "`unused.weight`" in f["message"]
+    model = nograd_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    msd, osd = get_state_dict(model, opt)  # initialises every parameter's state, as accelerate's resume does
+    state = {"model": msd, "optimizer": osd}
+    # torch raises CheckpointException, a BaseException
+    with pytest.raises(BaseException, match="Missing key in checkpoint state_dict: optimizer.state.unused.weight"):
+        dcp.load(state, checkpoint_id=str(v / "checkpoint-2"))
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optimizer": osd}
+    dcp.load(state, checkpoint_id=str(v / "checkpoint-2"), planner=DefaultLoadPlanner(allow_partial_load=True))
+    assert state["optimizer"]["state"]["lm_head.weight"]["exp_avg"].count_nonzero()  # the saved moments

@@ -86,6 +86,12 @@ MODELS: dict[str, tuple[str, str | None]] = {
             "full-llama-bias-optim",
         )
     },
+    # saves gone wrong (samples/hf_broken.py): the Trainer's tiny Llama, a TinyLM with a never-called `unused`
+    # Linear (a tree of the exported names stands in), a ZeRO-3 PEFT adapter
+    **{f: ("llama", None) for f in ("hf-killed-save", "hf-rotation-killed", "hf-model-only", "hf-ds-model-only")},
+    "zero3-ungathered": ("llama", None),
+    "dcp-optim-nograd": ("tensors", None),
+    "zero3-peft-ungathered": ("tensors", None),
     # single-file Lightning .ckpt files made by tests/functional/core/test_prefix_and_snippets.py
     "lightning-file-one": ("tinylm", None),  # self.model = TinyLM()
     "lightning-file-two": ("tinylm+head", None),  # self.model = TinyLM(); self.head = nn.Linear(64, 8)

@@ -115,7 +115,7 @@ def tensors_cmd(path, as_json, limit):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     from ..core.whole import empty_weights
 
-    empty = empty_weights(node)  # saved without gathering: its empty rows marked, and why said after them
+    empty = empty_weights(node, inv)  # saved without gathering: its empty rows marked, and why said after them
     for t in rows:
         dtype = f"{t.dtype} (upcast from {short_dtype(t.upcast_from)})" if t.upcast_from else t.dtype
         shape = Text(visible(shape_text(t.shape)))

@@ -104,6 +104,11 @@ CODES: dict[str, FindingCode] = {
             "save_only_model: resumes with a fresh optimizer (under DeepSpeed: not at all)",
         ),
         FindingCode(
+            "resume-world-size",
+            ("info",),
+            "a ZeRO tag resumes only on its data-parallel size: `universal` converts it",
+        ),
+        FindingCode(
             "optimizer-state-missing",
             ("warning",),
             "a DCP optimizer without state for some parameters: dcp.load needs partial load",

@@ -17,6 +17,7 @@ import json
 import os
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, cast
 
 from .advice import has_breakage
@@ -24,13 +25,81 @@ from .facts import DcpFacts, TensorFacts, TorchZipFacts
 from .formats.registry import format_of
 from .names import HF_CKPT_DIR_RE, MODEL_FILE_RE, step_of, trainer_written
 from .storage import is_url
-from .types import Finding, Inventory, Node, user_path
+from .types import Finding, Inventory, Node, TensorInfo, user_path
 
 RNG_RE_PREFIX = "rng_state"
 
 
-def empty_weights(n: Node) -> Optional[str]:
-    """What makes the weights ``n`` holds empty (a phrase), or None: they are not, or it holds no weights."""
+def empty_weights(n: Node, inv: Optional[Inventory] = None) -> Optional[str]:
+    """What makes the weights ``n`` holds empty (a phrase), or None: they are not, or it holds no weights.
+    With ``inv``, also a file holding one rank's slice of the tensors a DCP folder beside it holds whole."""
+    why = _empty(n)
+    if why is None and inv is not None:
+        why = _slice(inv, n)
+    return why
+
+
+def _slice(inv: Inventory, n: Node) -> Optional[str]:
+    """A model file whose tensors are smaller than the same names in a whole DCP model folder beside it (rank 0
+    saving its FSDP shard: ``save_file({k: v.to_local()})``). Headers only: the file's and the DCP's metadata."""
+    if n.is_dir or n.role != "model" or not format_of(n).weights_as_saved or not n.facts.get("param_count"):
+        return None
+    beside = [
+        c
+        for c in _folder_of(inv, n).children
+        if c.is_dir
+        and format_of(c).torch_dcp
+        and c.role == "model"
+        and c.facts.get("param_count")
+        and not has_breakage(c)
+    ]
+    try:
+        if beside:
+            dcp_shown = inv.shown(beside[0].path, slash=True)
+            whole = {t.name: t for t in format_of(beside[0]).tensors(beside[0], inv.parsed)}
+        elif n is inv.root:  # the file inspected alone: an FSDP model folder beside it, its .metadata read
+            found = _dcp_beside_root(inv)
+            if found is None:
+                return None
+            dcp_shown, whole = found
+        else:
+            return None
+        mine = list(format_of(n).tensors(n, inv.parsed))
+    except Exception:  # a header that cannot be read is another finding's
+        return None
+    smaller = []
+    for t in mine:
+        w = whole.get(t.name) or whole.get("model." + t.name)
+        if w is not None and t.numel < w.numel:
+            smaller.append((t, w))
+    if not smaller:
+        return None
+    t, w = smaller[0]
+    from .present import shape_text
+
+    return (
+        f"holds {len(smaller)} of its {len(mine)} tensors smaller than the same names in "
+        f"`{dcp_shown}` beside it (`{t.name}`: {shape_text(t.shape)} here, "
+        f"{shape_text(w.shape)} there): one rank's slice of each sharded tensor"
+    )
+
+
+def _dcp_beside_root(inv: Inventory) -> Optional[tuple[str, dict[str, TensorInfo]]]:
+    """(as shown, its tensors) of the FSDP model DCP folder (``pytorch_model_fsdp_N/``) beside the file inspected
+    alone, read through the screened .metadata reader; None if there is none, or it cannot be read."""
+    found = _sharded_beside(inv)
+    if found is None or not found[1].startswith("pytorch_model_fsdp"):
+        return None
+    from .formats.dcp import reader as dcpfmt
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(str(inv.root.abspath))), found[1])
+    info = dcpfmt.read(Path(folder))
+    if info.unsafe:
+        return None
+    return os.path.join(found[0], found[1]) + "/", {t.name: t for t in info.tensors}
+
+
+def _empty(n: Node) -> Optional[str]:
     f = cast(TensorFacts, n.facts)
     if "tensor_count" not in f or n.role != "model":
         return None
@@ -58,7 +127,7 @@ def _folder_of(inv: Inventory, n: Node) -> Node:
     return inv.node(parent) or inv.root
 
 
-def _recovery(inv: Inventory, n: Node) -> Optional[Node]:
+def weights_recovery(inv: Inventory, n: Node) -> Optional[Node]:
     """The DeepSpeed tag or DCP model folder beside ``n`` that holds its weights whole (not itself empty or broken)."""
     folder = _folder_of(inv, n)
     for c in folder.children:
@@ -73,7 +142,7 @@ def _recovery(inv: Inventory, n: Node) -> Optional[Node]:
 
 
 def weights_empty_finding(inv: Inventory, n: Node) -> Optional[Finding]:
-    why = empty_weights(n)
+    why = empty_weights(n, inv)
     if why is None:
         return None
     where = f"`{inv.shown(n.path, slash=n.is_dir)}`"
@@ -88,7 +157,7 @@ def weights_empty_finding(inv: Inventory, n: Node) -> Optional[Finding]:
             f"loading it fails or gives {'an adapter that changes nothing' if adapter else 'an empty or randomly initialised model'}."
         )
     command = None
-    src = _recovery(inv, n)
+    src = weights_recovery(inv, n)
     if src is not None:
         folder = _folder_of(inv, n)
         # export the checkpoint folder when it picks that tag/DCP for its model (it then also finds adapter_config.json)

@@ -102,6 +102,7 @@ GROUPS: dict[str, Group] = {
             "dcp-safetensors",
             "dcp-fs-safetensors",
             "dcp-mixed",
+            "fsdp2-rank0-slice",
         ),
     ),
     # written by the frameworks themselves, in a cached venv of their own (samples/venvs.py)
@@ -339,6 +340,7 @@ EXPECTED: dict[str, list[str]] = {
     ]
     + ["oracle/model.pt", "oracle/keys.json"],
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
+    "fsdp2-rank0-slice": _dcp("checkpoint-2/pytorch_model_fsdp_0/") + ["checkpoint-2/model.safetensors"],
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],
     "hf-model-sharded": ["config.json", "model.safetensors.index.json", "model-00001-of-*.safetensors"],
     "hf-model-bin": ["config.json", "pytorch_model.bin"],

@@ -29,6 +29,7 @@ VARIANTS = [
     "dcp-safetensors",
     "dcp-fs-safetensors",
     "dcp-mixed",
+    "fsdp2-rank0-slice",
 ]
 
 
@@ -221,6 +222,24 @@ def v_dcp_fs_safetensors(out: Path) -> None:
     dcp.save({"model": get_model_state_dict(model)}, storage_writer=writer)
 
 
+def v_fsdp2_rank0_slice(out: Path) -> None:
+    """``checkpoint-2/``: the model's DCP (``pytorch_model_fsdp_0/``, as accelerate writes it for FSDP2) and beside
+    it the common mistake, rank 0 saving only its own slice of each sharded tensor
+    (``save_file({k: v.to_local()})`` into ``model.safetensors``): every dim-0-sharded tensor half its size."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model, _ = fsdp2_model()
+    ck = out / "checkpoint-2"
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=ck / "pytorch_model_fsdp_0")
+    # (a buffer is a plain tensor, whole on every rank)
+    local = {
+        k: getattr(v, "to_local", lambda: v)().detach().clone().contiguous() for k, v in model.state_dict().items()
+    }
+    if dist.get_rank() == 0:
+        save_file(local, ck / "model.safetensors")
+
+
 FUNCS = {
     "fsdp1-dcp": v_fsdp1_dcp,
     "fsdp2-dcp": v_fsdp2_dcp,
@@ -230,6 +249,7 @@ FUNCS = {
     "dcp-safetensors": v_dcp_safetensors,
     "dcp-fs-safetensors": v_dcp_fs_safetensors,
     "dcp-mixed": v_dcp_mixed,
+    "fsdp2-rank0-slice": v_fsdp2_rank0_slice,
 }
 
 

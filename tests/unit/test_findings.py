@@ -788,6 +788,22 @@ CASES = [
         "adapter_model.safetensors",
         ("holds no tensors at all", "no-tensors/checkpoint-2 --out DIR`"),
     ),
+    Rule(
+        "weights-empty-rank0-slice-beside-its-dcp",
+        Corrupt("fsdp2-rank0-slice", None, "checkpoint-2"),
+        "weights-empty",
+        "error",
+        "model.safetensors",
+        ("16 of its 17 tensors smaller", "128×64 here, 256×64 there", "pytorch_model_fsdp_0 --out DIR`"),
+    ),
+    Rule(
+        "resume-world-size-zero3",
+        Corrupt("ds-zero3-bf16", None),
+        "resume-world-size",
+        "info",
+        TAG,
+        ("exactly 2 data-parallel rank(s)", "ZeRO-3", "`ckpt-tui universal "),
+    ),
     # a whole model file, then one with its header rewritten to zero tensors (a careless copy of a 40-byte save)
     Rule(
         "weights-empty-header-emptied",

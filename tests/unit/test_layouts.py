@@ -189,6 +189,7 @@ CASES = [
         "DeepSpeed",
         {"model": "global_step2", "optimizer": "global_step2"},
         ("DeepSpeed ZeRO-3 (bf16), 2 ranks, step 2",),
+        frozenset({("resume-world-size", "global_step2")}),
     ),
     Layout(
         "deepspeed-zero2-3ranks",

@@ -18,6 +18,7 @@ from ..progress import CancelToken, OnProgress
 from ..report import Report, inspect
 from ..storage import Location, LocationLike
 from ..types import Finding, Inventory, Node
+from ..whole import empty_weights, weights_recovery
 from .plan import ExportPlan, make_plan
 from .prefix import choose
 from .sources import Source, strip_names
@@ -60,6 +61,15 @@ def resolve(report: Report, tag: Optional[str] = None, *, verb: str = "exporting
         node = inv.node(rel) if rel else None
     if node is None:
         raise ExportError(f"no model weights found in {inv.shown(slash=root.is_dir)} ({inv.summary})")
+    if node is not root and empty_weights(node, inv):
+        # the layout's pick holds no whole weights (saved without gathering): the tag or DCP beside it does
+        src = weights_recovery(inv, node)
+        if src is not None:
+            said.append(
+                f"`{inv.shown(node.path)}` holds no whole weights (weights-empty): reading them from "
+                f"`{inv.shown(src.path, slash=True)}` beside it"
+            )
+            node = src
     if format_of(node).tag:
         node, why = _choose_tag(report, node, tag)
         if why:

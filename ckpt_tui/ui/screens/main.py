@@ -28,7 +28,7 @@ from ...core.export.plan import ExportPlan
 from ...core.formats.registry import format_of
 from ...core.present import GLYPH
 from ...core.report import Report
-from ...core.types import Finding, Node, Parsed, TensorInfo
+from ...core.types import Finding, Inventory, Node, Parsed, TensorInfo
 from ..actions import BY_ACTION, bindings
 from ..format import plain
 from ..host import TensorRows
@@ -262,15 +262,18 @@ class MainScreen(Screen[None]):
             self.listing = cached
             return
         parsed = self.report.inventory.parsed if self.report is not None else None
+        inv = self.report.inventory if self.report is not None else None
         TENSORS.start(
             self,
             JobInfo(TENSORS.name, f"tensors {comp.name}"),
-            lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed),
+            lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed, inv),
             exclusive=True,
         )
 
     @staticmethod
-    def tensors_of(path: str, comp: Node, note: str, parsed: Optional[Parsed]) -> TensorRows:
+    def tensors_of(
+        path: str, comp: Node, note: str, parsed: Optional[Parsed], inv: Optional[Inventory] = None
+    ) -> TensorRows:
         """The rows the table shows for ``comp`` (runs in a worker): the one place that asks the core."""
         from ...core.tensors import list_tensors
         from ...core.whole import empty_weights
@@ -279,7 +282,7 @@ class MainScreen(Screen[None]):
         rows: tuple[TensorInfo, ...] = ()
         try:
             rows = tuple(list_tensors(comp, parsed))
-            why = empty_weights(comp)
+            why = empty_weights(comp, inv)
             if why:
                 note = f"{EMPTY_MARK}: {why}; see its finding" + (f" ({note})" if note else "")
         except Exception as e:  # a broken file: say so in the table's caption

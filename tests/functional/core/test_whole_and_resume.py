@@ -200,6 +200,27 @@ def test_hf_fsdp1_peft_says_nothing_can_recover_it_and_what_survives(tmp_path):
     assert r.returncode != 0 and "no complete checkpoint" in r.stderr and "weights-empty" in r.stderr, r.stderr
 
 
+def test_rank0s_slice_beside_the_whole_dcp_is_refused_and_export_reads_the_dcp_bit_exact(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from ckpt_tui.samples._common import TinyLM
+
+    v = _copy("fsdp2-rank0-slice", tmp_path)
+    (f,) = _findings(v, "checkpoint-2", "weights-empty")
+    assert f["path"] == "model.safetensors" and "one rank's slice" in f["message"], f["message"]
+    r = ckpt_tui("export", "checkpoint-2/model.safetensors", "--out", str(tmp_path / "bad"), cwd=v)
+    assert r.returncode == 1 and "weights-empty" in r.stderr, r.stderr  # the file inspected alone: refused
+    for cmd in (f["command"], "ckpt-tui export checkpoint-2 --out DIR"):  # the folder: its DCP, not the slice
+        out = tmp_path / f"out{len(cmd)}"
+        r = ckpt_tui(*cmd.replace("DIR", str(out)).split()[1:], cwd=v)
+        assert r.returncode == 0, r.stderr
+        want = {"model": TinyLM().state_dict()}
+        dcp.load(want, checkpoint_id=str(v / "checkpoint-2" / "pytorch_model_fsdp_0"))  # torch's own loader
+        got = load_file(out / "model.safetensors")
+        assert got.keys() == want["model"].keys()
+        assert all(torch.equal(got[k], want["model"][k]) for k in got)
+
+
 def test_tensors_marks_empty_weights(tmp_path):
     v = _copy("zero3-ungathered", tmp_path)
     r = ckpt_tui("tensors", "checkpoint-2/model.safetensors", cwd=v)
@@ -234,3 +255,48 @@ def test_a_dcp_optimizer_without_state_for_a_never_grad_parameter(tmp_path):
     state = {"model": msd, "optimizer": osd}
     dcp.load(state, checkpoint_id=str(v / "checkpoint-2"), planner=DefaultLoadPlanner(allow_partial_load=True))
     assert state["optimizer"]["state"]["lm_head.weight"]["exp_avg"].count_nonzero()  # the saved moments
+
+
+# ---------------------------------------------------------------------------------------------- world size
+
+DS_LOAD = r"""
+import json, os, sys
+from ckpt_tui.samples._common import TinyLM, finish, init_deepspeed, seed_all
+from ckpt_tui.samples.ds_resume import ds_config
+init_deepspeed()
+import deepspeed
+seed_all()
+model = TinyLM()
+cfg = ds_config(3, 1)
+if sys.argv[2] == "universal":
+    cfg["checkpoint"] = {"load_universal": True}   # what `ckpt-tui universal` prints
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+try:
+    engine.load_checkpoint(sys.argv[1])
+    out = {"global_steps": engine.global_steps}
+except Exception as e:  # what DeepSpeed says, for the test to read
+    out = {"error": f"{type(e).__name__}: {e}"}
+sys.stdout.flush()
+os.write(1, ("RESULT " + json.dumps(out) + "\n").encode())
+finish()
+"""
+
+
+def test_a_zero3_tag_resumes_only_at_its_world_size_and_the_printed_conversion_resumes_elsewhere(tmp_path):
+    from tests.util import torchrun
+
+    v = _copy("ds-resume-zero3", tmp_path)
+    (f,) = _findings(v, "checkpoint", "resume-world-size")
+    assert (
+        "exactly 2 data-parallel rank(s)" in f["message"]
+        and f["command"] == "ckpt-tui universal checkpoint/global_step2"
+    )
+    script = tmp_path / "load.py"
+    script.write_text(DS_LOAD)
+    (got,) = torchrun(script, v / "checkpoint", "as-saved", nproc=1, cwd=v)
+    assert "world size" in got.get("error", ""), got  # DeepSpeed refuses 1 rank, as the finding says
+    r = ckpt_tui(*f["command"].split()[1:], cwd=v)
+    assert r.returncode == 0, r.stderr
+    (got,) = torchrun(script, v / "checkpoint", "universal", nproc=1, cwd=v)
+    assert got == {"global_steps": 2}, got
+    assert _findings(v, "checkpoint", "resume-world-size") == []  # converted: loadable at any world size

@@ -37,7 +37,6 @@ VARIANTS = {
     "hf-fsdp1": "hf-trainer-fsdp (first user report), accelerate-fsdp, run folders, DCP corruptions",
     "hf-ds-zero2": "hf-trainer-deepspeed (second user report), run-folder, hf-trainer, unsafe-pickle",
     "ds-zero2-bf16": "deepspeed ZeRO-2, accelerate-deepspeed, latest and rank-file corruptions",
-    "ds-zero3-bf16": "deepspeed ZeRO-3: no universal-info-missing, ZeRO-3 model-states files",
     "ds-zero2-3ranks": "rank files of another world size mixed into ds-zero2-bf16",
     "ds-zero2-frozen": "frozen-params (recorded frozen_param_shapes)",
     "ds-zero1-frozen": "frozen-params (ZeRO-1: not recorded, only in the module)",
@@ -65,6 +64,8 @@ VARIANTS = {
     "dcp-optim-nograd": "optimizer-state-missing (a parameter that never got a gradient)",
     "zero3-ungathered": "weights-empty (ungathered ZeRO-3 save_pretrained and torch.save)",
     "zero3-peft-ungathered": "weights-empty (ungathered and tensorless PEFT adapters)",
+    "fsdp2-rank0-slice": "weights-empty (rank 0's FSDP2 slice beside the whole DCP)",
+    "ds-zero3-bf16": "deepspeed ZeRO-3: no universal-info-missing, ZeRO-3 model-states files, resume-world-size",
     "plain-pt": "torch-file, lightning (.ckpt file), tied-weights in a torch file",
 }
 

@@ -42,7 +42,24 @@ def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
     stage = f.get("zero_stage")
     # BF16_Optimizer, stage 0 and pipeline tags: ds_to_universal fails on them whatever the info says
     if stage in (1, 2) and f.get("universal_checkpoint_info") is False and f.get("ds_layout", "zero") == "zero":
-        out.append(universal_info_finding(inv, n))
+        out.append(universal_info_finding(inv, n))  # it says the world size a resume needs, and the way round
+    elif stage in (1, 2, 3) and f.get("ds_layout", "zero") == "zero" and not tag_broken(n):
+        world = f.get("dp_world_size") or f.get("world_size")
+        uni, _ = universal_beside(inv, n)
+        if world and uni is None:
+            cmd = f"ckpt-tui universal {inv.shown(p)}"
+            out.append(
+                Finding(
+                    "resume-world-size",
+                    "info",
+                    p,
+                    f"`{inv.shown(p, slash=True)}` resumes on exactly {world} data-parallel rank(s): each rank "
+                    f"loads its own ZeRO-{stage} partition of the optimizer state, and DeepSpeed's load_checkpoint "
+                    f"refuses another count. To resume on another number of ranks, convert it: `{cmd}` writes a "
+                    "universal checkpoint, loadable at any world size (with load_universal), and prints how.",
+                    command=cmd,
+                )
+            )
     if f.get("missing_files"):
         miss = f["missing_files"]
         ws = f.get("world_size")
@@ -252,9 +269,11 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
         return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {damaged.facts.get('error')})")
     tf = inv.parsed.get(tag, TagFacts)
     zero = uni.child("zero")
+    # ds_to_universal (DeepSpeed 0.19.8) writes no per-parameter step.pt for a ZeRO-3 tag; load_universal loads it so
+    states = [s for s in UNIVERSAL_STATES if not (s == "step" and tag.facts.get("zero_stage") == 3)]
     for name, shape in tf.param_shapes.items() if tf is not None else ():
         folder = zero.child(name) if zero is not None else None
-        missing = [s for s in UNIVERSAL_STATES if folder is None or folder.child(s + ".pt") is None]
+        missing = [s for s in states if folder is None or folder.child(s + ".pt") is None]
         if missing:
             return None, (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
         fp32_node = cast(Node, cast(Node, folder).child("fp32.pt"))  # not missing: the folder holds it

@@ -92,6 +92,7 @@ MODELS: dict[str, tuple[str, str | None]] = {
     "zero3-ungathered": ("llama", None),
     "dcp-optim-nograd": ("tensors", None),
     "zero3-peft-ungathered": ("tensors", None),
+    "fsdp2-rank0-slice": ("tinylm", None),  # export reads its DCP: the whole TinyLM
     # single-file Lightning .ckpt files made by tests/functional/core/test_prefix_and_snippets.py
     "lightning-file-one": ("tinylm", None),  # self.model = TinyLM()
     "lightning-file-two": ("tinylm+head", None),  # self.model = TinyLM(); self.head = nn.Linear(64, 8)

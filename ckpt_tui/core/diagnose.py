@@ -62,6 +62,7 @@ def diagnose(inv: Inventory) -> list[Finding]:
 
 def _adapter_finding(inv: Inventory) -> Finding:
     """``adapter-only``: a LoRA adapter, what it needs, and the export that writes what the user deploys."""
+    from .adapters.config import UNREADABLE
     from .adapters.found import AdapterInfo
 
     info = cast(AdapterInfo, inv.adapter)
@@ -78,8 +79,8 @@ def _adapter_finding(inv: Inventory) -> Finding:
     command: Optional[str]
     if info.config is None:
         msg += (
-            f"{info.base_text()}. This save wrote no adapter_config.json, and the tensors do not tell lora_alpha, "
-            "use_rslora, fan_in_fan_out, lora_bias or the base: an export needs the run's adapter_config.json."
+            f"{info.base_text()}. This save wrote no adapter_config.json, and the tensors do not tell "
+            f"{', '.join(UNREADABLE[:-1])} or the base: an export needs the run's adapter_config.json."
         )
         command = None
     elif info.base is not None and info.base.found is not None:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 CONFIG_NAME = "adapter_config.json"
+# what the tensors of an adapter cannot tell, and a PEFT adapter folder needs (adapter_config.json's keys)
+UNREADABLE = ("lora_alpha", "use_rslora", "fan_in_fan_out", "lora_bias", "base_model_name_or_path")
 MAX_CONFIG_BYTES = 4 << 20  # adapter_config.json files are a few kB; larger is not one
 
 # adapter_config.json keys that select a LoRA variant (peft 0.21 LoraConfig fields with ``is_lora_variant``), or

@@ -140,19 +140,16 @@ def adapter_info(
             node = inv.model_node(inv.checkpoints[0]["path"])
     if node is None or is_url(node.abspath):
         return None
+    count = node.facts.get("tensor_count")
+    if isinstance(count, int) and count > MAX_LISTED:
+        return None  # a whole model's worth of tensors: not listed at every inspect to find it is no adapter
     shapes = _names(node, inv)
     if not shapes:
         return None
     layout = lora_layout(shapes)
     if layout is None or not layout.modules or layout.others:
         return None
-    params = 0
-    for src, _ in layout.saved.items():
-        n = 1
-        for d in shapes.get(src, ()):
-            n *= d
-        params += n
-    info = AdapterInfo(node, layout, params, cwd=cwd if cwd is not None else Path.cwd())
+    info = AdapterInfo(node, layout, layout.params(), cwd=cwd if cwd is not None else Path.cwd())
     places = [config_path] if config_path is not None else [d / CONFIG_NAME for d in config_places(node)]
     info.config_looked = places
     for c in places:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..adapters.base import model_folder_problem
-from ..adapters.config import CONFIG_NAME, LoraConfig
+from ..adapters.config import CONFIG_NAME, UNREADABLE, LoraConfig
 from ..adapters.found import AdapterInfo, config_places
 from ..safetext import visible
 from ..storage import Location, as_path
@@ -26,8 +26,6 @@ from .write import ExportError
 
 ADAPTER_STEM = "adapter_model"
 NO_SHARDS = 1 << 62  # PEFT reads one adapter_model.safetensors: an adapter is never sharded
-# what the tensors of an adapter cannot tell, and a PEFT adapter folder needs (adapter_config.json's keys)
-UNREADABLE = ("lora_alpha", "use_rslora", "fan_in_fan_out", "lora_bias", "base_model_name_or_path")
 # module names of input embeddings and output heads, whose weights a model may tie
 TIEABLE = ("lm_head", "embed_tokens", "wte", "word_embeddings", "embed_in", "embed_out", "tok_embeddings", "output")
 

@@ -396,7 +396,6 @@ def plan_export(
     adapter = _adapter_plan(
         report,
         node,
-        src,
         out,
         merge=merge,
         base=base,
@@ -431,7 +430,6 @@ def plan_export(
 def _adapter_plan(
     report: Report,
     node: Node,
-    src: LocationLike,
     out: StrPath,
     *,
     merge: bool,
@@ -775,7 +773,6 @@ def export_needs(
         adapter = _adapter_plan(
             report,
             node,
-            inv.path,
             out,
             merge=merge,
             base=None,

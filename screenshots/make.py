@@ -117,6 +117,25 @@ async def shot_lora(ckpt: Path) -> None:
         os.chdir(here)
 
 
+async def shot_whole(run: Path, empty: Path) -> None:
+    """Issue 24: a run whose newest save was killed (the listing marks it, the details say how to resume), and
+    weights saved under ZeRO-3 without gathering (each empty tensor a red ✖). From the folder holding them."""
+    from ckpt_tui.ui.widgets.details import TensorTable
+
+    here = os.getcwd()
+    try:
+        for where, name in ((run, "incomplete-run"), (empty, "empty-weights")):
+            os.chdir(where.parent)
+            app = make_app(Path(where.name), clock=MockClock())
+            async with app.run_test(size=SIZE) as pilot:
+                await wait_for(pilot, lambda: app.report is not None)
+                await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) > 0)
+                await pilot.pause(0.2)
+                save(app, name)
+    finally:
+        os.chdir(here)
+
+
 async def shot_findings(ckpt: Path) -> None:
     from ckpt_tui.ui.screens.findings import FindingsScreen
 
@@ -196,6 +215,9 @@ def main() -> int:
     asyncio.run(shot_main_and_wizard(fsdp))
     asyncio.run(shot_findings(ds))
     asyncio.run(shot_lora(lora))
+    killed = fresh_copy(fixture_path("hf-killed-save") / "run", BASE / "killed" / "run")
+    empty = fresh_copy(fixture_path("zero3-ungathered") / "checkpoint-2", BASE / "zero3" / "checkpoint-2")
+    asyncio.run(shot_whole(killed, empty / "model.safetensors"))
     asyncio.run(shot_export_progress(big))
     to_png(sorted(HERE_OUT.glob("*.svg")))
     return 0

@@ -88,7 +88,10 @@ MODELS: dict[str, tuple[str, str | None]] = {
     },
     # saves gone wrong (samples/hf_broken.py): the Trainer's tiny Llama, a TinyLM with a never-called `unused`
     # Linear (a tree of the exported names stands in), a ZeRO-3 PEFT adapter
-    **{f: ("llama", None) for f in ("hf-killed-save", "hf-rotation-killed", "hf-model-only", "hf-ds-model-only")},
+    **{
+        f: ("llama", None)
+        for f in ("hf-killed-save", "hf-rotation-killed", "hf-model-only", "hf-ds-model-only", "full-ddp-model-only")
+    },
     "zero3-ungathered": ("llama", None),
     "dcp-optim-nograd": ("tensors", None),
     "zero3-peft-ungathered": ("tensors", None),

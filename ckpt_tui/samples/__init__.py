@@ -88,7 +88,11 @@ GROUPS: dict[str, Group] = {
         1,
         ("peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "full-gpt2-optim", "full-llama-bias-optim"),
     ),
-    "hf_peft_dist": Group("hf_peft", 2, ("peft-ddp-mts", "peft-ds-zero2", "peft-ds-zero3", "peft-fsdp2", "peft-fsdp1")),
+    "hf_peft_dist": Group(
+        "hf_peft",
+        2,
+        ("peft-ddp-mts", "full-ddp-model-only", "peft-ds-zero2", "peft-ds-zero3", "peft-fsdp2", "peft-fsdp1"),
+    ),
     "lightning": Group("lightning_ckpt", 2, ("lightning-ds-zero2", "lightning-ds-zero3", "lightning-fsdp")),
     "torch_dcp": Group(
         "torch_dcp",
@@ -287,6 +291,7 @@ EXPECTED: dict[str, list[str]] = {
     "full-gpt2-optim": _hf_peft("full"),
     "full-llama-bias-optim": _hf_peft("full"),
     "peft-ddp-mts": _hf_peft("ddp"),
+    "full-ddp-model-only": [_RUN + f for f in ("model.safetensors", "trainer_state.json", "training_args.bin")],
     "peft-ds-zero2": _hf_peft("ds2"),
     "peft-ds-zero3": _hf_peft("ds3"),
     "peft-fsdp2": _hf_peft("fsdp"),

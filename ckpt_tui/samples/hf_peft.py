@@ -79,6 +79,7 @@ class Spec:
     arch_kwargs: dict[str, Any] = field(default_factory=dict)
     base_bf16: bool = False  # the base saved (and loaded) in bfloat16
     bf16: bool = False  # TrainingArguments(bf16=...)
+    save_only_model: bool = False  # TrainingArguments(save_only_model=...): no optimizer, scheduler or RNG saved
 
 
 _QV = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -116,6 +117,8 @@ VARIANTS: dict[str, Spec] = {
             r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], modules_to_save=["lm_head"]
         ),
     ),
+    # full fine-tuning under 2-rank DDP with save_only_model (issue 24: what a resume from it does)
+    "full-ddp-model-only": Spec("llama", "ddp", world=2, save_only_model=True),
     "peft-ds-zero2": Spec("llama", "ds", world=2, stage=2, lora=_QV, bf16=True),
     "peft-ds-zero3": Spec("llama", "ds", world=2, stage=3, lora=_QV, bf16=True),
     "peft-fsdp2": Spec("llama", "fsdp", world=2, stage=2, lora=_QV, bf16=True),
@@ -156,6 +159,7 @@ def _args(spec: Spec):
         learning_rate=LR,
         weight_decay=WEIGHT_DECAY,
         bf16=spec.bf16,
+        save_only_model=spec.save_only_model,
         use_cpu=True,
         report_to=[],
         seed=1234,

@@ -1004,3 +1004,17 @@ def test_the_corruption_is_what_the_finding_reports(case: Rule, tmp_path):
     """The same tree without the corruption does not give the finding (so each row tests its rule)."""
     rep = inspect(case.build.pristine(tmp_path), **case.options)
     assert (case.code, case.severity, case.path) not in {(f.code, f.severity, f.path) for f in rep.findings}
+
+
+def test_a_users_own_save_pretrained_named_checkpoint_n_is_no_trainer_checkpoint(tmp_path):
+    """`model.save_pretrained("checkpoint-5")` (and "checkpoint-10" beside it) writes no Trainer file: it stays an
+    hf-model, whole, with no checkpoint-incomplete or rng-state-missing finding."""
+    run = tmp_path / "run"
+    for step in (5, 10):
+        trees.tree("hf-model-bin", run, name=f"checkpoint-{step}")
+    rep = inspect(run / "checkpoint-5")
+    assert rep.inventory.layout == "hf-model"
+    assert not [f for f in rep.findings if f.code in ("checkpoint-incomplete", "rng-state-missing")], rep.findings
+    rep = inspect(run)
+    assert [c["complete"] for c in rep.inventory.checkpoints] == [True, True]
+    assert not [f for f in rep.findings if f.code in ("checkpoint-incomplete", "rng-state-missing")], rep.findings

@@ -102,7 +102,7 @@ def test_every_expected_file_is_written(variant):
 def test_groups_launch_as_asked():
     assert samples.GROUPS["hf_peft"].nproc == 1 and samples.GROUPS["hf_peft_dist"].nproc == 2
     assert set(samples.GROUPS["hf_peft"].variants) == set(SINGLE + FULL)
-    assert set(samples.GROUPS["hf_peft_dist"].variants) == {"peft-ddp-mts", *DS, *FSDP}
+    assert set(samples.GROUPS["hf_peft_dist"].variants) == {"peft-ddp-mts", "full-ddp-model-only", *DS, *FSDP}
     assert "peft" not in FRAMEWORKS  # the whole cache's key: peft enters only the hashes of the groups using it
 
 

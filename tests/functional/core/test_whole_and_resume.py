@@ -32,11 +32,15 @@ def _findings(cwd: Path, path: str, code: str) -> list[dict]:
     return [f for f in doc["findings"] if f["code"] == code]
 
 
-def _resume(cwd: Path, checkpoint: str, out: str = "resumed", deepspeed: bool = False) -> tuple[int, str]:
-    """HF's own resume_from_checkpoint (samples/hf_broken.py --resume): (exit code, its RESUM* lines)."""
+def _resume(
+    cwd: Path, checkpoint: str, out: str = "resumed", deepspeed: bool = False, ranks: int = 0
+) -> tuple[int, str]:
+    """HF's own resume_from_checkpoint (samples/hf_broken.py --resume): (exit code, its RESUM* lines). ``ranks``:
+    launched by torchrun on that many ranks (the Trainer then runs DDP), else one plain process."""
     from ckpt_tui.samples import launch_env
 
-    cmd = [sys.executable, "-m", "ckpt_tui.samples.hf_broken", "--resume", checkpoint, out]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    cmd = (launch if ranks else [sys.executable]) + ["-m", "ckpt_tui.samples.hf_broken", "--resume", checkpoint, out]
     r = subprocess.run(cmd + ["--deepspeed"] * deepspeed, cwd=cwd, env=launch_env(), capture_output=True, text=True)
     lines = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith("RESUM"))
     assert lines, r.stdout[-3000:] + r.stderr[-3000:]
@@ -117,6 +121,11 @@ def test_save_only_model_says_what_a_resume_does_and_hf_does_it(tmp_path):
     assert f["severity"] == "info" and "fresh optimizer" in f["message"]
     rc, out = _resume(one, "run/checkpoint-2")
     assert rc == 0 and "RESUMING from step 2" in out, out  # silently, as the finding says
+    ddp = _copy("full-ddp-model-only", tmp_path)  # 2-rank DDP (samples/hf_peft.py), resumed on 2 ranks
+    (f,) = _findings(ddp, "run/checkpoint-2", "resume-model-only")
+    assert f["severity"] == "info" and "fresh optimizer" in f["message"]
+    rc, out = _resume(ddp, "run/checkpoint-2", ranks=2)
+    assert rc == 0 and "RESUMING from step 2" in out, out
     ds = _copy("hf-ds-model-only", tmp_path)
     (f,) = _findings(ds, "run/checkpoint-2", "resume-model-only")
     assert f["severity"] == "warning" and "Can't find a valid checkpoint" in f["message"]

@@ -42,7 +42,14 @@ class Report:
             "findings": [f.to_json() for f in self.findings],
         }
         if inv.checkpoints:
-            doc["checkpoints"] = inv.checkpoints
+            # each entry: its own components; a run folder's top level: its newest complete checkpoint's
+            doc["checkpoints"] = [
+                {**c, "components": dict(inv.checkpoint_components.get(c["path"], {}))} for c in inv.checkpoints
+            ]
+            if not inv.components:
+                whole = next((c for c in inv.checkpoints if c["complete"]), None)
+                if whole is not None:
+                    doc["components"] = dict(inv.checkpoint_components.get(whole["path"], {}))
         if self.bytes_fetched is not None:
             doc["bytes_fetched"] = self.bytes_fetched
         return doc

@@ -106,6 +106,15 @@ def test_run_listing_export_and_summary_skip_the_killed_checkpoint(tmp_path):
     assert "`ckpt-tui export run/checkpoint-4 --out DIR`" in f["message"]
 
 
+def test_a_run_folders_json_names_each_checkpoints_components_and_the_newest_complete_ones(tmp_path):
+    v = _copy("hf-killed-save", tmp_path)
+    doc = json.loads(ckpt_tui("inspect", "run", "--json", cwd=v).stdout)
+    assert [(c["path"], c["complete"]) for c in doc["checkpoints"]] == [("checkpoint-4", False), ("checkpoint-2", True)]
+    assert doc["checkpoints"][0]["components"]["model"] == "checkpoint-4/model.safetensors"
+    assert doc["components"] == doc["checkpoints"][1]["components"]
+    assert doc["components"] == {"model": "checkpoint-2/model.safetensors", "optimizer": "checkpoint-2/optimizer.pt"}
+
+
 def test_a_rotation_killed_mid_delete_is_incomplete_and_the_advice_resumes(tmp_path):
     v = _copy("hf-rotation-killed", tmp_path)
     (f,) = _findings(v, "run", "checkpoint-incomplete")

@@ -152,6 +152,21 @@ time.sleep(600)
 """
 
 
+def _wait_stopped(pid: int, timeout: float = 30.0) -> None:
+    """Until every thread of process ``pid`` is stopped (``T`` in /proc/<pid>/task/*/stat): a server thread
+    still running would answer the next request (a loaded machine delivers SIGSTOP late)."""
+    t0 = time.monotonic()
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(s in ("T", "t") for s in states):
+            return
+        assert time.monotonic() - t0 < timeout, f"process {pid} not stopped: thread states {states}"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("host", ["torch", "python"])
 @pytest.mark.parametrize("how", ["kill-9", "SIGSTOP"])
 def test_a_store_that_vanishes_or_goes_silent_raises_within_the_timeout(host, how):
@@ -168,6 +183,8 @@ def test_a_store_that_vanishes_or_goes_silent_raises_within_the_timeout(host, ho
         os.kill(p.pid, signal.SIGKILL if how == "kill-9" else signal.SIGSTOP)
         if how == "kill-9":
             p.wait(timeout=10)
+        else:  # a signal is delivered when the kernel next runs it: wait for the stopped state, not a time
+            _wait_stopped(p.pid)
         t0 = time.monotonic()
         with pytest.raises(StoreError) as e:
             for _ in range(3):  # a set may still land in the kernel's buffer; the next reply cannot come

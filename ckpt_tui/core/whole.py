@@ -25,7 +25,7 @@ from .facts import DcpFacts, TensorFacts, TorchZipFacts
 from .formats.registry import format_of
 from .names import HF_CKPT_DIR_RE, MODEL_FILE_RE, step_of, trainer_written
 from .storage import is_url
-from .types import Finding, Inventory, Node, TensorInfo, user_path
+from .types import Finding, Inventory, Node, Parsed, TensorInfo, user_path
 
 RNG_RE_PREFIX = "rng_state"
 
@@ -33,7 +33,7 @@ RNG_RE_PREFIX = "rng_state"
 def empty_weights(n: Node, inv: Optional[Inventory] = None) -> Optional[str]:
     """What makes the weights ``n`` holds empty (a phrase), or None: they are not, or it holds no weights.
     With ``inv``, also a file holding one rank's slice of the tensors a DCP folder beside it holds whole."""
-    why = _empty(n)
+    why = _empty(n, inv.parsed if inv is not None else None)
     if why is None and inv is not None:
         why = _slice(inv, n)
     return why
@@ -99,7 +99,7 @@ def _dcp_beside_root(inv: Inventory) -> Optional[tuple[str, dict[str, TensorInfo
     return os.path.join(found[0], found[1]) + "/", {t.name: t for t in info.tensors}
 
 
-def _empty(n: Node) -> Optional[str]:
+def _empty(n: Node, parsed: Optional[Parsed] = None) -> Optional[str]:
     f = cast(TensorFacts, n.facts)
     if "tensor_count" not in f or n.role != "model":
         return None
@@ -116,7 +116,7 @@ def _empty(n: Node) -> Optional[str]:
     if not f.get("param_count"):
         return f"holds {count} tensors, every one empty (a 0 in its shape)"
     if n.name.startswith("adapter_model."):
-        lora = [t for t in fmt.tensors(n) if ".lora_A." in t.name or ".lora_B." in t.name]
+        lora = [t for t in fmt.tensors(n, parsed) if ".lora_A." in t.name or ".lora_B." in t.name]
         if lora and all(len(t.shape) < 2 or 0 in t.shape for t in lora):
             return f"holds {len(lora)} LoRA tensors, none of them a matrix (PEFT's own check: fewer than 2 dimensions)"
     return None
@@ -167,9 +167,9 @@ def weights_empty_finding(inv: Inventory, n: Node) -> Optional[Finding]:
             f" The weights are whole in `{inv.shown(src.path, slash=True)}` beside it: `{command}` writes "
             f"{what} from there as safetensors" + (" (with adapter_config.json, as PEFT loads it)." if adapter else ".")
         )
-    elif n is inv.root and _sharded_beside(inv) is not None:
-        # the file was inspected alone: its folder was not scanned, only listed
-        beside, sub = cast(tuple[str, str], _sharded_beside(inv))
+    elif n is inv.root and (listed := _sharded_beside(inv)) is not None:
+        # the file was inspected alone: its folder was not scanned, only listed (once)
+        beside, sub = listed
         command = f"ckpt-tui export {beside} --out DIR"
         msg += (
             f" `{os.path.join(beside, sub)}/` beside it is where such a run keeps the sharded weights: "

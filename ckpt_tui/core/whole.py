@@ -336,11 +336,9 @@ def trainer_findings(inv: Inventory) -> list[Finding]:
         every = saves + others
         if not any(s.written for s in every):
             continue  # a user's own save_pretrained("checkpoint-5"): not the Trainer's
-        verdicts = {s.path: _incomplete(s, every) for s in saves}
-        for s in others:
-            verdicts.setdefault("\0" + s.name, _incomplete(s, every))
+        verdicts = {s: _incomplete(s, every) for s in every}  # every save in the folder, scanned or listed
         for c, s in zip(cks, saves):
-            why = verdicts[s.path]
+            why = verdicts[s]
             if why:
                 out.append(_incomplete_finding(inv, c, s, why, every, verdicts))
                 continue
@@ -384,7 +382,12 @@ def py(path: str) -> str:
 
 
 def _incomplete_finding(
-    inv: Inventory, n: Node, s: TrainerSave, why: str, every: list[TrainerSave], verdicts: dict[str, Optional[str]]
+    inv: Inventory,
+    n: Node,
+    s: TrainerSave,
+    why: str,
+    every: list[TrainerSave],
+    verdicts: dict[TrainerSave, Optional[str]],
 ) -> Finding:
     me = inv.shown(n.path)
     mine = _user(inv, s)
@@ -393,7 +396,7 @@ def _incomplete_finding(
             p
             for p in every
             if p is not s
-            and not verdicts.get(p.path or "\0" + p.name)
+            and not verdicts[p]
             and p.written
             and not (p.path and has_breakage(cast(Node, inv.node(p.path))))
         ),

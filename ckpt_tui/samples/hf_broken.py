@@ -320,7 +320,13 @@ def main() -> None:
         child(sys.argv[2], Path(sys.argv[3]))
         return
     if sys.argv[1:2] == ["--resume"]:  # --resume CHECKPOINT OUT [--deepspeed]
-        raise SystemExit(resume(sys.argv[2], sys.argv[3], deepspeed=sys.argv[4:5] == ["--deepspeed"]))
+        rc = resume(sys.argv[2], sys.argv[3], deepspeed=sys.argv[4:5] == ["--deepspeed"])
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # under torchrun: every rank done before the group goes, else gloo's
+            dist.barrier()  # destructor on a rank whose peer already left aborts it (SIGABRT, exit 1)
+            dist.destroy_process_group()
+        raise SystemExit(rc)
     outdir, variants = parse_args(list(VARIANTS))
     for k in [k for k in os.environ if k.startswith("TORCHELASTIC_") or k in _TORCHRUN_VARS]:
         del os.environ[k]  # one process as `python train.py` runs it (the DeepSpeed variants start a 1-rank group)

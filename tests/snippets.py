@@ -77,6 +77,7 @@ MODELS: dict[str, tuple[str, str | None]] = {
             "peft-llama",
             "peft-llama-bias-bf16",
             "peft-gpt2-rslora",
+            "peft-llama-resized",
             "peft-ddp-mts",
             "peft-ds-zero2",
             "peft-ds-zero3",
@@ -173,7 +174,10 @@ for case in json.loads(sys.stdin.read()):
             exported.update(load_file(os.path.join(out, f)))
     if "PeftModel.from_pretrained(" in snippet:  # a LoRA adapter: what PEFT saves of the model is the export
         from peft import get_peft_model_state_dict
-        sd = get_peft_model_state_dict(model)
+        # a run that added tokens: PEFT saved the resized embedding layers whole (save_embedding_layers), which
+        # it decides by finding the base's config.json from the cwd; from here it may not: say so, as it did
+        resized = any(".original_module." in k for k in exported)
+        sd = get_peft_model_state_dict(model, save_embedding_layers=True if resized else "auto")
     else:
         sd = model.state_dict()
     owners = {sd[k].untyped_storage().data_ptr() for k in exported if k in sd}

@@ -86,7 +86,14 @@ GROUPS: dict[str, Group] = {
     "hf_peft": Group(
         "hf_peft",
         1,
-        ("peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "full-gpt2-optim", "full-llama-bias-optim"),
+        (
+            "peft-llama",
+            "peft-llama-bias-bf16",
+            "peft-gpt2-rslora",
+            "peft-llama-resized",
+            "full-gpt2-optim",
+            "full-llama-bias-optim",
+        ),
     ),
     "hf_peft_dist": Group(
         "hf_peft",
@@ -288,6 +295,7 @@ EXPECTED: dict[str, list[str]] = {
     "peft-llama": _hf_peft("single"),
     "peft-llama-bias-bf16": _hf_peft("single"),
     "peft-gpt2-rslora": _hf_peft("single"),
+    "peft-llama-resized": _hf_peft("single"),
     "full-gpt2-optim": _hf_peft("full"),
     "full-llama-bias-optim": _hf_peft("full"),
     "peft-ddp-mts": _hf_peft("ddp"),

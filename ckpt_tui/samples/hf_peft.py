@@ -80,6 +80,7 @@ class Spec:
     base_bf16: bool = False  # the base saved (and loaded) in bfloat16
     bf16: bool = False  # TrainingArguments(bf16=...)
     save_only_model: bool = False  # TrainingArguments(save_only_model=...): no optimizer, scheduler or RNG saved
+    resize_vocab: int = 0  # the run added tokens: base.resize_token_embeddings(n) before wrapping it
 
 
 _QV = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -105,6 +106,13 @@ VARIANTS: dict[str, Spec] = {
         "gpt2",
         "single",
         lora=dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], use_rslora=True, lora_bias=True),
+    ),
+    # a run that added tokens: the embedding and the head resized past the base's 256 and saved whole
+    "peft-llama-resized": Spec(
+        "llama",
+        "single",
+        lora=dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"]),
+        resize_vocab=264,
     ),
     "full-gpt2-optim": Spec("gpt2", "single"),
     "full-llama-bias-optim": Spec("llama", "single", arch_kwargs=dict(attention_bias=True)),
@@ -278,6 +286,8 @@ def _peft_model(spec: Spec):
     assert spec.lora is not None
     dtype = torch.bfloat16 if spec.base_bf16 else torch.float32
     base = AutoModelForCausalLM.from_pretrained("base-model", dtype=dtype)
+    if spec.resize_vocab:  # as a run that added tokens does (the new rows drawn by transformers' init)
+        base.resize_token_embeddings(spec.resize_vocab)
     seed_all()  # LoRA's A is drawn at random
     return get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **spec.lora))
 

@@ -86,14 +86,18 @@ class AdapterTensors:
     # saved name of a base embedding layer PEFT saves beside a LoRA on it -> the base model's tensor name
     embedding_layers: dict[str, str] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # PEFT saved name -> shape
+    # saved names of the copies PEFT's file holds of a modules_to_save wrapper's tensors when the run resized the
+    # embedding (`lm_head.original_module.weight`, `lm_head.modules_to_save.weight`): exported, never merged
+    wrapper_copies: list[str] = field(default_factory=list)
 
     def targets(self) -> list[str]:
         """The distinct last components of the LoRA modules' names, sorted: ``["q_proj", "v_proj"]``."""
         return sorted({m.module.rpartition(".")[2] for m in self.modules})
 
     def params(self) -> int:
-        """Elements of every tensor kept (LoRA and modules_to_save alike)."""
-        return sum(prod(s) for s in self.shapes.values())
+        """Elements of every tensor kept (LoRA and modules_to_save alike; not PEFT's copies of a wrapper's)."""
+        copies = set(self.wrapper_copies)
+        return sum(prod(s) for n, s in self.shapes.items() if n not in copies)
 
     def lora_params(self) -> int:
         """Elements of the LoRA tensors alone (A, B, lora_B.bias, magnitude)."""
@@ -201,11 +205,15 @@ def _parse(rest: str) -> _Parsed:
         lora_ish = ".lora_" in d or ".modules_to_save." in d or ".original_module." in d
         return _Parsed("bad" if lora_ish else "plain", rest=rest, why="an empty part in the name")
     if ".original_module." in d:
-        return _Parsed("orig")
+        return _Parsed("orig", rest=rest)
     i = d.find(".modules_to_save.")
     if i >= 0:
         module = d[1:i] if i > 0 else ""
         adapter, _, inner = d[i + len(".modules_to_save.") : -1].partition(".")
+        if module and not inner and adapter in LEAVES:
+            # `lm_head.modules_to_save.weight`: PEFT's saved form of the wrapper's own copy, which it writes
+            # beside `lm_head.weight` when the run resized the embedding (save_embedding_layers)
+            return _Parsed("orig", rest=rest)
         if not module or not inner:
             return _Parsed("bad", why="a modules_to_save name without its module or tensor")
         if f".{inner}".find(".lora_") >= 0:
@@ -299,6 +307,7 @@ def _layout(
     layers: dict[str, _Layer] = {}
     mts: list[tuple[str, _Parsed]] = []  # (source, parsed) of live modules_to_save tensors
     plain: list[tuple[str, str]] = []  # (source, name under ROOT) of everything else under ROOT
+    copies: list[tuple[str, str]] = []  # (source, name under ROOT) of a modules_to_save wrapper's own tensors
     named = saved_form = False
     adapters_ignored: set[str] = set()
     found = False  # any LoRA-family name at all (the layout exists)
@@ -329,7 +338,7 @@ def _layout(
         found = True
         prefixes[head] = prefixes.get(head, 0) + 1
         if p.kind == "orig":
-            dropped.append(src)
+            copies.append((src, p.rest))
             continue
         if p.kind == "bad":
             dropped.append(src)
@@ -485,8 +494,21 @@ def _layout(
         elif keep(src, saved):  # PEFT's file: a modules_to_save tensor (or a resized embedding)
             to_save[r] = saved
 
+    # a modules_to_save wrapper's original_module (and, saved, its modules_to_save copy): a live model's are not
+    # the adapter's; PEFT's file holds them only where it saved the resized embedding layers whole beside
+    # modules_to_save (save_embedding_layers): kept as it saved them, for the adapter; never merged
+    wrapper_copies: list[str] = []
+    for src, r in copies:
+        head, _, leaf = r.rpartition(".")
+        module = head.rpartition(".")[0]  # `lm_head` of `lm_head.original_module.weight`
+        if named or f"{module}.{leaf}" not in to_save:
+            dropped.append(src)  # a live model's wrapper, or a copy of nothing the file saves
+        elif keep(src, ROOT + r):
+            wrapper_copies.append(ROOT + r)
+
     return AdapterTensors(
         saved=out,
+        wrapper_copies=wrapper_copies,
         modules=modules,
         modules_to_save=to_save,
         container=container,

@@ -93,7 +93,31 @@ def plan_adapter(
     plan.load_base = info.base.recorded if info.base is not None else None
     if info.base is not None and info.base.found is not None:
         plan.load_base = info.shown(info.base.found)
+    plan.load_vocab = _resized_vocab(info)
     return plan
+
+
+def _resized_vocab(info: AdapterInfo) -> Optional[int]:
+    """The rows of the embedding the run saved (modules_to_save) where it resized the base's (new tokens), so
+    the base must be resized before PEFT loads the adapter onto it; None where it did not or cannot be told."""
+    layout = info.layout
+    rows = {
+        layout.shapes[saved][0]
+        for name, saved in layout.modules_to_save.items()
+        if _tieable(name.rsplit(".", 1)[0]) and len(layout.shapes.get(saved, ())) == 2
+    }
+    if len(rows) != 1:
+        return None
+    (vocab,) = rows
+    if info.base is not None and info.base.found is not None:
+        try:
+            known = _base_config(Path(info.base.found)).get("vocab_size")
+        except ExportError:
+            known = None
+        if isinstance(known, int) and not isinstance(known, bool):
+            return vocab if known != vocab else None
+    # no base to compare with: PEFT saved the wrapper's copies only because it found the embedding resized
+    return vocab if layout.wrapper_copies else None
 
 
 # ---------------------------------------------------------------- merge

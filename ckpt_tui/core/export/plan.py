@@ -108,6 +108,7 @@ class ExportPlan:
     also_read: list[Location] = field(default_factory=list)
     also_folders: list[Path] = field(default_factory=list)
     load_base: Optional[str] = None  # an adapter export: the base the load code builds (a folder or hub id)
+    load_vocab: Optional[int] = None  # an adapter export of a run that added tokens: the base resized to this first
 
     @property
     def index_name(self) -> str:

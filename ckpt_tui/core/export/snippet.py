@@ -47,6 +47,10 @@ def _adapter_snippet(plan: ExportPlan, out: str) -> str:
         lines.append("base = AutoModelForCausalLM.from_pretrained(BASE)  # BASE: the base model's folder or hub id")
     else:
         lines.append(f"base = AutoModelForCausalLM.from_pretrained({base!r})")
+    if plan.load_vocab is not None:
+        lines.append(
+            f"base.resize_token_embeddings({plan.load_vocab})  # the run added tokens: the adapter's embedding"
+        )
     lines.append(f"model = PeftModel.from_pretrained(base, {out!r})")
     return "\n".join(lines)
 

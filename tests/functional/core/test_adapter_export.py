@@ -19,7 +19,8 @@ from tests.fixtures import fixture_path
 from tests.snippets import run_load_snippets, snippet_after
 from tests.util import ckpt_tui
 
-FOLDER = ["peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "peft-ddp-mts"]
+FOLDER = ["peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "peft-llama-resized", "peft-ddp-mts"]
+RESIZED = {"peft-llama-resized": 264}  # the run added tokens: its embedding and head have 264 rows, the base 256
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -33,11 +34,17 @@ def _peft(variant: Path, adapter: Path):
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(variant / "base-model")
+    if variant.name in RESIZED:  # as the run did, and as the printed load code does
+        base.resize_token_embeddings(RESIZED[variant.name])
     return PeftModel.from_pretrained(base, adapter).eval()
 
 
-def _ids():
-    return torch.arange(0, 32).reshape(2, 16) % 250
+def _ids(variant: str = ""):
+    """Token ids, the added ones among them where the run added tokens."""
+    ids = torch.arange(0, 32).reshape(2, 16) % 250
+    if variant in RESIZED:
+        ids[:, -8:] = torch.arange(256, RESIZED[variant])
+    return ids
 
 
 def test_inspect_names_the_adapter_and_finds_its_base(tmp_path):
@@ -83,8 +90,8 @@ def test_export_writes_the_adapter_as_peft_saves_it(name, tmp_path):
     assert "PeftModel.from_pretrained(base, 'adapter')" in snippet, snippet
     run_load_snippets([(snippet, run, name)])
     with torch.no_grad():  # the exported adapter gives the checkpoint's logits exactly
-        a = _peft(v, run / "checkpoint-2")(_ids()).logits
-        b = _peft(v, out)(_ids()).logits
+        a = _peft(v, run / "checkpoint-2")(_ids(name)).logits
+        b = _peft(v, out)(_ids(name)).logits
     assert torch.equal(a, b)
 
 
@@ -99,7 +106,7 @@ def test_merge_is_bit_exact_with_peft_merge_and_unload(name, tmp_path):
     out = run / "merged"
     peft_model = _peft(v, run / "checkpoint-2")
     with torch.no_grad():
-        unmerged = peft_model(_ids()).logits
+        unmerged = peft_model(_ids(name)).logits
     oracle = peft_model.merge_and_unload().state_dict()
     base = load_file(v / "base-model" / "model.safetensors")
     got = {}
@@ -117,11 +124,13 @@ def test_merge_is_bit_exact_with_peft_merge_and_unload(name, tmp_path):
         if hit and k.endswith(".weight") and k in base:
             changed[k] = int((t != base[k]).sum())
     assert changed and all(n > 0 for n in changed.values()), changed  # every target moved: a missing merge fails
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    assert vocab == RESIZED.get(name, 256), vocab  # the adapter's embedding's, where the run added tokens
     model = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     merged, info = model
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
-        logits = merged.eval()(_ids()).logits
+        logits = merged.eval()(_ids(name)).logits
     if logits.dtype == torch.float32:
         assert (logits - unmerged).abs().max().item() <= 1e-5
     snippet = snippet_after(r.stdout)

@@ -187,6 +187,43 @@ def test_the_mappings_as_written():
     assert base_name("base_model.model.lm_head.weight") == "lm_head.weight"
 
 
+def test_peft_s_file_of_a_run_that_added_tokens_keeps_the_wrappers_copies_unmerged():
+    """PEFT 0.21's save_embedding_layers on a resized embedding that is also in modules_to_save writes the
+    wrapper's own tensors beside the modules_to_save one (what samples/hf_peft.py's peft-llama-resized holds)."""
+    mts = ["base_model.model.model.embed_tokens", "base_model.model.lm_head"]
+    shapes = {f"{m}{s}.weight": (264, 64) for m in mts for s in ("", ".modules_to_save", ".original_module")}
+    shapes["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"] = (4, 64)
+    shapes["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = (64, 4)
+    layout = lora_layout(shapes)
+    assert layout is not None and layout.problems == [] and layout.dropped == []
+    assert layout.saved == {k: k for k in shapes}  # the adapter export writes the file's keys, all of them
+    assert layout.modules_to_save == {
+        "model.embed_tokens.weight": mts[0] + ".weight",
+        "lm_head.weight": mts[1] + ".weight",
+    }
+    assert sorted(layout.wrapper_copies) == sorted(
+        k for k in shapes if ".original_module." in k or ".modules_to_save." in k
+    )
+    assert layout.params() == 2 * 264 * 64 + 2 * 4 * 64  # the copies are not the adapter's own parameters
+    # a copy of a module the file does not save, and a live model's wrapper: not the adapter's
+    del shapes[mts[1] + ".weight"]
+    layout = lora_layout(shapes)
+    assert layout is not None and sorted(layout.dropped) == [
+        mts[1] + ".modules_to_save.weight",
+        mts[1] + ".original_module.weight",
+    ]
+    live = {
+        "base_model.model.lm_head.modules_to_save.default.weight": (8, 4),
+        "base_model.model.lm_head.original_module.weight": (8, 4),
+    }
+    layout = lora_layout(live)
+    assert (
+        layout is not None
+        and layout.wrapper_copies == []
+        and layout.dropped == ["base_model.model.lm_head.original_module.weight"]
+    )
+
+
 def test_target_modules_decide_the_embedding_base_layer_as_peft_does():
     shapes = {
         "base_model.model.model.embed_tokens.lora_embedding_A.default": (4, 256),

@@ -20,7 +20,8 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 RUN = "run/checkpoint-2"
-SINGLE = ("peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora")
+SINGLE = ("peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "peft-llama-resized")
+RESIZED = {"peft-llama-resized": 264}  # the run added tokens: resize_token_embeddings(264) on the 256 base
 FULL = ("full-gpt2-optim", "full-llama-bias-optim")
 DS = ("peft-ds-zero2", "peft-ds-zero3")
 FSDP = ("peft-fsdp2", "peft-fsdp1")
@@ -49,6 +50,7 @@ ASKED: dict[str, dict] = {
         "fan_in_fan_out": True,
         "lora_bias": True,
     },
+    "peft-llama-resized": {**_NONE, **_QV, "modules_to_save": ["embed_tokens", "lm_head"]},
     "peft-ddp-mts": {**_NONE, "targets": {"q_proj", "k_proj", "v_proj", "o_proj"}, "modules_to_save": ["lm_head"]},
     "peft-ds-zero2": {**_NONE, **_QV},
     "peft-ds-zero3": {**_NONE, **_QV},
@@ -68,7 +70,10 @@ def _in_the_variant_folder(request, monkeypatch):
 
 
 def _base(variant: str):
-    return transformers.AutoModelForCausalLM.from_pretrained(fixture_path(variant) / "base-model")
+    model = transformers.AutoModelForCausalLM.from_pretrained(fixture_path(variant) / "base-model")
+    if variant in RESIZED:  # as the run did before wrapping it, and as a user must before loading its adapter
+        model.resize_token_embeddings(RESIZED[variant])
+    return model
 
 
 def _oracle(variant: str, name: str = "adapter_state") -> dict[str, torch.Tensor]:
@@ -149,6 +154,15 @@ def test_bases_dtypes_and_shapes():
     assert gpt2["transformer.h.0.attn.c_attn.weight"].shape == (64, 192)  # Conv1D: (in, out), non-square
     mts = json.loads((fixture_path("peft-ddp-mts") / "base-model/config.json").read_text())
     assert mts["tie_word_embeddings"] is False  # modules_to_save on lm_head needs an untied head
+    # the run that added tokens: a 256-row base, a 264-row embedding and head saved, and PEFT's own copies of
+    # the wrappers' tensors beside them (save_embedding_layers, which PEFT turns on when it sees the resize)
+    rs = fixture_path("peft-llama-resized")
+    assert json.loads((rs / "base-model/config.json").read_text())["vocab_size"] == 256
+    saved = load_file(rs / RUN / "adapter_model.safetensors")
+    for m in ("base_model.model.model.embed_tokens", "base_model.model.lm_head"):
+        assert saved[f"{m}.weight"].shape == (264, 64)
+        assert torch.equal(saved[f"{m}.modules_to_save.weight"], saved[f"{m}.weight"])
+        assert saved[f"{m}.original_module.weight"].shape == (264, 64)
 
 
 @pytest.mark.parametrize("variant", PEFT)

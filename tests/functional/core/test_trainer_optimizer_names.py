@@ -20,7 +20,8 @@ from ckpt_tui.core.formats.torch_save.trainer_order import check_against, traine
 from tests.util import ckpt_tui, load_optimizer_export
 
 FULL = ["full-gpt2-optim", "full-llama-bias-optim"]
-PEFT = ["peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "peft-ddp-mts"]
+PEFT = ["peft-llama", "peft-llama-bias-bf16", "peft-gpt2-rslora", "peft-llama-resized", "peft-ddp-mts"]
+RESIZED = {"peft-llama-resized": 264}  # the run added tokens before wrapping its base
 CKPT = Path("run") / "checkpoint-2"
 
 
@@ -47,9 +48,15 @@ def _peft_saved_names(d: Path) -> dict[str, str]:
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(d / "base-model")
+    if d.name in RESIZED:
+        base.resize_token_embeddings(RESIZED[d.name])
     pm = PeftModel.from_pretrained(base, d / CKPT, is_trainable=True)
     with contextlib.chdir(d):  # base_model_name_or_path "base-model" is local there (else PEFT asks the Hub)
-        by_ptr = {t.data_ptr(): k for k, t in get_peft_model_state_dict(pm).items()}
+        sd = get_peft_model_state_dict(pm)
+    # a run that added tokens: PEFT also saves the wrappers' own copies (`lm_head.modules_to_save.weight`, one
+    # storage with `lm_head.weight`); the name PEFT loads a parameter from is the one without the wrapper part
+    copies = (".modules_to_save.", ".original_module.")
+    by_ptr = {t.data_ptr(): k for k, t in sd.items() if not any(c in k for c in copies)}
     return {n: by_ptr[p.data_ptr()] for n, p in pm.named_parameters() if p.requires_grad}
 
 

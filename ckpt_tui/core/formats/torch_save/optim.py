@@ -154,10 +154,28 @@ def trainer_run_order(path: Location, weight_decay: Any) -> Optional[TrainerOrde
             config = lookup.found / MODEL_CONFIG
             if lookup.found.parent.name == "snapshots":  # a Hugging Face cache snapshot: links into ../../blobs
                 link_root = lookup.found.parent.parent
-    order = trainer_param_order(config, adapter_config=lora, weight_decay=float(weight_decay), link_root=link_root)
+    vocab = _saved_vocab(folder) if lora is not None else None
+    order = trainer_param_order(
+        config, adapter_config=lora, weight_decay=float(weight_decay), link_root=link_root, vocab_size=vocab
+    )
     where = f"the {MODEL_CONFIG} beside it" if has_config else f"the base's {MODEL_CONFIG} ({visible(config)})"
     order.what = f"{order.what}, built on the meta device from {where}"
+    if vocab is not None:
+        order.what += f" with the {vocab}-row embedding the run saved (it added tokens)"
     return order
+
+
+def _saved_vocab(folder: Path) -> Optional[int]:
+    """The rows of the input embedding a PEFT run saved whole in ``adapter_model.safetensors`` (modules_to_save,
+    or PEFT's save_embedding_layers where the run resized it): the vocabulary the run trained, which is the base
+    config's unless it added tokens. None where it saved none."""
+    saved, _ = saved_weights(folder, adapter=True)
+    rows = {
+        s[0]
+        for n, s in (saved or {}).items()
+        if len(s) == 2 and n.endswith(".weight") and n.rsplit(".", 2)[-2] in ("embed_tokens", "wte", "word_embeddings")
+    }
+    return rows.pop() if len(rows) == 1 else None
 
 
 def saved_weights(folder: Path, adapter: bool) -> tuple[Optional[dict[str, tuple[int, ...]]], str]:

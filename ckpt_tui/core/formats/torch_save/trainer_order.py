@@ -607,12 +607,16 @@ def trainer_param_order(
     adapter_config: Optional[LoraConfig] = None,
     weight_decay: float,
     link_root: Optional[Path] = None,
+    vocab_size: Optional[int] = None,
 ) -> TrainerOrder:
     """The Trainer's optimizer groups of a run of the model ``config_path`` describes (the base's config.json
     for a PEFT run, with its ``adapter_config``), ``weight_decay`` that of the decay group; ``why_not`` set
-    where none can be derived. ``link_root``: see :func:`read_model_config`."""
+    where none can be derived. ``link_root``: see :func:`read_model_config`; ``vocab_size``: the run's, where it
+    resized the base's embedding."""
     try:
         doc = read_model_config(config_path, link_root=link_root)
+        if vocab_size is not None:  # the run resized the embedding (resize_token_embeddings) before wrapping it
+            doc = dict(doc, vocab_size=vocab_size)
         base, out_name, cls = build_tree(doc)
         if adapter_config is None:
             root, saved, what = base, {}, f"full fine-tuning of {cls}"

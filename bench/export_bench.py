@@ -11,6 +11,8 @@ Tools per checkpoint kind:
          ``accelerate merge-weights CKPT/pytorch_model_fsdp_0 X``,
          ``python -m torch.distributed.checkpoint.format_utils dcp_to_torch CKPT/pytorch_model_fsdp_0 X.pt``,
          ``cp -r CKPT/pytorch_model_fsdp_0 X`` (the floor: the same bytes, no format change).
+  DCP zstd (``fsdp-zstd-1g``: fsdp-1g's model, every item through torch's ZStandard extension): ours, ours+verify,
+         ``dcp_to_torch``, and the floor: ``zstandard`` itself inflating every frame, its output discarded.
   DCP optimizer (``fsdp-optim-*``: ``optimizer_0/``): ours optimizer (``--component optimizer --no-verify``),
          ours optimizer+verify, ``dcp_to_torch CKPT/optimizer_0 X.pt``.
   ZeRO:  ours, ours+verify, ``python CKPT/zero_to_fp32.py CKPT X --safe_serialization``; the optimizer
@@ -56,11 +58,22 @@ CKPTS = {  # name -> kind
     "fsdp-4g": "dcp",
     "fsdp-optim-1g": "dcp-optim",
     "fsdp-optim-2g": "dcp-optim",
+    "fsdp-zstd-1g": "dcp-zstd",
     "ds-zero2": "zero",
     "ds-zero3": "zero",
 }
 LARGER = {"dcp": "fsdp-4g", "zero": "ds-zero3"}
-SIZED = {"dcp": "pytorch_model_fsdp_0", "dcp-optim": "optimizer_0"}  # kind -> the folder whose bytes the row counts
+SIZED = {"dcp": "pytorch_model_fsdp_0", "dcp-optim": "optimizer_0", "dcp-zstd": "pytorch_model_fsdp_0"}
+# the floor of a zstd DCP: zstandard itself inflating every frame of its .distcp files, the output discarded
+ZSTD_FLOOR = """
+import sys, zstandard
+from pathlib import Path
+for p in sorted(Path(sys.argv[1]).glob("*.distcp")):
+    with open(p, "rb") as f:
+        r = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        while r.read(1 << 24):
+            pass
+"""  # kind -> the folder whose bytes the row counts
 
 
 def _exe(name: str) -> str:
@@ -145,6 +158,13 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
             ],
             "none",
         )
+    elif kind == "dcp-zstd":  # the model of fsdp-1g, every item zstd-compressed (torch's ZStandard extension)
+        m = ckpt / "pytorch_model_fsdp_0"
+        t["dcp_to_torch"] = (
+            [PY, "-m", "torch.distributed.checkpoint.format_utils", "dcp_to_torch", str(m), "{out}.pt"],
+            "file",
+        )
+        t["zstandard decompress (floor)"] = ([PY, "-c", ZSTD_FLOOR, str(m)], "none")
     elif kind == "dcp-optim":  # the optimizer state of an HF Trainer / Accelerate FSDP checkpoint (optimizer_0/)
         t = {
             "ours optimizer": (ours + ["--component", "optimizer", "--no-verify"], "dir"),

@@ -42,6 +42,7 @@ CKPTS: dict[str, tuple[str, int]] = {
     "fsdp-4g": ("fsdp", 64),
     "fsdp-optim-1g": ("fsdp-optim", 16),
     "fsdp-optim-2g": ("fsdp-optim", 32),
+    "fsdp-zstd-1g": ("fsdp-zstd", 16),  # fsdp-1g's model, every item through torch's ZStandard extension
     "ds-zero2": ("zero2", 8),
     "ds-zero3": ("zero3", 8),
 }
@@ -67,7 +68,7 @@ def _model(layers: int, bias: bool, device: str = "cpu"):
     return Stack()
 
 
-def _fsdp_worker(out: Path, layers: int, optim: bool = False) -> None:
+def _fsdp_worker(out: Path, layers: int, optim: bool = False, zstd: bool = False) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -104,7 +105,13 @@ def _fsdp_worker(out: Path, layers: int, optim: bool = False) -> None:
     with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
         sd = model.state_dict()
         osd = FSDP.optim_state_dict(model, opt) if opt is not None else None
-    dcp.save({"model": sd}, checkpoint_id=str(out / "pytorch_model_fsdp_0"))
+    if zstd:
+        from torch.distributed.checkpoint._extension import ZStandard
+
+        writer = dcp.FileSystemWriter(str(out / "pytorch_model_fsdp_0"), _extensions=[ZStandard()])
+        dcp.save({"model": sd}, storage_writer=writer)
+    else:
+        dcp.save({"model": sd}, checkpoint_id=str(out / "pytorch_model_fsdp_0"))
     if osd is not None:  # as accelerate's save_fsdp_optimizer writes it
         dcp.save({"optimizer": osd}, checkpoint_id=str(out / "optimizer_0"))
     dist.barrier()
@@ -149,7 +156,7 @@ def _ds_worker(out: Path, layers: int, stage: int) -> None:
 def _worker(name: str, out: Path) -> None:
     kind, layers = CKPTS[name]
     if kind.startswith("fsdp"):
-        _fsdp_worker(out, layers, optim=kind == "fsdp-optim")
+        _fsdp_worker(out, layers, optim=kind == "fsdp-optim", zstd=kind == "fsdp-zstd")
     else:
         _ds_worker(out, layers, int(kind[-1]))
 

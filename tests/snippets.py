@@ -38,6 +38,7 @@ TINYLM = (
     "universal-zero2",
     "fsdp1-dcp",
     "fsdp2-dcp",
+    "fsdp2-zstd",
     "dcp-mixed",
     "fsdp-full",
     "dcp-ranklocal",

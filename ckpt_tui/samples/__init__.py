@@ -114,6 +114,7 @@ GROUPS: dict[str, Group] = {
             "dcp-fs-safetensors",
             "dcp-mixed",
             "fsdp2-rank0-slice",
+            "fsdp2-zstd",
         ),
     ),
     # written by the frameworks themselves, in a cached venv of their own (samples/venvs.py)
@@ -328,6 +329,7 @@ EXPECTED: dict[str, list[str]] = {
     "lightning-fsdp": _dcp(_LIT) + [_LIT + "meta.pt"],
     "fsdp1-dcp": _dcp(),
     "fsdp2-dcp": _dcp(),
+    "fsdp2-zstd": _dcp(),
     "fsdp-full": ["pytorch_model_fsdp.bin"],
     "fsdp-local": ["pytorch_model_fsdp_rank0.bin", "pytorch_model_fsdp_rank1.bin"],
     "dcp-ranklocal": ["__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp"],

@@ -30,6 +30,7 @@ VARIANTS = [
     "dcp-fs-safetensors",
     "dcp-mixed",
     "fsdp2-rank0-slice",
+    "fsdp2-zstd",
 ]
 
 
@@ -222,6 +223,18 @@ def v_dcp_fs_safetensors(out: Path) -> None:
     dcp.save({"model": get_model_state_dict(model)}, storage_writer=writer)
 
 
+def v_fsdp2_zstd(out: Path) -> None:
+    """FSDP2's model and optimizer in one save, every item compressed by torch's ZStandard extension
+    (``FileSystemWriter(out, _extensions=[ZStandard()])``, which needs ``zstandard`` or ``pyzstd``)."""
+    from torch.distributed.checkpoint._extension import ZStandard
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, opt = fsdp2_model()
+    msd, osd = get_state_dict(model, opt)
+    writer = dcp.FileSystemWriter(out, _extensions=[ZStandard()])
+    dcp.save({"model": msd, "optimizer": osd}, storage_writer=writer)
+
+
 def v_fsdp2_rank0_slice(out: Path) -> None:
     """``checkpoint-2/``: the model's DCP (``pytorch_model_fsdp_0/``, as accelerate writes it for FSDP2) and beside
     it the common mistake, rank 0 saving only its own slice of each sharded tensor
@@ -250,6 +263,7 @@ FUNCS = {
     "dcp-fs-safetensors": v_dcp_fs_safetensors,
     "dcp-mixed": v_dcp_mixed,
     "fsdp2-rank0-slice": v_fsdp2_rank0_slice,
+    "fsdp2-zstd": v_fsdp2_zstd,
 }
 
 

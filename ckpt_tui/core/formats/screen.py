@@ -145,9 +145,39 @@ def dcp_reader(where: LocationLike, *, trust_pickles: bool = False, rank: Option
             if getattr(meta, "storage_meta", None) is None:
                 meta.storage_meta = StorageMeta()
             meta.storage_meta.load_id = self.load_id
+            self.screened_metadata = meta
             return meta
 
-    return ScreenedReader(str(folder))
+    reader = ScreenedReader(str(folder))
+    if hasattr(reader, "transforms"):  # torch >= 2.7: extensions (zstd) inflate under a bound per item
+        from .dcp.extensions import BoundedTransforms
+
+        reader.transforms = BoundedTransforms(reader.transforms, lambda item: _item_bound(reader, item))
+    return reader
+
+
+def _item_bound(reader: Any, item: Any) -> int:
+    """The most bytes an extension may inflate one read item of ``reader``'s folder to: a tensor chunk's bytes
+    (as .metadata declares the chunk) and a zip's slack; a BytesIO object, the hyper-parameter bound."""
+    from .dcp.extensions import ZIP_SLACK
+    from .dcp.optim import MAX_OBJECT
+
+    meta = getattr(reader, "screened_metadata", None)
+    index = getattr(item, "storage_index", None)
+    md: Any = getattr(meta, "state_dict_metadata", {}).get(getattr(index, "fqn", None))
+    chunks = getattr(md, "chunks", None)
+    if md is None or not chunks:
+        return MAX_OBJECT
+    try:
+        item_size = getattr(md.properties, "dtype").itemsize
+        offset = tuple(getattr(index, "offset", None) or ())
+        sizes = next((c.sizes for c in chunks if tuple(c.offsets) == offset), md.size)
+        n = 1
+        for d in sizes:
+            n *= int(d)
+        return n * int(item_size) + ZIP_SLACK
+    except (AttributeError, TypeError, ValueError):
+        return MAX_OBJECT
 
 
 def _admits(q: str) -> bool:

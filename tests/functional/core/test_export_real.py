@@ -55,6 +55,7 @@ def flat(d, prefix=""):
         ("hf-fsdp2", "checkpoint-2/pytorch_model_fsdp_0", None),
         ("fsdp1-dcp", "", None),
         ("fsdp2-dcp", "", "model"),
+        ("fsdp2-zstd", "", "model"),  # every item zstd-compressed (torch's ZStandard extension)
         ("lightning-fsdp", "checkpoints/epoch=0-step=2.ckpt", "model"),
     ],
 )

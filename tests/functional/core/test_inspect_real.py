@@ -91,6 +91,7 @@ CASES = [
     ("lightning-fsdp", "checkpoints/epoch=0-step=2.ckpt", "lightning-fsdp", {"model": "."}, set(), set()),
     ("fsdp1-dcp", "", "dcp", {"model": "."}, set(), set()),
     ("fsdp2-dcp", "", "dcp", {"model": ".", "optimizer": "."}, set(), set()),
+    ("fsdp2-zstd", "", "dcp", {"model": ".", "optimizer": "."}, set(), set()),
     ("fsdp-full", "", "fsdp-full", {"model": "pytorch_model_fsdp.bin"}, set(), set()),
     ("fsdp-local", "", "fsdp-local", {"model": "pytorch_model_fsdp_rank0.bin"}, set(), set()),
     ("dcp-ranklocal", "", "dcp", {"model": "."}, set(), set()),

@@ -51,6 +51,7 @@ DCP_CASES = [
     ("dcp-mixed", ".", "optimizer"),
     ("dcp-mixed", "combined", "."),
     ("fsdp2-dcp", ".", "."),
+    ("fsdp2-zstd", ".", "."),  # zstd-compressed items, hyper-parameters among them
     ("demo", "fsdp-trainer-run", "checkpoint-20/optimizer_0"),
     ("torchtitan", "checkpoint/step-1", "."),  # a flattened optimizer state dict: state.<fqn>.exp_avg as one key
     ("lightning-fsdp", ".", "checkpoints/epoch=0-step=2.ckpt"),

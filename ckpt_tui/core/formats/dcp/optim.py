@@ -13,6 +13,7 @@ through the restricted unpickler. Output as the DeepSpeed source has it (:mod:`.
 
 from __future__ import annotations
 
+import io
 import zipfile
 from typing import Any, Callable, Iterator, Optional, cast
 
@@ -24,10 +25,11 @@ from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
 from ..torch_save.torchfile import FileWindow
 from ..unpickle import Record, Stub, safe_loads
 from . import reader as dcpfmt
+from .extensions import decompress
 
 KIND = "dcp-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
-_MAX_OBJECT = 64 << 20  # a param-group object larger than this is not a hyper-parameter
+MAX_OBJECT = 64 << 20  # a param-group object larger than this is not a hyper-parameter
 
 
 def _d(o: object) -> dict[str, Any]:
@@ -125,14 +127,24 @@ def _objects(folder: Location, keys: set[str]) -> dict[str, Any]:
     out = {}
     for key, st in where.items():
         length = int(st.get("length") or 0)
-        if st.get("transform_descriptors") or length > _MAX_OBJECT:
-            raise FormatError(f"{key}: stored with an extension or too large to be a hyper-parameter")
+        if length > MAX_OBJECT:
+            raise FormatError(f"{key}: {length:,} bytes, too large to be a hyper-parameter")
         path = folder / str(st["relative_path"])
-        with open_read(path) as f, zipfile.ZipFile(FileWindow(f, int(st["offset"]), length)) as zf:
-            pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
-            if not pkl:
-                raise FormatError(f"{key}: not a torch.save object")
-            up = safe_loads(zf.read(pkl[0]), persistent=True)
+        descriptors = tuple(str(d) for d in st.get("transform_descriptors") or ())
+        with open_read(path) as f:
+            if descriptors:  # torch's ZStandard extension: the torch.save bytes, compressed (bounded inflation)
+                f.seek(int(st["offset"]))
+                raw = f.read(length)
+                if len(raw) < length:
+                    raise FormatError(f"{key}: {path.name} ends inside it (truncated)")
+                window: Any = io.BytesIO(decompress(raw, descriptors, MAX_OBJECT, key))
+            else:
+                window = FileWindow(f, int(st["offset"]), length)
+            with zipfile.ZipFile(window) as zf:
+                pkl = [i for i in zf.infolist() if i.filename.endswith("data.pkl")]
+                if not pkl or pkl[0].file_size > MAX_OBJECT:
+                    raise FormatError(f"{key}: not a torch.save object")
+                up = safe_loads(zf.read(pkl[0]), persistent=True)
         if up.unsafe:
             raise FormatError(f"{key} names code outside the allowlist: {', '.join(sorted(up.unsafe))}")
         out[key] = up.obj
@@ -158,12 +170,13 @@ def dcp_optimizer_source(where: LocationLike, model_names: Optional[list[str]] =
     the content of ``optimizer_config.json`` (names not yet prefix-stripped). ``model_names``: the model
     export's names of the same checkpoint (which of them have no optimizer state is said in the
     config). Raises FormatError with the reason."""
-    from .source import dcp_tensors
+    from .source import dcp_tensors, refuse_extensions
 
     folder = as_path(where)
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
+    refuse_extensions(info)
     paths = _paths(info)
     tensor_keys = {t.name for t in info.tensors}
     state: dict[str, dict[str, str]] = {}  # fqn -> state key -> DCP key

@@ -58,6 +58,9 @@ class DcpInfo:
     chunk_overlaps: list[str] = field(default_factory=list)  # tensors whose chunks overlap
     # rank-local metadata files: tensor -> its distinct (offsets, sizes) over the files, checked once all are read
     merged_chunks: dict[str, set[tuple[tuple[int, ...], tuple[int, ...]]]] = field(default_factory=dict)
+    # the distinct transform descriptors of the storage entries (torch's extensions: ("stream.zstd/1",) for
+    # FileSystemWriter(_extensions=[ZStandard()])); () is the plain encoding
+    transforms: set[tuple[str, ...]] = field(default_factory=set)
 
     @property
     def keys(self) -> list[str]:
@@ -416,9 +419,16 @@ def _read_one(info: DcpInfo, src: Location, merge: bool) -> None:
         sd = _get(meta, "storage_data") or {}
         storage = ([getattr(st, "__dict__", None) for st in sd.values()] if isinstance(sd, dict) else [], {})
     states, files = storage
+    info.transforms.update(map(_transforms, states))
     storage_ends(states, info.files)
     _merge_ends(files, info.files)
     release_in_slices([states])
+
+
+def _transforms(state: Any) -> tuple[str, ...]:
+    """A storage entry's transform descriptors, as strings (``()``: none)."""
+    d = state.get("transform_descriptors") if isinstance(state, dict) else None
+    return tuple(str(x)[:200] for x in d) if isinstance(d, (list, tuple)) else ()
 
 
 def storage_ends(states: list[Any], files: dict[str, int]) -> None:

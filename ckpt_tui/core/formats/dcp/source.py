@@ -82,6 +82,7 @@ def dcp_source(where: LocationLike, *, strip_prefix: Optional[str] = None, force
     info = dcpfmt.read(folder)
     if info.unsafe:
         raise FormatError(f".metadata names code outside the allowlist: {', '.join(sorted(info.unsafe))}")
+    refuse_extensions(info)
     outputs = output_tensors(folder, info, strip_prefix)
     if not outputs:
         raise FormatError("this DCP folder holds no model tensors (only optimizer or other state)")
@@ -96,6 +97,16 @@ def dcp_source(where: LocationLike, *, strip_prefix: Optional[str] = None, force
             "self_attention.linear_qkv.layer_norm_*/mlp.linear_fc1.layer_norm_*)"
         )
     return Source("dcp", folder, dcp_tensors(folder, info, outputs, force_general=force_general), notes=notes)
+
+
+def refuse_extensions(info: dcpfmt.DcpInfo) -> None:
+    """FormatError, one line, where the folder's items are encoded by extensions that cannot be read here (zstd
+    without `zstandard`): said before anything is loaded, not from deep in torch's reader."""
+    from .extensions import problem
+
+    reason = problem(info.transforms)
+    if reason is not None:
+        raise FormatError(reason)
 
 
 def refuse_gaps(info: dcpfmt.DcpInfo, keys: Collection[str]) -> None:

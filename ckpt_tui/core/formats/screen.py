@@ -159,8 +159,7 @@ def dcp_reader(where: LocationLike, *, trust_pickles: bool = False, rank: Option
 def _item_bound(reader: Any, item: Any) -> int:
     """The most bytes an extension may inflate one read item of ``reader``'s folder to: a tensor chunk's bytes
     (as .metadata declares the chunk) and a zip's slack; a BytesIO object, the hyper-parameter bound."""
-    from .dcp.extensions import ZIP_SLACK
-    from .dcp.optim import MAX_OBJECT
+    from .dcp.extensions import MAX_OBJECT, ZIP_SLACK
 
     meta = getattr(reader, "screened_metadata", None)
     index = getattr(item, "storage_index", None)
@@ -262,4 +261,12 @@ def zero_to_fp32() -> Any:
 
     if not isinstance(z.torch, _TorchWithScreenedLoad):
         z.torch = _TorchWithScreenedLoad(torch)
+    # its tqdm bars ("Loading checkpoint shards", "Gathering sharded weights") would land in ckpt-tui's own
+    # output (verify's, the TUI's terminal): ckpt-tui reports progress itself
+    z.tqdm = _no_bar
     return z
+
+
+def _no_bar(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """tqdm's call, without a bar: the iterable itself."""
+    return iterable

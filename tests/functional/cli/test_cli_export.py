@@ -69,6 +69,18 @@ def test_verify_detects_a_flipped_tensor(real_ckpt, tmp_path):
     assert r.returncode == 1 and "mismatch: norm.weight" in r.stdout
 
 
+def test_verify_prints_no_third_party_progress_bars(real_ckpt, tmp_path):
+    """DeepSpeed's zero_to_fp32 (the reference loader) draws tqdm bars on stderr: not in verify's output."""
+    for name in ("ds-zero2-tied", "ds-zero3-bf16"):
+        src, out = real_ckpt(name), tmp_path / name
+        assert run("export", src, "--out", out, "--no-verify").returncode == 0
+        r = run("verify", out, "--against", src)
+        assert r.returncode == 0, r.stdout + r.stderr
+        both = r.stdout + r.stderr
+        for bar in ("Loading checkpoint shards", "Gathering sharded weights", "it/s]", "\r"):
+            assert bar not in both, both
+
+
 def test_diff_and_stats(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

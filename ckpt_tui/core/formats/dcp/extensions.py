@@ -26,7 +26,8 @@ ZSTD = "stream.zstd"
 INSTALL = "pip install 'zstandard>=0.22'"
 # what a torch.save zip adds around a tensor's bytes (records, data.pkl, the central directory), generously
 ZIP_SLACK = 1 << 20
-READ = 1 << 20  # bytes asked of a decompressor at a time
+MAX_OBJECT = 64 << 20  # a BytesIO item (a param-group hyper-parameter, a list of names) larger than this is refused
+READ = 4 << 20  # bytes asked of a decompressor at a time
 
 
 def names(transforms: Iterable[tuple[str, ...]]) -> set[str]:
@@ -84,7 +85,8 @@ def _zstd_reader(raw: Any) -> Any:
 
 def read_bounded(stream: Any, limit: int, what: str) -> bytes:
     """Everything ``stream`` gives, refused (FormatError) once it passes ``limit`` bytes."""
-    out = bytearray()
+    pieces: list[bytes] = []
+    done = 0
     while True:
         try:
             piece = stream.read(READ)
@@ -93,9 +95,10 @@ def read_bounded(stream: Any, limit: int, what: str) -> bytes:
         except Exception as e:  # noqa: BLE001 - zstandard.ZstdError, pyzstd's, OSError: corrupt or cut short
             raise FormatError(f"{what}: its zstd stream cannot be decompressed ({visible(e)})") from None
         if not piece:
-            return bytes(out)
-        out += piece
-        if len(out) > limit:
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # one copy, at the end
+        pieces.append(piece)
+        done += len(piece)
+        if done > limit:
             raise FormatError(
                 f"{what}: its zstd stream inflates past {limit:,} bytes, more than the item can hold "
                 "(a compression bomb?): not read further"
@@ -127,10 +130,19 @@ class _Bounded(io.RawIOBase):
         view[:n] = piece
         return n
 
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            return read_bounded(self, self.limit, self.what)
-        return super().read(size) or b""
+    def read(self, size: Optional[int] = -1) -> bytes:
+        if size is None or size < 0:  # torch's read(-1): everything, joined once
+            data = read_bounded(self.inner, self.limit - self.done, self.what)
+            self.done += len(data)
+            return data
+        piece: bytes = self.inner.read(min(size, READ))
+        self.done += len(piece)
+        if self.done > self.limit:
+            raise FormatError(
+                f"{self.what}: its zstd stream inflates past {self.limit:,} bytes, more than the item can hold "
+                "(a compression bomb?): not read further"
+            )
+        return piece
 
 
 class BoundedTransforms:

@@ -25,11 +25,10 @@ from ..deepspeed.optim import CONFIG_FILE, STATES, jsonable
 from ..torch_save.torchfile import FileWindow
 from ..unpickle import Record, Stub, safe_loads
 from . import reader as dcpfmt
-from .extensions import decompress
+from .extensions import MAX_OBJECT, decompress
 
 KIND = "dcp-optimizer"
 _SCALAR = {"float32": "<f", "float64": "<d", "int64": "<q", "int32": "<i"}
-MAX_OBJECT = 64 << 20  # a param-group object larger than this is not a hyper-parameter
 
 
 def _d(o: object) -> dict[str, Any]:

@@ -361,7 +361,7 @@ CASES = [
             "has been converted already",
             "global_step2_universal/` is its universal checkpoint (17 parameters",
             '"checkpoint": {"load_universal": true}',
-            "engine.load_checkpoint(",
+            "`ckpt-tui universal ds-zero2-bf16/global_step2 --export-frozen` writes them",
         ),
     ),
     # ... but not when the universal checkpoint beside it is incomplete, damaged or not the one latest_universal names

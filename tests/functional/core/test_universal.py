@@ -303,7 +303,11 @@ def test_cli(real_ckpt, tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)["result"]
     assert doc["verification"]["ok"] and doc["frozen_file"] == str(tmp_path / "frozen_params.safetensors")
-    r = run(str(real_ckpt("ds-zero2-frozen")), "--out", str(tmp_path / "uc"))
+    r = run(str(real_ckpt("ds-zero2-frozen")), "--out", str(tmp_path / "uc"))  # again: nothing to do
+    assert r.returncode == 0 and "not converted again" in r.stdout, r.stdout + r.stderr
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("x")
+    r = run(str(real_ckpt("ds-zero2-frozen")), "--out", str(tmp_path / "other"))
     assert r.returncode == 1 and "not empty" in r.stderr
 
 
@@ -466,3 +470,36 @@ def test_frozen_parameters_exported_afterwards_as_the_instructions_say(real_ckpt
     r = sh(f"{shlex.quote(sys.executable)} -m ckpt_tui inspect ds-zero2-frozen --json")
     f = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "universal-info-missing"][0]
     assert "--export-frozen" not in f["message"] and "ds-zero2-frozen/frozen_params.safetensors" in f["message"]
+
+
+def test_inspect_after_converting_stays_short_and_its_command_prints_the_steps_again(real_ckpt_copy, tmp_path):
+    """Issue 25: once converted, the finding is a few lines naming the command that prints the load steps, not
+    the steps themselves; that command, run as printed, writes nothing and prints them (exit 0)."""
+    import re
+    import shlex
+
+    real_ckpt_copy("ds-zero2-bf16")
+    py = shlex.quote(sys.executable) + " -m ckpt_tui"
+    sh = lambda cmd: subprocess.run(  # noqa: E731
+        cmd, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ, COLUMNS="80")
+    )
+    r = sh(f"{py} universal ds-zero2-bf16")
+    assert r.returncode == 0, r.stderr
+    steps = r.stdout[r.stdout.index("Universal checkpoint:") :]
+    r = sh(f"{py} inspect ds-zero2-bf16")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) <= 30, r.stdout
+    assert "engine.load_checkpoint(" not in r.stdout  # the steps are one command away, not repeated here
+    r = sh(f"{py} inspect ds-zero2-bf16 --json")
+    (f,) = [x for x in json.loads(r.stdout)["findings"] if x["code"] == "universal-info-missing"]
+    assert f["command"] == "ckpt-tui universal ds-zero2-bf16/global_step2"
+    assert re.search(r"`ckpt-tui universal ds-zero2-bf16/global_step2` prints the steps", f["message"]), f["message"]
+    uni = tmp_path / "ds-zero2-bf16" / "global_step2_universal"
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "ds-zero2-bf16").rglob("*")}
+    r = sh(f["command"].replace("ckpt-tui", py, 1) + " --dry-run")
+    assert r.returncode == 0 and "Nothing to write" in r.stdout, r.stdout + r.stderr
+    r = sh(f["command"].replace("ckpt-tui", py, 1))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "already a complete universal checkpoint: not converted again" in r.stdout
+    assert r.stdout[r.stdout.index("Universal checkpoint:") :] == steps  # the same steps as after converting
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "ds-zero2-bf16").rglob("*")} == before
+    assert uni.is_dir()

@@ -71,6 +71,9 @@ class UniversalPlan(TagPlan):
     said: list[str] = field(default_factory=list)  # which tag was chosen and why (not in the JSON document)
     # the universal folder is already there and complete: only write the frozen parameters beside it
     frozen_only: bool = False
+    # the universal folder is there and complete, and so is what --export-frozen writes: nothing to do but say how
+    # to load it (a run again of `ckpt-tui universal`)
+    already: bool = False
     given: str = ""  # SRC as the user typed it: the paths the plan and the instructions print follow its form
 
     def shown(self, p: object) -> str:
@@ -102,6 +105,13 @@ class UniversalPlan(TagPlan):
 
     def to_plan(self) -> Plan:
         sh = self.shown
+        if self.already:
+            return Plan(
+                f"Nothing to write: {sh(self.out)} is already the complete universal checkpoint of "
+                f"{sh(self.tag_dir)}; print how to load it",
+                (),
+                (f"source {sh(self.tag_dir)} is only read, never modified",),
+            )
         if self.frozen_only:
             return Plan(
                 f"Write the frozen parameters of {sh(self.tag_dir)} beside the universal checkpoint "
@@ -264,16 +274,20 @@ def universal_plan(
         out = default_out(tag_dir)
     out = Path(os.path.abspath(out))
     parent = out.parent
-    frozen_only = bool(
-        export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists() and _complete_universal(rep, out)
-    )
-    if not frozen_only:
+    # the converter writes a folder per parameter: trainable ones, and under ZeRO-1/2 the frozen ones and buffers
+    folders = len(trainable) + (len(frozen) + len(buffers) if stage <= 2 else 0)
+    complete = _complete_universal(rep, out, folders)
+    needs_frozen = bool(export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists())
+    frozen_only = needs_frozen and complete
+    # converted before, frozen parameters too (or none to write): a run again only says how to load it
+    already = complete and not needs_frozen
+    if not frozen_only and not already:
         try:
             preflight_output(out, need=2 * estimated, source=tag_dir)
         except OutputError as e:
             raise UniversalError(output_refusal(e, out, tag_dir)) from None
     warnings: list[str] = []
-    if export_frozen and (frozen or buffers) and (parent / FROZEN_FILE).exists():
+    if export_frozen and (frozen or buffers) and (parent / FROZEN_FILE).exists() and not already:
         raise UniversalError(f"{parent / FROZEN_FILE} already exists; move it away or choose --out")
     if (frozen or buffers) and not export_frozen:
         what = []
@@ -325,6 +339,7 @@ def universal_plan(
         warnings=warnings,
         said=said,
         frozen_only=frozen_only,
+        already=already,
         given=os.fspath(src),
     )
 
@@ -335,9 +350,9 @@ def default_out(tag_dir: Path) -> Path:
     return Path(tag_dir).parent / f"{Path(tag_dir).name}_universal"
 
 
-def _complete_universal(rep: Report, out: Path) -> bool:
+def _complete_universal(rep: Report, out: Path, params: Optional[int] = None) -> bool:
     """Is ``out`` a complete universal checkpoint that `latest_universal` beside it names (no error
-    finding inside it)?"""
+    finding inside it)? ``params``: and of that many parameter folders (the tag's trainable parameters)."""
     if not out.is_dir():
         return False
     root = cast(Path, rep.inventory.root.abspath)  # a local scan (universal_plan): its root is a Path
@@ -350,6 +365,8 @@ def _complete_universal(rep: Report, out: Path) -> bool:
         rel = out.name
     node = rep.inventory.node(rel)
     if node is None or not format_of(node).universal:
+        return False
+    if params is not None and node.facts.get("param_folders") != params:
         return False
     try:
         named = (out.parent / "latest_universal").read_text().strip()

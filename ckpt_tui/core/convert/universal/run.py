@@ -129,23 +129,22 @@ def convert_to_universal(
     """
     t0 = time.monotonic()
     out = plan.out
-    if plan.frozen_only:  # the universal folder is there and complete: write only what it cannot restore
-        export_frozen(plan.tag_dir, plan.frozen_file)
+    if plan.frozen_only or plan.already:  # the universal folder is there and complete
+        frozen_there = plan.frozen_file if (plan.frozen or plan.buffers) and plan.frozen_file.exists() else None
+        if plan.frozen_only:  # write only what load_universal cannot restore
+            export_frozen(plan.tag_dir, plan.frozen_file)
+            frozen_there = plan.frozen_file
         return UniversalResult(
             out=out,
             latest_file=out.parent / "latest_universal",
             seconds=time.monotonic() - t0,
             files=0,
-            verification=UniversalVerification(
-                ok=True,
-                checked=0,
-                notes=["the universal checkpoint was already there and complete: not converted again"],
-            ),
+            verification=UniversalVerification(ok=True, checked=0),  # the command says "not converted again"
             log_path=None,
             frozen=list(plan.frozen),
             buffers=list(plan.buffers),
-            frozen_file=plan.frozen_file,
-            instructions=instructions(plan, plan.frozen_file),
+            frozen_file=plan.frozen_file if plan.frozen_only else None,
+            instructions=instructions(plan, frozen_there),
             warnings=list(plan.warnings),
             frozen_only=True,
         )

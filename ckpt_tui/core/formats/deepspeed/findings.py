@@ -13,7 +13,7 @@ from ...facts import (
     TensorFacts,
     TextFacts,
 )
-from ...types import Finding, Inventory, Node, numel, user_path
+from ...types import Finding, Inventory, Node, numel
 from ...units import param_count
 from .reader import OPTIM_STATES_RE
 
@@ -186,6 +186,31 @@ def universal_info_finding(inv: Inventory, tag: Node) -> Finding:
     p = tag.path
     uni, why_not = universal_beside(inv, tag)
     if uni is not None:
+        # the tag itself as SRC (the one converted, whichever `latest` names), and --out where it is not the default
+        again_cmd = f"ckpt-tui universal {inv.shown(p)}"
+        if uni.name != f"{tag.name}_universal":
+            again_cmd += f" --out {inv.shown(uni.path)}"
+        from ...convert.universal.instructions import FROZEN_FILE
+        from .reader import TagFacts
+
+        tf = inv.parsed.get(tag, TagFacts)
+        kept = list(cast(DeepSpeedZeroFacts, tag.facts).get("frozen_params") or []) + list(tf.buffers if tf else [])
+        ck = uni.path.rsplit("/", 1)[0] if "/" in uni.path else "."
+        frozen_rel = f"{ck}/{FROZEN_FILE}" if ck != "." else FROZEN_FILE
+        frozen = f" `{again_cmd}` prints the steps to load it again."
+        command = again_cmd
+        if kept and inv.node(frozen_rel) is not None:
+            frozen = (
+                f" Its {len(kept)} frozen parameter(s) / buffer(s), which load_universal does not restore, are in "
+                f"`{inv.shown(frozen_rel)}`." + frozen
+            )
+        elif kept:
+            command = f"{again_cmd} --export-frozen"
+            frozen = (
+                f" Its {len(kept)} frozen parameter(s) / buffer(s) are not restored by load_universal and are not "
+                f"beside it: `{command}` writes them ({FROZEN_FILE}; the universal folder is not converted "
+                "again) and prints the steps to load both."
+            )
         return Finding(
             "universal-info-missing",
             "info",
@@ -193,7 +218,9 @@ def universal_info_finding(inv: Inventory, tag: Node) -> Finding:
             f"`{inv.shown(p, slash=True)}` has no `universal_checkpoint_info`, which DeepSpeed's "
             "ds_to_universal needs, but it has been converted already: "
             f"`{inv.shown(uni.path, slash=True)}` is its universal checkpoint ({uni.facts.get('param_folders')} "
-            "parameters, every state file there), loadable at any world size.\n" + universal_load_text(inv, tag, uni),
+            "parameters, every state file there), loadable at any world size with "
+            '`"checkpoint": {"load_universal": true}` in the DeepSpeed config.' + frozen,
+            command=command,
         )
     again = (
         f" `{inv.shown(why_not[0], slash=True)}` is there but {why_not[1]}: remove it "
@@ -284,33 +311,3 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
                 f"not of this checkpoint ({name} holds {fp32['param_count']} values, the tag {numel(shape)})",
             )
     return uni, None
-
-
-def universal_load_text(inv: Inventory, tag: Node, uni: Node) -> str:
-    """The load instructions ``ckpt-tui universal`` prints, for ``uni`` found beside ``tag``."""
-    from ...convert.universal.instructions import FROZEN_FILE, UniversalLoad, load_instructions
-    from .reader import TagFacts
-
-    f = cast(DeepSpeedZeroFacts, tag.facts)
-    tf = inv.parsed.get(tag, TagFacts)
-    ck = uni.path.rsplit("/", 1)[0] if "/" in uni.path else "."
-    given = inv.given or str(inv.root.abspath)
-    ckdir = inv.node(ck)
-    frozen_rel = f"{ck}/{FROZEN_FILE}" if ck != "." else FROZEN_FILE
-    return load_instructions(
-        UniversalLoad(
-            out_shown=inv.shown(uni.path),
-            out_name=uni.name,
-            ckdir_shown=inv.shown(ck),
-            ckdir_code=user_path(given, ck),
-            ckdir_name=ckdir.abspath.name if ckdir is not None else ck,
-            stage=f.get("zero_stage") or 2,
-            global_step=f.get("global_step"),
-            frozen=f.get("frozen_params") or [],
-            buffers=list(tf.buffers) if tf is not None else [],
-            framework=tag.framework or inv.framework,
-            frozen_code=user_path(given, frozen_rel),
-            frozen_exported=inv.node(frozen_rel) is not None,
-            tag_shown=inv.shown(tag.path),
-        )
-    )

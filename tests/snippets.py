@@ -39,6 +39,8 @@ TINYLM = (
     "fsdp1-dcp",
     "fsdp2-dcp",
     "fsdp2-zstd",
+    "hf-storage-distributed",
+    "hf-storage-single",
     "dcp-mixed",
     "fsdp-full",
     "dcp-ranklocal",

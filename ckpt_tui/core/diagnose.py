@@ -13,6 +13,7 @@ from typing import Optional, cast
 from .advice import MEMO, export_command, has_breakage, sibling_hint
 from .codes import CODES as CODES  # diagnose.CODES, as before: every code raised here, registered once
 from .facts import (
+    DcpFacts,
     DirFacts,
     PickleFacts,
     SpecialFacts,
@@ -22,7 +23,7 @@ from .facts import (
 )
 from .formats.dcp.format import merges_with_accelerate
 from .formats.registry import format_of
-from .names import step_of
+from .names import MODEL_FILE_RE, step_of
 from .storage import is_url
 from .types import SEVERITY_RANK, Finding, Inventory, Node
 from .whole import optimizer_gap_finding, trainer_findings, weights_empty_finding
@@ -226,7 +227,17 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
     p = n.path
     names = {c.name for c in n.children}
     dcp_children = [c for c in n.children if c.is_dir and format_of(c).components_apart]
-    if dcp_children and not format_of(n).components_apart and step_of(dcp_children[0].name) is None:
+    # torch's HuggingFaceStorageWriter(enable_consolidation=True): the consolidated model files beside the per-rank
+    # shards (sharded/) they were made from: the folder is a Hugging Face model, the shards its source
+    consolidated = all(cast(DcpFacts, c.facts).get("storage") == "safetensors" for c in dcp_children) and any(
+        MODEL_FILE_RE.match(c.name) for c in n.children
+    )
+    if (
+        dcp_children
+        and not consolidated
+        and not format_of(n).components_apart
+        and step_of(dcp_children[0].name) is None
+    ):
         out.append(_dcp_components_finding(inv, n, dcp_children))
     tags = inv.deepspeed_tags(n)
     if tags and "latest" not in names:
@@ -301,6 +312,26 @@ def _dir_findings(inv: Inventory, n: Node) -> list[Finding]:
                 f"leaves out {len(f['index_unlisted_tensors'])} tensor(s) the shards hold "
                 f"(e.g. {f['index_unlisted_tensors'][0]})"
             )
+        from .layout import whole_hf_shards
+
+        shards = whole_hf_shards(n, [c for c in n.children if c.is_dir and format_of(c).torch_dcp])
+        if shards is not None:
+            # HuggingFaceStorageWriter(enable_consolidation=True) stopped before the consolidated files were whole
+            export = f"ckpt-tui export {inv.shown(p)} --out DIR"
+            out.append(
+                Finding(
+                    "index-mismatch",
+                    "error",
+                    p,
+                    f"The safetensors index in `{inv.shown(p, slash=True)}` " + "; ".join(bits) + ": the "
+                    "consolidation torch's HuggingFaceStorageWriter runs after the save did not finish. The per-rank "
+                    f"shards it consolidates, `{inv.shown(shards.path, slash=True)}`, are whole: `{export}` exports "
+                    "the model from them.",
+                    "export",
+                    export,
+                )
+            )
+            return out
         out.append(
             Finding(
                 "index-mismatch",

@@ -107,6 +107,9 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
     model_files = [c for c in node.children if MODEL_FILE_RE.match(c.name)]
     if model_files:
         comps = {"model": _preferred_model_file(model_files).path}
+        shards = whole_hf_shards(node, dcp_children)
+        if shards is not None:  # HuggingFaceStorageWriter(enable_consolidation): the consolidation did not finish
+            comps["model"] = shards.path
         comps.update(_optim_files(node))
         if trainer_written(names):  # a killed save (no trainer_state.json yet) is still the Trainer's
             return "hf-trainer", comps
@@ -138,6 +141,23 @@ def _optim_files(node: Node) -> dict[str, str]:
         if not c.is_dir and c.role == "optimizer":
             return {"optimizer": c.path}
     return {}
+
+
+def whole_hf_shards(node: Node, dcps: list[Node]) -> Optional[Node]:
+    """The per-rank shards (``sharded/``) torch's HuggingFaceStorageWriter(enable_consolidation=True) writes beside
+    the consolidated files, where those are not all there (the index names missing files) and the shards are
+    whole: then they are the model. None otherwise (the consolidated files are)."""
+    if not node.facts.get("index_missing_files"):
+        return None
+    for c in dcps:
+        f = c.facts
+        if (
+            f.get("storage") == "safetensors"
+            and f.get("tensor_count")
+            and not (f.get("missing_files") or f.get("chunk_gaps") or f.get("error"))
+        ):
+            return c
+    return None
 
 
 def _preferred_model_file(files: Sequence[Node]) -> Node:

@@ -115,6 +115,8 @@ GROUPS: dict[str, Group] = {
             "dcp-mixed",
             "fsdp2-rank0-slice",
             "fsdp2-zstd",
+            "hf-storage-distributed",
+            "hf-storage-single",
         ),
     ),
     # written by the frameworks themselves, in a cached venv of their own (samples/venvs.py)
@@ -330,6 +332,11 @@ EXPECTED: dict[str, list[str]] = {
     "fsdp1-dcp": _dcp(),
     "fsdp2-dcp": _dcp(),
     "fsdp2-zstd": _dcp(),
+    "hf-storage-distributed": [
+        "shard-00001-model-00001-of-00001.safetensors",
+        "shard-00002-model-00001-of-00001.safetensors",
+    ],
+    "hf-storage-single": ["model-00001-of-00001.safetensors", "model.safetensors.index.json"],
     "fsdp-full": ["pytorch_model_fsdp.bin"],
     "fsdp-local": ["pytorch_model_fsdp_rank0.bin", "pytorch_model_fsdp_rank1.bin"],
     "dcp-ranklocal": ["__0.metadata", "__1.metadata", "__0_0.distcp", "__1_0.distcp"],

@@ -31,6 +31,8 @@ VARIANTS = [
     "dcp-mixed",
     "fsdp2-rank0-slice",
     "fsdp2-zstd",
+    "hf-storage-distributed",
+    "hf-storage-single",
 ]
 
 
@@ -173,6 +175,27 @@ def v_dcp_mixed(out: Path) -> None:
     dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=out / "combined")
 
 
+def v_hf_storage_distributed(out: Path) -> None:
+    """torch's ``HuggingFaceStorageWriter(save_distributed=True)`` without consolidation: each rank's
+    ``shard-0000R-model-00001-of-00001.safetensors``, its chunks' offsets in DCP_SHARDING_INFO; no index."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model, _ = fsdp2_model()
+    dcp.save(get_model_state_dict(model), storage_writer=dcp.HuggingFaceStorageWriter(str(out), save_distributed=True))
+
+
+def v_hf_storage_single(out: Path) -> None:
+    """``HuggingFaceStorageWriter()`` (save_distributed=False) of the full state dict, written by rank 0 alone:
+    ``model-00001-of-00001.safetensors`` and its index, every tensor whole (a Hugging Face model folder)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    model, _ = fsdp2_model()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        dcp.save(full, storage_writer=dcp.HuggingFaceStorageWriter(str(out)), no_dist=True)
+    dist.barrier()
+
+
 def v_fsdp_full(out: Path) -> None:
     from torch.distributed.fsdp import FullStateDictConfig, StateDictType
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -264,6 +287,8 @@ FUNCS = {
     "dcp-mixed": v_dcp_mixed,
     "fsdp2-rank0-slice": v_fsdp2_rank0_slice,
     "fsdp2-zstd": v_fsdp2_zstd,
+    "hf-storage-distributed": v_hf_storage_distributed,
+    "hf-storage-single": v_hf_storage_single,
 }
 
 

@@ -62,12 +62,15 @@ def test_inspect_json_is_additive(variant):
     if variant not in REPLACED:
         assert sorted(n["path"] for n in doc["nodes"]) == old["nodes"]  # every file still listed
     new = shape(doc)
-    gone = [k for k in old["shape"] if k not in new]
+    # an array that is empty now (a false finding the released version printed is gone) still has its items' keys:
+    # the keys are missing from this document, not from the schema
+    empty = {p for p in new if p != "$" and not any(k.startswith(p + "[]") for k in new) and "array" in new[p]}
+    gone = [k for k in old["shape"] if k not in new and not any(k.startswith(e + "[]") for e in empty)]
     assert not gone, f"keys the released version printed are gone: {gone}"
     # a null the released version printed may have become a value (it was missing); nothing else may change
     retyped = {
         k: (old_t, sorted(new[k]))
         for k, old_t in old["shape"].items()
-        if not set(old_t) - {"null"} - CORRECTED.get(k, set()) <= new[k]
+        if k in new and not set(old_t) - {"null"} - CORRECTED.get(k, set()) <= new[k]
     }
     assert not retyped, f"keys whose JSON type changed: {retyped}"

@@ -37,7 +37,23 @@ def dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                 cmd,
             )
         )
-    if f.get("missing_files"):
+    hf_shards = f.get("storage") == "safetensors" and n.child(".metadata") is None
+    if f.get("missing_files") and hf_shards:  # HuggingFaceStorageWriter(save_distributed=True): names, no .metadata
+        miss = f["missing_files"]
+        present = f.get("ranks_present") or []
+        out.append(
+            Finding(
+                "shard-missing",
+                "error",
+                p,
+                f"`{inv.shown(p, slash=True)}` holds the per-rank shards torch's HuggingFaceStorageWriter"
+                f"(save_distributed=True) writes, for ranks {ranks_text(present)}, but {len(miss)} rank(s) in "
+                f"between have no file ({', '.join(miss[:6])}): their chunks of every tensor are not here. Copy "
+                "them from the nodes that wrote them; without them no tensor can be put together."
+                + sibling_hint(inv, n),
+            )
+        )
+    elif f.get("missing_files"):
         miss = f["missing_files"]
         out.append(
             Finding(
@@ -50,7 +66,19 @@ def dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
             )
         )
     meta = f"`{inv.shown(p + '/' + ((f.get('metadata_files') or ['.metadata'])[0]))}`"
-    if f.get("chunk_gaps"):
+    if f.get("chunk_gaps") and hf_shards:
+        out.append(
+            Finding(
+                "dcp-chunk-gap",
+                "error",
+                p,
+                f"The per-rank shards in `{inv.shown(p, slash=True)}` do not make whole tensors: "
+                + "; ".join(f["chunk_gaps"][:4])
+                + ". Their headers' DCP_SHARDING_INFO places the chunks; a rank's file is missing or was rewritten. "
+                "Use an earlier complete checkpoint." + sibling_hint(inv, n),
+            )
+        )
+    elif f.get("chunk_gaps"):
         names = ", ".join(f["chunk_gaps"])
         out.append(
             Finding(

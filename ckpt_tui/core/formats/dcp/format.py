@@ -22,7 +22,7 @@ from ...names import (
     step_of,
     trainer_written,
 )
-from ...types import Finding, Inventory, Node, Parsed, TensorInfo
+from ...types import Finding, Inventory, Node, Parsed, TensorInfo, numel
 from .. import FormatError, screen
 from ..format import Described, FileFormat, FolderFormat, NotExportable, set_tensor_facts
 from ..plain.format import MAX_FACT_CHARS
@@ -212,6 +212,14 @@ class DcpFolder(FolderFormat):
         parsed.put(node, info)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+        if _hf_shards(node):
+            from .hfshards import ShardLayout, read_layout
+
+            lay = (parsed.get(node, ShardLayout) if parsed is not None else None) or read_layout(
+                screen.local_path(node.abspath)
+            )
+            yield from lay.tensor_infos()
+            return
         info = (parsed.get(node, dcpfmt.DcpInfo) if parsed is not None else None) or dcpfmt.read(node.abspath)
         yield from info.tensors
 
@@ -223,15 +231,19 @@ class DcpFolder(FolderFormat):
         exclude_frozen: bool = False,
         trust_pickles: bool = False,
     ) -> Source:
+        if _hf_shards(node):
+            from .hfshards import shards_source
+
+            return shards_source(screen.local_path(node.abspath))
         if cast(DcpFacts, node.facts).get("storage") == "safetensors" and not (node.abspath / ".metadata").exists():
-            raise NotExportable(
-                "DCP in safetensors format without .metadata: export its consolidated model-*.safetensors instead"
-            )
+            raise NotExportable("DCP in safetensors format without .metadata and without per-rank shard files")
         from .source import dcp_source
 
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
     def reference_for(self, node: Node) -> Optional[str]:
+        if _hf_shards(node):
+            return "safetensors (each rank's shard placed at its DCP_SHARDING_INFO offsets)"
         if _safetensors_data_files(node) is not None:
             return "safetensors (the .distcp files are safetensors files)"
         return self.reference
@@ -252,6 +264,11 @@ class DcpFolder(FolderFormat):
 
         from .source import load_one, output_tensors, refuse_gaps
 
+        if _hf_shards(node):
+            from .hfshards import reference_tensors
+
+            yield from reference_tensors(screen.local_path(node.abspath))
+            return
         info = dcpfmt.read(node.abspath)
         by_name = {t.name: t for t in info.tensors}
         outputs = output_tensors(node.abspath, info, strip_prefix)
@@ -281,6 +298,19 @@ class DcpFolder(FolderFormat):
                 loaded.clear()
                 loaded[key] = whole(key)
             yield name, (loaded[key] if layer is None else loaded[key][layer])
+
+
+def _hf_shards(node: Node) -> bool:
+    """A folder torch's ``HuggingFaceStorageWriter(save_distributed=True)`` wrote: per-rank shard files, no
+    .metadata."""
+    from .hfshards import SHARD_RE
+
+    return (
+        cast(DcpFacts, node.facts).get("storage") == "safetensors"
+        and isinstance(node.abspath, Path)
+        and not (node.abspath / ".metadata").exists()
+        and any(SHARD_RE.match(c.name) for c in node.children)
+    )
 
 
 def _safetensors_data_files(node: Node) -> Optional[list[Path]]:
@@ -330,21 +360,54 @@ class DcpSafetensorsFolder(FolderFormat):
     the ``dcp`` format's."""
 
     def detect(self, node: Node) -> bool:
+        """torch's ``HuggingFaceStorageWriter(save_distributed=True)``: per-rank ``shard-…`` files. Its
+        ``save_distributed=False`` output (``model-0000X-of-0000N.safetensors`` and an index, each tensor whole) is
+        a Hugging Face model folder, whatever the headers' DCP_SHARDING_INFO says."""
+        from .hfshards import SHARD_RE
+
         sts = [c for c in node.children if c.format == "safetensors"]
-        return bool(sts) and all(
-            "DCP_SHARDING_INFO" in (cast(SafetensorsFacts, c.facts).get("header_metadata") or {}) for c in sts
+        return (
+            bool(sts)
+            and any(SHARD_RE.match(c.name) for c in sts)
+            and all("DCP_SHARDING_INFO" in (cast(SafetensorsFacts, c.facts).get("header_metadata") or {}) for c in sts)
         )
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
+        from .hfshards import SHARD_RE, read_layout
+
         node.format = "dcp"
         node.role = "model"
         sts = [c for c in node.children if c.format == "safetensors"]
         f = cast(DcpFacts, node.facts)
-        f.update(
-            DcpFacts(
-                storage="safetensors", shard_files=len(sts), world_size=len(sts), ranks_present=list(range(len(sts)))
+        f.update(DcpFacts(storage="safetensors", shard_files=len(sts)))
+        if any(SHARD_RE.match(c.name) for c in sts) and isinstance(node.abspath, Path):
+            try:
+                lay = read_layout(node.abspath)
+            except (FormatError, OSError) as e:
+                f["error"] = fact_text(str(e))
+                return
+            f.update(
+                DcpFacts(
+                    world_size=max(lay.ranks) + 1,
+                    ranks_present=lay.ranks,
+                    tensor_count=len(lay.shapes),
+                    param_count=sum(numel(s) for s in lay.shapes.values()),
+                    tensor_bytes=sum(c.length for cs in lay.chunks.values() for c in cs),
+                    containers=[],
+                )
             )
-        )
+            counts: dict[str, int] = {}
+            for d in lay.dtypes.values():
+                counts[d] = counts.get(d, 0) + 1
+            f["dtypes"] = sorted(counts, key=lambda d: -counts[d])
+            if lay.missing_ranks:
+                f["missing_files"] = [f"shard-{r + 1:05d}-model-…" for r in lay.missing_ranks[:16]]
+            gaps = [p for p in lay.problems if not p.startswith("rank(s)")]
+            if gaps:
+                f["chunk_gaps"] = [fact_text(g) for g in gaps[:8]]
+            parsed.put(node, lay)
+            return
+        f.update(DcpFacts(world_size=len(sts), ranks_present=list(range(len(sts)))))
         names = set()
         dtypes: dict[str, int] = {}
         for c in sts:

@@ -129,7 +129,8 @@ class HfModelFolder(FolderFormat):
     Adds facts only; the folder keeps format ``dir``."""
 
     def detect(self, node: Node) -> bool:
-        return any(c.name.endswith(".safetensors") for c in node.children)
+        # an index alone too: every file it names may be missing (a copy that stopped before the shards)
+        return any(c.name.endswith((".safetensors", ".safetensors.index.json")) for c in node.children)
 
     def analyze(self, node: Node, parsed: Parsed) -> None:
         names = {c.name for c in node.children}

@@ -69,7 +69,15 @@ def run_tui(ctx, path, **kw) -> int:
 @path_argument()
 @json_option("One JSON document with every tensor.")
 @click.option("--limit", type=int, default=0, help="Show at most N tensors (0: all).")
-def tensors_cmd(path, as_json, limit):
+@click.option(
+    "--component",
+    type=click.Choice(["model", "optimizer"]),
+    default="model",
+    show_default=True,
+    help="The model's tensors as export writes them, or the optimizer state's entries.",
+)
+@click.option("--stored", is_flag=True, help="Every entry under its stored key (a DCP's optimizer state too).")
+def tensors_cmd(path, as_json, limit, component, stored):
     """List every tensor of a component (name, shape, dtype, bytes) from its headers.
 
     The dtype is the one `export --dtype keep` writes; a tensor stored narrower (a frozen bf16
@@ -80,21 +88,32 @@ def tensors_cmd(path, as_json, limit):
     rebuilds), a universal checkpoint, a safetensors file or index, a torch file, a DeepSpeed
     model-states file (its module) or optim-states file (that rank's fp32 partitions, exp_avg,
     exp_avg_sq).
+
+    The model is listed as `export` writes it: a DCP saved with its optimizer lists the model's
+    tensors under their exported names (`--stored`: every entry as stored); `--component
+    optimizer` lists the optimizer state's entries.
     """
     from ..core.formats import FormatError
     from ..core.present import naturalsize, shape_text, short_dtype
-    from ..core.tensors import list_tensors, listable
+    from ..core.tensors import list_optimizer_tensors, list_tensors, listable, optimizer_listable
 
     rep = inspect_or_fail(path, False)
     inv = rep.inventory
-    node, note = listable(inv, inv.root)  # what the TUI's tensor table shows for the same node
+    if component == "optimizer":
+        node, note = optimizer_listable(inv, inv.root)
+        if node is None:
+            fail(f"{inv.shown()} holds no optimizer state ckpt-tui can list ({inv.summary})", EXIT_FINDINGS)
+        listing = list_optimizer_tensors(node, inv.parsed)
+    else:
+        node, note = listable(inv, inv.root)  # what the TUI's tensor table shows for the same node
+        listing = list_tensors(node, inv.parsed, stored=stored) if node is not None else iter(())
     if node is None:
         echo(f"ckpt-tui: {note or f'{inv.shown()} holds no tensors ckpt-tui can list ({inv.summary})'}", err=True)
     elif note:
         echo(f"ckpt-tui: listing {note}", err=True)
     rows = []
     try:
-        for i, t in enumerate(list_tensors(node, inv.parsed) if node is not None else ()):
+        for i, t in enumerate(listing):
             if limit and i >= limit:
                 break
             rows.append(t)

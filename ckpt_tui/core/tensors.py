@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 
 from .formats.registry import format_of
 from .layout import classify
-from .types import MODEL_ROLES, Inventory, Node, Parsed, TensorInfo, model_component
+from .types import MODEL_ROLES, Inventory, Node, Parsed, TensorInfo, model_component, numel
 
 
 def lists_tensors(node: Node) -> bool:
@@ -63,14 +63,70 @@ def listable(inv: Inventory, node: Node) -> tuple[Optional[Node], str]:
     return None, ""
 
 
-def list_tensors(node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+def list_tensors(node: Node, parsed: Optional[Parsed] = None, *, stored: bool = False) -> Iterator[TensorInfo]:
     """Yield the tensors a node holds, as its headers describe them (``parsed``: the scan's cache,
     ``Inventory.parsed``, so headers already read are not read again). A folder of no format lists
-    the weights files in it. Raises FormatError on a broken file."""
+    the weights files in it. Raises FormatError on a broken file.
+
+    A DCP folder holding the model lists what ``export`` writes of it: the model's tensors alone (not the optimizer
+    state saved beside them), under the names export gives them (its single container unwrapped, Megatron-Core's
+    stacked layers one per layer); ``stored``: every entry under its stored key instead."""
     fmt = format_of(node)
-    if fmt.lists_tensors:
+    if fmt.lists_tensors and not stored and fmt.torch_dcp and node.role in MODEL_ROLES:
+        yield from _dcp_as_exported(node, parsed)
+    elif fmt.lists_tensors:
         yield from fmt.tensors(node, parsed)
     elif node.is_dir:
         for c in node.children:
             if c.role in MODEL_ROLES and not format_of(c).plain_folder:
                 yield from list_tensors(c, parsed)
+
+
+def _dcp_as_exported(node: Node, parsed: Optional[Parsed]) -> Iterator[TensorInfo]:
+    from .formats.dcp import reader as dcpfmt
+    from .formats.dcp.format import hf_shards
+    from .formats.dcp.source import output_tensors
+
+    if hf_shards(node):  # torch's HuggingFaceStorageWriter shards: its tensors are what export writes
+        yield from format_of(node).tensors(node, parsed)
+        return
+    info = (parsed.get(node, dcpfmt.DcpInfo) if parsed is not None else None) or dcpfmt.read(node.abspath)
+    from .export.prefix import choose
+
+    by_key = {t.name: t for t in info.tensors}
+    outputs = output_tensors(node.abspath, info)
+    strip = choose(node, [name for _, name, _ in outputs]).strip  # a LightningModule's one attribute, as export
+    for key, name, layer in outputs:
+        if strip and name.startswith(strip):
+            name = name[len(strip) :]
+        t = by_key[key]
+        shape = t.shape if layer is None else t.shape[1:]
+        item = t.nbytes // max(1, numel(t.shape)) if t.shape else t.nbytes
+        yield TensorInfo(name, tuple(shape), t.dtype, numel(shape) * item, t.upcast_from)
+
+
+def optimizer_listable(inv: Inventory, node: Node) -> tuple[Optional[Node], str]:
+    """The node whose optimizer state the user sees for ``node`` (``tensors --component optimizer``, the TUI's
+    optimizer node), and a note; None when there is none."""
+    if node.role in ("optimizer", "model+optimizer") and lists_tensors(node):
+        return node, ""
+    rel = classify(node)[1].get("optimizer") or classify(node)[1].get("model+optimizer")
+    sub = inv.node(rel) if rel else None
+    if sub is not None and lists_tensors(sub):
+        return sub, f"the optimizer component {inv.shown(sub.path, slash=sub.is_dir)}"
+    return None, ""
+
+
+def list_optimizer_tensors(node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
+    """The optimizer state's entries of ``node``, as stored: a DCP holding model and optimizer gives only the
+    entries that are not the model's."""
+    fmt = format_of(node)
+    if fmt.torch_dcp and node.role == "model+optimizer":
+        from .formats.dcp import reader as dcpfmt
+        from .formats.dcp.source import model_names
+
+        info = (parsed.get(node, dcpfmt.DcpInfo) if parsed is not None else None) or dcpfmt.read(node.abspath)
+        model = set(model_names(info))
+        yield from (t for t in info.tensors if t.name not in model)
+        return
+    yield from list_tensors(node, parsed, stored=True)

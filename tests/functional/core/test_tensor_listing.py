@@ -138,7 +138,7 @@ def test_listable_dcp_files_show_their_folder_and_universal_param_folders(real_c
     assert inv.root.format == "dcp"
     comp, note = listable(inv, inv.node(".metadata"))
     assert comp is inv.root and "DCP folder" in note
-    assert len(list(list_tensors(comp, inv.parsed))) == inv.root.facts["tensor_count"]
+    assert len(list(list_tensors(comp, inv.parsed, stored=True))) == inv.root.facts["tensor_count"]
     inv = inspect(real_ckpt("universal")).inventory
     uni = inv.node("global_step2_universal")
     assert listable(inv, inv.root)[0] is uni
@@ -173,3 +173,50 @@ def test_stats_are_named_as_the_listing_names_them(real_ckpt, variant, rel):
     assert {s.listed_as for s in st} == {n for n in listed if n.startswith("module.")}
     assert all(s.listed_as == f"module.{s.name}" for s in st)
     assert "listed_as" not in st[0].to_json()
+
+
+# (fixture, the model component inside it): DCPs holding the model, several beside their optimizer state
+LISTED_AS_WRITTEN = [
+    ("fsdp2-dcp", "."),
+    ("fsdp2-zstd", "."),
+    ("dcp-mixed", "combined"),
+    ("hf-fsdp2", "checkpoint-2/pytorch_model_fsdp_0"),
+    ("torchtitan", "checkpoint/step-1"),
+    ("lightning-fsdp", "checkpoints/epoch=0-step=2.ckpt"),
+    ("hf-storage-distributed", "."),
+]
+
+
+@pytest.mark.parametrize("variant,rel", LISTED_AS_WRITTEN, ids=[f"{v}/{r}" for v, r in LISTED_AS_WRITTEN])
+def test_what_is_listed_is_what_export_writes(real_ckpt, tmp_path, variant, rel):
+    """Issue 25: `tensors` (and the TUI's table, which asks the same function) lists the names, dtypes and number
+    of tensors export writes; the optimizer state saved beside them only under --component optimizer, and every
+    stored entry under --stored."""
+    import json
+
+    from safetensors import safe_open
+
+    from ckpt_tui.core.export.api import export
+    from tests.util import ckpt_tui
+
+    src = real_ckpt(variant) / rel
+    export(src, tmp_path / "out", verify=False)
+    written = {}
+    for f in (tmp_path / "out").glob("model*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            written.update(
+                {k: (tuple(st.get_slice(k).get_shape()), str(st.get_slice(k).get_dtype())) for k in st.keys()}
+            )
+    r = ckpt_tui("tensors", str(src), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    listed = {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in json.loads(r.stdout)["tensors"]}
+    short = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+    assert {k: (s, short.get(d, d)) for k, (s, d) in written.items()} == listed
+    inv = inspect(src).inventory
+    node, _ = listable(inv, inv.root)
+    assert [t.name for t in list_tensors(node, inv.parsed)] == [t["name"] for t in json.loads(r.stdout)["tensors"]]
+    if node.role == "model+optimizer":
+        opt = json.loads(ckpt_tui("tensors", str(src), "--component", "optimizer", "--json", cwd=tmp_path).stdout)
+        stored = json.loads(ckpt_tui("tensors", str(src), "--stored", "--json", cwd=tmp_path).stdout)
+        assert opt["tensors"] and not {t["name"] for t in opt["tensors"]} & set(listed)
+        assert len(stored["tensors"]) == node.facts["tensor_count"] > len(listed)

@@ -212,7 +212,7 @@ class DcpFolder(FolderFormat):
         parsed.put(node, info)
 
     def tensors(self, node: Node, parsed: Optional[Parsed] = None) -> Iterator[TensorInfo]:
-        if _hf_shards(node):
+        if hf_shards(node):
             from .hfshards import ShardLayout, read_layout
 
             lay = (parsed.get(node, ShardLayout) if parsed is not None else None) or read_layout(
@@ -231,7 +231,7 @@ class DcpFolder(FolderFormat):
         exclude_frozen: bool = False,
         trust_pickles: bool = False,
     ) -> Source:
-        if _hf_shards(node):
+        if hf_shards(node):
             from .hfshards import shards_source
 
             return shards_source(screen.local_path(node.abspath))
@@ -242,7 +242,7 @@ class DcpFolder(FolderFormat):
         return dcp_source(node.abspath, strip_prefix=strip_prefix)
 
     def reference_for(self, node: Node) -> Optional[str]:
-        if _hf_shards(node):
+        if hf_shards(node):
             return "safetensors (each rank's shard placed at its DCP_SHARDING_INFO offsets)"
         if _safetensors_data_files(node) is not None:
             return "safetensors (the .distcp files are safetensors files)"
@@ -264,7 +264,7 @@ class DcpFolder(FolderFormat):
 
         from .source import load_one, output_tensors, refuse_gaps
 
-        if _hf_shards(node):
+        if hf_shards(node):
             from .hfshards import reference_tensors
 
             yield from reference_tensors(screen.local_path(node.abspath))
@@ -300,7 +300,7 @@ class DcpFolder(FolderFormat):
             yield name, (loaded[key] if layer is None else loaded[key][layer])
 
 
-def _hf_shards(node: Node) -> bool:
+def hf_shards(node: Node) -> bool:
     """A folder torch's ``HuggingFaceStorageWriter(save_distributed=True)`` wrote: per-rank shard files, no
     .metadata."""
     from .hfshards import SHARD_RE

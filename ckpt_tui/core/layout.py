@@ -243,7 +243,7 @@ def summary(
             return f"{head}, none complete (newest `{ck[0].path}/`)"
         newest = whole[0]
         skipped = [c for c in ck if c.path in incomplete and (step_of(c.name) or 0) > (step_of(newest.name) or 0)]
-        lay, comps = classify(newest)
+        lay, comps = run_classify(newest, ck)
         if skipped:
             head += (
                 f"; newest complete `{newest.path}/` (newer, incomplete: "
@@ -327,7 +327,8 @@ def _label_frameworks(root: Node, layout: str) -> None:
             else ("checkpoint" if layout != "unknown" and root.role == "unknown" else root.role)
         )
     root.framework = fw
-    for c in _checkpoint_dirs(root) if layout == "run-folder" else root.children:
+    runs = _checkpoint_dirs(root) if layout == "run-folder" else []
+    for c in runs if layout == "run-folder" else root.children:
         if c.is_dir and step_of(c.name) is not None and format_of(c).plain_folder:
             sub, _ = classify(c)
             c.framework = FRAMEWORK.get(sub)
@@ -336,7 +337,7 @@ def _label_frameworks(root: Node, layout: str) -> None:
             _label_frameworks_children(c, sub)
         elif format_of(c).checkpoint:
             # a run's checkpoint that is itself one format (torchtitan's step-N, Megatron's iter_N): its own layout's
-            c.framework = FRAMEWORK.get(classify(c)[0]) if layout == "run-folder" else fw
+            c.framework = FRAMEWORK.get(run_classify(c, runs)[0]) if layout == "run-folder" else fw
 
 
 def _label_frameworks_children(node: Node, layout: str) -> None:
@@ -344,6 +345,19 @@ def _label_frameworks_children(node: Node, layout: str) -> None:
     for c in node.children:
         if format_of(c).checkpoint:
             c.framework = fw
+
+
+def run_classify(checkpoint: Node, siblings: list[Node]) -> tuple[str, dict[str, str]]:
+    """A run's checkpoint's layout, knowing its siblings: in a torchtitan run (a step-N holding torchtitan's
+    train_state / dataloader / lr_scheduler), a step-N holding the model alone is torchtitan's last-step export,
+    not a plain DCP."""
+    lay, comps = classify(checkpoint)
+    if lay == "dcp" and re.match(r"^step-\d+$", checkpoint.name):
+        if any(
+            s is not checkpoint and re.match(r"^step-\d+$", s.name) and classify(s)[0] == "torchtitan" for s in siblings
+        ):
+            return "torchtitan", comps
+    return lay, comps
 
 
 def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
@@ -365,8 +379,9 @@ def _checkpoints(root: Node) -> tuple[list[RunCheckpoint], dict[str, dict[str, s
     """The checkpoints below ``root``, newest first, and each one's components."""
     out: list[RunCheckpoint] = []
     comps_of = {}
-    for c in _checkpoint_dirs(root):
-        lay, comps = classify(c)
+    dirs = _checkpoint_dirs(root)
+    for c in dirs:
+        lay, comps = run_classify(c, dirs)
         step = cast(int, step_of(c.name))  # _checkpoint_dirs keeps the names with a step
         out.append({"path": c.path, "step": step, "layout": lay, "complete": True})
         comps_of[c.path] = comps

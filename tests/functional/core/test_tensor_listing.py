@@ -220,3 +220,58 @@ def test_what_is_listed_is_what_export_writes(real_ckpt, tmp_path, variant, rel)
         stored = json.loads(ckpt_tui("tensors", str(src), "--stored", "--json", cwd=tmp_path).stdout)
         assert opt["tensors"] and not {t["name"] for t in opt["tensors"]} & set(listed)
         assert len(stored["tensors"]) == node.facts["tensor_count"] > len(listed)
+
+
+def _plain_dcp_run(root):
+    """A run saved with torch's own dcp.save, step-1/ and step-2/ (model and optimizer), one process."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(m.parameters())
+    for step in (1, 2):
+        m(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        msd, osd = get_state_dict(m, opt)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(root / f"step-{step}"))
+    return m
+
+
+def test_a_plain_dcp_run_is_torch_dcp_and_tensors_run_lists_what_export_run_takes(tmp_path):
+    """Issue 25: a folder name (step-N) is no evidence of torchtitan; `tensors RUN` lists the checkpoint
+    `export RUN` takes, and says which."""
+    import json
+    import warnings
+
+    from safetensors.torch import load_file
+
+    from tests.util import ckpt_tui
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "torch.distributed is disabled ... assuming ... a single process"
+        m = _plain_dcp_run(tmp_path / "run")
+    doc = json.loads(ckpt_tui("inspect", "run", "--json", cwd=tmp_path).stdout)
+    assert "torchtitan" not in doc["summary"] and "torch.distributed.checkpoint" in doc["summary"], doc["summary"]
+    assert [c["layout"] for c in doc["checkpoints"]] == ["dcp", "dcp"]
+    r = ckpt_tui("tensors", "run", "--json", cwd=tmp_path)
+    assert r.returncode == 0 and "step-2" in r.stderr, r.stderr
+    listed = [t["name"] for t in json.loads(r.stdout)["tensors"]]
+    r = ckpt_tui("export", "run", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0 and "`run/step-2/`" in r.stderr, r.stderr
+    got = load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(listed) == sorted(got) == sorted(m.state_dict())
+    assert all(torch.equal(got[k], v) for k, v in m.state_dict().items())  # step 2's weights
+
+
+def test_torchtitan_is_named_from_its_entries_and_its_last_step_export_from_the_run(real_ckpt, tmp_path):
+    import json
+
+    from tests.util import ckpt_tui
+
+    doc = json.loads(ckpt_tui("inspect", str(real_ckpt("torchtitan")), "--json", cwd=tmp_path).stdout)
+    # step-1 holds train_state, dataloader, lr_scheduler; step-2 is the model-only last-step export beside it
+    assert [(c["path"], c["layout"]) for c in doc["checkpoints"]] == [
+        ("checkpoint/step-2", "torchtitan"),
+        ("checkpoint/step-1", "torchtitan"),
+    ]

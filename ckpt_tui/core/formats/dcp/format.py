@@ -6,7 +6,6 @@ torch's own DCP loader."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
@@ -50,6 +49,10 @@ class DcpFiles(FileFormat):
         return None
 
 
+# what torchtitan's CheckpointManager saves beside the model and optimizer; a DCP holding any of them is torchtitan's
+TORCHTITAN_ENTRIES = frozenset({"train_state", "dataloader", "lr_scheduler"})
+
+
 class DcpFolder(FolderFormat):
     formats = {"dcp": DcpFacts}
     reference = "torch.distributed.checkpoint"
@@ -77,7 +80,7 @@ class DcpFolder(FolderFormat):
             cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")
         ):
             return "megatron-dist", comps
-        if {"train_state", "dataloader"} & conts or re.match(r"^step-\d+$", node.name):
+        if TORCHTITAN_ENTRIES & conts:  # evidence, not a folder name: a plain dcp.save run saves step-N too
             return "torchtitan", comps
         return "dcp", comps  # a folder name alone (pytorch_model_fsdp_0) is no evidence of who wrote it
 

@@ -37,6 +37,7 @@ LAYOUTS = (
     "megatron-dist",
     "run-folder",
     "torch-file",
+    "composer",
     "safetensors-file",
     "verl-fsdp",
     "unknown",
@@ -62,6 +63,7 @@ FRAMEWORK = {
     "megatron-dist": "Megatron-Core (torch_dist)",
     "run-folder": None,
     "torch-file": "torch.save",
+    "composer": "composer",
     "safetensors-file": "safetensors",
     "verl-fsdp": "verl (FSDP)",
     "unknown": None,
@@ -104,6 +106,11 @@ def classify(node: Node) -> tuple[str, dict[str, str]]:
                 return "megatron-legacy", {"model+optimizer": (f or mp).path}
     if _checkpoint_dirs(node):
         return "run-folder", {}
+    saves = [c for c in node.children if COMPOSER_RE.match(c.name) and not c.is_dir and not c.facts.get("symlink")]
+    if saves and all(c.facts.get("weights_under") == "state.model" for c in saves):
+        # composer's save_folder: ep{epoch}-ba{batch}-rank{r}.pt per save (latest-rank0.pt links the newest)
+        newest = max(saves, key=lambda c: (_composer_batch(c.name), c.name))
+        return "composer", {newest.role: newest.path}
     model_files = [c for c in node.children if MODEL_FILE_RE.match(c.name)]
     if model_files:
         comps = {"model": _preferred_model_file(model_files).path}
@@ -345,6 +352,14 @@ def _label_frameworks_children(node: Node, layout: str) -> None:
     for c in node.children:
         if format_of(c).checkpoint:
             c.framework = fw
+
+
+COMPOSER_RE = re.compile(r"^ep(\d+)-ba(\d+)-rank(\d+)\.pt$")
+
+
+def _composer_batch(name: str) -> int:
+    m = COMPOSER_RE.match(name)
+    return int(m.group(2)) if m else -1
 
 
 def run_classify(checkpoint: Node, siblings: list[Node]) -> tuple[str, dict[str, str]]:

@@ -74,6 +74,8 @@ def list_tensors(node: Node, parsed: Optional[Parsed] = None, *, stored: bool = 
     fmt = format_of(node)
     if fmt.lists_tensors and not stored and fmt.torch_dcp and node.role in MODEL_ROLES:
         yield from _dcp_as_exported(node, parsed)
+    elif fmt.lists_tensors and not stored and node.facts.get("weights_under") and node.role in MODEL_ROLES:
+        yield from _file_as_exported(node, parsed, str(node.facts.get("weights_under")))
     elif fmt.lists_tensors:
         yield from fmt.tensors(node, parsed)
     elif node.is_dir:
@@ -129,4 +131,29 @@ def list_optimizer_tensors(node: Node, parsed: Optional[Parsed] = None) -> Itera
         model = set(model_names(info))
         yield from (t for t in info.tensors if t.name not in model)
         return
+    if fmt.reference == "torch.load" and not node.is_dir:  # a torch file: the entry its optimizer state is in
+        from .formats.torch_save import torchfile
+        from .formats.torch_save.optim import find_optimizer_state
+
+        _, where, _ = find_optimizer_state(torchfile.read(node.abspath).obj)
+        if where and where != "the file itself":
+            head = where.replace("[", ".").replace("]", "") + "."
+            yield from (t for t in list_tensors(node, parsed, stored=True) if t.name.startswith(head))
+            return
     yield from list_tensors(node, parsed, stored=True)
+
+
+def _file_as_exported(node: Node, parsed: Optional[Parsed], under: str) -> Iterator[TensorInfo]:
+    """A torch file's model entry (Lightning's ``state_dict``, composer's ``state.model``, …) under the names export
+    writes: the entry's key dropped, a LightningModule's or ComposerModel's one attribute stripped; the file's
+    other entries (optimizer, RNG state) are not the model."""
+    from .export.prefix import choose
+
+    head = under + "."
+    inside = [t for t in format_of(node).tensors(node, parsed) if t.name.startswith(head)]
+    strip = choose(node, [t.name[len(head) :] for t in inside]).strip or ""
+    for t in inside:
+        name = t.name[len(head) :]
+        yield TensorInfo(
+            name[len(strip) :] if strip and name.startswith(strip) else name, t.shape, t.dtype, t.nbytes, t.upcast_from
+        )

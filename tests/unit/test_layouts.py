@@ -32,6 +32,13 @@ def variant(name: str, sub: str = "") -> Callable[[Path], Path]:
     return lambda base: trees.tree(name, base) / sub
 
 
+def composer_save(base: Path) -> Path:
+    """composer's save_folder (tests/data/composer/ckpts: its ep0-ba2-rank0.pt and the latest-rank0.pt link)."""
+    d = base / "ckpts"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "composer" / "ckpts", d, symlinks=True)
+    return d
+
+
 def _rm(*paths: Path) -> None:
     for p in paths:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -257,13 +264,22 @@ CASES = [
         {"model": ".", "optimizer": "."},
         ("torchtitan, 2 ranks, step 1: model and optimizer in this folder", "fp32"),
     ),
-    Layout(
+    Layout(  # inspected alone, torchtitan's model-only last-step export holds no torchtitan entry (inspected in
+        # its run, beside a step holding train_state/dataloader/lr_scheduler, it is torchtitan's: test_tensor_listing)
         "torchtitan-model-only",
         variant("torchtitan", "checkpoint/step-2"),
-        "torchtitan",
-        "torchtitan",
+        "dcp",
+        "torch.distributed.checkpoint",
         {"model": "."},
-        ("torchtitan, 2 ranks, step 2: model in this folder", "bf16"),
+        ("torch.distributed.checkpoint, 2 ranks, step 2: model in this folder", "bf16"),
+    ),
+    Layout(  # committed: written by composer 0.32.1 on torch 2.7.0 (ckpt_tui/samples/composer_run.py)
+        "composer",
+        composer_save,
+        "composer",
+        "composer",
+        {"model+optimizer": "ep0-ba2-rank0.pt"},
+        ("composer: model and optimizer in `ep0-ba2-rank0.pt`", "676 params", "fp32"),
     ),
     Layout(
         "universal",

@@ -31,10 +31,18 @@ class PrefixChoice:
         return self.lightning and self.strip is None
 
 
+def composer_source(node: Node) -> bool:
+    """composer's Trainer wrote ``node`` (``ep0-ba2-rank0.pt``): its model is ``state.model``, the ComposerModel's
+    state dict, whose names start with its one attribute (``module.`` of a ComposerClassifier, ``model.`` of a
+    HuggingFaceModel), stripped as a LightningModule's is."""
+    return node.facts.get("weights_under") == "state.model"
+
+
 def lightning_source(node: Node) -> bool:
     """Lightning wrote ``node``: a ``.ckpt`` file (its ``state_dict`` entry), a ``.ckpt`` folder
-    (FSDP sharded: DCP + ``meta.pt``), or the DeepSpeed tag folder inside a ``.ckpt`` folder."""
-    if node.abspath.name.endswith(".ckpt"):
+    (FSDP sharded: DCP + ``meta.pt``), or the DeepSpeed tag folder inside a ``.ckpt`` folder; or composer, whose
+    ComposerModel wraps the model the same way (:func:`composer_source`)."""
+    if node.abspath.name.endswith(".ckpt") or composer_source(node):
         return True
     return format_of(node).tag and node.abspath.parent.name.endswith(".ckpt")
 
@@ -67,21 +75,25 @@ def choose(
             None,
             True,
             attrs,
-            f"kept the LightningModule attribute prefix `{one}` (--keep-prefix): "
-            "the names load into the LightningModule itself",
+            f"kept the {_wrapper(node)} attribute prefix `{one}` (--keep-prefix): "
+            f"the names load into the {_wrapper(node)} itself",
         )
     if one:
         return PrefixChoice(
             one,
             True,
             attrs,
-            f"stripped the LightningModule attribute prefix `{one}` from every name; --keep-prefix keeps it",
+            f"stripped the {_wrapper(node)} attribute prefix `{one}` from every name; --keep-prefix keeps it",
         )
     return PrefixChoice(
         None,
         True,
         attrs,
-        f"the names start with the LightningModule's attributes ({shown}): "
-        "nothing stripped, they load into the LightningModule itself "
+        f"the names start with the {_wrapper(node)}'s attributes ({shown}): "
+        f"nothing stripped, they load into the {_wrapper(node)} itself "
         "(--strip-prefix P removes one)",
     )
+
+
+def _wrapper(node: Node) -> str:
+    return "ComposerModel" if composer_source(node) else "LightningModule"

@@ -632,6 +632,9 @@ STUB_GLOBALS = {
     "lightning.fabric.utilities.data.AttributeDict",
     "pytorch_lightning.utilities.parsing.AttributeDict",
     "lightning.pytorch.utilities.parsing.AttributeDict",
+    # composer's state: the Timestamp's wall-clock times, the torch version in its metadata (a str subclass)
+    "datetime.timedelta",
+    "torch.torch_version.TorchVersion",
 }
 
 # what find_class hands the unpickler for an allowlisted global: a callable of ours (or an inert builtin), or a name

@@ -14,7 +14,7 @@ from ...types import Node, Parsed, TensorInfo
 from ..format import Described, FileFormat, set_tensor_facts
 from ..unpickle import Stub, iter_tensors
 from . import torchfile
-from .torchfile import TorchFile, pick_state_dict
+from .torchfile import TorchFile, dig, is_composer, pick_state_dict
 
 if TYPE_CHECKING:
     from ...export.sources import Source
@@ -90,7 +90,7 @@ def torch_load_tensors(node: Node, strip_prefix: Optional[str]) -> Iterator[tupl
     # the entry the export read (Lightning's `state_dict`, Megatron's `model`...), as the restricted
     # reader picks it: pick_state_dict looks for tensor references, which torch.load's output has not
     _, wrapper = pick_state_dict(torchfile.read(node.abspath).obj)
-    sd = obj[wrapper] if wrapper else obj
+    sd = dig(obj, wrapper)
     stack = [("", sd)]
     seen = {id(sd)}  # each dict once: a graph of shared children is not walked per path
     while stack:
@@ -142,6 +142,8 @@ class TorchSave(TorchFileFormat):
     def describe(self, node: Node) -> Optional[Described]:
         if node.is_dir:
             return None
+        if node.facts.get("weights_under") == "state.model":  # composer's Trainer (torchfile.is_composer)
+            return "composer", {node.role: node.path}
         return ("lightning" if node.name.endswith(".ckpt") else "torch-file"), {node.role: node.path}
 
     def optimizer_source(
@@ -191,7 +193,7 @@ class TorchSave(TorchFileFormat):
             for k in ("global_step", "iteration", "epoch"):
                 if isinstance(obj.get(k), int):
                     f[k] = obj[k]
-            if "optimizer_states" in obj or "optimizer" in obj:
+            if "optimizer_states" in obj or "optimizer" in obj or (is_composer(obj) and obj["state"].get("optimizers")):
                 if tensors and node.role == "model":
                     node.role = "model+optimizer"
             if node.role == "model" and "state" in obj and "param_groups" in obj:

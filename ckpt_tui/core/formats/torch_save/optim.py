@@ -65,6 +65,11 @@ def find_optimizer_state(obj: Any) -> tuple[Optional[dict[Any, Any]], str, int]:
         for k in ("optimizer", "optim", "optimizer_state_dict"):
             if is_sd(obj.get(k)):
                 return obj[k], k, 1
+        opts = obj.get("state", {}).get("optimizers") if isinstance(obj.get("state"), dict) else None
+        if isinstance(opts, dict) and opts:  # composer: {"state": {"optimizers": {"AdamW": state_dict}}}
+            name, first = next(iter(opts.items()))
+            if is_sd(first):
+                return first, f"state.optimizers.{name}", len(opts)
     return None, "", 0
 
 

@@ -39,11 +39,37 @@ class TorchFile:
         return self.unpickled.unsafe
 
 
+COMPOSER_MODEL = "state.model"  # where composer's checkpoint keeps the model's state dict
+
+
+def is_composer(obj: Any) -> bool:
+    """A checkpoint composer's Trainer saved (``ep0-ba2-rank0.pt``): its ``state`` holds the model's state dict beside
+    the optimizers, the timestamp and the run's metadata."""
+    state = obj.get("state") if isinstance(obj, dict) else None
+    return (
+        isinstance(state, dict)
+        and isinstance(state.get("model"), dict)
+        and any(True for _ in iter_tensors(state["model"]))
+        and ("timestamp" in state or "optimizers" in state)
+    )
+
+
+def dig(obj: Any, wrapper: Optional[str]) -> Any:
+    """The entry ``wrapper`` names in ``obj`` (a key, or composer's dotted ``state.model``)."""
+    if not wrapper:
+        return obj
+    if wrapper == COMPOSER_MODEL:
+        return obj["state"]["model"]
+    return obj[wrapper]
+
+
 def pick_state_dict(obj: Any) -> tuple[Any, Optional[str]]:
     """The model's state dict inside a torch file: the first of STATE_DICT_WRAPPERS (Lightning's
     ``state_dict``, DeepSpeed's ``module``, Megatron's ``model``...) that holds tensors, and its key;
     else the object itself and None."""
     if isinstance(obj, dict):
+        if is_composer(obj):  # composer's Trainer: {"state": {"model": ..., "optimizers": ..., ...}, "rng": ...}
+            return obj["state"]["model"], COMPOSER_MODEL
         for w in STATE_DICT_WRAPPERS:
             inner = obj.get(w)
             if isinstance(inner, dict) and any(True for _ in iter_tensors(inner)):

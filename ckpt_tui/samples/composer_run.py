@@ -28,10 +28,10 @@ from pathlib import Path
 
 
 def main() -> None:
-    import composer
+    import composer  # type: ignore[import-not-found]
     import torch
-    from composer import Trainer
-    from composer.models import ComposerClassifier
+    from composer import Trainer  # type: ignore[import-not-found]
+    from composer.models import ComposerClassifier  # type: ignore[import-not-found]
     from safetensors.torch import save_file
     from torch.utils.data import DataLoader, TensorDataset
 

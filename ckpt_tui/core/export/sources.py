@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ..dtypes import ITEMSIZE
 from ..storage import Location, open_read
@@ -41,7 +41,7 @@ class SourceTensor:
     listed_as: Optional[str] = None
     # the tensor's bytes in ``dtype``, row-major, in pieces whose concatenation is the full tensor (a computed
     # tensor: the writer casts and writes piece by piece, never holding the whole)
-    chunks: Optional[Callable[[], Iterator[bytes]]] = None
+    chunks: Optional[Callable[[], Iterator[Union[bytes, memoryview]]]] = None
 
     @property
     def numel(self) -> int:
@@ -93,7 +93,7 @@ def to_torch(t: SourceTensor) -> Any:  # a torch.Tensor (torch is not followed h
     if t.load is not None:
         return t.load()
     if t.chunks is not None:
-        data = b"".join(t.chunks())
+        data = b"".join([bytes(p) for p in t.chunks()])  # each piece copied as it comes: a view's buffer is reused
         if len(data) != t.nbytes:
             raise ValueError(f"{t.name}: its chunks hold {len(data)} bytes, its shape and dtype {t.nbytes}")
     else:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 from ..dtypes import ITEMSIZE as DTYPE_ITEMSIZE
 from ..fsutil import OutputError, check_sources, copy_new, create_new, free_bytes, write_synced
@@ -103,7 +103,7 @@ def _copy_range(
         counter.add(done)
 
 
-def _pwrite_all(dst_fd: int, data: bytes, dst_off: int) -> None:
+def _pwrite_all(dst_fd: int, data: Union[bytes, memoryview], dst_off: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(dst_fd, view, dst_off)
@@ -111,7 +111,13 @@ def _pwrite_all(dst_fd: int, data: bytes, dst_off: int) -> None:
 
 
 def _write_tensor(
-    t: OutTensor, dst_fd: int, dst_off: int, counter: ByteCounter, cancel: Optional[CancelToken], fds: dict[str, int]
+    t: OutTensor,
+    dst_fd: int,
+    dst_off: int,
+    counter: ByteCounter,
+    cancel: Optional[CancelToken],
+    fds: dict[str, int],
+    with_digest: bool = True,
 ) -> None:
     s = t.src
     if s.ranges is not None and any(is_url(r.path) for r in s.ranges):
@@ -126,13 +132,16 @@ def _write_tensor(
             dst_off += r.length
         return
     if s.ranges is None and s.chunks is not None:  # a computed tensor (a LoRA merge): piece by piece
-        digest = hashlib.blake2b(digest_size=32)
+        # the digest only where the file is verified against it afterwards; each piece written before the next is
+        # asked for (a merge hands out views of a buffer it reuses)
+        digest = hashlib.blake2b(digest_size=32) if with_digest else None
         for piece in _computed_chunks(t, cancel):
             _pwrite_all(dst_fd, piece, dst_off)
-            digest.update(piece)
+            if digest is not None:
+                digest.update(piece)
             dst_off += len(piece)
             counter.add(len(piece))
-        t.written_digest = digest.digest()
+        t.written_digest = digest.digest() if digest is not None else None
         return
     import torch
 
@@ -172,7 +181,7 @@ def _write_tensor(
     counter.add(t.nbytes)
 
 
-def _computed_chunks(t: OutTensor, cancel: Optional[CancelToken]) -> Iterator[bytes]:
+def _computed_chunks(t: OutTensor, cancel: Optional[CancelToken]) -> Iterator[Union[bytes, memoryview]]:
     """The bytes of a computed source (``src.chunks``), cast as planned piece by piece, in pieces of at most BUF
     (memory: one generated piece and its cast). A generator that gives more or fewer bytes than the tensor's
     shape and dtype hold is an ExportError, raised as soon as it overflows: never a short or long tensor."""
@@ -189,17 +198,18 @@ def _computed_chunks(t: OutTensor, cancel: Optional[CancelToken]) -> Iterator[by
             return bytes(torch.frombuffer(bytearray(raw), dtype=sdt).to(dt).view(torch.uint8).numpy().tobytes())
 
     total, carry = 0, b""  # carry: the bytes of an element split between two pieces (cast whole elements only)
-    for piece in s.chunks():
+    for piece in s.chunks():  # bytes, or a view of a buffer the generator reuses once asked for the next
         check_cancel(cancel)
         total += len(piece)
         if total > s.nbytes:
             raise ExportError(f"{t.name}: computed more than its {s.nbytes} bytes")
-        data = carry + piece if carry else piece
+        data = carry + bytes(piece) if carry else piece
         whole = len(data) - len(data) % item if cast is not None else len(data)
-        carry = data[whole:]
+        carry = bytes(data[whole:])  # kept past the next piece: a copy (at most one element)
+        view = memoryview(data)
         for i in range(0, whole, BUF):
-            part = bytes(data[i : min(whole, i + BUF)])
-            yield cast(part) if cast is not None else part
+            part = view[i : min(whole, i + BUF)]  # a view: the piece is not copied again
+            yield cast(bytes(part)) if cast is not None else part
     if total != s.nbytes:
         raise ExportError(f"{t.name}: computed {total} bytes, its shape and dtype hold {s.nbytes}")
 
@@ -213,8 +223,11 @@ def _write_remote(t: OutTensor, dst_fd: int, dst_off: int, counter: ByteCounter,
         counter.add(len(data))
 
 
-def write_file(f: OutFile, path: Path, counter: ByteCounter, cancel: Optional[CancelToken]) -> None:
-    """Write one output file (header, then every tensor's bytes) at ``path`` (must not exist), fsynced."""
+def write_file(
+    f: OutFile, path: Path, counter: ByteCounter, cancel: Optional[CancelToken], *, with_digest: bool = True
+) -> None:
+    """Write one output file (header, then every tensor's bytes) at ``path`` (must not exist), fsynced.
+    ``with_digest``: record each computed tensor's digest, for the verification after it."""
     hdr = header_bytes(f)
     fds: dict[str, int] = {}
     fd = create_new(path)
@@ -223,7 +236,7 @@ def write_file(f: OutFile, path: Path, counter: ByteCounter, cancel: Optional[Ca
         off = len(hdr)
         for t in f.tensors:
             check_cancel(cancel)
-            _write_tensor(t, fd, off, counter, cancel, fds)
+            _write_tensor(t, fd, off, counter, cancel, fds, with_digest)
             off += t.nbytes
         os.ftruncate(fd, off)
         os.fsync(fd)
@@ -345,12 +358,14 @@ def write_plan(
     counter = ByteCounter(plan.tensor_bytes, on_progress, "writing")
     if jobs > 1 and len(plan.files) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futs = [pool.submit(write_file, f, folder / f.name, counter, cancel) for f in plan.files]
+            futs = [
+                pool.submit(write_file, f, folder / f.name, counter, cancel, with_digest=verify) for f in plan.files
+            ]
             for fu in futs:
                 fu.result()
     else:
         for f in plan.files:
-            write_file(f, folder / f.name, counter, cancel)
+            write_file(f, folder / f.name, counter, cancel, with_digest=verify)
     counter.add(0, force=True)
     write_side_files(plan, folder, cancel)
     result = ExportResult(
@@ -407,7 +422,7 @@ def _opened(path: str, fds: Optional[dict[str, int]]) -> tuple[int, bool]:
 
 def _source_chunks(
     t: OutTensor, cancel: Optional[CancelToken] = None, fds: Optional[dict[str, int]] = None
-) -> Iterator[bytes]:
+) -> Iterator[Union[bytes, memoryview]]:
     """The tensor's bytes as the output should hold them (cast as planned), in pieces of at most BUF. ``fds``: the
     source files' fds, opened once per file (a header of 10^6 tensors: not an open per tensor)."""
     s = t.src

@@ -71,6 +71,7 @@ MODELS: dict[str, tuple[str, str | None]] = {
     # megatron-core's GPTModel and torchtitan's Llama3 live in their own venv, not the tests': a module tree of the
     # exported names and shapes stands in (their oracles are the frameworks' own loads, in test_megatron_torchtitan)
     "megatron-dist": ("tensors", None),
+    "megatron-dist-019": ("tensors", None),
     "torchtitan": ("tensors", None),
     # PEFT LoRA runs (samples/hf_peft.py): their exports load by from_pretrained (PeftModel's or the merged
     # model's); a load_state_dict snippet of one would be a defect the "tensors" tree would still catch

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from ckpt_tui.samples._common import finish, init_dist, run_variants
 
-VARIANTS = ["megatron-dist"]
+VARIANTS = ["megatron-dist", "megatron-dist-019"]  # the same save; -019 is made in megatron-core 0.19's venv
 ITERATION = 10
 TP = 2
 
@@ -150,7 +150,7 @@ def oracle(ckpt: Path, dest: Path) -> None:
     finish()
 
 
-FUNCS = {"megatron-dist": v_megatron_dist}
+FUNCS = {"megatron-dist": v_megatron_dist, "megatron-dist-019": v_megatron_dist}
 
 
 def _setup() -> None:

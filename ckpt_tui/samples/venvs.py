@@ -43,7 +43,11 @@ VENVS: dict[str, tuple[str, ...]] = {
     ),
     # megatron-core 0.16 is the last on Python 3.11 (0.19 needs 3.12); torchtitan 0.3.0 imports triton
     "megatron-torchtitan": ("megatron-core==0.16.*", "psutil", "torchtitan==0.3.0", "triton"),
+    # megatron-core 0.19 declares Python >= 3.12, yet its cp311 wheel runs here: its own requirements first, then the
+    # wheel without them (what follows NO_DEPS is installed with --no-deps --ignore-requires-python)
+    "megatron-019": ("numpy<2.5", "packaging", "psutil", "triton", "--no-deps", "megatron-core==0.19.2"),
 }
+NO_DEPS = "--no-deps"
 
 
 def venv_dir(name: str) -> Path:
@@ -93,4 +97,7 @@ def _build(where: Path, pins: tuple[str, ...], on_line) -> None:
     _run(pip + [TORCH], on_line)
     constraint = where / "torch-pin.txt"
     constraint.write_text(TORCH + "\n")
+    pins, later = (pins[: pins.index(NO_DEPS)], pins[pins.index(NO_DEPS) + 1 :]) if NO_DEPS in pins else (pins, ())
     _run(pip + ["-c", str(constraint), *pins], on_line)
+    if later:
+        _run(pip + ["--no-deps", "--ignore-requires-python", *later], on_line)

@@ -51,8 +51,13 @@ def test_megatron_metadata_and_common_state_read_as_data(real_ckpt):
     assert common.obj["args"].__dict__["tensor_model_parallel_size"] == 2
 
 
-def test_megatron_inspect(real_ckpt):
-    rep = inspect(real_ckpt("megatron-dist") / "checkpoints")
+# megatron-core 0.16 (common.pt beside .metadata) and 0.19 (no common.pt: the common state is a DCP entry)
+MEGATRON = ["megatron-dist", "megatron-dist-019"]
+
+
+@pytest.mark.parametrize("variant", MEGATRON)
+def test_megatron_inspect(real_ckpt, variant):
+    rep = inspect(real_ckpt(variant) / "checkpoints")
     inv = rep.inventory
     assert inv.layout == "megatron-dist" and inv.framework == "Megatron-Core (torch_dist)"
     assert inv.components == {"model": "iter_0000010"}
@@ -62,7 +67,20 @@ def test_megatron_inspect(real_ckpt):
     facts = node(rep, "iter_0000010").facts
     assert facts["tensor_parallel"] == 2 and facts["stacked_layers"] == 2 and facts["world_size"] == 2
     assert "unsafe_globals" not in facts
-    assert node(rep, "iter_0000010/common.pt").role == "metadata"  # the shared state (args, iteration), no weights
+    if variant == "megatron-dist":
+        assert node(rep, "iter_0000010/common.pt").role == "metadata"  # the shared state (args, iteration), no weights
+    else:  # no false megatron-files-missing: 0.19's loader takes the common_state/ entry (dist_checkpointing.load
+        # of this very folder is the oracle of the export test below)
+        assert node(rep, "iter_0000010/common.pt") is None and facts["common_state"] is True
+
+
+def test_a_0_16_save_without_common_pt_is_still_refused(real_ckpt, tmp_path):
+    """Where the common state is neither common.pt nor a DCP entry (a 0.16 save that lost its common.pt), megatron
+    cannot load it: the error stays."""
+    d = tmp_path / "checkpoints"
+    shutil.copytree(real_ckpt("megatron-dist") / "checkpoints", d)
+    os.remove(d / "iter_0000010/common.pt")
+    assert "megatron-files-missing" in codes(inspect(d))
 
 
 def _megatron_oracle(root):
@@ -72,11 +90,12 @@ def _megatron_oracle(root):
     return ref, keys
 
 
+@pytest.mark.parametrize("variant", MEGATRON)
 @pytest.mark.parametrize("sub", ["checkpoints", "checkpoints/iter_0000010"])
-def test_megatron_export_equals_dist_checkpointing_load(real_ckpt, tmp_path, sub):
+def test_megatron_export_equals_dist_checkpointing_load(real_ckpt, tmp_path, sub, variant):
     """Stacked layer tensors (decoder.layers.X with a leading layer dim) and TP shards come out whole, one tensor per
     layer named decoder.layers.{i}.X — each bit-exact against what dist_checkpointing.load gave megatron's model."""
-    root = real_ckpt("megatron-dist")
+    root = real_ckpt(variant)
     res = export(root / sub, tmp_path / "out")
     assert res.verified
     assert any("12 tensors stacked over the layers" in n for n in res.notes), res.notes

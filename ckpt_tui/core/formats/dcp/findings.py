@@ -148,4 +148,7 @@ def megatron_files_missing(inv: Inventory, n: Node) -> list[str]:
     )
     if not (mcore_json or "common.pt" in ours or in_run):
         return []
-    return [f for f in ("metadata.json", "common.pt") if f not in names]
+    # megatron-core 0.19 keeps the common state inside the DCP (a common_state/… entry) and writes no common.pt;
+    # its loader takes common.pt where there is one, else that entry
+    needed = ("metadata.json",) if cast(DcpFacts, n.facts).get("common_state") else ("metadata.json", "common.pt")
+    return [f for f in needed if f not in names]

@@ -202,6 +202,8 @@ class DcpFolder(FolderFormat):
             tp = dcpfmt.megatron_tensor_parallel(info)
             if tp:
                 f["tensor_parallel"] = tp
+            if any(k.startswith("common_state/") for k in info.bytes_entries):
+                f["common_state"] = True  # megatron-core >= 0.19: no common.pt
             layers = {n for _, _, n in dcpfmt.megatron_stacked(info).values()}
             if len(layers) == 1:
                 f["stacked_layers"] = layers.pop()

@@ -109,6 +109,7 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     chunk_gaps: list[str]  # tensors whose chunks leave part of them unwritten (the first 8)
     chunk_overlaps: list[str]  # tensors whose chunks overlap (the first 8)
     tensor_parallel: int  # Megatron-Core torch_dist: tensor-parallel size, from how the tensors are split
+    pipeline_parallel: int  # Megatron-Core torch_dist: pipeline stages, from the splits along the stacked layer axis
     common_state: bool  # Megatron-Core >= 0.19: the common state is a DCP entry (common_state/…), not common.pt
     stacked_layers: int  # Megatron-Core torch_dist: layers stacked along a leading dimension (decoder.layers.…)
     optimizer_gaps: list[str]  # parameters its optimizer's param_groups list without state (the first 16)

@@ -267,6 +267,9 @@ def summary(
     tp = n_model.facts.get("tensor_parallel") if n_model is not None else None
     if tp:
         head += f", TP={tp}"  # Megatron-Core torch_dist
+    pp = n_model.facts.get("pipeline_parallel") if n_model is not None else None
+    if isinstance(pp, int) and pp > 1:
+        head += f", PP={pp}"
     parts = [head]
     ws = _world(root, comps)
     if ws:

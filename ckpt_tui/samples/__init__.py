@@ -122,7 +122,8 @@ GROUPS: dict[str, Group] = {
     # written by the frameworks themselves, in a cached venv of their own (samples/venvs.py)
     "megatron_dist": Group("megatron_dist", 2, ("megatron-dist",), venv="megatron-torchtitan"),
     # the same save by megatron-core 0.19, which writes no common.pt: its common state is a DCP entry
-    "megatron_dist_019": Group("megatron_dist", 2, ("megatron-dist-019",), venv="megatron-019"),
+    "megatron_dist_019": Group("megatron_dist", 2, ("megatron-dist-019", "megatron-pp2"), venv="megatron-019"),
+    "megatron_dist_4": Group("megatron_dist", 4, ("megatron-tp2pp2",), venv="megatron-019"),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
     "single": Group(
         "single",
@@ -369,6 +370,29 @@ EXPECTED: dict[str, list[str]] = {
             "iter_0000010/.metadata",
             "iter_0000010/__0_*.distcp",
             "iter_0000010/__1_*.distcp",
+            "iter_0000010/metadata.json",
+            "latest_checkpointed_iteration.txt",
+        )
+    ]
+    + ["oracle/model.pt", "oracle/keys.json"],
+    "megatron-pp2": [
+        f"checkpoints/{f}"
+        for f in (
+            "iter_0000010/.metadata",
+            "iter_0000010/__0_*.distcp",
+            "iter_0000010/__1_*.distcp",
+            "iter_0000010/metadata.json",
+            "latest_checkpointed_iteration.txt",
+        )
+    ]
+    + ["oracle/model.pt", "oracle/keys.json"],
+    "megatron-tp2pp2": [
+        f"checkpoints/{f}"
+        for f in (
+            "iter_0000010/.metadata",
+            "iter_0000010/__0_*.distcp",
+            "iter_0000010/__1_*.distcp",
+            "iter_0000010/__3_*.distcp",
             "iter_0000010/metadata.json",
             "latest_checkpointed_iteration.txt",
         )

@@ -41,7 +41,9 @@ import torch.distributed as dist
 
 from ckpt_tui.samples._common import finish, init_dist, run_variants
 
-VARIANTS = ["megatron-dist", "megatron-dist-019"]  # the same save; -019 is made in megatron-core 0.19's venv
+# the same TP=2 save by 0.16 and 0.19 (-019: made in megatron-core 0.19's venv); by 0.19, pipeline-parallel 2 on 2
+# ranks and TP=2 x PP=2 on 4
+VARIANTS = ["megatron-dist", "megatron-dist-019", "megatron-pp2", "megatron-tp2pp2"]
 ITERATION = 10
 TP = 2
 
@@ -62,13 +64,15 @@ def _end_children() -> None:
         p.join(10)
 
 
-def _model(tp: int):
+def _model(tp: int, pp: int = 1):
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    if parallel_state.model_parallel_is_initialized():  # the variant before this one's groups
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(1234 + dist.get_rank())
     cfg = TransformerConfig(
         num_layers=2,
@@ -79,13 +83,25 @@ def _model(tp: int):
         params_dtype=torch.bfloat16,
         bf16=True,
         tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
         pipeline_dtype=torch.bfloat16,
     )
-    return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=256, max_sequence_length=64)
+    return GPTModel(
+        cfg,
+        get_gpt_layer_local_spec(),
+        vocab_size=256,
+        max_sequence_length=64,
+        pre_process=parallel_state.is_pipeline_first_stage(),  # stage 0 holds the embedding
+        post_process=parallel_state.is_pipeline_last_stage(),  # the last the output layer
+    )
 
 
-def _args(tp: int) -> argparse.Namespace:
+def _args(tp: int, pp: int = 1) -> argparse.Namespace:
+    from megatron.core.transformer.enums import AttnBackend
+
     return argparse.Namespace(
+        params_dtype=torch.bfloat16,  # as Megatron-LM's parser leaves them: a torch dtype and an enum
+        attention_backend=AttnBackend.auto,
         num_layers=2,
         hidden_size=64,
         ffn_hidden_size=128,
@@ -93,7 +109,7 @@ def _args(tp: int) -> argparse.Namespace:
         padded_vocab_size=256,
         max_position_embeddings=64,
         tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=1,
+        pipeline_model_parallel_size=pp,
         bf16=True,
         fp16=False,
         ckpt_format="torch_dist",
@@ -101,15 +117,20 @@ def _args(tp: int) -> argparse.Namespace:
     )
 
 
-def v_megatron_dist(out: Path) -> None:
+def v_megatron_dist(out: Path, tp: int = TP, pp: int = 1) -> None:
     from megatron.core import dist_checkpointing
 
-    model = _model(TP)
+    model = _model(tp, pp)
     it_dir = out / "checkpoints" / f"iter_{ITERATION:07d}"
     if dist.get_rank() == 0:
         it_dir.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    state = {"model": model.sharded_state_dict(), "iteration": ITERATION, "checkpoint_version": 3.0, "args": _args(TP)}
+    state = {
+        "model": model.sharded_state_dict(),
+        "iteration": ITERATION,
+        "checkpoint_version": 3.0,
+        "args": _args(tp, pp),
+    }
     dist_checkpointing.save(state, str(it_dir))
     dist.barrier()
     if dist.get_rank() == 0:
@@ -150,7 +171,12 @@ def oracle(ckpt: Path, dest: Path) -> None:
     finish()
 
 
-FUNCS = {"megatron-dist": v_megatron_dist, "megatron-dist-019": v_megatron_dist}
+FUNCS = {
+    "megatron-dist": v_megatron_dist,
+    "megatron-dist-019": v_megatron_dist,
+    "megatron-pp2": lambda out: v_megatron_dist(out, tp=1, pp=2),
+    "megatron-tp2pp2": lambda out: v_megatron_dist(out, tp=2, pp=2),
+}
 
 
 def _setup() -> None:

@@ -632,6 +632,10 @@ STUB_GLOBALS = {
     "lightning.fabric.utilities.data.AttributeDict",
     "pytorch_lightning.utilities.parsing.AttributeDict",
     "lightning.pytorch.utilities.parsing.AttributeDict",
+    # Megatron-LM's args (its common state): the enums its argument parser stores
+    "megatron.core.transformer.enums.AttnBackend",
+    "megatron.core.transformer.enums.AttnMaskType",
+    "megatron.core.enums.ModelType",
     # composer's state: the Timestamp's wall-clock times, the torch version in its metadata (a str subclass)
     "datetime.timedelta",
     "torch.torch_version.TorchVersion",

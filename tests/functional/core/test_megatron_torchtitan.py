@@ -51,8 +51,15 @@ def test_megatron_metadata_and_common_state_read_as_data(real_ckpt):
     assert common.obj["args"].__dict__["tensor_model_parallel_size"] == 2
 
 
-# megatron-core 0.16 (common.pt beside .metadata) and 0.19 (no common.pt: the common state is a DCP entry)
-MEGATRON = ["megatron-dist", "megatron-dist-019"]
+# megatron-core 0.16 (common.pt beside .metadata) and 0.19 (no common.pt: the common state is a DCP entry), TP=2;
+# by 0.19, PP=2 on 2 ranks and TP=2 x PP=2 on 4: variant -> (tensor parallel, pipeline parallel, ranks)
+PARALLEL = {
+    "megatron-dist": (2, 1, 2),
+    "megatron-dist-019": (2, 1, 2),
+    "megatron-pp2": (1, 2, 2),
+    "megatron-tp2pp2": (2, 2, 4),
+}
+MEGATRON = list(PARALLEL)
 
 
 @pytest.mark.parametrize("variant", MEGATRON)
@@ -61,11 +68,16 @@ def test_megatron_inspect(real_ckpt, variant):
     inv = rep.inventory
     assert inv.layout == "megatron-dist" and inv.framework == "Megatron-Core (torch_dist)"
     assert inv.components == {"model": "iter_0000010"}
-    assert inv.summary.startswith("Megatron-Core (torch_dist), TP=2, 2 ranks, step 10: model in `iter_0000010/`")
-    assert "unsafe-pickle" not in codes(rep)
+    tp, pp, ranks = PARALLEL[variant]
+    sizes = f"TP={tp}" + (f", PP={pp}" if pp > 1 else "")
+    assert inv.summary.startswith(
+        f"Megatron-Core (torch_dist), {sizes}, {ranks} ranks, step 10: model in `iter_0000010/`"
+    )
+    assert "unsafe-pickle" not in codes(rep)  # Megatron-LM's args: a torch dtype and an enum, read as data
     assert not [f for f in rep.findings if f.severity in ("error", "warning")], rep.findings
     facts = node(rep, "iter_0000010").facts
-    assert facts["tensor_parallel"] == 2 and facts["stacked_layers"] == 2 and facts["world_size"] == 2
+    assert facts["tensor_parallel"] == tp and facts["stacked_layers"] == 2 and facts["world_size"] == ranks
+    assert facts.get("pipeline_parallel", 1) == pp
     assert "unsafe_globals" not in facts
     if variant == "megatron-dist":
         assert node(rep, "iter_0000010/common.pt").role == "metadata"  # the shared state (args, iteration), no weights
@@ -254,3 +266,35 @@ def test_megatron_rank0_files_missing(real_ckpt, tmp_path):
     with pytest.raises(ExportError, match="megatron-files-missing"):  # an error finding: no export of it
         export(d, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_0_19_common_state_naming_code_is_unsafe_pickle_and_never_runs(real_ckpt, tmp_path):
+    """megatron's own loader unpickles 0.19's common_state/ entry: one whose pickle names code is an unsafe-pickle
+    error here (read through the allowlist, nothing run), not a silently unread entry."""
+    import io
+    import pickle
+    import subprocess
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (subprocess.call, (["touch", str(marker)],))
+
+    d = tmp_path / "checkpoints"
+    shutil.copytree(real_ckpt("megatron-dist-019") / "checkpoints", d)
+    it = d / "iter_0000010"
+    meta = pickle.loads((it / ".metadata").read_bytes())  # our own fixture, torch's classes
+    index = next(i for i in meta.storage_data if i.fqn.startswith("common_state/"))
+    st = meta.storage_data[index]
+    blob = io.BytesIO()
+    torch.save([{"iteration": 10, "args": Evil()}], blob)
+    shard = it / st.relative_path
+    st.offset, st.length = shard.stat().st_size, len(blob.getvalue())
+    with open(shard, "ab") as f:
+        f.write(blob.getvalue())
+    (it / ".metadata").write_bytes(pickle.dumps(meta))
+    rep = inspect(d)
+    hits = [f for f in rep.findings if f.code == "unsafe-pickle"]
+    assert hits and any(".call" in f.message for f in hits), rep.findings
+    assert not marker.exists()

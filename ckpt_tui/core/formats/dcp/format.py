@@ -202,8 +202,21 @@ class DcpFolder(FolderFormat):
             tp = dcpfmt.megatron_tensor_parallel(info)
             if tp:
                 f["tensor_parallel"] = tp
-            if any(k.startswith("common_state/") for k in info.bytes_entries):
+            common_key = next((k for k in info.bytes_entries if k.startswith("common_state/")), None)
+            if common_key is not None:
                 f["common_state"] = True  # megatron-core >= 0.19: no common.pt
+            args, unsafe = _megatron_args(node, common_key)
+            if unsafe:  # megatron's loader would unpickle it: an unsafe-pickle finding, as for common.pt
+                f["unsafe_globals"] = sorted({*(f.get("unsafe_globals") or []), *unsafe})[:MAX_UNSAFE]
+            # Megatron-LM's args say the parallel sizes; megatron saves each layer as its own chunk whichever stage
+            # holds it, so the chunks tell tensor parallelism (splits of the weights) but not pipeline stages
+            for fact, arg in (
+                ("tensor_parallel", "tensor_model_parallel_size"),
+                ("pipeline_parallel", "pipeline_model_parallel_size"),
+            ):
+                v = args.get(arg)
+                if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 20:
+                    f[fact] = v  # type: ignore[literal-required]
             layers = {n for _, _, n in dcpfmt.megatron_stacked(info).values()}
             if len(layers) == 1:
                 f["stacked_layers"] = layers.pop()
@@ -303,6 +316,34 @@ class DcpFolder(FolderFormat):
                 loaded.clear()
                 loaded[key] = whole(key)
             yield name, (loaded[key] if layer is None else loaded[key][layer])
+
+
+def _megatron_args(node: Node, common_key: Optional[str]) -> tuple[dict[str, Any], list[str]]:
+    """Megatron-LM's ``args`` (an argparse Namespace, read as an inert stand-in) from the common state: ``common.pt``
+    (megatron-core <= 0.18) or the ``common_state/`` entry inside the DCP (0.19); {} where there are none. And the
+    globals outside the allowlist the entry names (megatron's loader would unpickle them)."""
+    from ..unpickle import Stub
+
+    obj: Any = None
+    try:
+        if common_key is not None:
+            from .optim import UnsafeObject, read_objects
+
+            try:
+                obj = read_objects(screen.local_path(node.abspath), {common_key}).get(common_key)
+            except UnsafeObject as e:
+                return {}, [fact_text(g) for g in e.globals]
+        elif node.child("common.pt") is not None:
+            from ..torch_save import torchfile
+
+            tf = torchfile.read(screen.local_path(node.abspath) / "common.pt")
+            obj = None if tf.unsafe else tf.obj
+    except (FormatError, OSError, ValueError, KeyError, TypeError):
+        return {}, []
+    if isinstance(obj, list) and len(obj) == 1:  # the ShardedObject's data: [common state dict]
+        obj = obj[0]
+    args = obj.get("args") if isinstance(obj, dict) else None
+    return (dict(args.__dict__) if isinstance(args, Stub) else {}), []
 
 
 def hf_shards(node: Node) -> bool:

@@ -102,7 +102,7 @@ def params_without_state(where: LocationLike, info: dcpfmt.DcpInfo) -> list[str]
         return []
     if params_keys:
         try:
-            objects = _objects(as_path(where), set(params_keys))
+            objects = read_objects(as_path(where), set(params_keys))
         except (FormatError, OSError, zipfile.BadZipFile):
             return []
         for k in params_keys:
@@ -112,7 +112,15 @@ def params_without_state(where: LocationLike, info: dcpfmt.DcpInfo) -> list[str]
     return [p for p in dict.fromkeys(listed) if p not in state]
 
 
-def _objects(folder: Location, keys: set[str]) -> dict[str, Any]:
+class UnsafeObject(FormatError):
+    """A non-tensor entry whose pickle names code outside the allowlist (``globals``): read, nothing run."""
+
+    def __init__(self, key: str, names: list[str]) -> None:
+        super().__init__(f"{key} names code outside the allowlist: {', '.join(names)}")
+        self.globals = names
+
+
+def read_objects(folder: Location, keys: set[str]) -> dict[str, Any]:
     """The non-tensor objects ``keys`` (torch.save blobs in the .distcp files), read through the
     restricted unpickler: nothing is executed."""
     glob_meta, rank_metas = dcpfmt.metadata_files(folder)
@@ -145,7 +153,7 @@ def _objects(folder: Location, keys: set[str]) -> dict[str, Any]:
                     raise FormatError(f"{key}: not a torch.save object")
                 up = safe_loads(zf.read(pkl[0]), persistent=True)
         if up.unsafe:
-            raise FormatError(f"{key} names code outside the allowlist: {', '.join(sorted(up.unsafe))}")
+            raise UnsafeObject(key, sorted(up.unsafe))
         out[key] = up.obj
     return out
 
@@ -228,7 +236,7 @@ def dcp_optimizer_source(where: LocationLike, model_names: Optional[list[str]] =
     # scalar steps stored as objects (older torch: a Python number)
     obj_keys = {key for keys in state.values() for leaf, key in keys.items() if key not in tensor_keys}
     obj_keys |= {key for hyper in (*groups.values(), *per_param.values()) for key in hyper.values()}
-    objects = _objects(folder, obj_keys)
+    objects = read_objects(folder, obj_keys)
     for fqn, keys in state.items():
         if "step" in keys and keys["step"] in objects:
             v = objects[keys["step"]]

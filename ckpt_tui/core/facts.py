@@ -105,6 +105,7 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     containers: list[str]  # top-level state-dict keys, most frequent first ("model", "optimizer", ...; first 64)
     containers_total: int  # how many top-level keys there are, when more than the 64 listed
     bytes_entries: int  # non-tensor (pickled bytes) entries
+    model_tensor_count: int  # a DCP holding model and optimizer: the model's tensors, as export writes them
     split_dims: list[int]  # dimensions along which tensors are split into chunks
     chunk_gaps: list[str]  # tensors whose chunks leave part of them unwritten (the first 8)
     chunk_overlaps: list[str]  # tensors whose chunks overlap (the first 8)

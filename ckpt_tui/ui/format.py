@@ -247,7 +247,9 @@ def fact_rows(node, adapter=None) -> list[tuple[str, str]]:
         rows.append(("dtype", ", ".join(short_dtype(d) for d in f["dtypes"])))
     if f.get("param_count"):
         rows.append(("params", f"{param_count(f['param_count'])} ({f['param_count']:,})"))
-    if f.get("tensor_count"):
+    if f.get("model_tensor_count") and f.get("tensor_count"):  # the model's, as listed and exported; then the rest
+        rows.append(("tensors", f"{f['model_tensor_count']:,} of the model ({f['tensor_count']:,} entries in all)"))
+    elif f.get("tensor_count"):
         rows.append(("tensors", f"{f['tensor_count']:,}"))
     rows.append(("size", size(node.size)))
     for k in ("global_step", "epoch"):

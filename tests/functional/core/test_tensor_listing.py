@@ -220,6 +220,7 @@ def test_what_is_listed_is_what_export_writes(real_ckpt, tmp_path, variant, rel)
         stored = json.loads(ckpt_tui("tensors", str(src), "--stored", "--json", cwd=tmp_path).stdout)
         assert opt["tensors"] and not {t["name"] for t in opt["tensors"]} & set(listed)
         assert len(stored["tensors"]) == node.facts["tensor_count"] > len(listed)
+        assert node.facts["model_tensor_count"] == len(listed)  # the count the TUI's details show
 
 
 def _plain_dcp_run(root):

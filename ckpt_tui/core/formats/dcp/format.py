@@ -189,6 +189,13 @@ class DcpFolder(FolderFormat):
         if len(containers) > MAX_CONTAINERS:
             f["containers_total"] = len(containers)
         set_tensor_facts(node, model_tensors, count=False)
+        if role == "model+optimizer":  # what export writes of the model (tensors lists them), beside every entry
+            from .source import output_tensors
+
+            try:
+                f["model_tensor_count"] = len(output_tensors(node.abspath, info))
+            except (FormatError, OSError):
+                pass
         if role == "optimizer":  # its bytes and dtypes are the optimizer state's; it holds no model params
             set_tensor_facts(node, info.tensors, count=False)
             f["param_count"] = 0

@@ -213,6 +213,18 @@ _BASE = ["base-model/config.json", "base-model/model.safetensors"]
 _TRAINER = ["trainer_state.json", "training_args.bin", "optimizer.pt", "scheduler.pt"]
 
 
+def _megatron(ranks: int, common_pt: bool = False) -> list[str]:
+    """A megatron_dist.py save: ``checkpoints/iter_0000010/`` (every rank's .distcp: megatron's writer may split a
+    rank's data over several files, __{rank}_{i}.distcp), the tracker beside it, and oracle/ (megatron's own load)."""
+    files = [".metadata", *(f"__{r}_*.distcp" for r in range(ranks)), "metadata.json"]
+    files += ["common.pt"] if common_pt else []
+    return [f"checkpoints/iter_0000010/{f}" for f in files] + [
+        "checkpoints/latest_checkpointed_iteration.txt",
+        "oracle/model.pt",
+        "oracle/keys.json",
+    ]
+
+
 def _hf_peft(kind: str) -> list[str]:
     """A Trainer run of samples/hf_peft.py: ``base-model/``, ``run/checkpoint-2/`` and ``oracle/``.
     ``kind``: "single" / "ddp" (adapter folder + optimizer.pt), "ds2" / "ds3" (adapter folder + tag),
@@ -352,52 +364,10 @@ EXPECTED: dict[str, list[str]] = {
     "dcp-fs-safetensors": _dcp(),
     "torchtitan": _dcp("checkpoint/step-1/") + _dcp("checkpoint/step-2/"),
     # megatron's writer splits each rank's data over two files (__{rank}_0/1.distcp); oracle/ is its own load
-    "megatron-dist": [
-        f"checkpoints/{f}"
-        for f in (
-            "iter_0000010/.metadata",
-            "iter_0000010/__0_*.distcp",
-            "iter_0000010/__1_*.distcp",
-            "iter_0000010/metadata.json",
-            "iter_0000010/common.pt",
-            "latest_checkpointed_iteration.txt",
-        )
-    ]
-    + ["oracle/model.pt", "oracle/keys.json"],
-    "megatron-dist-019": [
-        f"checkpoints/{f}"
-        for f in (
-            "iter_0000010/.metadata",
-            "iter_0000010/__0_*.distcp",
-            "iter_0000010/__1_*.distcp",
-            "iter_0000010/metadata.json",
-            "latest_checkpointed_iteration.txt",
-        )
-    ]
-    + ["oracle/model.pt", "oracle/keys.json"],
-    "megatron-pp2": [
-        f"checkpoints/{f}"
-        for f in (
-            "iter_0000010/.metadata",
-            "iter_0000010/__0_*.distcp",
-            "iter_0000010/__1_*.distcp",
-            "iter_0000010/metadata.json",
-            "latest_checkpointed_iteration.txt",
-        )
-    ]
-    + ["oracle/model.pt", "oracle/keys.json"],
-    "megatron-tp2pp2": [
-        f"checkpoints/{f}"
-        for f in (
-            "iter_0000010/.metadata",
-            "iter_0000010/__0_*.distcp",
-            "iter_0000010/__1_*.distcp",
-            "iter_0000010/__3_*.distcp",
-            "iter_0000010/metadata.json",
-            "latest_checkpointed_iteration.txt",
-        )
-    ]
-    + ["oracle/model.pt", "oracle/keys.json"],
+    "megatron-dist": _megatron(2, common_pt=True),
+    "megatron-dist-019": _megatron(2),  # megatron-core 0.19 writes no common.pt (a common_state/ DCP entry)
+    "megatron-pp2": _megatron(2),
+    "megatron-tp2pp2": _megatron(4),
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "fsdp2-rank0-slice": _dcp("checkpoint-2/pytorch_model_fsdp_0/") + ["checkpoint-2/model.safetensors"],
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],

@@ -67,16 +67,25 @@ def converted(tmp_path_factory):
 
 
 def test_after_conversion_inspect_says_how_to_load_not_convert(converted):
+    """The finding is a few lines that name the command printing the load steps (it used to repeat them, 42-67
+    lines at 80 columns); that command, run as printed, converts nothing and prints the very steps."""
     from ckpt_tui.core.convert.universal.instructions import UniversalLoad, load_instructions
 
+    before = sorted(str(p.relative_to(converted)) for p in converted.rglob("*"))
     r = ckpt_tui("inspect", "checkpoint-2", cwd=converted)
     assert r.returncode == 0, r.stderr
     assert "● info    universal-info-missing checkpoint-2/global_step2" in r.stdout
-    assert "convert it" not in r.stdout and "ckpt-tui universal" not in r.stdout
+    assert "convert it" not in r.stdout and "engine.load_checkpoint" not in r.stdout
     f = finding(inspect_json("checkpoint-2", converted), "universal-info-missing", "global_step2")
-    assert f["severity"] == "info" and f["command"] is None and f["fix"] is None
+    assert f["severity"] == "info" and f["fix"] is None
+    assert f["command"] == f"ckpt-tui universal {TAG}" and f"`{f['command']}` prints the steps" in f["message"]
     assert "`checkpoint-2/global_step2_universal/` is its universal checkpoint (21 parameters" in f["message"]
-    # the very text `ckpt-tui universal` prints, with the paths as the user gave them
+    assert len(f["message"]) < 500 and "\n" not in f["message"]
+    out = run_printed(f["command"], converted)
+    assert out.returncode == 0, out.stderr
+    assert "already a complete universal checkpoint: not converted again" in out.stdout
+    assert sorted(str(p.relative_to(converted)) for p in converted.rglob("*")) == before  # nothing written
+    # the very text the conversion printed, with the paths as the user gave them
     want = load_instructions(
         UniversalLoad(
             out_shown=UNI,
@@ -93,20 +102,24 @@ def test_after_conversion_inspect_says_how_to_load_not_convert(converted):
             frozen_exported=False,
         )
     )
-    assert f["message"].endswith("\n" + want)
-    # an absolute path given: absolute paths shown
+    assert want in out.stdout
+    # an absolute path given: absolute paths in the command, and in the steps it prints
     f = finding(inspect_json(str(converted / "checkpoint-2"), ROOT), "universal-info-missing", "global_step2")
-    assert f"engine.load_checkpoint({str(converted / 'checkpoint-2')!r})" in f["message"]
+    out = run_printed(f["command"], ROOT)
+    assert out.returncode == 0, out.stderr
+    assert f"engine.load_checkpoint({str(converted / 'checkpoint-2')!r})" in out.stdout
 
 
 def test_the_printed_resume_line_resumes_from_the_users_folder(converted, tmp_path):
-    """HF Trainer, 2 ranks -> 1: trainer.train(resume_from_checkpoint=...) exactly as the finding prints it,
-    run from the folder inspect was run in."""
+    """HF Trainer, 2 ranks -> 1: trainer.train(resume_from_checkpoint=...) exactly as the command the finding
+    names prints it, run from the folder inspect was run in."""
     from ckpt_tui.samples import launch_env
     from tests.functional.core.test_universal import HF_RESUME
 
     f = finding(inspect_json("checkpoint-2", converted), "universal-info-missing", "global_step2")
-    line = next(ln.strip() for ln in f["message"].splitlines() if "trainer.train(resume_from_checkpoint=" in ln)
+    steps = run_printed(f["command"], converted)
+    assert steps.returncode == 0, steps.stderr
+    line = next(ln.strip() for ln in steps.stdout.splitlines() if "trainer.train(resume_from_checkpoint=" in ln)
     ck = re.fullmatch(r"2\. trainer\.train\(resume_from_checkpoint=(.+)\)", line).group(1)
     ck = eval(ck)  # a Python string literal, as printed  # noqa: S307
     assert ck == "checkpoint-2"
@@ -194,7 +207,8 @@ def test_an_incomplete_universal_keeps_the_warning_and_its_advice_works(converte
     assert f"`{UNI}/` is there but incomplete (lm_head.weight: no exp_avg_sq.pt)" in f["message"]
     rm = re.search(r"`(rm -r [^`]+)`", f["message"]).group(1)
     assert rm == f"rm -r {UNI}"
-    assert run_printed(f["command"], run).returncode == 1  # the converter refuses the existing folder ...
+    r = run_printed(f["command"], run)  # a killed conversion is not taken as done: the converter refuses ...
+    assert r.returncode == 1 and "not converted again" not in r.stdout, r.stdout + r.stderr
     subprocess.run(shlex.split(rm), cwd=run, check=True)  # ... until it is removed, as the message says
     r = run_printed(f["command"], run)
     assert r.returncode == 0, r.stderr
@@ -219,4 +233,7 @@ def test_a_path_with_a_space_is_quoted(converted, tmp_path):
     given = str(run / "checkpoint-2")
     f = finding(inspect_json(given, ROOT), "universal-info-missing", "global_step2")
     assert f"`{shell_path(given, 'global_step2_universal')}/` is its universal checkpoint" in f["message"]
-    assert f"engine.load_checkpoint({given!r})" in f["message"]
+    assert f["command"] == f"ckpt-tui universal {shell_path(given, 'global_step2')}"
+    r = run_printed(f["command"], ROOT)
+    assert r.returncode == 0, r.stderr
+    assert f"engine.load_checkpoint({given!r})" in r.stdout

@@ -17,7 +17,7 @@ from ...fsutil import OutputError, preflight_output
 from ...jsondoc import as_json
 from ...leftovers import UNIVERSAL_TEMP
 from ...staging import refusal
-from ...types import Plan, PlanStep, in_user_form
+from ...types import Inventory, Node, Plan, PlanStep, in_user_form
 from ..common import TagPlan, resolve_tag
 from .instructions import FROZEN_FILE
 
@@ -214,8 +214,10 @@ def universal_plan(
         )
     if f.get("moe") or any(MOE_RE.search(n) for n in names):
         raise UniversalError(
-            "MoE checkpoints (expert_*/expp_rank_* files) are not supported: convert them with "
-            "the tooling of the framework that wrote them"
+            "MoE checkpoints (expert_*/expp_rank_* files) are not supported: DeepSpeed's ds_to_universal fails on "
+            "expert-parallel ones (it joins different ranks' experts as one tensor) and a universal MoE checkpoint "
+            "loading back is unproven; `ckpt-tui export` writes the fp32 weights of every expert, `--component "
+            "optimizer` their optimizer state"
         )
     if (f.get("mp_world_size") or 1) > 1:
         raise UniversalError(f"model-parallel checkpoints (mp_world_size={f['mp_world_size']}) are not supported here")
@@ -276,7 +278,10 @@ def universal_plan(
     parent = out.parent
     # the converter writes a folder per parameter: trainable ones, and under ZeRO-1/2 the frozen ones and buffers
     folders = len(trainable) + (len(frozen) + len(buffers) if stage <= 2 else 0)
-    complete = _complete_universal(rep, out, folders)
+    # SRC the tag itself (as inspect's findings print it): the folder holding it says which framework wrote it
+    # (HF Trainer, Lightning: the load steps differ) and holds the universal folder beside it
+    around = _around(rep, tag_dir)
+    complete = _complete_universal(rep if around is None else around, node, out, folders, tag_inv=inv)
     needs_frozen = bool(export_frozen and (frozen or buffers) and not (parent / FROZEN_FILE).exists())
     frozen_only = needs_frozen and complete
     # converted before, frozen parameters too (or none to write): a run again only says how to load it
@@ -325,7 +330,7 @@ def universal_plan(
         stage=stage,
         world_size=int(f.get("world_size") or 0),
         global_step=f.get("global_step"),
-        framework=inv.framework,
+        framework=inv.framework if around is None else (around.inventory.framework or inv.framework),
         layout=inv.layout,
         inject_missing_state=(stage <= 2 and not f.get("universal_checkpoint_info")),
         trainable=trainable,
@@ -350,11 +355,29 @@ def default_out(tag_dir: Path) -> Path:
     return Path(tag_dir).parent / f"{Path(tag_dir).name}_universal"
 
 
-def _complete_universal(rep: Report, out: Path, params: Optional[int] = None) -> bool:
-    """Is ``out`` a complete universal checkpoint that `latest_universal` beside it names (no error
-    finding inside it)? ``params``: and of that many parameter folders (the tag's trainable parameters)."""
+def _around(rep: Report, tag_dir: Path) -> Optional[Report]:
+    """The report of the folder holding ``tag_dir`` where SRC was the tag itself (else None: the report has it)."""
+    from ...report import inspect
+
+    if rep.inventory.root.path != "." or cast(Path, rep.inventory.root.abspath) != tag_dir:
+        return None
+    try:
+        return inspect(tag_dir.parent, trust_pickles=rep.inventory.trust_pickles)
+    except Exception:  # noqa: BLE001 - only what it adds to the plan (framework, a conversion there) is lost
+        return None
+
+
+def _complete_universal(
+    rep: Report, tag: Node, out: Path, params: Optional[int] = None, *, tag_inv: Optional[Inventory] = None
+) -> bool:
+    """Is ``out`` a complete universal checkpoint of ``tag`` that `latest_universal` beside it names, by the
+    very check inspect's finding makes (``universal_unusable``: every state file of every parameter, none
+    damaged)? ``params``: and of that many parameter folders (no more: the tag's trainable parameters)."""
+    from ...formats.deepspeed.findings import universal_unusable
+
     if not out.is_dir():
         return False
+    tag_inv = tag_inv or rep.inventory  # the tag's facts are in the scan that found it
     root = cast(Path, rep.inventory.root.abspath)  # a local scan (universal_plan): its root is a Path
     try:
         rel = out.relative_to(root).as_posix()
@@ -369,7 +392,9 @@ def _complete_universal(rep: Report, out: Path, params: Optional[int] = None) ->
     if params is not None and node.facts.get("param_folders") != params:
         return False
     try:
-        named = (out.parent / "latest_universal").read_text().strip()
+        named: Optional[str] = (out.parent / "latest_universal").read_text().strip()
     except OSError:
+        named = None
+    if universal_unusable(tag_inv, tag, node, named) is not None:
         return False
-    return named == out.name and not any(f.severity == "error" and node.contains(f.path) for f in rep.findings)
+    return not any(f.severity == "error" and node.contains(f.path) for f in rep.findings)

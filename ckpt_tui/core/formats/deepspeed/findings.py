@@ -269,8 +269,6 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
     """The universal checkpoint ``ckpt-tui universal`` writes for ``tag`` (``<tag>_universal/`` beside
     it, named by ``latest_universal``) when it is there and complete, from the scan's facts (headers
     only): (it, None); else (None, (the path of an unusable one, why)) or (None, None) when there is none."""
-    from .reader import UNIVERSAL_STATES, TagFacts
-
     if tag.path == ".":
         return None, None  # its folder was not scanned
     parent = inv.node(tag.path.rsplit("/", 1)[0] if "/" in tag.path else ".")
@@ -279,21 +277,32 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
     uni = parent.child(f"{tag.name}_universal")
     if uni is None or not uni.is_dir:
         return None, None
-    if uni.format != "deepspeed-universal":
-        return None, (uni.path, "holds no universal checkpoint (no zero/<parameter>/fp32.pt)")
     lu = parent.child("latest_universal")
     named = (cast(TextFacts, lu.facts).get("names") or "").strip() if lu is not None else None
+    why = universal_unusable(inv, tag, uni, named)
+    return (None, why) if why else (uni, None)
+
+
+def universal_unusable(inv: Inventory, tag: Node, uni: Node, named: Optional[str]) -> Optional[tuple[str, str]]:
+    """Why ``uni`` (a scanned folder, of ``inv`` or of a scan of its own folder) is not a complete universal
+    checkpoint of ``tag`` that ``load_checkpoint(load_universal=True)`` would load, ``named`` being what the
+    `latest_universal` beside it holds (None: there is none): (its path, why), or None where it is. The one
+    check both inspect's finding and ``ckpt-tui universal`` (converted already?) make."""
+    from .reader import UNIVERSAL_STATES, TagFacts
+
+    if uni.format != "deepspeed-universal":
+        return (uni.path, "holds no universal checkpoint (no zero/<parameter>/fp32.pt)")
     if named != uni.name:  # load_checkpoint(load_universal) follows latest_universal: it would not load this one
-        return None, (uni.path, "`latest_universal` " + ("is missing" if lu is None else "does not name it"))
+        return (uni.path, "`latest_universal` " + ("is missing" if named is None else "does not name it"))
     uf = cast(DeepSpeedUniversalFacts, uni.facts)
     if uf.get("incomplete_params"):
-        return None, (uni.path, f"incomplete (no fp32.pt in {', '.join(uf['incomplete_params'][:3])})")
+        return (uni.path, f"incomplete (no fp32.pt in {', '.join(uf['incomplete_params'][:3])})")
     if not uf.get("model_state_files"):
-        return None, (uni.path, "incomplete (no *_model_states.pt)")
+        return (uni.path, "incomplete (no *_model_states.pt)")
     broken = next((x.path for x in uni.walk() if x.facts.get("error_kind")), None)
     if broken:
         damaged = cast(Node, uni.find(broken))  # a node of uni's walk
-        return None, (uni.path, f"damaged (`{inv.shown(broken)}`: {damaged.facts.get('error')})")
+        return (uni.path, f"damaged (`{inv.shown(broken)}`: {damaged.facts.get('error')})")
     tf = inv.parsed.get(tag, TagFacts)
     zero = uni.child("zero")
     # ds_to_universal (DeepSpeed 0.19.8) writes no per-parameter step.pt for a ZeRO-3 tag; load_universal loads it so
@@ -302,12 +311,12 @@ def universal_beside(inv: Inventory, tag: Node) -> tuple[Optional[Node], Optiona
         folder = zero.child(name) if zero is not None else None
         missing = [s for s in states if folder is None or folder.child(s + ".pt") is None]
         if missing:
-            return None, (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
+            return (uni.path, f"incomplete ({name}: no {', '.join(m + '.pt' for m in missing)})")
         fp32_node = cast(Node, cast(Node, folder).child("fp32.pt"))  # not missing: the folder holds it
         fp32 = cast(TensorFacts, fp32_node.facts)
         if fp32.get("param_count") is not None and fp32["param_count"] != numel(shape):
-            return None, (
+            return (
                 uni.path,
                 f"not of this checkpoint ({name} holds {fp32['param_count']} values, the tag {numel(shape)})",
             )
-    return uni, None
+    return None

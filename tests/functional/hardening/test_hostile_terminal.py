@@ -40,6 +40,8 @@ FILE_NAME = f"notes{FILE_SEQ}[red]RED[bold]B.txt"
 S3_NAME = f"notes{FILE_SEQ}[red]RED[@click=app.bell]B.json"  # an object key
 TENSOR_A = f"model.evil{SEQ}.weight"
 TENSOR_B = f"model.{MARKUP}{CLICK}.weight"
+DCP_STORED = (TENSOR_A, TENSOR_B)  # the keys of the DCP's `model` entry, as its .metadata stores them
+DCP_EXPORTED = tuple(n.removeprefix("model.") for n in DCP_STORED)  # as export writes (and tensors lists) them
 
 # what may reach a terminal from a face: printable text and newlines (plus, in a terminal, our own SGR styles)
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -147,10 +149,15 @@ def test_cli_text_shows_names_visibly_and_never_as_markup(hostile):
     assert "CLICKME[/]" in out and "[@click=" in out
     r = cli("inspect", "--all", dcp)
     assert_clean(r.stdout + r.stderr, "inspect dcp")
-    for path in (st, dcp):
-        r = cli("tensors", path)
-        out = assert_clean(r.stdout + r.stderr, f"tensors {path.name}")
-        assert visible(TENSOR_A) in out and TENSOR_B in out  # markup shown as written, not applied
+    # a DCP is listed as export writes it (its single `model` container unwrapped); --stored as stored
+    for path, opts, (a, b) in (
+        (st, (), (TENSOR_A, TENSOR_B)),
+        (dcp, (), DCP_EXPORTED),
+        (dcp, ("--stored",), DCP_STORED),
+    ):
+        r = cli("tensors", *opts, path)
+        out = assert_clean(r.stdout + r.stderr, f"tensors {' '.join(opts)} {path.name}")
+        assert visible(a) in out and b in out  # markup shown as written, not applied
     r = cli("stats", st)
     out = assert_clean(r.stdout + r.stderr, "stats")
     assert visible(TENSOR_A) in out and TENSOR_B in out
@@ -221,6 +228,7 @@ def test_json_escapes_c0_c1_and_bidi(hostile):
         ("inspect", "--json", hostile["dcp"]),
         ("tensors", "--json", hostile["st"]),
         ("tensors", "--json", hostile["dcp"]),
+        ("tensors", "--json", "--stored", hostile["dcp"]),
         ("fix", "--dry-run", "--json", hostile["ck"]),
         ("stats", "--json", hostile["st"]),
     ):
@@ -228,7 +236,8 @@ def test_json_escapes_c0_c1_and_bidi(hostile):
         text = assert_clean(r.stdout, " ".join(map(str, args[:2])))
         strings = set(strings_of(json.loads(text)))  # the escapes decode to the same strings
         if args[0] in ("tensors", "stats"):
-            assert {TENSOR_A, TENSOR_B} <= strings
+            want = DCP_EXPORTED if args[-1] == hostile["dcp"] and "--stored" not in args else (TENSOR_A, TENSOR_B)
+            assert set(want) <= strings, args
         if args[:2] == ("inspect", "--json") and args[2] == hostile["ck"]:
             assert FILE_NAME in strings and any(s.startswith(CLICK + SEQUENCES["osc0"]) for s in strings)
 

@@ -11,7 +11,7 @@ from .formats.unpickle import gc_paused
 from .progress import OnProgress
 from .scan import OnNode, scan
 from .storage import LocationLike, as_path, bytes_fetched, is_url
-from .types import SCHEMA_VERSION, Finding, Inventory
+from .types import SCHEMA_VERSION, Finding, Inventory, run_checkpoint_doc
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Report:
         if inv.checkpoints:
             # each entry: its own components; a run folder's top level: its newest complete checkpoint's
             doc["checkpoints"] = [
-                {**c, "components": dict(inv.checkpoint_components.get(c["path"], {}))} for c in inv.checkpoints
+                run_checkpoint_doc(c, inv.checkpoint_components.get(c["path"], {})) for c in inv.checkpoints
             ]
             if not inv.components:
                 whole = next((c for c in inv.checkpoints if c["complete"]), None)

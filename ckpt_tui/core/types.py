@@ -195,6 +195,19 @@ class RunCheckpoint(TypedDict):
     complete: bool  # no error finding inside it (diagnose clears it)
 
 
+class RunCheckpointDoc(RunCheckpoint):
+    """A ``checkpoints[]`` entry of the JSON document: the checkpoint and its own components (role -> path
+    relative to the scanned root; added under schema_version 1). The one definition of that entry's shape."""
+
+    components: dict[str, str]
+
+
+def run_checkpoint_doc(c: RunCheckpoint, components: dict[str, str]) -> RunCheckpointDoc:
+    return RunCheckpointDoc(
+        path=c["path"], step=c["step"], layout=c["layout"], complete=c["complete"], components=dict(components)
+    )
+
+
 class FormatAnswers(Protocol):
     """What an Inventory asks a node's format (``formats/format.py`` declares these; the registry answers)."""
 
@@ -217,7 +230,7 @@ class Inventory:
     components: dict[str, str] = field(default_factory=dict)  # role -> relative path
     checkpoints: list[RunCheckpoint] = field(default_factory=list)  # run folders: newest first
     trust_pickles: bool = False
-    # each of ``checkpoints``' own components (role -> relative path); not part of the JSON document
+    # each of ``checkpoints``' own components (role -> relative path): the JSON document's checkpoints[].components
     checkpoint_components: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     parsed: Parsed = field(default_factory=Parsed, repr=False, compare=False)
     # the scanned path as the user gave it (relative to their folder, or absolute): what messages show

@@ -19,6 +19,13 @@ RELEASED = json.loads((Path(__file__).parent / "data" / "released_inspect_json.j
 # key path -> types the released version printed there that were wrong, and why
 CORRECTED: dict[str, set[str]] = {}
 
+# keys added since the release, under schema_version 1 (docs/json.md): key path -> its JSON types. Held like the
+# released ones wherever the document has their parent (a run folder: each checkpoint's own components, and the
+# top level the newest complete one's)
+ADDED: dict[str, set[str]] = {
+    "$.checkpoints[].components": {"object"},
+}
+
 # fixtures whose files changed since the release because the fixture itself was replaced (the hand-made torch DCP
 # imitations of torchtitan and Megatron-Core, now written by torchtitan's CheckpointManager and megatron-core's
 # dist_checkpointing): their node lists are not comparable, their key paths and types still are, on the folder that
@@ -74,3 +81,9 @@ def test_inspect_json_is_additive(variant):
         if k in new and not set(old_t) - {"null"} - CORRECTED.get(k, set()) <= new[k]
     }
     assert not retyped, f"keys whose JSON type changed: {retyped}"
+    if "$.checkpoints[]" in new:  # a run folder: what was added since is held too
+        missing = {k: t for k, t in ADDED.items() if not t <= new.get(k, set())}
+        assert not missing, f"keys added under schema_version 1 are gone or retyped: {missing}"
+        newest = next((c for c in doc["checkpoints"] if c["complete"]), None)
+        assert newest is not None and doc["components"] == newest["components"], doc["components"]
+        assert {"model", "model+optimizer"} & set(newest["components"]), newest  # where its model is

@@ -15,19 +15,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, cast
 
 from .advice import has_breakage
-from .facts import DcpFacts, TensorFacts, TorchZipFacts
+from .facts import DcpFacts, JsonFacts, TensorFacts, TorchZipFacts
+from .formats.deepspeed import reader as dsfmt
 from .formats.registry import format_of
 from .names import HF_CKPT_DIR_RE, MODEL_FILE_RE, step_of, trainer_written
 from .storage import is_url
 from .types import Finding, Inventory, Node, Parsed, TensorInfo, user_path
 
 RNG_RE_PREFIX = "rng_state"
+RNG_RANK_RE = re.compile(r"rng_state_(\d{1,6})\.pth")
 
 
 def empty_weights(n: Node, inv: Optional[Inventory] = None) -> Optional[str]:
@@ -40,30 +43,16 @@ def empty_weights(n: Node, inv: Optional[Inventory] = None) -> Optional[str]:
 
 
 def _slice(inv: Inventory, n: Node) -> Optional[str]:
-    """A model file whose tensors are smaller than the same names in a whole DCP model folder beside it (rank 0
-    saving its FSDP shard: ``save_file({k: v.to_local()})``). Headers only: the file's and the DCP's metadata."""
+    """A model or adapter file whose tensors are smaller than the same names in a whole DCP model folder or
+    DeepSpeed tag beside it (rank 0 saving its FSDP shard: ``save_file({k: v.to_local()})``). Headers only: the
+    file's, the DCP's metadata and the tag's recorded shapes (``param_shapes``, as the scan parsed them)."""
     if n.is_dir or n.role != "model" or not format_of(n).weights_as_saved or not n.facts.get("param_count"):
         return None
-    beside = [
-        c
-        for c in _folder_of(inv, n).children
-        if c.is_dir
-        and format_of(c).torch_dcp
-        and c.role == "model"
-        and c.facts.get("param_count")
-        and not has_breakage(c)
-    ]
     try:
-        if beside:
-            dcp_shown = inv.shown(beside[0].path, slash=True)
-            whole = {t.name: t for t in format_of(beside[0]).tensors(beside[0], inv.parsed)}
-        elif n is inv.root:  # the file inspected alone: an FSDP model folder beside it, its .metadata read
-            found = _dcp_beside_root(inv)
-            if found is None:
-                return None
-            dcp_shown, whole = found
-        else:
+        found = _whole_beside(inv, n)
+        if found is None:
             return None
+        shown, whole = found
         mine = list(format_of(n).tensors(n, inv.parsed))
     except Exception:  # a header that cannot be read is another finding's
         return None
@@ -79,9 +68,78 @@ def _slice(inv: Inventory, n: Node) -> Optional[str]:
 
     return (
         f"holds {len(smaller)} of its {len(mine)} tensors smaller than the same names in "
-        f"`{dcp_shown}` beside it (`{t.name}`: {shape_text(t.shape)} here, "
+        f"`{shown}` beside it (`{t.name}`: {shape_text(t.shape)} here, "
         f"{shape_text(w.shape)} there): one rank's slice of each sharded tensor"
     )
+
+
+def _whole_beside(inv: Inventory, n: Node) -> Optional[tuple[str, dict[str, TensorInfo]]]:
+    """(as shown, its tensors by name) of the whole DCP model folder or DeepSpeed tag beside ``n``; None if none."""
+    for c in _folder_of(inv, n).children:
+        if not c.is_dir or not c.facts.get("param_count") or has_breakage(c):
+            continue
+        fmt = format_of(c)
+        if fmt.torch_dcp and c.role == "model":
+            return inv.shown(c.path, slash=True), {t.name: t for t in fmt.tensors(c, inv.parsed)}
+        if fmt.tag:
+            tf = inv.parsed.get(c, dsfmt.TagFacts)  # what the scan read of it: never read again here
+            if tf is not None and (tf.param_shapes or tf.frozen_shapes):
+                return inv.shown(c.path, slash=True), _tag_shapes(tf)
+    if n is inv.root:  # the file inspected alone: an FSDP model folder or a DeepSpeed tag beside it
+        return _dcp_beside_root(inv) or _tag_beside_root(inv)
+    return None
+
+
+def _tag_shapes(tf: dsfmt.TagFacts) -> dict[str, TensorInfo]:
+    """The whole shapes a DeepSpeed tag records, by name (a PEFT adapter's also as its adapter file names them:
+    ``…lora_A.weight`` for the tag's ``…lora_A.default.weight``)."""
+    out: dict[str, TensorInfo] = {}
+    for name, shape in {**tf.frozen_shapes, **tf.param_shapes}.items():
+        t = TensorInfo(name, shape, "float32", 0)
+        out[name] = t
+        out.setdefault(_ADAPTER_NAME_RE.sub(r".\1", name), t)
+    return out
+
+
+# PEFT names a LoRA weight ``<module>.lora_A.<adapter name>.weight`` in the model, ``<module>.lora_A.weight`` in
+# the adapter file it saves (get_peft_model_state_dict drops the adapter name)
+_ADAPTER_NAME_RE = re.compile(r"\.(lora_[AB]|lora_embedding_[AB])\.[^.]+(?=\.|$)")
+
+
+def _tag_beside_root(inv: Inventory) -> Optional[tuple[str, dict[str, TensorInfo]]]:
+    """(as shown, its recorded shapes) of the DeepSpeed tag beside the file inspected alone (the one ``latest``
+    names, else the only one), its rank-0 model states read through the screened reader; None if there is none,
+    or it cannot be read safely."""
+    found = _sharded_beside(inv)
+    if found is None:
+        return None
+    parent = os.path.dirname(os.path.abspath(str(inv.root.abspath)))
+    try:
+        with open(os.path.join(parent, "latest"), encoding="utf-8") as fh:
+            name = fh.read(256).strip()
+    except (OSError, ValueError):
+        tags = [e for e in os.listdir(parent) if e.startswith("global_step")]
+        name = tags[0] if len(tags) == 1 else ""
+    folder = os.path.join(parent, name)
+    if not name or name.startswith(".") or os.sep in name or "/" in name or os.path.islink(folder):
+        return None
+    if not os.path.isdir(folder):
+        return None
+    from .formats.torch_save.format import read_torch_file
+    from .scan import walk
+
+    node = walk(Path(folder))
+    tf = dsfmt.classify_files(c.name for c in node.children)
+    states = node.child(tf.model_files.get((-1, 0)) or tf.model_files.get((0, 0)) or "")
+    if states is None:
+        return None
+    obj = read_torch_file(states).obj  # its structure only (param_shapes), nothing executed
+    if states.facts.get("unsafe_globals"):
+        return None
+    dsfmt.analyze_model_states(obj, tf)
+    if not (tf.param_shapes or tf.frozen_shapes):
+        return None
+    return os.path.join(found[0], name) + "/", _tag_shapes(tf)
 
 
 def _dcp_beside_root(inv: Inventory) -> Optional[tuple[str, dict[str, TensorInfo]]]:
@@ -433,7 +491,7 @@ def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -
                     s.path,
                     f"`{me}/` was saved with save_only_model=True under DeepSpeed: it holds no DeepSpeed tag, so "
                     f'`trainer.train(resume_from_checkpoint={lit})` stops with "Can\'t find a valid checkpoint". '
-                    f"Start a new run from its weights instead (from_pretrained({lit})).",
+                    f"Start a new run from its weights instead: {_load_weights(inv, s, lit)}.",
                 )
             )
         else:
@@ -448,8 +506,13 @@ def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -
                 )
             )
         return out
-    expected = set().union(*(p.rng for p in every if p.state)) if every else set()
-    missing = sorted(expected - s.rng) if s.rng else sorted(expected) or ["rng_state.pth"]
+    expected = _rng_expected(set().union(*(p.rng for p in every if p.state)) if every else set())
+    if s.rng:  # a sibling saved by another number of processes writes the other kind of names
+        indexed = any(RNG_RANK_RE.fullmatch(n) for n in s.rng)
+        expected = {n for n in expected if bool(RNG_RANK_RE.fullmatch(n)) == indexed}
+    missing = (
+        sorted(expected - s.rng, key=_rng_order) if s.rng else sorted(expected, key=_rng_order) or ["rng_state.pth"]
+    )
     if s.state and (not s.rng or missing):
         out.append(
             Finding(
@@ -461,3 +524,43 @@ def _resume_findings(inv: Inventory, s: TrainerSave, every: list[TrainerSave]) -
             )
         )
     return out
+
+
+def _load_weights(inv: Inventory, s: TrainerSave, lit: str) -> str:
+    """How to load the weights of ``s`` (whose path is the literal ``lit``), as code that runs as printed: the class
+    its config.json names (transformers' ``from_pretrained``), PEFT's for an adapter, else its model file."""
+    n = inv.node(s.path) or inv.root
+    if n.child("adapter_config.json") is not None:
+        return (
+            f"`from peft import PeftModel; model = PeftModel.from_pretrained(base_model, {lit})` "
+            "(base_model: the base model, loaded)"
+        )
+    config = n.child("config.json")
+    if config is not None:
+        archs = cast(JsonFacts, config.facts).get("architectures") or []
+        one = len(archs) == 1 and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,99}", archs[0])
+        arch = archs[0] if one else "AutoModel"
+        return f"`from transformers import {arch}; model = {arch}.from_pretrained({lit})`"
+    for name, code in (
+        ("model.safetensors", "from safetensors.torch import load_file; model.load_state_dict(load_file({}))"),
+        ("pytorch_model.bin", "import torch; model.load_state_dict(torch.load({}, weights_only=True))"),
+    ):
+        f = n.child(name)
+        if f is not None:
+            where = py(user_path(inv.given or str(inv.root.abspath), f.path))
+            return f"`{code.format(where)}` (model: yours, built as in the run)"
+    return "load its model file's state dict into your model (`model.load_state_dict(...)`)"
+
+
+def _rng_expected(names: set[str]) -> set[str]:
+    """The RNG files a save of these ranks writes: the Trainer writes ``rng_state.pth`` in one process, else
+    ``rng_state_<process index>.pth`` on every rank, so a ``rng_state_R.pth`` means ranks 0 to at least max(R, 1)."""
+    ranks = [int(m.group(1)) for n in names if (m := RNG_RANK_RE.fullmatch(n))]
+    if not ranks:
+        return names
+    return names | {f"rng_state_{r}.pth" for r in range(max(max(ranks), 1) + 1)}
+
+
+def _rng_order(name: str) -> tuple[int, str]:
+    m = RNG_RANK_RE.fullmatch(name)
+    return (int(m.group(1)) if m else -1, name)

@@ -279,6 +279,63 @@ def killed_export(root: Path) -> None:
     (root / ".merged.ckpt-tui.lock").write_bytes(b"")
 
 
+def rank0_slice(rel: str) -> Callable[[Path], None]:
+    """``rel``'s header rewritten as rank 0 of 2 saving its FSDP2 shards (``save_file({k: v.to_local()})``): each
+    tensor's first dimension halved."""
+
+    def edit(root: Path) -> None:
+        header, _ = trees.safetensors_header(root / rel)
+        for k, v in header.items():
+            if k != "__metadata__":
+                v["shape"] = [v["shape"][0] // 2, *v["shape"][1:]]
+        trees.rewrite_safetensors_header(root / rel, header)
+
+    return edit
+
+
+class Gathered(Corrupt):
+    """zero3-peft-ungathered with its ungathered adapter's header given the shapes the run's LoRA weights have
+    (oracle/: what a gathered save writes), then ``edit(root)``."""
+
+    ADAPTER = "ungathered/checkpoint-2/adapter_model.safetensors"
+
+    def __init__(self, edit: Optional[Callable[[Path], None]] = None):
+        super().__init__("zero3-peft-ungathered", edit, "ungathered/checkpoint-2")
+
+    def __call__(self, base: Path) -> Path:
+        root = trees.tree("zero3-peft-ungathered", base)
+        real, _ = trees.safetensors_header(root / "oracle/adapter_state.safetensors")
+        header, _ = trees.safetensors_header(root / self.ADAPTER)
+        for k, v in header.items():
+            if k != "__metadata__":
+                v["shape"] = real[k]["shape"]
+        trees.rewrite_safetensors_header(root / self.ADAPTER, header)
+        if self.edit is not None:
+            self.edit(root)
+        return root / self.sub
+
+    @property
+    def pristine(self) -> Optional["Corrupt"]:
+        return Gathered() if self.edit is not None else None
+
+
+def lora_not_matrices(root: Path) -> None:
+    """Every lora_A a vector of its real size and every lora_B given a 0 dimension (tensors non-empty, none a LoRA
+    matrix: what PEFT's own check rejects)."""
+    header, _ = trees.safetensors_header(root / Gathered.ADAPTER)
+    for k, v in header.items():
+        if k != "__metadata__":
+            a, b = v["shape"]
+            v["shape"] = [a * b] if ".lora_A." in k else [a, 0]
+    trees.rewrite_safetensors_header(root / Gathered.ADAPTER, header)
+
+
+def checkpoint_3_without_optimizer(root: Path) -> None:
+    """A rotation killed mid-delete of a newer checkpoint: checkpoint-2 copied as checkpoint-3, optimizer.pt gone."""
+    shutil.copytree(root / "run/checkpoint-2", root / "run/checkpoint-3")
+    (root / "run/checkpoint-3/optimizer.pt").unlink()
+
+
 VERL = "checkpoints/global_step_1/actor"  # verl's actor folder in the verl-fsdp2 fixture
 
 ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file")
@@ -797,6 +854,35 @@ CASES = [
         ("16 of its 17 tensors smaller", "128×64 here, 256×64 there", "pytorch_model_fsdp_0 --out DIR`"),
     ),
     Rule(
+        "weights-empty-rank0-slice-beside-its-deepspeed-tag",
+        Corrupt("hf-ds-zero2", rank0_slice("checkpoint-2/model.safetensors"), "checkpoint-2"),
+        "weights-empty",
+        "error",
+        "model.safetensors",
+        (
+            "21 of its 21 tensors smaller",
+            "128×64 here, 256×64 there",
+            "global_step2/` beside it",
+            "checkpoint-2 --out DIR`",
+        ),
+    ),
+    Rule(
+        "weights-empty-rank0-slice-alone-beside-its-deepspeed-tag",
+        Corrupt("hf-ds-zero2", rank0_slice("checkpoint-2/model.safetensors"), "checkpoint-2/model.safetensors"),
+        "weights-empty",
+        "error",
+        ".",
+        ("21 of its 21 tensors smaller", "global_step2/` beside it", "checkpoint-2 --out DIR`"),
+    ),
+    Rule(
+        "weights-empty-adapter-lora-not-matrices",
+        Gathered(lora_not_matrices),
+        "weights-empty",
+        "error",
+        "adapter_model.safetensors",
+        ("8 LoRA tensors, none of them a matrix", "ungathered/checkpoint-2 --out DIR`"),
+    ),
+    Rule(
         "resume-world-size-zero3",
         Corrupt("ds-zero3-bf16", None),
         "resume-world-size",
@@ -870,12 +956,28 @@ CASES = [
         ("lacks scheduler.pt",),
     ),
     Rule(
+        "checkpoint-incomplete-optimizer-deleted",
+        Corrupt("hf-rotation-killed", checkpoint_3_without_optimizer, "run"),
+        "checkpoint-incomplete",
+        "error",
+        "checkpoint-3",
+        ("lacks the optimizer state (optimizer.pt)", 'checkpoint-2")`', "checkpoint-3.incomplete`"),
+    ),
+    Rule(
         "rng-state-missing",
         Corrupt("hf-rotation-killed", rm("run/checkpoint-2/rng_state.pth"), "run/checkpoint-2"),
         "rng-state-missing",
         "info",
         ".",
         ("no rng_state.pth", "not bit-for-bit"),
+    ),
+    Rule(
+        "rng-state-missing-one-rank",
+        Corrupt("hf-ds-zero2", rm("checkpoint-2/rng_state_1.pth"), "checkpoint-2"),
+        "rng-state-missing",
+        "info",
+        ".",
+        ("no rng_state_1.pth", "not bit-for-bit"),
     ),
     Rule(
         "resume-model-only",
@@ -891,7 +993,7 @@ CASES = [
         "resume-model-only",
         "warning",
         ".",
-        ("under DeepSpeed", "Can't find a valid checkpoint"),
+        ("under DeepSpeed", "Can't find a valid checkpoint", 'LlamaForCausalLM.from_pretrained("'),
     ),
     Rule(
         "optimizer-state-missing",
@@ -1018,3 +1120,19 @@ def test_a_users_own_save_pretrained_named_checkpoint_n_is_no_trainer_checkpoint
     rep = inspect(run)
     assert [c["complete"] for c in rep.inventory.checkpoints] == [True, True]
     assert not [f for f in rep.findings if f.code in ("checkpoint-incomplete", "rng-state-missing")], rep.findings
+
+
+def test_a_save_only_model_checkpoint_without_optimizer_is_complete(tmp_path):
+    """The checkpoint-incomplete-optimizer-deleted tree, its training_args.bin saying save_only_model: the Trainer
+    writes no optimizer.pt then, so nothing is missing."""
+    root = trees.tree("hf-rotation-killed", tmp_path)
+    checkpoint_3_without_optimizer(root)
+    trees.write_file("hf-model-only", "run/checkpoint-2/training_args.bin", root / "run/checkpoint-3/training_args.bin")
+    rep = inspect(root / "run")
+    assert [f.path for f in rep.findings if f.code == "checkpoint-incomplete"] == ["checkpoint-1"], rep.findings
+    assert ("resume-model-only", "checkpoint-3") in {(f.code, f.path) for f in rep.findings}
+
+
+def test_every_rng_state_there_is_no_finding(tmp_path):
+    rep = inspect(trees.tree("hf-ds-zero2", tmp_path) / "checkpoint-2")
+    assert not [f for f in rep.findings if f.code == "rng-state-missing"], rep.findings

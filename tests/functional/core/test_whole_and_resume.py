@@ -142,6 +142,19 @@ def test_save_only_model_says_what_a_resume_does_and_hf_does_it(tmp_path):
     assert rc == 1 and "Can't find a valid checkpoint" in out, out
 
 
+def test_the_deepspeed_model_only_advice_loads_the_weights_as_printed(tmp_path, monkeypatch):
+    v = _copy("hf-ds-model-only", tmp_path)
+    (f,) = _findings(v, "run/checkpoint-2", "resume-model-only")
+    (code,) = re.findall(r"instead: `([^`]+)`", f["message"])
+    assert 'from_pretrained("run/checkpoint-2")' in code, code
+    monkeypatch.chdir(v)  # where the user stood
+    scope: dict = {}
+    exec(code, scope)  # as printed
+    want = load_file(v / "run" / "checkpoint-2" / "model.safetensors")
+    got = scope["model"].state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_no_rng_state_is_an_info_and_resumes(tmp_path):
     v = _copy("hf-rotation-killed", tmp_path)
     (v / "run" / "checkpoint-2" / "rng_state.pth").unlink()
@@ -150,6 +163,47 @@ def test_no_rng_state_is_an_info_and_resumes(tmp_path):
     assert _findings(v, "run", "checkpoint-incomplete")[0]["path"] == "checkpoint-1"  # only the rotated one
     rc, out = _resume(v, "run/checkpoint-2")
     assert rc == 0 and "RESUMING from step 2" in out, out
+
+
+def _rotated_optimizer(tmp_path: Path) -> Path:
+    """hf-rotation-killed with a newer checkpoint-3 (its checkpoint-2, copied) whose optimizer.pt is gone."""
+    v = _copy("hf-rotation-killed", tmp_path)
+    shutil.copytree(v / "run" / "checkpoint-2", v / "run" / "checkpoint-3")
+    (v / "run" / "checkpoint-3" / "optimizer.pt").unlink()
+    return v
+
+
+def test_a_checkpoint_without_the_optimizer_its_siblings_have_is_incomplete(tmp_path):
+    v = _rotated_optimizer(tmp_path)
+    got = {f["path"]: f for f in _findings(v, "run", "checkpoint-incomplete")}
+    assert sorted(got) == ["checkpoint-1", "checkpoint-3"]
+    f = got["checkpoint-3"]
+    assert f["severity"] == "error" and "lacks the optimizer state (optimizer.pt)" in f["message"], f["message"]
+    assert _advised(f["message"]) == "run/checkpoint-2"  # the newest complete one (resumes: the rotation test)
+    (mv,) = re.findall(r"`(mv [^`]+)`", f["message"])  # resume_from_checkpoint=True would pick checkpoint-3
+    subprocess.run(mv, shell=True, cwd=v, check=True)
+    assert [f["path"] for f in _findings(v, "run", "checkpoint-incomplete")] == ["checkpoint-1"]
+
+
+def test_a_save_only_model_checkpoint_without_optimizer_is_not_incomplete(tmp_path):
+    """The same, its training_args.bin the real one of a save_only_model run: the Trainer writes no optimizer.pt."""
+    v = _rotated_optimizer(tmp_path)
+    args = fixture_path("hf-model-only") / "run" / "checkpoint-2" / "training_args.bin"
+    shutil.copyfile(args, v / "run" / "checkpoint-3" / "training_args.bin")
+    assert [f["path"] for f in _findings(v, "run", "checkpoint-incomplete")] == ["checkpoint-1"]
+    (f,) = _findings(v, "run", "resume-model-only")
+    assert f["path"] == "checkpoint-3"
+
+
+def test_a_missing_rng_state_of_one_rank_is_an_info(tmp_path):
+    """A 2-rank save (HF Trainer + DeepSpeed) without rank 1's rng_state_1.pth: rng_state_0.pth alone still says
+    the save had more than one process (one process writes rng_state.pth)."""
+    v = _copy("hf-ds-zero2", tmp_path)
+    assert _findings(v, "checkpoint-2", "rng-state-missing") == []
+    (v / "checkpoint-2" / "rng_state_1.pth").unlink()
+    (f,) = _findings(v, "checkpoint-2", "rng-state-missing")
+    assert f["severity"] == "info" and "has no rng_state_1.pth" in f["message"], f["message"]
+    assert _findings(v, "checkpoint-2", "checkpoint-incomplete") == []
 
 
 # ---------------------------------------------------------------------------------------------- empty weights
@@ -237,6 +291,51 @@ def test_rank0s_slice_beside_the_whole_dcp_is_refused_and_export_reads_the_dcp_b
         got = load_file(out / "model.safetensors")
         assert got.keys() == want["model"].keys()
         assert all(torch.equal(got[k], want["model"][k]) for k in got)
+
+
+def test_rank0s_slice_beside_a_deepspeed_tag_is_refused_and_the_printed_export_reads_the_tag(tmp_path):
+    """A real HF Trainer + ZeRO-2 checkpoint whose model.safetensors is rewritten as rank 0 of 2 saving its FSDP2
+    shards: smaller than the shapes the tag beside it records. The printed export reads the tag: the run's weights."""
+    from safetensors.torch import save_file
+
+    v = _copy("hf-ds-zero2", tmp_path)
+    model = v / "checkpoint-2" / "model.safetensors"
+    want = load_file(model)  # the gathered save HF wrote
+    save_file({k: t[: t.shape[0] // 2].clone() for k, t in want.items()}, model, metadata={"format": "pt"})
+    (f,) = _findings(v, "checkpoint-2", "weights-empty")
+    assert f["path"] == "model.safetensors" and f["command"] == "ckpt-tui export checkpoint-2 --out DIR"
+    assert "one rank's slice" in f["message"] and "`checkpoint-2/global_step2/` beside it" in f["message"]
+    r = ckpt_tui("export", "checkpoint-2/model.safetensors", "--out", str(tmp_path / "bad"), cwd=v)
+    assert r.returncode == 1 and "weights-empty" in r.stderr, r.stderr  # the file inspected alone: refused
+    assert not (tmp_path / "bad").exists()
+    out = tmp_path / "out"
+    r = ckpt_tui(*f["command"].replace("DIR", str(out)).split()[1:], cwd=v)
+    assert r.returncode == 0, r.stderr
+    got = load_file(out / "model.safetensors")  # the tag's fp32 masters; HF saved them cast to bf16
+    assert got.keys() == want.keys() and all(torch.equal(got[k].to(want[k].dtype), want[k]) for k in want)
+
+
+def test_an_adapter_whose_lora_tensors_are_no_matrices_is_empty_and_the_printed_export_recovers_it(tmp_path):
+    """PEFT's own check: every lora_A / lora_B with fewer than 2 dimensions or a 0 in its shape, though the file's
+    tensors are not empty (the run's adapter rewritten: lora_A flattened, lora_B with a 0 dimension)."""
+    from peft import PeftModel
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    v = _copy("zero3-peft-ungathered", tmp_path)
+    want = load_file(v / "oracle" / "adapter_state.safetensors")
+    bad = {k: (t.flatten() if ".lora_A." in k else t[:, :0]).contiguous() for k, t in want.items()}
+    ck = v / "ungathered" / "checkpoint-2"
+    save_file(bad, ck / "adapter_model.safetensors", metadata={"format": "pt"})
+    (f,) = _findings(v, "ungathered/checkpoint-2", "weights-empty")
+    assert f["path"] == "adapter_model.safetensors" and "8 LoRA tensors, none of them a matrix" in f["message"]
+    with pytest.raises(RuntimeError, match="size mismatch"):  # "loading it fails", as the message says
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(v / "base-model"), ck)
+    out = tmp_path / "out"
+    r = ckpt_tui(*f["command"].replace("DIR", str(out)).split()[1:], cwd=v)
+    assert r.returncode == 0, r.stderr
+    got = load_file(out / "adapter_model.safetensors")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_tensors_marks_empty_weights(tmp_path):

@@ -280,12 +280,13 @@ class Inventory:
 
     def export_candidates(self) -> list[tuple[str, str]]:
         """(relative path, description) of what an export could read -- model weights only, never an
-        optimizer component: the model component first, then each checkpoint's of a run folder, then any
-        other weights not inside those; at most 30. The TUI's export wizard offers these."""
+        optimizer component: the model component first, then each checkpoint's of a run folder (newest first, the
+        complete ones before any incomplete one: what the first offers is what ``export RUN`` takes), then any other
+        weights not inside those; at most 30. The TUI's export wizard offers these, the first chosen."""
         out: list[tuple[str, str]] = []
         first = self.model_path()
         if self.layout == "run-folder" and self.checkpoints:
-            for ck in self.checkpoints:
+            for ck in sorted(self.checkpoints, key=lambda c: not c["complete"]):  # stable: newest first in each
                 rel = self.model_path(ck["path"])
                 if rel:
                     out.append((rel, f"step {ck['step']}" + (" (complete)" if ck["complete"] else " (INCOMPLETE)")))

@@ -26,6 +26,10 @@ from .write import ExportError
 
 ADAPTER_STEM = "adapter_model"
 NO_SHARDS = 1 << 62  # PEFT reads one adapter_model.safetensors: an adapter is never sharded
+# the files of a tokenizer (among the side files an export copies): a merged model takes them from one folder
+TOKENIZER_FILES = tuple(
+    n for n in CONFIG_FILES if n not in ("config.json", "generation_config.json", "preprocessor_config.json")
+)
 # module names of input embeddings and output heads, whose weights a model may tie
 TIEABLE = ("lm_head", "embed_tokens", "wte", "word_embeddings", "embed_in", "embed_out", "tok_embeddings", "output")
 
@@ -145,6 +149,30 @@ def _tieable(module: str) -> bool:
     return module.rsplit(".", 1)[-1] in TIEABLE
 
 
+# transformers' models whose layers are Conv1D (weight stored (in, out)), and those layers' names (transformers 5:
+# models/{gpt2,openai,imagegpt,decision_transformer,clvp}/modeling_*.py); every other layer of theirs is nn.Linear
+CONV1D_LAYERS: dict[str, frozenset[str]] = {
+    "gpt2": frozenset({"c_attn", "q_attn", "c_proj", "c_fc"}),
+    "openai-gpt": frozenset({"c_attn", "c_proj", "c_fc"}),
+    "imagegpt": frozenset({"c_attn", "q_attn", "c_proj", "c_fc"}),
+    "decision_transformer": frozenset({"c_attn", "q_attn", "c_proj", "c_fc"}),
+    "clvp": frozenset({"c_fc", "c_proj"}),
+}
+
+
+def fan_in_fan_out(config: dict[str, Any], module: str, saved: bool) -> Optional[bool]:
+    """Whether PEFT merged ``module``'s LoRA transposed: it decides per layer by the base module's type (a Conv1D
+    True, an nn.Linear False, whatever the config said: it rewrites the saved ``fan_in_fan_out`` as it wraps each
+    layer, so the saved value is only the last wrapped layer's). None: not knowable here (a model of remote code
+    whose saved value says some layer was a Conv1D)."""
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in CONV1D_LAYERS:
+        return module.rsplit(".", 1)[-1] in CONV1D_LAYERS[model_type]
+    if config.get("auto_map") and saved:
+        return None
+    return False
+
+
 def _base_config(folder: Path) -> dict[str, Any]:
     try:
         doc = json.loads((folder / "config.json").read_bytes())
@@ -208,6 +236,7 @@ def plan_merge(
 
     problems: list[str] = []
     replaced: dict[str, SourceTensor] = {}
+    unknown_fifo: list[str] = []  # layers whose fan_in_fan_out cannot be known (a base of remote code)
     for m in info.layout.modules:
         if tied and _tieable(m.module):
             problems.append(f"a LoRA on `{visible(m.module)}`, whose weight the base ties to another")
@@ -215,13 +244,23 @@ def plan_merge(
         wname = f"{m.module}.weight"
         w = by_name.get(wname)
         if w is None:
-            if f"{m.module}.in_proj_weight" in by_name:  # PEFT's MultiheadAttention LoRA: another merge entirely
-                problems.append(f"a LoRA on the MultiheadAttention `{visible(m.module)}`: not merged (PEFT only)")
+            # PEFT's MultiheadAttention LoRA: another merge entirely, on the packed in_proj_weight and (always, as
+            # `<mha>.base_layer.out_proj`) on its out_proj; one problem for the two
+            outer = m.module.removesuffix(".base_layer.out_proj")
+            mha = next((n for n in (m.module, outer) if f"{n}.in_proj_weight" in by_name), None)
+            if mha is not None:
+                said = f"a LoRA on the MultiheadAttention `{visible(mha)}`: not merged (PEFT only)"
+                if said not in problems:
+                    problems.append(said)
             else:
                 problems.append(f"`{visible(wname)}` is not in the base model")
             continue
         a, b = adapter_tensor(m.a), adapter_tensor(m.b)
-        fifo = cfg.fan_in_fan_out and not m.embedding
+        layer_fifo = False if m.embedding else fan_in_fan_out(bcfg, m.module, cfg.fan_in_fan_out)
+        if layer_fifo is None:
+            unknown_fifo.append(m.module)
+            continue
+        fifo = layer_fifo
         if m.embedding:
             want = (a.shape[1], b.shape[0])
         else:
@@ -259,6 +298,12 @@ def plan_merge(
                 problems.append(f"modules_to_save `{visible(tname)}` is {list(t.shape)}, the base's {list(w.shape)}")
                 continue
         replaced[tname] = replace(t, name=tname)
+    if unknown_fifo:
+        layers = ", ".join(f"`{visible(x)}`" for x in unknown_fifo[:3]) + (", …" if len(unknown_fifo) > 3 else "")
+        problems.append(
+            f"the base is a model of its own code (auto_map) and the adapter says fan_in_fan_out: whether its "
+            f"{len(unknown_fifo)} LoRA layer(s) ({layers}) are Conv1D, merged transposed, cannot be told from files"
+        )
     if problems:
         raise ExportError(
             f"cannot merge {given} into the base in {visible(str(folder))}:\n  " + "\n  ".join(problems[:8])
@@ -276,8 +321,19 @@ def plan_merge(
     places = config_places(info.node)
     plan = make_plan(merged, out, dtype=dtype, max_shard_size=max_shard_size, config_dirs=[*places, folder])
     # the model config and generation config are the base's, never a checkpoint's; the tokenizer: the checkpoint's
-    # first (a run that added tokens saved its own)
-    plan.copies = [(p, n) for p, n in plan.copies if n not in ("config.json", "generation_config.json")]
+    # first (a run that added tokens saved its own), whole: every file of it from the first folder holding one, none
+    # of another's beside them (the base's special_tokens_map.json or chat template would change the run's tokenizer)
+    tok_dir = next((d for d in [*places, folder] if any((d / n).is_file() for n in TOKENIZER_FILES)), None)
+
+    def kept(name: str, where: Path) -> bool:
+        return name not in TOKENIZER_FILES or where == tok_dir
+
+    plan.copies = [
+        (p, n)
+        for p, n in plan.copies
+        if n not in ("config.json", "generation_config.json") and kept(n, Path(str(p)).parent)
+    ]
+    plan.not_copied = [(n, d, why) for n, d, why in plan.not_copied if kept(n, d)]
     gen = folder / "generation_config.json"
     if gen.is_file() and side_file_problem(gen, folder) is None:
         plan.copies.append((gen, gen.name))

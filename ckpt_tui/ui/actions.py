@@ -49,6 +49,11 @@ def model_component(screen: Host) -> Optional[str]:
     return None
 
 
+def export_names(screen: Host) -> Optional[str]:
+    """Statistics are named as export writes the tensors: the table must show those names to hold them."""
+    return "the table shows the stored keys: press S for the names export writes" if screen.stored_names else None
+
+
 def running_job(screen: Host) -> Optional[str]:
     return None if screen.running_jobs() else "no job is running"
 
@@ -128,12 +133,20 @@ ACTIONS = (
         "stats",
         "Stats",
         "Compute min/max/NaN of every tensor of the selected component",
-        needs="a finished scan and a selected component with tensors",
-        checks=(scanned, model_component),
+        needs="a finished scan and a selected component with tensors, listed under the names export writes",
+        checks=(scanned, model_component, export_names),
     ),
     Action(
         "filter", "slash", "filter", "Filter", "Filter the tensor table by name", key_display="/", show=False
     ),  # 80 columns hold e u x f s c ? q
+    Action(
+        "stored",
+        "S",
+        "toggle_stored",
+        "Stored keys",
+        "Tensor table: the keys as stored (a DCP's optimizer state too), or back to the names export writes",
+        show=False,  # 80 columns hold e u x f s c ? q
+    ),
     Action(
         "cancel",
         "c",

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from ..core.analysis import TensorStats
     from .jobs import JobFn, JobInfo
 
-# what a tensors job returns: (the node it was asked for, the component listed, its rows, the table's note)
-TensorRows = tuple[str, str, tuple[TensorInfo, ...], str]
+# what a tensors job returns: (the node it was asked for, the component listed, its rows, the table's note, whether
+# they are the stored keys (`S`) rather than the names export writes)
+TensorRows = tuple[str, str, tuple[TensorInfo, ...], str, bool]
 
 
 class Host(Protocol):
@@ -35,6 +36,9 @@ class Host(Protocol):
 
     @property
     def shown_component(self) -> Optional[str]: ...  # the key of the component the tensor table shows
+
+    @property
+    def stored_names(self) -> bool: ...  # the tensor table lists the stored keys (`S`), not the names export writes
 
     # ---- what it knows
     def universal_choice(self) -> tuple[Optional[Node], str]: ...  # the DeepSpeed tag u and m convert, or why not

@@ -2,7 +2,8 @@
 (right), the jobs panel and the footer.
 
 Its state is reactive and each watcher repaints one thing: ``report`` (the scan's result), ``selected`` (the
-highlighted node), ``listing`` (the tensor table's rows and note), ``stats`` and ``tree_width``. Bindings that
+highlighted node), ``listing`` (the tensor table's rows and note), ``stored_names`` (the table's view: the names
+export writes, or with `S` the keys as stored), ``stats`` and ``tree_width``. Bindings that
 cannot run now are dimmed by ``check_action``; ``why_not`` says why (help screen, palette). Every job is a
 Textual worker over a core function (ui/jobs.py) of a registered kind (ui/job_kinds.py): the keys open the
 kinds' wizards and ``on_worker_state_changed`` hands every end to the job's kind."""
@@ -39,7 +40,7 @@ from ..widgets.jobs_panel import JobsPanel, progress_text
 from ..widgets.tree import CheckpointTree
 from .dialogs import ConfirmDialog, MessageDialog
 
-Listing = tuple[tuple[TensorInfo, ...], str]  # the tensor table's rows and note
+Listing = tuple[tuple[TensorInfo, ...], str, bool]  # the tensor table's rows, note and view (stored keys?)
 if TYPE_CHECKING:
     from ...core.analysis import TensorStats
     from ...core.progress import OnProgress
@@ -61,7 +62,9 @@ class MainScreen(Screen[None]):
 
     report: reactive[Optional[Report]] = reactive(None, init=False, bindings=True)
     selected: reactive[Optional[Node]] = reactive(None, init=False, bindings=True, always_update=True)
-    listing: reactive[Listing] = reactive(((), ""), init=False)  # (tensor rows, note) of the shown component
+    listing: reactive[Listing] = reactive(((), "", False), init=False)  # (rows, note, view) of the shown component
+    # the table's view (`S`): the keys as stored (`ckpt-tui tensors --stored`), not the names export writes
+    stored_names: reactive[bool] = reactive(False, init=False, bindings=True)
     stats: reactive[tuple[TensorStats, ...]] = reactive((), init=False)  # of the shown component, after `s`
     tree_width: reactive[int] = reactive(0, init=False)  # 0: by content (CheckpointTree); else % set by < / >
 
@@ -71,8 +74,9 @@ class MainScreen(Screen[None]):
         self.clock = clock
         self.trust_pickles = trust_pickles
         self.jobs: dict[Worker[Any], JobInfo] = {}  # every job started, in order; the worker holds its state
-        self._tensor_cache: dict[str, Listing] = {}
+        self._tensor_cache: dict[tuple[bool, str], Listing] = {}  # (stored keys?, component) -> its listing
         self.shown_component: Optional[str] = None  # the key of the component the table shows (None: not yet)
+        self._shown_stored = False  # the view the table shows shown_component in
         self._early_root: Optional[Node] = None
 
     # ------------------------------------------------------------------ layout
@@ -251,13 +255,14 @@ class MainScreen(Screen[None]):
     def load_tensors(self, node: Node) -> None:
         comp, note = self.component_for(node)
         key = comp.path if comp is not None else "\0" + note  # nothing to list: the note says why
-        if key == self.shown_component:
+        stored = self.stored_names
+        if key == self.shown_component and stored == self._shown_stored:
             return  # moving inside the same component: the table is already right
-        self.shown_component = key
+        self.shown_component, self._shown_stored = key, stored
         if comp is None:
-            self.listing = ((), note)
+            self.listing = ((), note, stored)
             return
-        cached = self._tensor_cache.get(key)
+        cached = self._tensor_cache.get((stored, key))
         if cached is not None:
             self.listing = cached
             return
@@ -266,45 +271,62 @@ class MainScreen(Screen[None]):
         TENSORS.start(
             self,
             JobInfo(TENSORS.name, f"tensors {comp.name}"),
-            lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed, inv),
+            lambda on_progress, cancel: self.tensors_of(node.path, comp, note, parsed, inv, stored=stored),
             exclusive=True,
         )
 
     @staticmethod
     def tensors_of(
-        path: str, comp: Node, note: str, parsed: Optional[Parsed], inv: Optional[Inventory] = None
+        path: str,
+        comp: Node,
+        note: str,
+        parsed: Optional[Parsed],
+        inv: Optional[Inventory] = None,
+        *,
+        stored: bool = False,
     ) -> TensorRows:
-        """The rows the table shows for ``comp`` (runs in a worker): the one place that asks the core."""
+        """The rows the table shows for ``comp`` (runs in a worker): the one place that asks the core. As
+        `ckpt-tui tensors`: the names export writes, or (``stored``, `--stored`) every entry under its stored key."""
         from ...core.tensors import list_tensors
         from ...core.whole import empty_weights
         from ..widgets.details import EMPTY_MARK
 
         rows: tuple[TensorInfo, ...] = ()
         try:
-            rows = tuple(list_tensors(comp, parsed))
+            rows = tuple(list_tensors(comp, parsed, stored=stored))
             why = empty_weights(comp, inv)
             if why:
                 note = f"{EMPTY_MARK}: {why}; see its finding" + (f" ({note})" if note else "")
         except Exception as e:  # a broken file: say so in the table's caption
             note = f"cannot list tensors: {e}"
-        return path, comp.path, rows, note
+        return path, comp.path, rows, note, stored
 
     def tensors_done(self, result: TensorRows) -> None:
-        """A tensors job's rows (job_kinds.TensorsJob): cached, and shown if their node is still selected."""
-        path, component, rows, note = result
+        """A tensors job's rows (job_kinds.TensorsJob): cached, and shown if their node is still selected and
+        their view still the table's."""
+        path, component, rows, note, stored = result
         gc.freeze()  # the listing is long-lived too (see _scan_done)
-        self._tensor_cache[component] = (rows, note)
-        if self.selected is not None and self.selected.path == path:
-            self.listing = (rows, note)
+        self._tensor_cache[(stored, component)] = (rows, note, stored)
+        if self.selected is not None and self.selected.path == path and stored == self.stored_names:
+            self.listing = (rows, note, stored)
 
     def watch_listing(self, listing: Listing) -> None:
-        rows, note = listing
+        rows, note, stored = listing
         self.stats = ()  # statistics belong to the rows they were computed for
-        self.query_one(TensorTable).set_rows(rows, note)
+        self.query_one(TensorTable).set_rows(rows, note, stored=stored)
+
+    def action_toggle_stored(self) -> None:
+        """`S`: the table lists the keys as stored, or again the names export writes."""
+        self.stored_names = not self.stored_names
+
+    def watch_stored_names(self, stored: bool) -> None:
+        if self.selected is not None and self.report is not None:
+            self.load_tensors(self.selected)  # from the cache, else in a worker, as on a move in the tree
 
     def show_stats(self, component: str, stats: tuple[TensorStats, ...]) -> None:
-        """A stats job's result (job_kinds.StatsJob): shown if its component is still the table's."""
-        if component == self.shown_component:
+        """A stats job's result (job_kinds.StatsJob): shown if its component is still the table's, under the names
+        export writes (the statistics' names; `S` pressed while they ran shows the stored keys)."""
+        if component == self.shown_component and not self.stored_names:
             self.stats = stats
 
     def watch_stats(self, stats: tuple[TensorStats, ...]) -> None:

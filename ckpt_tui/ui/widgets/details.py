@@ -26,6 +26,8 @@ MAX_ROWS = 100
 
 # the caption of a listing whose weights were saved empty (weights-empty): its empty rows are marked too
 EMPTY_MARK = "✖ weights-empty"
+# the caption's word on the view `S` shows: every entry under its stored key (`ckpt-tui tensors --stored`)
+STORED_VIEW = "stored keys (S: export names)"
 
 
 class Facts(Static):
@@ -85,6 +87,7 @@ class TensorTable(Vertical):
         self._shown: list = []  # the rows drawn (at most MAX_ROWS matches)
         self._with_stats = False
         self._drawn_width = -1
+        self.stored = False  # the rows are the stored keys (`S`), not the names export writes
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter tensors by name…", id="tensor-filter")
@@ -172,10 +175,13 @@ class TensorTable(Vertical):
         if self.content_size.width != self._drawn_width:
             self._draw()
 
-    def set_rows(self, rows, note: str = "") -> None:
+    def set_rows(self, rows, note: str = "", *, stored: bool = False) -> None:
+        """``stored``: the rows are every entry under its stored key (the caption says so), not the names export
+        writes."""
         self.rows = list(rows)
         self._lower = [r.name.lower() for r in self.rows]
         self.note = note
+        self.stored = stored
         if self.stats:
             self.stats = {}
             self._with_stats = False
@@ -207,6 +213,8 @@ class TensorTable(Vertical):
         count = f"{matches:,}/{len(self.rows):,} match '{text}'" if text else f"{matches:,} tensors"
         if matches > len(shown):
             count += f" ({len(shown)} shown)"
+        if self.stored:
+            count += f", {STORED_VIEW}"
         caption = plain_text(count + (f" — {note}" if note else ""))
         if note.startswith(EMPTY_MARK):
             caption.stylize("bold red")

@@ -41,7 +41,7 @@ class FindingCode:
         return FIXES[self.fix].key if self.fix else None
 
 
-# world-size-mismatch is also raised as info (a pipeline-parallel or MoE tag) and unsafe-pickle as
+# world-size-mismatch is also raised as info (a pipeline-parallel tag with ZeRO files) and unsafe-pickle as
 # info under --trust-pickles: milder than documented, on purpose (tests/unit/test_findings.py).
 CODES: dict[str, FindingCode] = {
     c.code: c
@@ -75,7 +75,15 @@ CODES: dict[str, FindingCode] = {
         ),
         FindingCode("world-size-mismatch", ("error", "warning"), "rank files from another world size are mixed in"),
         FindingCode(
-            "megatron-files-missing", ("error",), "Megatron-Core torch_dist without metadata.json or common.pt"
+            "megatron-files-missing",
+            ("error",),
+            "Megatron-Core torch_dist without metadata.json (or, before 0.19, common.pt)",
+        ),
+        FindingCode(
+            "megatron-common-state",
+            ("info",),
+            "a megatron-core 0.19+ save (no common.pt): 0.18 and older cannot load it",
+            "export",
         ),
         FindingCode("latest-dangling", ("error",), "`latest` names a tag that is not there", "latest"),
         FindingCode("latest-missing", ("warning",), "DeepSpeed tags without a `latest` file", "latest"),

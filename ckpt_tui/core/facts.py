@@ -109,8 +109,10 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     split_dims: list[int]  # dimensions along which tensors are split into chunks
     chunk_gaps: list[str]  # tensors whose chunks leave part of them unwritten (the first 8)
     chunk_overlaps: list[str]  # tensors whose chunks overlap (the first 8)
-    tensor_parallel: int  # Megatron-Core torch_dist: tensor-parallel size, from how the tensors are split
-    pipeline_parallel: int  # Megatron-Core torch_dist: pipeline stages, from the splits along the stacked layer axis
+    tensor_parallel: int  # Megatron-Core torch_dist: tensor-parallel size, from Megatron-LM's args, else the splits
+    pipeline_parallel: Optional[
+        int
+    ]  # Megatron-Core torch_dist: pipeline stages, from Megatron-LM's args (None: no args; the chunks do not tell)
     common_state: bool  # Megatron-Core >= 0.19: the common state is a DCP entry (common_state/…), not common.pt
     stacked_layers: int  # Megatron-Core torch_dist: layers stacked along a leading dimension (decoder.layers.…)
     optimizer_gaps: list[str]  # parameters its optimizer's param_groups list without state (the first 16)
@@ -149,6 +151,9 @@ class DeepSpeedZeroFacts(NodeFacts, TensorFacts, total=False):
     module_tensors: int  # tensors of the model-states ``module``
     module_params: int  # elements of those tensors, buffers and tied storage counted once
     moe: bool  # a mixture-of-experts checkpoint (num_experts)
+    num_experts: list[int]  # mixture of experts: the experts of each MoE layer (model states' num_experts)
+    expert_parallel_size: int  # mixture of experts: ranks the experts are spread over (from the partition counts)
+    expert_files: int  # mixture of experts: layer_L_expert_E_mp_rank_XX_model_states.pt files present
     partition_count: int  # ways the optimizer states were partitioned
     master_dtype: str  # dtype of the fp32 master weights ("float32")
     optimizer_kind: str  # "bf16-optimizer" or "unknown" when there are no ZeRO flat groups

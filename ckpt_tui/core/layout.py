@@ -270,6 +270,8 @@ def summary(
     pp = n_model.facts.get("pipeline_parallel") if n_model is not None else None
     if isinstance(pp, int) and pp > 1:
         head += f", PP={pp}"
+    elif tp and n_model is not None and "pipeline_parallel" in n_model.facts and pp is None:
+        head += ", PP unknown"  # no Megatron-LM args in the common state, and the chunks do not tell
     parts = [head]
     ws = _world(root, comps)
     if ws:

@@ -77,6 +77,8 @@ GROUPS: dict[str, Group] = {
     "ds_engine_3ranks": Group("ds_engine", 3, ("ds-zero2-3ranks", "ds-zero3-3ranks")),
     "ds_beyond": Group("ds_beyond", 2, ("ds-zero0-bf16", "ds-zero0-fp32", "ds-bf16-optimizer", "ds-pipeline")),
     "ds_resume": Group("ds_resume", 2, ("ds-resume-zero2", "ds-resume-zero3")),
+    # DeepSpeed mixture of experts (deepspeed.moe.layer.MoE, 4 experts): expert-parallel 2 and 1, ZeRO-2 and 1
+    "ds_moe": Group("ds_moe", 2, ("ds-moe-ep2-zero2-bf16", "ds-moe-ep1-zero2-fp32", "ds-moe-ep2-zero1-bf16")),
     "hf_trainer": Group(
         "hf_trainer",
         2,
@@ -124,6 +126,9 @@ GROUPS: dict[str, Group] = {
     # the same save by megatron-core 0.19, which writes no common.pt: its common state is a DCP entry
     "megatron_dist_019": Group("megatron_dist", 2, ("megatron-dist-019", "megatron-pp2"), venv="megatron-019"),
     "megatron_dist_4": Group("megatron_dist", 4, ("megatron-tp2pp2",), venv="megatron-019"),
+    # pipeline-parallel 2 (2 ranks) and TP=2 x PP=2 (4 ranks) by megatron-core 0.16: common.pt beside the DCP
+    "megatron_dist_016_pp": Group("megatron_dist", 2, ("megatron-pp2-016",), venv="megatron-torchtitan"),
+    "megatron_dist_016_4": Group("megatron_dist", 4, ("megatron-tp2pp2-016",), venv="megatron-torchtitan"),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
     "single": Group(
         "single",
@@ -206,6 +211,14 @@ def _ds_beyond(files: list[str], oracle_ranks: int = 1) -> list[str]:
         + [f"checkpoint/global_step2/{f}" for f in files]
         + [f"oracle/rank{r}.pt" for r in range(oracle_ranks)]
     )
+
+
+def _ds_moe(bf16: bool, experts: int = 4) -> list[str]:
+    """A ds_moe.py save: ``checkpoint/`` with each expert's file beside the usual ZeRO-1/2 files, and
+    ``oracle/rank{r}.pt`` (each rank: the experts of its expert-parallel rank, under global names)."""
+    zero = [f for f in _ds("global_step2", 2, False, bf16) if f.startswith("global_step2/")]
+    moe = [f"global_step2/layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(experts)]
+    return _ds_beyond([f.split("/", 1)[1] for f in zero + moe], oracle_ranks=2)
 
 
 _RUN = "run/checkpoint-2/"
@@ -322,6 +335,9 @@ EXPECTED: dict[str, list[str]] = {
     "peft-ds-zero3": _hf_peft("ds3"),
     "peft-fsdp2": _hf_peft("fsdp"),
     "peft-fsdp1": _hf_peft("fsdp"),
+    "ds-moe-ep2-zero2-bf16": _ds_moe(True),
+    "ds-moe-ep1-zero2-fp32": _ds_moe(False),
+    "ds-moe-ep2-zero1-bf16": _ds_moe(True),
     "lightning-ds-zero2": [
         _LIT + f
         for f in [
@@ -368,6 +384,8 @@ EXPECTED: dict[str, list[str]] = {
     "megatron-dist-019": _megatron(2),  # megatron-core 0.19 writes no common.pt (a common_state/ DCP entry)
     "megatron-pp2": _megatron(2),
     "megatron-tp2pp2": _megatron(4),
+    "megatron-pp2-016": _megatron(2, common_pt=True),
+    "megatron-tp2pp2-016": _megatron(4, common_pt=True),
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "fsdp2-rank0-slice": _dcp("checkpoint-2/pytorch_model_fsdp_0/") + ["checkpoint-2/model.safetensors"],
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],

@@ -2,7 +2,8 @@
 
 python -m torch.distributed.run --standalone --nproc_per_node 2 -m ckpt_tui.samples.megatron_dist OUTDIR [variants]
 
-Runs in the cached venv ``megatron-torchtitan`` (megatron-core 0.16.x, the last for Python 3.11; torch 2.13.0 held).
+Runs in the cached venv ``megatron-torchtitan`` (megatron-core 0.16.x, the last for Python 3.11; torch 2.13.0 held),
+or ``megatron-019`` (megatron-core 0.19.2) for the variants its groups name: the code is the same for both.
 A tiny ``GPTModel`` (2 layers, hidden 64, 4 heads, vocab 256, bf16 params, the local layer spec: no Transformer
 Engine) built with ``use_cpu_initialization=True`` on a tensor-parallel group of 2 (gloo), then
 ``dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 10, "checkpoint_version": 3.0,
@@ -41,9 +42,16 @@ import torch.distributed as dist
 
 from ckpt_tui.samples._common import finish, init_dist, run_variants
 
-# the same TP=2 save by 0.16 and 0.19 (-019: made in megatron-core 0.19's venv); by 0.19, pipeline-parallel 2 on 2
-# ranks and TP=2 x PP=2 on 4
-VARIANTS = ["megatron-dist", "megatron-dist-019", "megatron-pp2", "megatron-tp2pp2"]
+# the same TP=2 save by 0.16 and 0.19 (-019: made in megatron-core 0.19's venv); pipeline-parallel 2 on 2 ranks and
+# TP=2 x PP=2 on 4, by 0.19 and by 0.16 (-016: in 0.16's venv). The group picks the venv, so the version.
+VARIANTS = [
+    "megatron-dist",
+    "megatron-dist-019",
+    "megatron-pp2",
+    "megatron-tp2pp2",
+    "megatron-pp2-016",
+    "megatron-tp2pp2-016",
+]
 ITERATION = 10
 TP = 2
 
@@ -176,6 +184,8 @@ FUNCS = {
     "megatron-dist-019": v_megatron_dist,
     "megatron-pp2": lambda out: v_megatron_dist(out, tp=1, pp=2),
     "megatron-tp2pp2": lambda out: v_megatron_dist(out, tp=2, pp=2),
+    "megatron-pp2-016": lambda out: v_megatron_dist(out, tp=1, pp=2),
+    "megatron-tp2pp2-016": lambda out: v_megatron_dist(out, tp=2, pp=2),
 }
 
 

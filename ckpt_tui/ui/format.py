@@ -13,6 +13,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.content import Content
 
+from ..core.formats.deepspeed.moe import experts_words
 from ..core.layout import deepspeed_layout
 from ..core.present import GLYPH, MAIN_ROLES, SEVERITY_COLOR, param_count, role_badge, short_dtype, size, worst
 from ..core.safetext import visible
@@ -237,6 +238,8 @@ def fact_rows(node, adapter=None) -> list[tuple[str, str]]:
         rows.append(("ZeRO stage", str(f["zero_stage"])))
     if f.get("ds_layout") in ("zero-0", "bf16-optimizer", "pipeline"):
         rows.append(("layout", deepspeed_layout(f) or ""))
+    if f.get("num_experts"):
+        rows.append(("experts", experts_words(f) or ""))
     if f.get("optimizer_class"):
         rows.append(("optimizer", f["optimizer_class"]))
     if f.get("world_size"):

@@ -466,6 +466,26 @@ CASES = [
         "iter_0000010",
         ("without metadata.json",),
     ),
+    # megatron-core 0.19 writes metadata.json last: an iter_N/ copied alone without it (no tracker beside it) is
+    # megatron's by its common_state/ entry, and its save did not finish
+    Rule(
+        "megatron-files-missing-019-alone",
+        Corrupt("megatron-dist-019", rm("checkpoints/iter_0000010/metadata.json"), "checkpoints/iter_0000010"),
+        "megatron-files-missing",
+        "error",
+        ".",
+        ("without metadata.json", "megatron writes it last", "the save did not finish"),
+    ),
+    # megatron-common-state: a 0.19 save (common state inside the DCP, no common.pt), which 0.18 and older cannot load
+    Rule(
+        "megatron-common-state",
+        Corrupt("megatron-dist-019", None, "checkpoints"),
+        "megatron-common-state",
+        "info",
+        "iter_0000010",
+        ("megatron-core 0.18 and older cannot load it", "common.pt", "megatron-core 0.19 or later", "ckpt-tui export"),
+        "export",
+    ),
     # shard-missing
     Rule(
         "shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".", ("__1_0.distcp",)
@@ -1058,7 +1078,7 @@ CASES = [
 # Where the code and the registry's documented severities (docs/reference/finding-codes.md) disagree: (code, severity) -> why. The test below fails
 # once either side changes, so an entry cannot outlive the disagreement.
 UNDOCUMENTED_SEVERITIES = {
-    ("world-size-mismatch", "info"): "a pipeline-parallel or MoE tag is reported as world-size-mismatch/info",
+    ("world-size-mismatch", "info"): "a pipeline-parallel tag with ZeRO files is reported as world-size-mismatch/info",
     ("unsafe-pickle", "info"): "with --trust-pickles an unsafe pickle is reported as info",
 }
 

@@ -51,15 +51,18 @@ def test_megatron_metadata_and_common_state_read_as_data(real_ckpt):
     assert common.obj["args"].__dict__["tensor_model_parallel_size"] == 2
 
 
-# megatron-core 0.16 (common.pt beside .metadata) and 0.19 (no common.pt: the common state is a DCP entry), TP=2;
-# by 0.19, PP=2 on 2 ranks and TP=2 x PP=2 on 4: variant -> (tensor parallel, pipeline parallel, ranks)
+# megatron-core 0.16 (common.pt beside .metadata) and 0.19 (no common.pt: the common state is a DCP entry), each with
+# TP=2, PP=2 on 2 ranks and TP=2 x PP=2 on 4: variant -> (tensor parallel, pipeline parallel, ranks)
 PARALLEL = {
     "megatron-dist": (2, 1, 2),
     "megatron-dist-019": (2, 1, 2),
     "megatron-pp2": (1, 2, 2),
     "megatron-tp2pp2": (2, 2, 4),
+    "megatron-pp2-016": (1, 2, 2),
+    "megatron-tp2pp2-016": (2, 2, 4),
 }
 MEGATRON = list(PARALLEL)
+V016 = {"megatron-dist", "megatron-pp2-016", "megatron-tp2pp2-016"}  # the rest by 0.19
 
 
 @pytest.mark.parametrize("variant", MEGATRON)
@@ -79,11 +82,35 @@ def test_megatron_inspect(real_ckpt, variant):
     assert facts["tensor_parallel"] == tp and facts["stacked_layers"] == 2 and facts["world_size"] == ranks
     assert facts.get("pipeline_parallel", 1) == pp
     assert "unsafe_globals" not in facts
-    if variant == "megatron-dist":
+    info = [f for f in rep.findings if f.code == "megatron-common-state"]
+    if variant in V016:
         assert node(rep, "iter_0000010/common.pt").role == "metadata"  # the shared state (args, iteration), no weights
+        assert not info and "common_state" not in facts  # any megatron-core loads a 0.16 save
     else:  # no false megatron-files-missing: 0.19's loader takes the common_state/ entry (dist_checkpointing.load
         # of this very folder is the oracle of the export test below)
         assert node(rep, "iter_0000010/common.pt") is None and facts["common_state"] is True
+        # but megatron-core <= 0.18 cannot load it (it reads common.pt only): an info, with what does load it
+        assert [(f.severity, f.path, f.fix) for f in info] == [("info", "iter_0000010", "export")]
+        assert "0.18 and older cannot load it" in info[0].message and "0.19 or later" in info[0].message
+        assert f"`{info[0].command}`" in info[0].message and info[0].command.startswith("ckpt-tui export ")
+
+
+@pytest.mark.parametrize("variant", MEGATRON)
+def test_megatron_sizes_without_megatron_lm_args(real_ckpt, variant, monkeypatch):
+    """A plain megatron-core (or NeMo) save has no Megatron-LM args in its common state: TP from the chunk offsets
+    along the split weight dimension, right for TP-only, PP-only and TP x PP; PP unknown, never guessed (every layer is
+    its own chunk whichever stage holds it). The args are taken away at the function that reads them."""
+    from ckpt_tui.core.formats.dcp import format as dcp_format
+
+    monkeypatch.setattr(dcp_format, "_megatron_args", lambda node, common_key: ({}, []))
+    rep = inspect(real_ckpt(variant) / "checkpoints")
+    tp, _, ranks = PARALLEL[variant]
+    facts = node(rep, "iter_0000010").facts
+    assert facts["tensor_parallel"] == tp and facts["pipeline_parallel"] is None
+    assert rep.inventory.summary.startswith(f"Megatron-Core (torch_dist), TP={tp}, PP unknown, {ranks} ranks, step 10")
+    assert not [f for f in rep.findings if f.severity in ("error", "warning")], rep.findings
+    it = real_ckpt(variant) / "checkpoints/iter_0000010"
+    assert dcpfmt.megatron_tensor_parallel(dcpfmt.read(it)) == tp  # the reader alone, on the real .metadata
 
 
 def test_a_0_16_save_without_common_pt_is_still_refused(real_ckpt, tmp_path):
@@ -142,6 +169,24 @@ def test_megatron_missing_rank_file(real_ckpt, tmp_path):
     rep = inspect(d)
     miss = [f for f in rep.findings if f.code == "shard-missing"]
     assert miss and "__1_1.distcp" in miss[0].message and miss[0].path == "iter_0000010"
+
+
+@pytest.mark.parametrize("variant", ["megatron-dist-019", "megatron-tp2pp2"])
+def test_megatron_019_missing_tp_rank_file(real_ckpt, tmp_path, variant):
+    """megatron-core 0.19 writes one file per rank: without rank 1's (tensor-parallel rank 1 of the first stage) half
+    of every split weight is gone: shard-missing, export refused, and the info offers no export."""
+    d = tmp_path / "checkpoints"
+    shutil.copytree(real_ckpt(variant) / "checkpoints", d)
+    os.remove(d / "iter_0000010/__1_0.distcp")
+    rep = inspect(d)
+    miss = [f for f in rep.findings if f.code == "shard-missing"]
+    assert [(f.severity, f.path) for f in miss] == [("error", "iter_0000010")] and "__1_0.distcp" in miss[0].message
+    assert "megatron-files-missing" not in codes(rep)  # metadata.json and the common_state/ entry are there
+    info = [f for f in rep.findings if f.code == "megatron-common-state"]
+    assert info and info[0].command is None and info[0].fix is None
+    with pytest.raises(ExportError, match="shard-missing"):
+        export(d, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_megatron_files_of_another_world_size(real_ckpt, tmp_path):
@@ -266,6 +311,32 @@ def test_megatron_rank0_files_missing(real_ckpt, tmp_path):
     with pytest.raises(ExportError, match="megatron-files-missing"):  # an error finding: no export of it
         export(d, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variant", ["megatron-dist-019", "megatron-tp2pp2"])
+def test_an_interrupted_0_19_save_copied_alone(real_ckpt, tmp_path, variant):
+    """megatron-core 0.19 writes metadata.json last: an iter_N/ without it and with no tracker beside it is an
+    interrupted save, megatron's by its common_state/ entry. The error says so (never asks for common.pt, which 0.19
+    does not write), and export is refused as for 0.16."""
+    d = tmp_path / "iter_0000010"
+    shutil.copytree(real_ckpt(variant) / "checkpoints/iter_0000010", d)
+    os.remove(d / "metadata.json")
+    rep = inspect(d)
+    assert rep.inventory.framework == "Megatron-Core (torch_dist)"
+    f = [f for f in rep.findings if f.code == "megatron-files-missing"]
+    assert [(x.severity, x.path) for x in f] == [("error", ".")], rep.findings
+    assert "without metadata.json" in f[0].message and "writes it last" in f[0].message
+    assert "did not finish" in f[0].message and "common.pt" not in f[0].message
+    assert "megatron-common-state" not in codes(rep)
+    with pytest.raises(ExportError, match="megatron-files-missing"):
+        export(d, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # in its run (the tracker beside it) the same message: 0.19 is not asked for common.pt either
+    run = tmp_path / "run"
+    shutil.copytree(real_ckpt(variant) / "checkpoints", run)
+    os.remove(run / "iter_0000010/metadata.json")
+    f = [f for f in inspect(run).findings if f.code == "megatron-files-missing"]
+    assert f and "writes it last" in f[0].message and "common.pt" not in f[0].message
 
 
 def test_a_0_19_common_state_naming_code_is_unsafe_pickle_and_never_runs(real_ckpt, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import cast
 
-from ...advice import ranks_text, sibling_hint
+from ...advice import export_command, ranks_text, sibling_hint
 from ...facts import (
     DcpFacts,
 )
@@ -104,7 +104,21 @@ def dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
             )
         )
     lost = megatron_files_missing(inv, n)
-    if lost:
+    if lost and f.get("common_state"):  # megatron-core >= 0.19: only metadata.json, which its save writes last
+        out.append(
+            Finding(
+                "megatron-files-missing",
+                "error",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a Megatron-Core torch_dist checkpoint (megatron-core 0.19 or "
+                "later: its common state is the common_state/ entry inside the DCP) without metadata.json: "
+                "megatron writes it last, once every rank's shards and .metadata are written, so without it "
+                "the save did not finish (or the file was lost in a copy), and megatron's dist_checkpointing.load "
+                'refuses the folder ("is not a distributed checkpoint"). Use an earlier complete checkpoint; '
+                "if the save did finish, copy metadata.json from rank 0's node." + sibling_hint(inv, n),
+            )
+        )
+    elif lost:
         them = "it" if len(lost) == 1 else "them"
         out.append(
             Finding(
@@ -117,6 +131,23 @@ def dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                 f"{them} (metadata.json says it is a distributed checkpoint; common.pt holds the "
                 "iteration, the args and every non-tensor state). Copy "
                 f"{them} from rank 0's node, or use an earlier complete checkpoint.",
+            )
+        )
+    elif f.get("common_state") and n.child("common.pt") is None:
+        broken = f.get("missing_files") or f.get("short_files") or f.get("chunk_gaps")
+        export = None if broken else export_command(inv, p)
+        out.append(
+            Finding(
+                "megatron-common-state",
+                "info",
+                p,
+                f"`{inv.shown(p, slash=True)}` is a megatron-core 0.19+ save: its common state (the iteration, the "
+                "args, every non-tensor entry) is the common_state/ entry inside the DCP, with no common.pt. "
+                "megatron-core 0.18 and older cannot load it: they read the common state from common.pt only "
+                '("Common file …/common.pt does not exist"). dist_checkpointing.load of megatron-core 0.19 or '
+                "later loads it" + (f"; `{export}` writes its tensors, whole, for any other tool." if export else "."),
+                "export" if export else None,
+                export,
             )
         )
     if f.get("unreferenced_files"):
@@ -140,15 +171,16 @@ def megatron_files_missing(inv: Inventory, n: Node) -> list[str]:
     names = {c.name for c in n.children}
     ours = {"metadata.json", "common.pt"} & names
     mcore_json = "metadata.json" in ours and bool(cast(DcpFacts, n.facts).get("tensor_parallel"))
+    common_state = bool(cast(DcpFacts, n.facts).get("common_state"))  # 0.19's common state: megatron's on its own
     parent = inv.root.find(n.path.rsplit("/", 1)[0] if "/" in n.path else ".") if n.path != "." else None
     in_run = (
         re.match(r"^iter_\d+$", n.name) is not None
         and parent is not None
         and parent.child("latest_checkpointed_iteration.txt") is not None
     )
-    if not (mcore_json or "common.pt" in ours or in_run):
+    if not (mcore_json or "common.pt" in ours or in_run or common_state):
         return []
     # megatron-core 0.19 keeps the common state inside the DCP (a common_state/… entry) and writes no common.pt;
     # its loader takes common.pt where there is one, else that entry
-    needed = ("metadata.json",) if cast(DcpFacts, n.facts).get("common_state") else ("metadata.json", "common.pt")
+    needed = ("metadata.json",) if common_state else ("metadata.json", "common.pt")
     return [f for f in needed if f not in names]

@@ -80,6 +80,8 @@ class DcpFolder(FolderFormat):
             cast(JsonFacts, parent_meta.facts).get("sharded_backend", "")
         ):
             return "megatron-dist", comps
+        if cast(DcpFacts, node.facts).get("common_state"):  # megatron-core 0.19's, before its metadata.json (last)
+            return "megatron-dist", comps
         if TORCHTITAN_ENTRIES & conts:  # evidence, not a folder name: a plain dcp.save run saves step-N too
             return "torchtitan", comps
         return "dcp", comps  # a folder name alone (pytorch_model_fsdp_0) is no evidence of who wrote it
@@ -205,18 +207,24 @@ class DcpFolder(FolderFormat):
             f["chunk_gaps"] = info.chunk_gaps[:8]
         if info.chunk_overlaps:
             f["chunk_overlaps"] = info.chunk_overlaps[:8]
-        if node.child("metadata.json") is not None and dcpfmt.is_megatron_dist(node.abspath):
+        # megatron-core >= 0.19 writes no common.pt: its common state is this entry (written even where the save
+        # never got to metadata.json, which comes last): evidence of megatron's save on its own
+        common_key = next((k for k in info.bytes_entries if dcpfmt.MEGATRON_COMMON_RE.match(k)), None)
+        if common_key is not None:
+            f["common_state"] = True
+        if common_key is not None or (
+            node.child("metadata.json") is not None and dcpfmt.is_megatron_dist(node.abspath)
+        ):
             tp = dcpfmt.megatron_tensor_parallel(info)
             if tp:
                 f["tensor_parallel"] = tp
-            common_key = next((k for k in info.bytes_entries if k.startswith("common_state/")), None)
-            if common_key is not None:
-                f["common_state"] = True  # megatron-core >= 0.19: no common.pt
             args, unsafe = _megatron_args(node, common_key)
             if unsafe:  # megatron's loader would unpickle it: an unsafe-pickle finding, as for common.pt
                 f["unsafe_globals"] = sorted({*(f.get("unsafe_globals") or []), *unsafe})[:MAX_UNSAFE]
             # Megatron-LM's args say the parallel sizes; megatron saves each layer as its own chunk whichever stage
-            # holds it, so the chunks tell tensor parallelism (splits of the weights) but not pipeline stages
+            # holds it, so the chunks tell tensor parallelism (splits of the weights) but not pipeline stages: without
+            # args (a plain megatron-core or NeMo save) the pipeline size is unknown (None), never guessed
+            f["pipeline_parallel"] = None
             for fact, arg in (
                 ("tensor_parallel", "tensor_model_parallel_size"),
                 ("pipeline_parallel", "pipeline_model_parallel_size"),

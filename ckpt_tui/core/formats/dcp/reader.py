@@ -54,6 +54,9 @@ class DcpInfo:
     # tensor -> (distinct chunk offsets, the most of them sharing one offset[:1]), where read folded (one .metadata)
     chunk_layout: dict[str, tuple[int, int]] = field(default_factory=dict)
     chunk_count: int = 0  # chunk records in all
+    # Megatron-Core's tensor-parallel linear weights (:data:`MEGATRON_TP_SPLIT`), where read folded: their distinct
+    # chunk offsets (the others' are in chunk_offsets)
+    tp_offsets: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
     chunk_gaps: list[str] = field(default_factory=list)  # tensors whose chunks leave part of them unwritten
     chunk_overlaps: list[str] = field(default_factory=list)  # tensors whose chunks overlap
     # rank-local metadata files: tensor -> its distinct (offsets, sizes) over the files, checked once all are read
@@ -380,6 +383,8 @@ def _read_one(info: DcpInfo, src: Location, merge: bool) -> None:
                 _fold_cover(info, ti, chunks, merge)
             if isinstance(chunks, ChunkSummary) and not merge:
                 info.chunk_layout[key] = (chunks.distinct, chunks.per_first)
+                if megatron_tp_split(key) is not None:
+                    info.tp_offsets[key] = set(chunks.offsets)
                 info.chunk_dims |= chunks.split_dims
                 info.chunk_count += chunks.count
             elif isinstance(chunks, ChunkSummary):
@@ -589,6 +594,10 @@ def cover_columns(
 MEGATRON_STACKED_RE = re.compile(r"^((?:.+\.)?decoder\.layers\.)(?!\d+\.)(.+)$")
 
 
+# megatron-core >= 0.19's common state: a ShardedObject("common_state", ..., (1,), (0,)), saved under its unique key
+MEGATRON_COMMON_RE = re.compile(r"^common_state/shard_\d+(?:\.\d+)*_\d+(?:\.\d+)*$")
+
+
 def is_megatron_dist(folder: Location) -> bool:
     """A Megatron-Core ``dist_checkpointing`` folder: its ``metadata.json`` names the torch_dist backend."""
     import json
@@ -626,11 +635,45 @@ def chunk_layout(info: DcpInfo) -> dict[str, tuple[int, int]]:
     return out
 
 
+# Megatron-Core's tensor-parallel linear layers, and which of the weight's two dimensions tensor parallelism splits:
+# ColumnParallelLinear (linear_qkv, linear_fc1) its output rows, RowParallelLinear (linear_proj, linear_fc2) its input
+# columns — as the 0.16 and 0.19 saves' .metadata place the chunks (TP=2: linear_qkv.weight (2, 192, 64) at row
+# offsets 0 and 96 of each layer, linear_proj.weight (2, 64, 64) at column offsets 0 and 32). Counted from the end of
+# the shape, so a stacked tensor's leading layer axis (decoder.layers.…) is never taken for a split. The model's own
+# keys only: a distributed optimizer's state (optimizer.state.…) is split by its flattened ranges, not by TP.
+MEGATRON_TP_SPLIT = {
+    "self_attention.linear_qkv.weight": -2,
+    "mlp.linear_fc1.weight": -2,
+    "self_attention.linear_proj.weight": -1,
+    "mlp.linear_fc2.weight": -1,
+}
+_MEGATRON_TP_RE = re.compile(
+    r"^(?!optimizer\.)(?:.+\.)?(self_attention\.linear_(?:qkv|proj)|mlp\.linear_fc[12])\.weight$"
+)
+
+
+def megatron_tp_split(key: str) -> Optional[int]:
+    """The dimension (from the end) along which tensor parallelism splits the Megatron-Core weight ``key``, or None
+    for a tensor it does not split that way."""
+    m = _MEGATRON_TP_RE.match(key)
+    return MEGATRON_TP_SPLIT[m.group(1) + ".weight"] if m else None
+
+
 def megatron_tensor_parallel(info: DcpInfo) -> Optional[int]:
-    """The tensor-parallel size, from how the tensors are split: the most chunks one layer of one tensor has
-    (megatron writes each shard once, replicas deduplicated)."""
-    stacked = megatron_stacked(info)
+    """The tensor-parallel size, from the chunk offsets of the weight dimensions: the distinct offsets along the
+    dimension tensor parallelism splits of Megatron's tensor-parallel linear weights (:data:`MEGATRON_TP_SPLIT`;
+    megatron writes each shard once, replicas deduplicated). Where there are none (another layer spec's names): the
+    most chunks one layer of one tensor has."""
     best = 0
+    for t in info.tensors:
+        d = megatron_tp_split(t.name)
+        if d is None or len(t.shape) < 2:
+            continue
+        offsets = info.tp_offsets.get(t.name) or set(info.chunk_offsets.get(t.name) or ())
+        best = max(best, len({o[d] for o in offsets if len(o) == len(t.shape)}))
+    if best:
+        return best
+    stacked = megatron_stacked(info)
     for key, (distinct, per_layer) in chunk_layout(info).items():
         best = max(best, per_layer if key in stacked else distinct)
     return best or None

@@ -15,6 +15,7 @@ from ...facts import (
 )
 from ...types import Finding, Inventory, Node, numel
 from ...units import param_count
+from .moe import EXPERT_FILE_RE, experts_words
 from .reader import OPTIM_STATES_RE
 
 
@@ -41,7 +42,10 @@ def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
     out = []
     stage = f.get("zero_stage")
     # BF16_Optimizer, stage 0 and pipeline tags: ds_to_universal fails on them whatever the info says
-    if stage in (1, 2) and f.get("universal_checkpoint_info") is False and f.get("ds_layout", "zero") == "zero":
+    if f.get("moe"):  # and on a mixture of experts: no conversion, no fix to offer (ZeRO-3 MoE: not read)
+        if stage in (1, 2) and f.get("ds_layout", "zero") == "zero" and not tag_broken(n):
+            out.append(moe_resume_finding(inv, n))
+    elif stage in (1, 2) and f.get("universal_checkpoint_info") is False and f.get("ds_layout", "zero") == "zero":
         out.append(universal_info_finding(inv, n))  # it says the world size a resume needs, and the way round
     elif stage in (1, 2, 3) and f.get("ds_layout", "zero") == "zero" and not tag_broken(n):
         world = f.get("dp_world_size") or f.get("world_size")
@@ -73,6 +77,14 @@ def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
                 f"`{inv.shown(p, slash=True)}` is a pipeline{shape} but {len(miss)} of its file(s) are "
                 f"missing: {', '.join(miss[:6])}. Copy them from the nodes that wrote them; the model and "
                 "optimizer state cannot be rebuilt without every stage's and every layer's file."
+            )
+        elif f.get("moe"):
+            shown = [_expert_said(m) for m in miss[:6]]
+            msg = (
+                f"`{inv.shown(p, slash=True)}` is a mixture-of-experts checkpoint ({experts_words(f)}, {ws} "
+                f"data-parallel rank(s)) but {len(miss)} of its file(s) are missing: {', '.join(shown)}. Copy them "
+                "from the nodes that wrote them: DeepSpeed's load_checkpoint reads every expert's file and every "
+                "rank's optimizer states, and fails without them."
             )
         else:
             msg = (
@@ -155,17 +167,7 @@ def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
                 export,
             )
         )
-    if f.get("moe"):
-        out.append(
-            Finding(
-                "world-size-mismatch",
-                "info",
-                p,
-                f"`{inv.shown(p, slash=True)}` is a mixture-of-experts DeepSpeed checkpoint; export and universal "
-                "conversion of this layout are not supported by ckpt-tui yet.",
-            )
-        )
-    elif f.get("pipeline") and f.get("ranks_present"):  # pipeline + ZeRO-1/BF16_Optimizer: masters in optim files
+    if f.get("pipeline") and f.get("ranks_present"):  # pipeline + ZeRO-1/BF16_Optimizer: masters in optim files
         out.append(
             Finding(
                 "world-size-mismatch",
@@ -178,6 +180,48 @@ def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
             )
         )
     return out
+
+
+# why there is no universal conversion of a DeepSpeed MoE tag (`ckpt-tui universal` refuses it for the same reason)
+MOE_UNIVERSAL = (
+    "`ckpt-tui universal` does not convert (DeepSpeed's ds_to_universal fails on expert-parallel ones, joining "
+    "different ranks' experts as one tensor, and a universal MoE checkpoint loading back is unproven)"
+)
+
+
+def _expert_said(name: str) -> str:
+    """A missing file's name, and which expert it holds where it is an expert's."""
+    m = EXPERT_FILE_RE.match(name)
+    if m is None or m.group(1) is None:
+        return name
+    return f"{name} (expert {m.group(2)} of MoE layer {m.group(1)})"
+
+
+def moe_resume_finding(inv: Inventory, tag: Node) -> Finding:
+    """A DeepSpeed mixture-of-experts tag: how it resumes and what ckpt-tui does with it. Neither DeepSpeed's
+    ds_to_universal nor `ckpt-tui universal` converts it (the former fails on its expert groups, the latter
+    refuses it), and adding universal_checkpoint_info would not change that: no conversion and no fix offered."""
+    f = cast(DeepSpeedZeroFacts, tag.facts)
+    p = tag.path
+    world = f.get("dp_world_size") or f.get("world_size")
+    missing = f.get("universal_checkpoint_info") is False and f.get("zero_stage") in (1, 2)
+    export = export_command(inv, p)
+    head = (
+        f"`{inv.shown(p + '/mp_rank_00_model_states.pt')}` has no `universal_checkpoint_info`, which DeepSpeed's "
+        f"ds_to_universal needs; but this is a mixture-of-experts checkpoint, which {MOE_UNIVERSAL}, so adding the "
+        "key offers no way to another world size. "
+        if missing
+        else f"`{inv.shown(p, slash=True)}` is a mixture-of-experts checkpoint, which {MOE_UNIVERSAL}. "
+    )
+    return Finding(
+        "universal-info-missing" if missing else "resume-world-size",
+        "info",
+        p,
+        head + f"It resumes on exactly {world or 'its'} data-parallel rank(s) with the same expert-parallel "
+        f"layout ({experts_words(f)}). `{export}` writes the fp32 weights of every expert (global expert ids, as "
+        "DeepSpeed's layer_*_expert_* files name them), `--component optimizer` their optimizer state.",
+        command=export,
+    )
 
 
 def universal_info_finding(inv: Inventory, tag: Node) -> Finding:

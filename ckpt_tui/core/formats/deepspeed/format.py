@@ -32,6 +32,7 @@ from ..torch_save.format import MAX_UNSAFE, TorchFileFormat, fact_text, read_tor
 from ..unpickle import TensorRef, iter_tensors
 from . import reader as dsfmt
 from .findings import tag_findings, universal_findings
+from .moe import EXPERT_FILE_RE, expected_expert_files, experts_words
 
 if TYPE_CHECKING:
     from ...export.sources import Source
@@ -50,6 +51,8 @@ def deepspeed_layout(f: DeepSpeedZeroFacts) -> Optional[str]:
         return "ZeRO stage 0"
     if kind == "bf16-optimizer":
         return "BF16_Optimizer (ZeRO-1)"
+    if st is not None and f.get("moe"):
+        return f"ZeRO-{st} MoE"
     return f"ZeRO-{st}" if st is not None else None
 
 
@@ -87,7 +90,7 @@ class DeepSpeedStatesFiles(TorchFileFormat):
     file_layout = "torch-file"
 
     def classify(self, name: str, low: str) -> Optional[tuple[str, str]]:
-        if dsfmt.MODEL_STATES_RE.match(name) or dsfmt.LAYER_RE.match(name):
+        if dsfmt.MODEL_STATES_RE.match(name) or dsfmt.LAYER_RE.match(name) or EXPERT_FILE_RE.match(name):
             return "deepspeed-model-states", "model"
         return None
 
@@ -218,6 +221,7 @@ def read_tag(node: Node) -> tuple[dsfmt.TagFacts, Optional[str], Optional[str]]:
             dsfmt.analyze_optim_states(otf.obj, tf)
         except (FormatError, OSError) as e:
             _record(oc, e)
+    dsfmt.globalize_experts(tf, tf.facts.get("dp_world_size") or tf.facts.get("partition_count"))
     return tf, ms_name, opt_name
 
 
@@ -255,8 +259,12 @@ class DeepSpeedTag(FolderFormat):
         name = deepspeed_layout(tag)
         head = f" {name}" if name else ""
         td = tag.get("train_dtype")
-        if td:
-            head += f" ({short_dtype(td)})"
+        words = [short_dtype(td)] if td else []
+        experts = experts_words(tag)
+        if experts:
+            words.append(experts)
+        if words:
+            head += f" ({', '.join(words)})"
         return head
 
     def tree_label(self, node: Node) -> Optional[str]:
@@ -289,7 +297,8 @@ class DeepSpeedTag(FolderFormat):
         f = cast(DeepSpeedZeroFacts, node.facts)
         tf, ms_name, opt_name = read_tag(node)
         # integrity of every rank file: the zip directory must be there
-        for fname in list(tf.optim_files.values()) + list(tf.model_files.values()):
+        ranks = list(tf.optim_files.values()) + list(tf.model_files.values())
+        for fname in ranks + list(tf.expert_files.values()) + tf.expp_files:
             c = _child(node, fname)
             if fname in (ms_name, opt_name) or "error" in c.facts:
                 continue
@@ -335,6 +344,10 @@ class DeepSpeedTag(FolderFormat):
             ]
         elif ws or inline:
             missing += [f"mp_rank_{m:02d}_model_states.pt" for m in range(mp) if (-1, m) not in tf.model_files]
+        if tf.num_experts is not None and not any(k[0] < 0 for k in tf.expert_files):
+            # every expert of every MoE layer has its file (the old expert_E_* names: not checked)
+            present = set(tf.expert_files.values())
+            missing += [n for n in expected_expert_files(tf.num_experts) if n not in present]
         if tf.layer_files:  # a stage's file below the highest one present (mp_rank_00 read: mp_world_size says)
             top = max((k[1] for k in tf.model_files), default=-1)
             missing += [
@@ -367,6 +380,8 @@ class DeepSpeedTag(FolderFormat):
         if tf.layer_files:
             f["pipeline"] = True
             f["layer_files"] = len(tf.layer_files)
+        if tf.expert_files:
+            f["expert_files"] = len(tf.expert_files)
         # what each states file holds: stage 0's mp_rank_00 the module and the optimizer; a pipeline's
         # mp_rank_XX the stage's optimizer (its weights are in the layer files)
         for (dp, m), name in tf.model_files.items():
@@ -403,7 +418,9 @@ class DeepSpeedTag(FolderFormat):
         return strip_names(src, strip_prefix)
 
     def reference_for(self, node: Node) -> Optional[str]:
-        """The reference loader verify names: zero_to_fp32 rejects stage 0, BF16_Optimizer and pipeline tags."""
+        """The reference loader verify names: zero_to_fp32 rejects stage 0, BF16_Optimizer, pipeline and MoE tags."""
+        if cast(DeepSpeedZeroFacts, node.facts).get("moe"):
+            return MOE_REFERENCE
         return {
             "zero-0": "torch.load (mp_rank_00_model_states.pt: module, FP16_UnfusedOptimizer fp32_groups)",
             "pipeline": "torch.load (layer_XX-model_states.pt)",
@@ -421,6 +438,10 @@ class DeepSpeedTag(FolderFormat):
         get_fp32_state_dict_from_zero_checkpoint = zero_to_fp32().get_fp32_state_dict_from_zero_checkpoint
 
         layout = cast(DeepSpeedZeroFacts, node.facts).get("ds_layout")
+        if cast(DeepSpeedZeroFacts, node.facts).get("moe"):  # zero_to_fp32 takes the expert files for model states
+            with contextlib.redirect_stdout(io.StringIO()):
+                yield from _moe_reference(_local(node))
+            return
         if layout in ("zero-0", "pipeline", "bf16-optimizer"):  # zero_to_fp32 rejects these
             with contextlib.redirect_stdout(io.StringIO()):
                 yield from _beyond_reference(_local(node), layout)
@@ -428,6 +449,48 @@ class DeepSpeedTag(FolderFormat):
         with contextlib.redirect_stdout(io.StringIO()):  # it prints progress on stdout, our contract's channel
             sd = get_fp32_state_dict_from_zero_checkpoint(str(node.abspath.parent), tag=node.abspath.name)
         yield from sd.items()
+
+
+MOE_REFERENCE = (
+    "DeepSpeed zero_to_fp32's ZeRO-1/2 reconstruction, per param group and expert-parallel rank (its ranks by "
+    "DeepSpeed's expert-data-parallel groups; expert names with global ids)"
+)
+
+
+def _moe_reference(tag_dir: Path) -> Iterator[tuple[str, Any]]:
+    """The fp32 model of a ZeRO-1/2 mixture-of-experts tag, read with torch.load: zero_to_fp32's own
+    reconstruction (``_zero2_merge_trainable_params``) of each flat vector -- a dense group over every rank, an
+    expert group once per expert-parallel rank over its expert-data-parallel ranks (DeepSpeed's groups.py rule,
+    :func:`.moe.parts`), the local expert names renamed to global ids -- and zero_to_fp32's buffers, frozen
+    params and tied aliases of ``mp_rank_00_model_states.pt`` (it reads the expert files as model states and
+    fails, so it is not called as a whole)."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from ..screen import torch_load, zero_to_fp32
+    from .moe import data_before_expert, group_ep_sizes, parts
+
+    z = zero_to_fp32()
+    ms_file = tag_dir / "mp_rank_00_model_states.pt"
+    zms = z.parse_model_states([str(ms_file)])
+    ms = torch_load(ms_file, map_location="cpu")
+    osds = [torch_load(f, map_location="cpu")["optimizer_state_dict"] for f in z.get_optim_files(str(tag_dir))]
+    world = len(osds)
+    shapes = [OrderedDict((str(k), tuple(v)) for k, v in g.items()) for g in ms["param_shapes"]]
+    eps = group_ep_sizes(osds[0]["base_optimizer_state"]["param_groups"], list(osds[0]["partition_count"]), world)
+    state_dict: dict[str, Any] = dict(zms[0].buffers)
+    z._zero2_merge_frozen_params(state_dict, zms)
+    for part in parts(shapes, eps, world, data_before_expert(ms)):
+        flat = [[osds[r]["single_partition_of_fp32_groups"][part.group]] for r in part.ranks]
+        pads = osds[part.ranks[0]].get("param_alignment_paddings")
+        one = SimpleNamespace(param_shapes=[part.shapes])
+        z._zero2_merge_trainable_params(
+            state_dict, len(part.ranks), flat, [one], [pads[part.group]] if pads is not None else None
+        )
+    for alias, target in zms[0].shared_params:
+        if target in state_dict:
+            state_dict[alias] = state_dict[target]
+    yield from state_dict.items()
 
 
 def _beyond_reference(tag_dir: Path, layout: str) -> Iterator[tuple[str, Any]]:

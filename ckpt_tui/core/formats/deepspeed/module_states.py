@@ -8,6 +8,7 @@ from ...dtypes import short_dtype
 from ...export.sources import Source, SourceTensor
 from ...storage import LocationLike, as_path
 from ..unpickle import iter_tensors
+from .moe import expected_expert_files, num_experts
 from .reader import (
     MODEL_STATES_RE,
     module_param_names,
@@ -103,6 +104,16 @@ def module_states_source(tag_dir: LocationLike, *, exclude_frozen: bool = False)
         )
     if not out:
         raise ValueError(f"{mf.path.name} holds no module weights")
+    experts = num_experts(m0)
+    if experts is not None:  # a mixture of experts: each expert's weights are in its own file, global names
+        for fname in expected_expert_files(experts):
+            if fname not in names:
+                raise ValueError(f"{fname} is missing: the module weights of that expert are in no other file")
+            ef = StatesFile(tag / fname)
+            for name, t in iter_tensors(ef.obj):
+                if t.storage is None:
+                    raise ValueError(f"{fname}: {name} has no storage (a tensor subclass?)")
+                out.append(SourceTensor(name, tuple(t.shape), t.dtype, ref_ranges(ef, t, name), note=MODULE_NOTE))
     floats = sorted({t.dtype for t in out if t.dtype in ("bfloat16", "float16", "float32", "float64")})
     half = [d for d in floats if d in ("bfloat16", "float16")]
     shown = "/".join(short_dtype(d) for d in floats) or "as stored"

@@ -225,6 +225,11 @@ def deepspeed_optimizer_source(tag_dir: LocationLike) -> tuple[Source, dict[str,
         )
     if frozen:
         notes.append(f"{len(frozen)} frozen param(s) have no optimizer state (listed in {CONFIG_FILE})")
+    if tag.experts:
+        notes.append(
+            "mixture of experts: the state of every expert, joined from each expert-parallel rank's partitions, "
+            "named with global expert ids (as DeepSpeed's layer_*_expert_* files name them)"
+        )
     src = Source(KIND, tag_path, out, notes=notes)
     return src, config, model_names
 

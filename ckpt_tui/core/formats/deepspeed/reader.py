@@ -7,6 +7,7 @@ restricted unpickler (tensors become references, never data).
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,6 +18,7 @@ from ...storage import Location, LocationLike, as_path
 from ...types import TensorInfo, numel
 from ..torch_save import torchfile
 from ..unpickle import Stub, TensorRef, iter_tensors, name_part
+from .moe import EXPERT_FILE_RE, EXPP_OPTIM_RE, data_before_expert, global_shapes, group_ep_sizes, num_experts, parts
 
 MODEL_STATES_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 OPTIM_STATES_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -79,6 +81,17 @@ class TagFacts:
     # pipeline: each layer file's tensors (read from their data.pkl), named as PipelineModule names them
     layer_tensors: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     layers: list[tuple[str, list[tuple[str, tuple[int, ...]]]]] = field(default_factory=list)  # in layer order
+    # mixture of experts: each expert's model-states file ((moe layer, expert, mp) -> name; layer -1: the old
+    # expert_E_mp_rank_XX name), ZeRO stage 0's expp_rank_K_mp_rank_XX_optim_states.pt, the model states'
+    # num_experts (one count per MoE layer), rank 0's param_shapes per group (local expert names), the
+    # partition count of each optimizer group and its saved param group (moe, name)
+    expert_files: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    expp_files: list[str] = field(default_factory=list)
+    num_experts: Optional[list[int]] = None
+    data_before_expert: bool = False
+    group_shapes: list["OrderedDict[str, tuple[int, ...]]"] = field(default_factory=list)
+    partition_counts: list[int] = field(default_factory=list)
+    param_groups: list[Any] = field(default_factory=list)
 
 
 def classify_files(names: Iterable[str]) -> TagFacts:
@@ -96,6 +109,13 @@ def classify_files(names: Iterable[str]) -> TagFacts:
             continue
         if LAYER_RE.match(n):
             tf.layer_files.append(n)
+            continue
+        m = EXPERT_FILE_RE.match(n)
+        if m:
+            layer = int(m.group(1)) if m.group(1) is not None else -1
+            tf.expert_files[(layer, int(m.group(2)), int(m.group(3)))] = n
+        elif EXPP_OPTIM_RE.match(n):
+            tf.expp_files.append(n)
     return tf
 
 
@@ -196,8 +216,10 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
     if isinstance(shapes, list):
         for group in shapes:
             if isinstance(group, dict):
+                g: "OrderedDict[str, tuple[int, ...]]" = OrderedDict()
                 for n, s in group.items():
-                    tf.param_shapes[name_part(n)] = tuple(int(x) for x in s)
+                    tf.param_shapes[name_part(n)] = g[name_part(n)] = tuple(int(x) for x in s)
+                tf.group_shapes.append(g)
     frozen = obj.get("frozen_param_shapes")
     if isinstance(frozen, dict):
         tf.frozen_recorded = True
@@ -231,9 +253,12 @@ def analyze_model_states(obj: Any, tf: TagFacts) -> None:
             n_params += t.numel
         f["module_params"] = n_params
         tf.module_param_names = module_param_names(module, buffer_names)
-    moe = obj.get("num_experts")
-    if moe:
+    experts = num_experts(obj)
+    if experts is not None:
         f["moe"] = True
+        f["num_experts"] = experts
+        tf.num_experts = experts
+        tf.data_before_expert = data_before_expert(obj)
 
 
 def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
@@ -248,9 +273,16 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
         f["zero_stage"] = st
     pc = osd.get("partition_count")
     if isinstance(pc, (list, tuple)) and pc:
-        pc = pc[0]
+        counts = [c for c in pc if isinstance(c, int) and not isinstance(c, bool)]
+        if len(counts) == len(pc):
+            tf.partition_counts = counts
+        pc = max(counts) if counts else None  # a MoE group is partitioned over fewer ranks: its experts' only
     if isinstance(pc, int):
         f["partition_count"] = pc
+    base = osd.get("base_optimizer_state")
+    pgs = base.get("param_groups") if isinstance(base, dict) else None
+    if isinstance(pgs, (list, tuple)):
+        tf.param_groups = list(pgs)
     if "single_partition_of_fp32_groups" in osd or "fp32_flat_groups" in osd:
         f["master_dtype"] = "float32"
         if st is None and "param_slice_mappings" in osd:  # BF16_Optimizer: ZeRO-1 partitions, no zero_stage
@@ -261,6 +293,21 @@ def analyze_optim_states(obj: Any, tf: TagFacts) -> None:
         f["optimizer_kind"] = "bf16-optimizer" if flat else "unknown"
     if isinstance(osd.get("ds_version"), str) and "ds_version" not in f:
         f["ds_version"] = name_part(osd.get("ds_version"))
+
+
+def globalize_experts(tf: TagFacts, world: Optional[int]) -> None:
+    """A mixture of experts' trainable params with every expert-parallel rank's experts, global ids
+    (``tf.param_shapes`` holds rank 0's, as its model states record them), and its expert-parallel size; left
+    as recorded where the optimizer states do not say how the groups were partitioned."""
+    if tf.num_experts is None or not world or len(tf.partition_counts) != len(tf.group_shapes):
+        return
+    try:
+        eps = group_ep_sizes(tf.param_groups, tf.partition_counts, world)
+        named = global_shapes(parts(tf.group_shapes, eps, world, tf.data_before_expert), len(tf.group_shapes))
+    except ValueError:
+        return  # export says why
+    tf.param_shapes = {n: s for g in named for n, s in g.items()}
+    tf.facts["expert_parallel_size"] = max(eps)
 
 
 @dataclass

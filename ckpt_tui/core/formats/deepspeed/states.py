@@ -17,6 +17,7 @@ from ...storage import Location, LocationLike, as_path, listdir
 from .. import FormatError
 from ..torch_save import torchfile
 from ..unpickle import TensorRef
+from .moe import EXPP_OPTIM_RE, num_experts
 from .reader import (
     LAYER_RE,
     MODEL_STATES_RE,
@@ -24,6 +25,8 @@ from .reader import (
     stage_value,
 )
 
+# a mixture-of-experts tag's own files: each expert's model states (read: .moe) and ZeRO stage 0's per
+# expert-parallel rank optimizer states (refused)
 MOE_RE = re.compile(r"(^|_)expp_rank_\d+|(^|_)expert_\d+_")
 
 
@@ -187,8 +190,6 @@ def check_model_states(model: Any, name: str) -> dict[str, Any]:
                 raise ValueError(
                     f"{'pipeline' if k == 'pp_degree' else 'tensor'} parallelism ({k}={v}) is not supported"
                 )
-    if model.get("num_experts"):
-        raise ValueError("MoE checkpoints (expert parameters) are not supported")
     return model
 
 
@@ -216,8 +217,11 @@ def tag_names(tag_dir: Location) -> list[str]:
     names = sorted(listdir(tag_dir))
     if any(LAYER_RE.match(n) for n in names):
         raise ValueError("pipeline-parallel checkpoints (layer_*-model_states.pt files) are not supported")
-    if any(MOE_RE.search(n) for n in names):
-        raise ValueError("MoE checkpoints (expert_*/expp_rank_* files) are not supported")
+    if any(EXPP_OPTIM_RE.match(n) for n in names):
+        raise ValueError(
+            "MoE checkpoints without ZeRO (stage 0: expp_rank_*_optim_states.pt files) are not supported; "
+            "ZeRO-1/2 MoE tags are read"
+        )
     return names
 
 
@@ -273,10 +277,9 @@ def open_tag(
     if stage not in (1, 2, 3):
         raise ValueError(f"unsupported ZeRO stage {osd0.get('zero_stage')!r}")
     world = osd0.get("partition_count")
-    if isinstance(world, (list, tuple)):
-        if len(set(world)) > 1:
-            raise ValueError(f"param groups with different partition counts {list(world)} (MoE?) are not supported")
-        world = max(world)
+    counts = list(world) if isinstance(world, (list, tuple)) else []
+    if counts:
+        world = max(counts)  # a MoE group is partitioned over its expert-data-parallel ranks only: fewer
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"unreadable partition_count {osd0.get('partition_count')!r}")
     if sorted(optim) != list(range(world)):
@@ -298,6 +301,14 @@ def open_tag(
         models = [StatesFile(tag_dir / model_files[(r, 0)]) for r in range(world)]
     for mf in models:
         check_model_states(mf.obj, mf.path.name)
+    experts = num_experts(models[0].obj)
+    if len(set(counts)) > 1 and experts is None:
+        raise ValueError(
+            f"param groups with different partition counts {counts} but no num_experts in the model states: "
+            "not a mixture-of-experts layout ckpt-tui reads"
+        )
+    if experts is not None and stage == 3:
+        raise ValueError("MoE checkpoints under ZeRO-3 are not supported (ZeRO-1/2 MoE tags are read)")
     return stage, world, optim, models, osd0
 
 

@@ -20,6 +20,8 @@ Reconstruction rules (``deepspeed/utils/zero_to_fp32.py``):
   concatenated and cut to ``numel`` (the padding is never read). Frozen params: per-rank
   fragments in each ``zero_pp_rank_*_model_states.pt``, concatenated and cut the same way.
 * Order: buffers, frozen params, trainable params, then tied aliases (``shared_params``).
+* Mixture of experts (:mod:`.moe`): an expert group is one flat vector per expert-parallel rank, over its
+  expert-data-parallel ranks; its params are rank 0's ``param_shapes`` renamed to each one's global expert ids.
 
 ZeRO-1 records no ``frozen_param_*``, so ``zero_to_fp32`` silently drops frozen params; we take
 them from the model-states ``module`` weights (training dtype) instead.
@@ -36,6 +38,17 @@ from ...dtypes import ITEMSIZE
 from ...export.sources import ByteRange, Source, SourceTensor, read_ranges
 from ...storage import Location, LocationLike, as_path
 from ..unpickle import TensorRef
+from .moe import (
+    EXPERT_PARAM_RE,
+    Part,
+    check_experts,
+    data_before_expert,
+    global_shapes,
+    group_ep_sizes,
+    num_experts,
+    parts,
+    slice_names,
+)
 from .states import (
     StatesFile,
     as_shape,
@@ -55,6 +68,41 @@ from .zero12 import zero2_params
 ZERO1_FROZEN_NOTE = "from module weights (ZeRO-1 saves no frozen_param_*)"
 
 
+def expert_parts(
+    m0: dict[str, Any], m0_name: str, osd0: dict[str, Any], world: int, optim: dict[int, StatesFile]
+) -> tuple[Optional[list[Part]], list["OrderedDict[str, tuple[int, ...]]"]]:
+    """A ZeRO-1/2 tag's flat vectors where it is a mixture of experts (else None) and each param group's
+    params with global names (else rank 0's ``param_shapes``). Raises ValueError where the layout does not
+    fit what DeepSpeed writes (:mod:`.moe`)."""
+    shapes = shapes_of(m0, m0_name)
+    experts = num_experts(m0)
+    if experts is None:
+        return None, shapes
+    pc = osd0.get("partition_count")
+    counts = [int(c) for c in pc] if isinstance(pc, (list, tuple)) else [world] * len(shapes)
+    base = osd0.get("base_optimizer_state")
+    eps = group_ep_sizes(base.get("param_groups") if isinstance(base, dict) else None, counts, world)
+    ps = parts(shapes, eps, world, data_before_expert(m0))
+    named = global_shapes(ps, len(shapes))
+    check_experts((n for g in named for n in g), experts)
+    for part in ps:  # each rank's slice mappings name only the params of its own flat group (local names)
+        for r in part.ranks:
+            stray = slice_names(optimizer_state(optim[r]), part.group) - set(shapes[part.group])
+            if stray:
+                raise ValueError(
+                    f"{optim[r].path.name} places {sorted(stray)[:2]} in param group {part.group}, which rank 0's "
+                    "param_shapes do not list: not the expert-parallel layout read here"
+                )
+    fz = m0.get("frozen_param_shapes")
+    frozen_experts = [str(n) for n in fz if EXPERT_PARAM_RE.match(str(n))] if isinstance(fz, dict) else []
+    if frozen_experts and max(eps) > 1:
+        raise ValueError(
+            f"frozen expert parameters ({frozen_experts[0]}, ...) under expert parallelism are not supported: "
+            "the model states record rank 0's experts only"
+        )
+    return ps, named
+
+
 @dataclass
 class ZeroTag:
     """An opened ZeRO-1/2/3 tag folder (structure only, from the pickles): what the optimizer export
@@ -66,6 +114,8 @@ class ZeroTag:
     _optim: dict[int, StatesFile]
     _models: list[StatesFile]
     _osd0: dict[str, Any]
+    _parts: Optional[list[Part]] = None  # a mixture of experts' flat vectors (:func:`expert_parts`)
+    _shapes: Optional[list["OrderedDict[str, tuple[int, ...]]"]] = None
 
     @property
     def model_states(self) -> dict[str, Any]:
@@ -75,11 +125,19 @@ class ZeroTag:
 
     @property
     def shapes(self) -> list["OrderedDict[str, tuple[int, ...]]"]:
+        """Each param group's params (a mixture of experts: every expert, global names)."""
+        if self._shapes is not None:
+            return self._shapes
         return shapes_of(self.model_states, self._models[0].path.name)
 
     @property
     def train_dtype(self) -> Optional[str]:
         return config_train_dtype(self.model_states)
+
+    @property
+    def experts(self) -> bool:
+        """A mixture of experts (its expert groups joined from every expert-parallel rank)."""
+        return self._parts is not None
 
     def optimizer_state_dict(self, rank: int) -> dict[str, Any]:
         """Rank ``rank``'s ``optimizer_state_dict`` (TensorRefs for tensors)."""
@@ -114,7 +172,17 @@ class ZeroTag:
 
             of = file_groups
         if self.stage <= 2:
-            zero2_params(out, self.shapes, self._optim, self.world, self._osd0, groups_of=of, suffix=suffix, what=what)
+            zero2_params(
+                out,
+                self.shapes,
+                self._optim,
+                self.world,
+                self._osd0,
+                groups_of=of,
+                suffix=suffix,
+                what=what,
+                parts=self._parts,
+            )
         else:
             zero3_params(out, self.shapes, self._optim, self.world, groups_of=of, suffix=suffix, what=what)
         return out
@@ -124,7 +192,8 @@ def open_zero_tag(tag_dir: LocationLike, bf16_optimizer: bool = False) -> ZeroTa
     """Open ZeRO tag ``tag_dir`` (refusing what no source reads: ValueError with the reason;
     ``bf16_optimizer``: also a BF16_Optimizer tag, as ZeRO-1)."""
     stage, world, optim, models, osd0 = open_tag(as_path(tag_dir), bf16_optimizer)
-    return ZeroTag(as_path(tag_dir), stage, world, optim, models, osd0)
+    ps, named = expert_parts(models[0].obj, models[0].path.name, osd0, world, optim) if stage <= 2 else (None, None)
+    return ZeroTag(as_path(tag_dir), stage, world, optim, models, osd0, ps, named)
 
 
 def deepspeed_source(tag_dir: LocationLike, *, exclude_frozen: bool = False, bf16_optimizer: bool = False) -> Source:
@@ -134,7 +203,9 @@ def deepspeed_source(tag_dir: LocationLike, *, exclude_frozen: bool = False, bf1
     stage, world, optim, models, osd0 = open_tag(tag, bf16_optimizer)
     m0f = models[0]
     m0 = m0f.obj
-    shapes = shapes_of(m0, m0f.path.name)
+    ps, shapes = (
+        expert_parts(m0, m0f.path.name, osd0, world, optim) if stage <= 2 else (None, shapes_of(m0, m0f.path.name))
+    )
     module = m0.get("module") if isinstance(m0.get("module"), dict) else {}
     buffer_names = [str(b) for b in (m0.get("buffer_names") or [])]
     shared = m0.get("shared_params") if isinstance(m0.get("shared_params"), dict) else {}
@@ -215,7 +286,7 @@ def deepspeed_source(tag_dir: LocationLike, *, exclude_frozen: bool = False, bf1
 
     # trainable params
     if stage <= 2:
-        zero2_params(out, shapes, optim, world, osd0)
+        zero2_params(out, shapes, optim, world, osd0, parts=ps)
     else:
         zero3_params(out, shapes, optim, world)
 
@@ -228,6 +299,12 @@ def deepspeed_source(tag_dir: LocationLike, *, exclude_frozen: bool = False, bf1
         elif target in left_out:
             left_out.append(alias)
 
+    if ps is not None:
+        notes.append(
+            f"mixture of experts: {sum(1 for _ in _experts(shapes))} expert parameters of every expert-parallel "
+            "rank joined from the ranks' optimizer partitions, named with global expert ids (as DeepSpeed's "
+            "layer_*_expert_* files name them)"
+        )
     if is_bf16_optimizer(osd0):
         notes.append(
             "BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): the fp32 masters are rebuilt from "
@@ -237,3 +314,7 @@ def deepspeed_source(tag_dir: LocationLike, *, exclude_frozen: bool = False, bf1
     return Source(
         "deepspeed", tag, list(out.values()), train_dtype=config_train_dtype(m0), notes=notes, excluded=left_out
     )
+
+
+def _experts(shapes: list["OrderedDict[str, tuple[int, ...]]"]) -> list[str]:
+    return [n for g in shapes for n in g if EXPERT_PARAM_RE.match(n)]

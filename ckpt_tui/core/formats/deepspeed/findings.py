@@ -184,7 +184,7 @@ def tag_findings(inv: Inventory, n: Node) -> list[Finding]:
 
 # why there is no universal conversion of a DeepSpeed MoE tag (`ckpt-tui universal` refuses it for the same reason)
 MOE_UNIVERSAL = (
-    "`ckpt-tui universal` does not convert (DeepSpeed's ds_to_universal fails on expert-parallel ones, joining "
+    "ckpt-tui's universal command does not convert (DeepSpeed's ds_to_universal fails on expert-parallel ones, joining "
     "different ranks' experts as one tensor, and a universal MoE checkpoint loading back is unproven)"
 )
 

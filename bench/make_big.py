@@ -15,6 +15,9 @@ Checkpoints (cached under ``bench/out/data/<NAME>/``, skipped when ``<NAME>/.don
   (exp_avg + exp_avg_sq: 2.1 / 4.3 GB).
 - ``ds-zero2`` / ``ds-zero3``: 8 x ``nn.Linear(4096, 4096)`` (134M params), DeepSpeed engine,
   bf16, Adam (torch_adam), 2 ranks, one forward/backward/step, ``engine.save_checkpoint``.
+- ``ds-moe``: the same 134M parameters as mixture-of-experts: 2 ``deepspeed.moe.layer.MoE`` layers of 4 experts
+  ``nn.Linear(4096, 4096)`` each, expert-parallel 2 (each rank holds 2 experts per layer), top-1 gate, param groups
+  by ``split_params_into_different_moe_groups_for_optimizer``, ZeRO-2 bf16, 2 ranks, one step.
 
 The driver launches itself under ``python -m torch.distributed.run --standalone
 --nproc_per_node 2`` with ``OMP_NUM_THREADS=1`` (and ``DS_ACCELERATOR=cpu`` and a cached
@@ -45,6 +48,7 @@ CKPTS: dict[str, tuple[str, int]] = {
     "fsdp-zstd-1g": ("fsdp-zstd", 16),  # fsdp-1g's model, every item through torch's ZStandard extension
     "ds-zero2": ("zero2", 8),
     "ds-zero3": ("zero3", 8),
+    "ds-moe": ("moe2", 2),  # 2 MoE layers x 4 experts of Linear(4096, 4096): ds-zero2's 134M parameters
 }
 
 
@@ -153,10 +157,69 @@ def _ds_worker(out: Path, layers: int, stage: int) -> None:
     dist.destroy_process_group()
 
 
+def _moe_worker(out: Path, layers: int) -> None:
+    import deepspeed
+    import torch
+    from deepspeed.moe.layer import MoE
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from torch import nn
+
+    from ckpt_tui.samples._common import init_dist
+
+    init_dist(deepspeed=True)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = deepspeed.comm.get_rank()
+    torch.manual_seed(SEED)
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(
+                MoE(DIM, expert=nn.Linear(DIM, DIM), num_experts=4, ep_size=2, k=1) for _ in range(layers)
+            )
+
+        def forward(self, x):
+            aux = 0.0
+            for layer in self.layers:
+                x, l_aux, _ = layer(x)
+                x = torch.tanh(x)
+                aux = aux + l_aux
+            return x, aux
+
+    model = Stack()
+    groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": [p for p in model.parameters()], "name": "params"}
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=groups,
+        config={
+            "train_batch_size": 2,
+            "steps_per_print": 10**9,
+            "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 2},
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        },
+    )
+    g = torch.Generator().manual_seed(SEED + rank)
+    x = torch.randn(1, 4, DIM, generator=g).to(torch.bfloat16)
+    y, aux = engine(x)
+    engine.backward(y.float().pow(2).mean() + aux)
+    engine.step()
+    engine.save_checkpoint(str(out))
+    engine.destroy()
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _worker(name: str, out: Path) -> None:
     kind, layers = CKPTS[name]
     if kind.startswith("fsdp"):
         _fsdp_worker(out, layers, optim=kind == "fsdp-optim", zstd=kind == "fsdp-zstd")
+    elif kind.startswith("moe"):
+        _moe_worker(out, layers)
     else:
         _ds_worker(out, layers, int(kind[-1]))
 

@@ -451,7 +451,8 @@ def megatron_to_hf(
         f"head_dim {hd}), linear_fc1 into gate_proj/up_proj (first half gate), hidden_act {arch.hidden_act}"
     )
     config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep_rows, tied=tied)
-    new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=list(source.notes))
+    kept = [n for n in source.notes if not n.startswith("Megatron-Core torch_dist:")]  # names as saved: not here
+    new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=kept)
     return new, config, notes
 
 

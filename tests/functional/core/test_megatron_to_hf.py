@@ -237,3 +237,32 @@ def test_non_llama_megatron_refused_saying_what_it_saw(real_ckpt, tmp_path):
 def test_other_frameworks_refused(real_ckpt, tmp_path):
     with pytest.raises(ExportError, match="--to hf reads Megatron-Core torch_dist GPT checkpoints"):
         export(real_ckpt("fsdp2-dcp"), tmp_path / "x", to="hf")
+
+
+# ---------------------------------------------------------------- the worked example of docs/export.md
+
+
+def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
+    import re
+    import shlex
+    from pathlib import Path
+
+    from tests.snippets import snippet_after
+    from tests.util import ckpt_tui
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "export.md").read_text()
+    block = doc.split("## To a Hugging Face model", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    lines = block.splitlines()
+    assert lines[0].startswith("$ ")
+    cmd, shown = shlex.split(lines[0][2:]), lines[1:]
+    v = tmp_path / "run"
+    shutil.copytree(real_ckpt("megatron-hf-tp2"), v)
+    r = ckpt_tui(*cmd[1:], cwd=v, env={"COLUMNS": "104"})
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout.splitlines()
+    for line in shown:
+        pat = re.escape(line).replace(re.escape("1.8 s"), r"[0-9.]+ s")
+        assert any(re.fullmatch(pat, p) for p in printed), (line, printed)
+    code = snippet_after(r.stdout)
+    assert code == "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('hf')\n"
+    assert _rel(v / "hf", v) <= TOL  # the folder it wrote: megatron's logits

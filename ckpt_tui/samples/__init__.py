@@ -132,7 +132,10 @@ GROUPS: dict[str, Group] = {
     # a tiny Llama-family GPTModel (RMSNorm, SwiGLU, rope, GQA) saved at TP=1 and 2 (and tied), with megatron's own
     # fp32 logits on a fixed batch as the oracle of `export --to hf`: by 0.19, and by 0.16
     "megatron_hf": Group(
-        "megatron_hf", 2, ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied"), venv="megatron-019"
+        "megatron_hf",
+        2,
+        ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2"),
+        venv="megatron-019",
     ),
     "megatron_hf_016": Group("megatron_hf", 2, ("megatron-hf-tp2-016",), venv="megatron-torchtitan"),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
@@ -400,6 +403,7 @@ EXPECTED: dict[str, list[str]] = {
     "megatron-hf-tp1": _megatron_hf(1),  # TP=1 on 2 ranks: two data-parallel replicas, one writes
     "megatron-hf-tp2": _megatron_hf(2),
     "megatron-hf-tied": _megatron_hf(2),
+    "megatron-hf-pp2": _megatron_hf(2),
     "megatron-hf-tp2-016": _megatron_hf(2, common_pt=True),
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "fsdp2-rank0-slice": _dcp("checkpoint-2/pytorch_model_fsdp_0/") + ["checkpoint-2/model.safetensors"],

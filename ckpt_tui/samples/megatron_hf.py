@@ -11,10 +11,12 @@ it. The model is what a Llama run configures in Megatron-LM (``--normalization R
 (no Transformer Engine), ``use_cpu_initialization=True``, weights drawn with std 0.1 (0.02 leaves attention almost
 uniform) and every RMSNorm weight set to its own random values (all at 1.0, swapping two norms would change nothing).
 Saved as megatron_dist.py saves (the dict Megatron-LM's ``save_checkpoint`` hands to ``dist_checkpointing.save``,
-with Megatron-LM's ``args``), on 2 ranks at tensor-parallel 1 (2 data-parallel replicas) and 2; one tied variant
-(``share_embeddings_and_output_weights=True``, no output layer in the checkpoint).
+with Megatron-LM's ``args``), on 2 ranks at tensor-parallel 1 (2 data-parallel replicas) and 2, and at
+pipeline-parallel 2 (a layer per stage); one tied variant (``share_embeddings_and_output_weights=True``, no output
+layer in the checkpoint).
 
-The oracle, in a fresh 1-rank process (tensor-parallel 1): megatron-core's ``dist_checkpointing.load`` into a fresh
+The oracle, in a fresh 1-rank process (tensor- and pipeline-parallel 1: the pipeline schedule allocates on CUDA, so a
+PP=2 save is loaded whole into one stage, by megatron's own resharding load): megatron-core's ``dist_checkpointing.load`` into a fresh
 model, then ``model(ids, position_ids, attention_mask)`` on a fixed batch of 2 x 40 tokens, in fp32:
 ``oracle/logits.pt`` ({"ids": [2, 40] int64, "logits": [2, 40, 256] float32}). CPU stubs as in megatron_dist.py;
 the causal mask is given (megatron's default one is made on CUDA) and attention's fork of the CUDA RNG tracker
@@ -34,7 +36,7 @@ import torch.distributed as dist
 
 from ckpt_tui.samples._common import finish, init_dist, run_variants
 
-VARIANTS = ["megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-tp2-016"]
+VARIANTS = ["megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2", "megatron-hf-tp2-016"]
 ITERATION = 10
 LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, SEQ = 2, 64, 4, 2, 96, 256, 40
 EPS, THETA = 1e-5, 10000
@@ -54,7 +56,7 @@ def _end_children() -> None:
         p.join(10)
 
 
-def _model(tp: int, tied: bool):
+def _model(tp: int, tied: bool, pp: int = 1):
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -63,7 +65,7 @@ def _model(tp: int, tied: bool):
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(1234)  # the same master weights on every rank: each takes its own slice of them
     cfg = TransformerConfig(
         num_layers=LAYERS,
@@ -82,6 +84,8 @@ def _model(tp: int, tied: bool):
         use_cpu_initialization=True,
         params_dtype=torch.float32,
         tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
         attention_softmax_in_fp32=True,
     )
     model = GPTModel(
@@ -92,6 +96,8 @@ def _model(tp: int, tied: bool):
         position_embedding_type="rope",
         rotary_base=THETA,
         share_embeddings_and_output_weights=tied,
+        pre_process=parallel_state.is_pipeline_first_stage(),  # stage 0 holds the embedding
+        post_process=parallel_state.is_pipeline_last_stage(),  # the last the output layer
     )
     g = torch.Generator().manual_seed(99)  # the same on every rank: norm weights are replicated
     with torch.no_grad():
@@ -101,7 +107,7 @@ def _model(tp: int, tied: bool):
     return model
 
 
-def _args(tp: int, tied: bool) -> argparse.Namespace:
+def _args(tp: int, tied: bool, pp: int = 1) -> argparse.Namespace:
     """Megatron-LM's args of such a run, as its parser and validate_args leave them (the ones a conversion reads)."""
     from megatron.core.transformer.enums import AttnBackend
 
@@ -136,7 +142,7 @@ def _args(tp: int, tied: bool) -> argparse.Namespace:
         multi_latent_attention=False,
         untie_embeddings_and_output_weights=not tied,
         tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=1,
+        pipeline_model_parallel_size=pp,
         bf16=False,
         fp16=False,
         ckpt_format="torch_dist",
@@ -144,10 +150,10 @@ def _args(tp: int, tied: bool) -> argparse.Namespace:
     )
 
 
-def v_save(out: Path, tp: int, tied: bool) -> None:
+def v_save(out: Path, tp: int, tied: bool, pp: int = 1) -> None:
     from megatron.core import dist_checkpointing
 
-    model = _model(tp, tied)
+    model = _model(tp, tied, pp)
     it_dir = out / "checkpoints" / f"iter_{ITERATION:07d}"
     if dist.get_rank() == 0:
         it_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +162,7 @@ def v_save(out: Path, tp: int, tied: bool) -> None:
         "model": model.sharded_state_dict(),
         "iteration": ITERATION,
         "checkpoint_version": 3.0,
-        "args": _args(tp, tied),
+        "args": _args(tp, tied, pp),
     }
     dist_checkpointing.save(state, str(it_dir))
     dist.barrier()
@@ -213,6 +219,7 @@ FUNCS = {
     "megatron-hf-tp1": lambda out: v_save(out, 1, False),
     "megatron-hf-tp2": lambda out: v_save(out, 2, False),
     "megatron-hf-tied": lambda out: v_save(out, 2, True),
+    "megatron-hf-pp2": lambda out: v_save(out, 1, False, pp=2),  # each stage saves its layer at its global index
     "megatron-hf-tp2-016": lambda out: v_save(out, 2, False),
 }
 

@@ -21,7 +21,7 @@ from ckpt_tui.core.export.write import ExportError
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
-VARIANTS = ["megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-tp2-016"]
+VARIANTS = ["megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2", "megatron-hf-tp2-016"]
 
 
 def _logits(folder, ids):

@@ -76,6 +76,10 @@ MODELS: dict[str, tuple[str, str | None]] = {
     "megatron-tp2pp2": ("tensors", None),
     "megatron-pp2-016": ("tensors", None),
     "megatron-tp2pp2-016": ("tensors", None),
+    **{
+        f: ("tensors", None)
+        for f in ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2", "megatron-hf-tp2-016")
+    },
     "torchtitan": ("tensors", None),
     # PEFT LoRA runs (samples/hf_peft.py): their exports load by from_pretrained (PeftModel's or the merged
     # model's); a load_state_dict snippet of one would be a defect the "tensors" tree would still catch

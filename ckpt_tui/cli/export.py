@@ -68,6 +68,21 @@ from .output import echo, emit_json, fail, run_core
     default=None,
     help="A LoRA adapter saved without its adapter_config.json (FSDP, DeepSpeed): the run's adapter_config.json.",
 )
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(["safetensors", "hf"]),
+    default="safetensors",
+    show_default=True,
+    help="hf: a Hugging Face model folder (LlamaForCausalLM: names mapped, fused QKV and gate/up split, "
+    "config.json from the run's args, else --config) of a Megatron-Core torch_dist Llama-family GPT checkpoint.",
+)
+@click.option(
+    "--true-vocab-size",
+    type=int,
+    default=None,
+    help="With --to hf: keep only the first N rows of the (padded) embedding and output layer.",
+)
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
 @click.option(
@@ -98,6 +113,8 @@ def export_cmd(
     merge,
     base,
     adapter_config,
+    to,
+    true_vocab_size,
     exclude_frozen,
     strip_prefix,
     keep_prefix,
@@ -128,6 +145,11 @@ def export_cmd(
     PEFT's merge_and_unload(); the base is found where adapter_config.json
     says (or --base PATH), never downloaded.
 
+    --to hf writes a Megatron-Core torch_dist checkpoint of a Llama-family
+    model as a Hugging Face folder (LlamaForCausalLM): q/k/v split by query
+    group, gate/up from linear_fc1, config.json from the run's Megatron-LM
+    args (else --config PATH, an HF config.json); anything else is refused.
+
     A Lightning checkpoint whose names all start with one LightningModule
     attribute (model.) loses that prefix (--keep-prefix keeps it). The code
     printed at the end loads the output: from_pretrained when it has a
@@ -141,6 +163,7 @@ def export_cmd(
       ckpt-tui export checkpoint-2000 --out merged/ --dry-run
       ckpt-tui export checkpoint-500 --out adapter/          # a LoRA adapter
       ckpt-tui export checkpoint-500 --merge --out merged/   # merged in
+      ckpt-tui export checkpoints/ --to hf --out hf/          # Megatron -> HF
     """
 
     from ..core.export.api import plan_export
@@ -183,6 +206,8 @@ def export_cmd(
                 merge=merge,
                 base=base,
                 adapter_config=adapter_config,
+                to=None if to == "safetensors" else to,
+                true_vocab_size=true_vocab_size,
             ),
         )
     quiet = launch is not None and launch.rank != 0  # a dry run under a launcher: rank 0 prints it
@@ -203,6 +228,8 @@ def export_cmd(
             merge=merge,
             base=base,
             adapter_config=adapter_config,
+            to=None if to == "safetensors" else to,
+            true_vocab_size=true_vocab_size,
         )
     except ScanError as e:
         fail(str(e), EXIT_USAGE)

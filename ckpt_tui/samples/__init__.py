@@ -129,6 +129,15 @@ GROUPS: dict[str, Group] = {
     # pipeline-parallel 2 (2 ranks) and TP=2 x PP=2 (4 ranks) by megatron-core 0.16: common.pt beside the DCP
     "megatron_dist_016_pp": Group("megatron_dist", 2, ("megatron-pp2-016",), venv="megatron-torchtitan"),
     "megatron_dist_016_4": Group("megatron_dist", 4, ("megatron-tp2pp2-016",), venv="megatron-torchtitan"),
+    # a tiny Llama-family GPTModel (RMSNorm, SwiGLU, rope, GQA) saved at TP=1 and 2 (and tied), with megatron's own
+    # fp32 logits on a fixed batch as the oracle of `export --to hf`: by 0.19, and by 0.16
+    "megatron_hf": Group(
+        "megatron_hf",
+        2,
+        ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2"),
+        venv="megatron-019",
+    ),
+    "megatron_hf_016": Group("megatron_hf", 2, ("megatron-hf-tp2-016",), venv="megatron-torchtitan"),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
     "single": Group(
         "single",
@@ -236,6 +245,11 @@ def _megatron(ranks: int, common_pt: bool = False) -> list[str]:
         "oracle/model.pt",
         "oracle/keys.json",
     ]
+
+
+def _megatron_hf(ranks: int, common_pt: bool = False) -> list[str]:
+    """A megatron_hf.py save: as :func:`_megatron`'s, its oracle megatron's logits on a fixed batch."""
+    return [f for f in _megatron(ranks, common_pt) if not f.startswith("oracle/")] + ["oracle/logits.pt"]
 
 
 def _hf_peft(kind: str) -> list[str]:
@@ -386,6 +400,11 @@ EXPECTED: dict[str, list[str]] = {
     "megatron-tp2pp2": _megatron(4),
     "megatron-pp2-016": _megatron(2, common_pt=True),
     "megatron-tp2pp2-016": _megatron(4, common_pt=True),
+    "megatron-hf-tp1": _megatron_hf(1),  # TP=1 on 2 ranks: two data-parallel replicas, one writes
+    "megatron-hf-tp2": _megatron_hf(2),
+    "megatron-hf-tied": _megatron_hf(2),
+    "megatron-hf-pp2": _megatron_hf(2),
+    "megatron-hf-tp2-016": _megatron_hf(2, common_pt=True),
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "fsdp2-rank0-slice": _dcp("checkpoint-2/pytorch_model_fsdp_0/") + ["checkpoint-2/model.safetensors"],
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],

@@ -357,6 +357,8 @@ def plan_export(
     merge: bool = False,
     base: Optional[StrPath] = None,
     adapter_config: Optional[StrPath] = None,
+    to: Optional[str] = None,
+    true_vocab_size: Optional[int] = None,
 ) -> tuple[ExportPlan, list[str]]:
     """The export plan. A Lightning checkpoint whose names all start with one LightningModule
     attribute (``model.``) loses it by default (``keep_prefix`` keeps it, ``strip_prefix`` forces
@@ -366,6 +368,12 @@ def plan_export(
     record does not find it; ``adapter_config``: the adapter_config.json of a save that wrote none)."""
     if (merge or base is not None or adapter_config is not None) and component == "optimizer":
         raise ExportError("--merge, --base and --adapter-config export a LoRA adapter's weights, not an optimizer")
+    if to is not None and to not in TO:
+        raise ValueError(f"to must be one of {', '.join(TO)}, not {to!r}")
+    if to == "hf" and (component == "optimizer" or merge or from_module_states):
+        raise ExportError(
+            "--to hf writes the model's weights: not with --component optimizer, --merge or --from-module-states"
+        )
     if component is not None and component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, not {component!r}")
     if component == "optimizer":
@@ -421,6 +429,8 @@ def plan_export(
         config=config,
         trust_pickles=trust_pickles,
         from_module_states=from_module_states,
+        to=to,
+        true_vocab_size=true_vocab_size,
     )
     plan.out_given, plan.src_given = str(out), _given(src)
     _refuse_source_out(plan)
@@ -708,8 +718,11 @@ def _plan(
     config: Optional[StrPath] = None,
     trust_pickles: bool = False,
     from_module_states: bool = False,
+    to: Optional[str] = None,
+    true_vocab_size: Optional[int] = None,
 ) -> ExportPlan:
-    """The export plan of ``node`` (a model component of the scanned ``report``), without scanning again."""
+    """The export plan of ``node`` (a model component of the scanned ``report``), without scanning again.
+    ``to="hf"``: a Hugging Face model (:mod:`.to_hf`)."""
     try:
         source = source_for(
             node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles, from_module_states=from_module_states
@@ -720,6 +733,19 @@ def _plan(
     strip_names(source, prefix.strip)
     if prefix.note:
         source.notes.append(prefix.note)
+    if to == "hf":
+        return _plan_hf(
+            report,
+            node,
+            source,
+            out,
+            dtype=dtype,
+            max_shard_size=max_shard_size,
+            config=config,
+            true_vocab_size=true_vocab_size,
+        )
+    if true_vocab_size is not None:
+        raise ExportError("--true-vocab-size goes with --to hf")
     plan = make_plan(
         source,
         Path(out).absolute(),
@@ -730,6 +756,55 @@ def _plan(
         config_path=Path(config) if config else None,
     )
     plan.prefix = prefix
+    return plan
+
+
+TO = ("safetensors", "hf")  # what --to may ask for
+
+
+def _plan_hf(
+    report: Report,
+    node: Node,
+    source: Source,
+    out: StrPath,
+    *,
+    dtype: str,
+    max_shard_size: Union[int, str],
+    config: Optional[StrPath],
+    true_vocab_size: Optional[int],
+) -> ExportPlan:
+    """``--to hf``: the model as a Hugging Face LlamaForCausalLM folder (names mapped, fused tensors split, its
+    config.json written), refused where the checkpoint is not a Llama-family Megatron-Core GPT model."""
+    from .to_hf import is_megatron_gpt, megatron_to_hf
+
+    inv = report.inventory
+    names = [t.name for t in source.tensors]
+    if not is_megatron_gpt(names) or node.format != "dcp":
+        raise ExportError(
+            f"--to hf reads Megatron-Core torch_dist GPT checkpoints; {inv.shown(node.path, slash=node.is_dir)} is "
+            f"{inv.framework or node.format or 'not one'} (tensors {', '.join(names[:3])}"
+            + (", ..." if len(names) > 3 else "")
+            + "). The plain export (without --to hf) writes it under its own names"
+        )
+    from ..formats.dcp.format import megatron_args
+
+    hf, cfg, notes = megatron_to_hf(
+        source,
+        megatron_args(node),
+        config_path=Path(config) if config is not None else None,
+        true_vocab_size=true_vocab_size,
+    )
+    plan = make_plan(hf, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size)
+    if dtype != "keep":
+        cfg["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+    else:
+        dts = {t.dtype for t in hf.tensors}
+        if len(dts) == 1:
+            cfg["dtype"] = dts.pop()
+    plan.missing_config = []
+    plan.copies = []
+    plan.extra_files = [("config.json", json.dumps(cfg, indent=2) + "\n")]
+    plan.notes.extend(notes)
     return plan
 
 
@@ -818,6 +893,8 @@ def export(
     merge: bool = False,
     base: Optional[StrPath] = None,
     adapter_config: Optional[StrPath] = None,
+    to: Optional[str] = None,
+    true_vocab_size: Optional[int] = None,
     on_progress: Optional[OnProgress] = None,
     cancel: Optional[CancelToken] = None,
 ) -> ExportResult:
@@ -837,6 +914,8 @@ def export(
         merge=merge,
         base=base,
         adapter_config=adapter_config,
+        to=to,
+        true_vocab_size=true_vocab_size,
     )
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes

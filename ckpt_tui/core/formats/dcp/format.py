@@ -333,6 +333,17 @@ class DcpFolder(FolderFormat):
             yield name, (loaded[key] if layer is None else loaded[key][layer])
 
 
+def megatron_args(node: Node) -> dict[str, Any]:
+    """Megatron-LM's ``args`` of a Megatron-Core torch_dist folder (read as data), {} where it has none."""
+    try:
+        info = dcpfmt.read(node.abspath)
+    except (FormatError, OSError):
+        return {}
+    common_key = next((k for k in info.bytes_entries if dcpfmt.MEGATRON_COMMON_RE.match(k)), None)
+    args, unsafe = _megatron_args(node, common_key)
+    return {} if unsafe else args
+
+
 def _megatron_args(node: Node, common_key: Optional[str]) -> tuple[dict[str, Any], list[str]]:
     """Megatron-LM's ``args`` (an argparse Namespace, read as an inert stand-in) from the common state: ``common.pt``
     (megatron-core <= 0.18) or the ``common_state/`` entry inside the DCP (0.19); {} where there are none. And the

@@ -1,0 +1,483 @@
+"""``export --to hf``: a Megatron-Core ``torch_dist`` GPT checkpoint of a Llama-family model as a Hugging Face
+``LlamaForCausalLM`` folder: names mapped, fused tensors split, ``config.json`` from the run's own record.
+
+Names (per layer ``i``; the checkpoint's keys, which megatron's local and Transformer Engine specs share)::
+
+    embedding.word_embeddings.weight                      model.embed_tokens.weight
+    decoder.layers.i.self_attention.linear_qkv.layer_norm_weight   model.layers.i.input_layernorm.weight
+    decoder.layers.i.self_attention.linear_qkv.weight     q_proj / k_proj / v_proj (split by query group)
+    decoder.layers.i.self_attention.linear_proj.weight    model.layers.i.self_attn.o_proj.weight
+    decoder.layers.i.mlp.linear_fc1.layer_norm_weight     model.layers.i.post_attention_layernorm.weight
+    decoder.layers.i.mlp.linear_fc1.weight                gate_proj (first half) / up_proj (second half)
+    decoder.layers.i.mlp.linear_fc2.weight                model.layers.i.mlp.down_proj.weight
+    decoder.final_layernorm.weight                        model.norm.weight
+    output_layer.weight                                   lm_head.weight (absent: tied, written once)
+
+``linear_qkv``: megatron computes ``qkv.view(s, b, groups, (heads/groups + 2) * head_dim)`` and splits the last
+dimension into the group's ``heads/groups`` query heads, then one key and one value head: the rows of group ``g``
+are ``[q heads of g | k of g | v of g]``, each head ``head_dim`` rows. ``linear_fc1`` of a gated linear unit is
+``[gate | up]`` in the checkpoint's global layout (megatron saves each tensor-parallel rank's local halves at their
+global offsets). Every split is a selection of whole rows of the fused tensor: where the fused tensor is byte
+ranges, so is each part (moved by offset, bit-exact, verified as any export); else it is loaded once (one layer's
+fused tensor at a time) and its rows taken.
+
+The config: Megatron-LM's ``args`` in the checkpoint's common state; without them an HF ``config.json``
+(``--config PATH``), trusted for what shapes cannot show (activation, eps, rope); without either, refused, naming
+the missing values. Every value shapes can check is checked before anything is written. Rope: ``rope_parameters``
+(transformers 5) and, for transformers 4 (which ignores ``rope_parameters`` and would use theta 10000), the
+legacy ``rope_theta`` (and ``rope_scaling`` when scaled) with the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .sources import ByteRange, Source, SourceTensor, to_torch
+from .write import ExportError
+
+LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+# the per-layer keys of a Llama-family layer -> their role
+LAYER_KEYS = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_norm",
+    "input_layernorm.weight": "input_norm",  # a save whose norms are modules of their own
+    "self_attention.linear_qkv.weight": "qkv",
+    "self_attention.linear_proj.weight": "o",
+    "mlp.linear_fc1.layer_norm_weight": "post_norm",
+    "pre_mlp_layernorm.weight": "post_norm",
+    "mlp.linear_fc1.weight": "fc1",
+    "mlp.linear_fc2.weight": "fc2",
+}
+TOP_KEYS = {
+    "embedding.word_embeddings.weight": "embed",
+    "decoder.final_layernorm.weight": "norm",
+    "output_layer.weight": "lm_head",
+}
+ROLES = ("input_norm", "qkv", "o", "post_norm", "fc1", "fc2")
+# what a name says about an architecture this mapping does not cover
+_SEEN = (
+    ("experts", "mixture of experts (MoE)"),
+    ("router", "mixture of experts (MoE)"),
+    ("linear_q_down_proj", "multi-latent attention (MLA)"),
+    ("linear_kv_down_proj", "multi-latent attention (MLA)"),
+    ("q_layernorm", "query/key layer norms (qk_layernorm)"),
+    ("k_layernorm", "query/key layer norms (qk_layernorm)"),
+    ("layer_norm_bias", "LayerNorm (a norm with a bias), not RMSNorm"),
+    ("bias", "linear biases"),
+    ("position_embeddings", "learned absolute position embeddings, not rotary"),
+)
+
+
+def is_megatron_gpt(names: list[str]) -> bool:
+    return "embedding.word_embeddings.weight" in names or any(n.startswith("decoder.layers.") for n in names)
+
+
+@dataclass
+class _Arch:
+    heads: int
+    groups: int
+    head_dim: int
+    hidden_act: str
+    eps: float
+    rope: dict[str, Any]
+    max_pos: int
+    from_: str  # where these came from (said)
+    hidden: Optional[int] = None
+    ffn: Optional[int] = None
+    layers: Optional[int] = None
+    vocab: Optional[int] = None
+    tied: Optional[bool] = None
+
+
+def _refuse_seen(names: list[str]) -> None:
+    odd = [n for n in names if not _known(n)]
+    if not odd:
+        return
+    what = sorted({w for n in odd for key, w in _SEEN if key in n})
+    raise ExportError(
+        "--to hf writes Llama-family models (RMSNorm, gated MLP, rotary attention, no biases); this checkpoint holds "
+        + (", ".join(what) + ": " if what else "tensors the Llama mapping does not know: ")
+        + ", ".join(odd[:6])
+        + (f" and {len(odd) - 6} more" if len(odd) > 6 else "")
+        + ". The plain export (without --to hf) writes it under its own names"
+    )
+
+
+def _known(name: str) -> bool:
+    if name in TOP_KEYS:
+        return True
+    m = LAYER_RE.match(name)
+    return m is not None and m.group(2) in LAYER_KEYS
+
+
+def _is_args(args: dict[str, Any]) -> bool:
+    return any(k in args for k in ("num_attention_heads", "hidden_size", "num_layers"))
+
+
+def _int(v: Any) -> Optional[int]:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _arch_from_args(args: dict[str, Any]) -> _Arch:
+    """The architecture Megatron-LM's args record; refused (naming them) where values are missing or say the model is
+    not Llama-family."""
+    missing = [
+        k
+        for k in (
+            "num_attention_heads",
+            "norm_epsilon",
+            "rotary_base",
+            "swiglu",
+            "normalization",
+            "position_embedding_type",
+            "max_position_embeddings",
+        )
+        if args.get(k) is None
+    ]
+    if missing:
+        raise ExportError(
+            "the checkpoint's Megatron-LM args lack " + ", ".join(missing) + ": give the model's Hugging Face "
+            "config.json with --config PATH (it is then trusted for what the shapes cannot show)"
+        )
+    bad = []
+    if args.get("normalization") != "RMSNorm":
+        bad.append(f"normalization={args.get('normalization')!r} (Llama: RMSNorm)")
+    if args.get("position_embedding_type") != "rope":
+        bad.append(f"position_embedding_type={args.get('position_embedding_type')!r} (Llama: rope)")
+    if args.get("rotary_interleaved"):
+        bad.append("rotary_interleaved=True (Llama rotates halves; interleaved pairs are not mapped yet)")
+    pct = args.get("rotary_percent", 1.0)
+    if isinstance(pct, (int, float)) and pct < 1:
+        bad.append(f"rotary_percent={pct} (Llama rotates the whole head)")
+    if args.get("attention_output_gate") or args.get("output_gate"):
+        bad.append("gated attention (output_gate)")
+    if args.get("num_experts"):
+        bad.append(f"num_experts={args.get('num_experts')} (mixture of experts)")
+    if args.get("multi_latent_attention"):
+        bad.append("multi_latent_attention=True")
+    if args.get("qk_layernorm"):
+        bad.append("qk_layernorm=True")
+    if args.get("apply_layernorm_1p"):
+        bad.append("apply_layernorm_1p=True (zero-centred norm weights)")
+    if args.get("squared_relu"):
+        bad.append("squared_relu=True")
+    if args.get("add_bias_linear") or args.get("add_qkv_bias"):
+        bad.append("linear biases (add_bias_linear/add_qkv_bias)")
+    if args.get("rotary_seq_len_interpolation_factor") not in (None, 1, 1.0):
+        bad.append(f"rotary_seq_len_interpolation_factor={args.get('rotary_seq_len_interpolation_factor')}")
+    if bad:
+        raise ExportError("--to hf writes Llama-family models; the run's args say " + "; ".join(bad))
+    heads = int(args["num_attention_heads"])
+    groups = _int(args.get("num_query_groups")) if args.get("group_query_attention") else heads
+    if groups is None:
+        raise ExportError("the checkpoint's Megatron-LM args say group_query_attention but give no num_query_groups")
+    hidden = _int(args.get("hidden_size"))
+    head_dim = _int(args.get("kv_channels")) or (hidden // heads if hidden else None)
+    if head_dim is None:
+        raise ExportError("the checkpoint's Megatron-LM args give neither kv_channels nor hidden_size")
+    theta = float(args["rotary_base"])
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if args.get("use_rope_scaling"):  # megatron-core's apply_rope_scaling: Llama 3.1's, with its defaults
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": theta,
+            "factor": float(args.get("rope_scaling_factor") or 8.0),
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+    untie = args.get("untie_embeddings_and_output_weights")
+    return _Arch(
+        heads=heads,
+        groups=groups,
+        head_dim=head_dim,
+        hidden_act="silu" if args["swiglu"] else "gelu",  # megatron-core's gated default is GeLU (GeGLU)
+        eps=float(args["norm_epsilon"]),
+        rope=rope,
+        max_pos=int(args["max_position_embeddings"]),
+        from_="the run's Megatron-LM args (common state)",
+        hidden=hidden,
+        ffn=_int(args.get("ffn_hidden_size")),
+        layers=_int(args.get("num_layers")),
+        vocab=_int(args.get("padded_vocab_size")),
+        tied=None if untie is None else not untie,
+    )
+
+
+def _arch_from_config(path: Path) -> _Arch:
+    """The architecture an HF config.json gives (``--config``), trusted for what shapes cannot show."""
+    p = path / "config.json" if path.is_dir() else path
+    try:
+        cfg = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ExportError(f"--config {path}: cannot read it as a config.json ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ExportError(f"--config {path}: not a config.json (a JSON object)")
+    mt = cfg.get("model_type")
+    if mt not in (None, "llama"):
+        raise ExportError(f"--config {path}: model_type {mt!r}; --to hf writes Llama (model_type 'llama')")
+    missing = [k for k in ("num_attention_heads", "hidden_act", "rms_norm_eps") if cfg.get(k) is None]
+    rope = cfg.get("rope_parameters")
+    if not isinstance(rope, dict):
+        theta = cfg.get("rope_theta")
+        if theta is None:
+            missing.append("rope_theta (or rope_parameters)")
+        rope = dict(cfg.get("rope_scaling") or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope["rope_theta"] = float(theta) if theta is not None else 0.0
+    if missing:
+        raise ExportError(f"--config {path} lacks " + ", ".join(missing))
+    heads = int(cfg["num_attention_heads"])
+    hidden = _int(cfg.get("hidden_size"))
+    return _Arch(
+        heads=heads,
+        groups=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or (hidden // heads if hidden else 0)),
+        hidden_act=str(cfg["hidden_act"]),
+        eps=float(cfg["rms_norm_eps"]),
+        rope=rope,
+        max_pos=int(cfg.get("max_position_embeddings") or 2048),
+        from_=f"--config {path} (trusted for hidden_act, rms_norm_eps and rope, which shapes cannot show)",
+        hidden=hidden,
+        ffn=_int(cfg.get("intermediate_size")),
+        layers=_int(cfg.get("num_hidden_layers")),
+        vocab=_int(cfg.get("vocab_size")),
+        tied=cfg.get("tie_word_embeddings") if isinstance(cfg.get("tie_word_embeddings"), bool) else None,
+    )
+
+
+class _OneFused:
+    """The one fused tensor (a layer's QKV or fc1) loaded for the row selections of a general-path source: each is
+    loaded once, the previous one let go."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.key: Optional[str] = None
+        self.tensor: Any = None
+
+    def get(self, t: SourceTensor) -> Any:
+        with self.lock:
+            if self.key != t.name:
+                self.key, self.tensor = None, None
+                self.tensor, self.key = to_torch(t), t.name
+            return self.tensor
+
+
+def _row_ranges(ranges: tuple[ByteRange, ...], row_bytes: int, pieces: list[tuple[int, int]]) -> tuple[ByteRange, ...]:
+    """The byte ranges of rows ``[start, start + n)`` for each piece, of a tensor whose bytes are ``ranges``."""
+    out: list[ByteRange] = []
+    for start, n in pieces:
+        lo, hi = start * row_bytes, (start + n) * row_bytes
+        pos = 0
+        for r in ranges:
+            a, b = max(lo, pos), min(hi, pos + r.length)
+            if a < b:
+                seg = ByteRange(r.path, r.offset + a - pos, b - a)
+                prev = out[-1] if out else None
+                if prev is not None and prev.path == seg.path and prev.offset + prev.length == seg.offset:
+                    out[-1] = ByteRange(prev.path, prev.offset, prev.length + seg.length)
+                else:
+                    out.append(seg)
+            pos += r.length
+            if pos >= hi:
+                break
+    return tuple(out)
+
+
+def _rows(t: SourceTensor, name: str, pieces: list[tuple[int, int]], fused: _OneFused) -> SourceTensor:
+    """The rows ``pieces`` ([(start, count)]) of ``t``, in order, as a source tensor named ``name``."""
+    n = sum(c for _, c in pieces)
+    shape = (n, *t.shape[1:])
+    if t.ranges is not None:
+        row_bytes = t.nbytes // t.shape[0] if t.shape[0] else 0
+        return SourceTensor(name, shape, t.dtype, ranges=_row_ranges(t.ranges, row_bytes, pieces), note=t.note)
+
+    def load() -> object:
+        import torch
+
+        full = fused.get(t)
+        return torch.cat([full[s : s + c] for s, c in pieces]).contiguous()
+
+    return SourceTensor(name, shape, t.dtype, load=load, note=t.note)
+
+
+def _renamed(t: SourceTensor, name: str) -> SourceTensor:
+    return SourceTensor(name, t.shape, t.dtype, ranges=t.ranges, load=t.load, note=t.note, chunks=t.chunks)
+
+
+def qkv_pieces(heads: int, groups: int, head_dim: int) -> tuple[list[tuple[int, int]], ...]:
+    """The rows of q, k and v in megatron's fused ``linear_qkv`` (per query group: its heads/groups query heads,
+    then one key head, then one value head, ``head_dim`` rows each), as [(start, count)] row pieces."""
+    per = heads // groups
+    block = (per + 2) * head_dim
+    q = [(g * block, per * head_dim) for g in range(groups)]
+    k = [(g * block + per * head_dim, head_dim) for g in range(groups)]
+    v = [(g * block + (per + 1) * head_dim, head_dim) for g in range(groups)]
+    return q, k, v
+
+
+def megatron_to_hf(
+    source: Source,
+    args: dict[str, Any],
+    *,
+    config_path: Optional[Path] = None,
+    true_vocab_size: Optional[int] = None,
+) -> tuple[Source, dict[str, Any], list[str]]:
+    """``source`` (a Megatron-Core GPT model's tensors under the checkpoint's names) as an HF Llama model: the new
+    source, its config.json and what was decided (said). ``args``: Megatron-LM's args of the common state ({} where
+    none); ``config_path``: ``--config``."""
+    names = [t.name for t in source.tensors if not t.name.endswith("_extra_state")]
+    _refuse_seen(names)
+    by = {t.name: t for t in source.tensors}
+    notes: list[str] = []
+    if _is_args(args):
+        arch = _arch_from_args(args)
+    elif config_path is not None:
+        arch = _arch_from_config(config_path)
+    else:
+        raise ExportError(
+            "the checkpoint records no model configuration (no Megatron-LM args in its common state): --to hf "
+            "needs num_attention_heads, num_query_groups, hidden_act, rms_norm_eps, rope_theta and "
+            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
+            "--config PATH"
+        )
+    notes.append(f"--to hf: the configuration from {arch.from_}")
+    layers: dict[int, dict[str, SourceTensor]] = {}
+    top: dict[str, SourceTensor] = {}
+    for n in names:
+        m = LAYER_RE.match(n)
+        if m:
+            role = LAYER_KEYS[m.group(2)]
+            layers.setdefault(int(m.group(1)), {})[role] = by[n]
+        else:
+            top[TOP_KEYS[n]] = by[n]
+    problems: list[str] = []
+    n_layers = len(layers)
+    if sorted(layers) != list(range(n_layers)):
+        problems.append(f"layers {sorted(layers)} are not 0..{n_layers - 1}")
+    for i, parts in sorted(layers.items()):
+        lack = [r for r in ROLES if r not in parts]
+        if lack:
+            problems.append(f"layer {i} lacks {', '.join(lack)}")
+    for r in ("embed", "norm"):
+        if r not in top:
+            problems.append(f"no {[k for k, v in TOP_KEYS.items() if v == r][0]}")
+    if problems:
+        raise ExportError("--to hf: the checkpoint is not a whole Llama-family GPT model: " + "; ".join(problems))
+    emb = top["embed"]
+    vocab, hidden = emb.shape[0], emb.shape[1]
+    tied = "lm_head" not in top
+    hd, heads, groups = arch.head_dim, arch.heads, arch.groups
+    ffn = layers[0]["fc2"].shape[1]
+    want: list[tuple[str, Any, Any]] = [
+        ("hidden size", arch.hidden, hidden),
+        ("layers", arch.layers, n_layers),
+        ("intermediate (ffn) size", arch.ffn, ffn),
+        ("tied output layer", arch.tied, tied),
+    ]
+    bad = [
+        f"{what}: the configuration says {said}, the tensors {seen}"
+        for what, said, seen in want
+        if said not in (None, seen)
+    ]
+    if groups <= 0 or heads % groups:
+        bad.append(f"{heads} attention heads do not divide into {groups} query groups")
+    if arch.vocab is not None and arch.vocab > vocab:
+        bad.append(f"vocab: the configuration says {arch.vocab}, the embedding has {vocab} rows")
+    for i, p in sorted(layers.items()):
+        shapes = {
+            "linear_qkv": (p["qkv"].shape, ((heads + 2 * groups) * hd, hidden)),
+            "linear_proj": (p["o"].shape, (hidden, heads * hd)),
+            "linear_fc1": (p["fc1"].shape, (2 * ffn, hidden)),
+            "linear_fc2": (p["fc2"].shape, (hidden, ffn)),
+            "input norm": (p["input_norm"].shape, (hidden,)),
+            "pre-MLP norm": (p["post_norm"].shape, (hidden,)),
+        }
+        for what, (seen_s, said_s) in shapes.items():
+            if tuple(seen_s) != said_s:
+                extra = ""
+                if what == "linear_fc1" and tuple(seen_s) == (ffn, hidden):
+                    extra = " (not a gated linear unit: a GPT-style MLP, not Llama-family)"
+                elif what == "linear_qkv":
+                    extra = f" ({heads} heads, {groups} query groups, head_dim {hd})"
+                bad.append(f"layer {i} {what}: {list(seen_s)}, expected {list(said_s)}{extra}")
+    if top["norm"].shape != (hidden,):
+        bad.append(f"final_layernorm: {list(top['norm'].shape)}, expected [{hidden}]")
+    if not tied and tuple(top["lm_head"].shape) != (vocab, hidden):
+        bad.append(f"output_layer: {list(top['lm_head'].shape)}, expected {[vocab, hidden]}")
+    if true_vocab_size is not None and not 0 < true_vocab_size <= vocab:
+        bad.append(f"--true-vocab-size {true_vocab_size}: the embedding has {vocab} rows")
+    if bad:
+        raise ExportError("--to hf: the configuration and the tensors disagree:\n  " + "\n  ".join(bad[:12]))
+    fused = _OneFused()
+    out: list[SourceTensor] = []
+    keep_rows = true_vocab_size if true_vocab_size is not None else vocab
+    if true_vocab_size is not None and true_vocab_size < vocab:
+        out.append(_rows(emb, "model.embed_tokens.weight", [(0, keep_rows)], fused))
+        notes.append(f"--true-vocab-size {keep_rows}: the embedding and lm_head cut from {vocab} rows")
+    else:
+        out.append(_renamed(emb, "model.embed_tokens.weight"))
+        notes.append(
+            f"vocab_size {vocab}: the embedding's rows as saved (Megatron pads the vocabulary to a multiple of "
+            "make_vocab_size_divisible_by x TP; --true-vocab-size N keeps the first N)"
+        )
+    for i, p in sorted(layers.items()):
+        pre = f"model.layers.{i}."
+        out.append(_renamed(p["input_norm"], pre + "input_layernorm.weight"))
+        q, k, v = qkv_pieces(heads, groups, hd)
+        for what, rows in (("q", q), ("k", k), ("v", v)):
+            out.append(_rows(p["qkv"], f"{pre}self_attn.{what}_proj.weight", rows, fused))
+        out.append(_renamed(p["o"], pre + "self_attn.o_proj.weight"))
+        out.append(_renamed(p["post_norm"], pre + "post_attention_layernorm.weight"))
+        out.append(_rows(p["fc1"], pre + "mlp.gate_proj.weight", [(0, ffn)], fused))
+        out.append(_rows(p["fc1"], pre + "mlp.up_proj.weight", [(ffn, ffn)], fused))
+        out.append(_renamed(p["fc2"], pre + "mlp.down_proj.weight"))
+    out.append(_renamed(top["norm"], "model.norm.weight"))
+    if not tied:
+        lm = top["lm_head"]
+        out.append(
+            _rows(lm, "lm_head.weight", [(0, keep_rows)], fused)
+            if keep_rows < vocab
+            else _renamed(lm, "lm_head.weight")
+        )
+    else:
+        notes.append("tied: no output_layer in the checkpoint; lm_head is model.embed_tokens (tie_word_embeddings)")
+    notes.append(
+        f"--to hf: linear_qkv split into q/k/v by query group ({groups} groups of {heads // groups} query heads, "
+        f"head_dim {hd}), linear_fc1 into gate_proj/up_proj (first half gate), hidden_act {arch.hidden_act}"
+    )
+    config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep_rows, tied=tied)
+    kept = [n for n in source.notes if not n.startswith("Megatron-Core torch_dist:")]  # names as saved: not here
+    new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=kept)
+    return new, config, notes
+
+
+def hf_config(arch: _Arch, *, hidden: int, ffn: int, layers: int, vocab: int, tied: bool) -> dict[str, Any]:
+    """config.json of the LlamaForCausalLM. ``rope_parameters`` is what transformers 5 stores; ``rope_theta`` (and
+    ``rope_scaling``) are written too, with the same values, for transformers 4, which reads only those."""
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": arch.heads,
+        "num_key_value_heads": arch.groups,
+        "head_dim": arch.head_dim,
+        "hidden_act": arch.hidden_act,
+        "rms_norm_eps": arch.eps,
+        "max_position_embeddings": arch.max_pos,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_parameters": dict(arch.rope),
+        "rope_theta": arch.rope["rope_theta"],
+    }
+    if arch.rope.get("rope_type", "default") != "default":
+        cfg["rope_scaling"] = {k: v for k, v in arch.rope.items() if k != "rope_theta"}
+    return cfg

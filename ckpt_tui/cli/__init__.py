@@ -5,7 +5,7 @@
 (``--debug`` shows one).
 
 A module per command group (inspect.py: inspect/open/tensors; export.py: export/verify/diff/stats;
-universal.py; convert.py; fix.py; demo.py; help.py), the options they share in options.py, what they print in
+universal.py; convert.py; fix.py; prune.py; demo.py; help.py), the options they share in options.py, what they print in
 output.py. Importing this package imports neither torch, DeepSpeed, textual nor rich.
 """
 
@@ -24,6 +24,7 @@ from .export import diff_cmd, export_cmd, stats_cmd, verify_cmd
 from .fix import fix_cmd
 from .help import help_cmd
 from .inspect import inspect_cmd, open_cmd, tensors_cmd
+from .prune import prune_cmd
 from .universal import universal_cmd
 
 __all__ = ["main", "main_group"]
@@ -59,6 +60,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
         universal_cmd,
         convert_cmd,
         fix_cmd,
+        prune_cmd,
     ],
 )
 @click.version_option(__version__, "--version", "-V", prog_name="ckpt-tui")

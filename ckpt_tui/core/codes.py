@@ -112,6 +112,16 @@ CODES: dict[str, FindingCode] = {
             "save_only_model: resumes with a fresh optimizer (under DeepSpeed: not at all)",
         ),
         FindingCode(
+            "prune-interrupted",
+            ("error",),
+            "a prune stopped halfway here: never complete; the next prune finishes it",
+        ),
+        FindingCode(
+            "optimizer-pruned",
+            ("warning", "info"),
+            "model only, optimizer pruned: DeepSpeed cannot resume it; HF: a fresh optimizer",
+        ),
+        FindingCode(
             "resume-world-size",
             ("info",),
             "a ZeRO tag resumes only on its data-parallel size: `universal` converts it",

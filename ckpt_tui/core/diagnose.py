@@ -24,6 +24,7 @@ from .facts import (
 from .formats.dcp.format import merges_with_accelerate
 from .formats.registry import format_of
 from .names import MODEL_FILE_RE, step_of
+from .prune import marker_findings
 from .storage import is_url
 from .types import SEVERITY_RANK, Finding, Inventory, Node
 from .whole import optimizer_gap_finding, trainer_findings, weights_empty_finding
@@ -40,6 +41,7 @@ def diagnose(inv: Inventory) -> list[Finding]:
                 if extra is not None:
                     out.append(extra)
         out.extend(trainer_findings(inv))
+        out = marker_findings(inv, out)  # a prune's marker: half pruned (never complete), or pruned (model only)
     finally:
         MEMO.reset(token)
     if inv.layout == "unknown" and not any(f.severity == "error" for f in out):

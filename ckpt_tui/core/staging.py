@@ -97,6 +97,7 @@ WRITERS: dict[str, Writer] = {
     "universal": Writer("conversion", "convert again", "ckpt-tui universal", "universal"),
     "torch-dcp": Writer("conversion", "convert again", "ckpt-tui convert", "torch-dcp"),
     "repair": Writer("repair", "run the repair again", "ckpt-tui fix", file=True),
+    "prune": Writer("prune", "run the prune again", "ckpt-tui prune", file=True),  # its marker in each checkpoint
 }
 
 

@@ -30,6 +30,7 @@ from .storage import is_url
 from .types import Finding, Inventory, Node, Parsed, TensorInfo, user_path
 
 RNG_RE_PREFIX = "rng_state"
+PRUNE_MARKER = ".ckpt-tui-prune.json"  # core/prune.py's MARKER: what it says, prune.marker_findings reports
 RNG_RANK_RE = re.compile(r"rng_state_(\d{1,6})\.pth")
 
 
@@ -319,6 +320,7 @@ class TrainerSave:
     save_only_model: Optional[bool]
     deepspeed: Optional[bool]
     written: bool  # trainer_written(its names)
+    pruned: bool = False  # a `ckpt-tui prune` marker (core/prune.py): its optimizer state went on purpose
 
     @property
     def step(self) -> int:
@@ -342,6 +344,7 @@ def _save_of(path: str, name: str, entries: dict[str, bool], args: Optional[Torc
         save_only_model=args.get("save_only_model") if args else None,
         deepspeed=args.get("deepspeed") if args else None,
         written=trainer_written(names),
+        pruned=PRUNE_MARKER in names,
     )
 
 
@@ -400,7 +403,8 @@ def trainer_findings(inv: Inventory) -> list[Finding]:
             if why:
                 out.append(_incomplete_finding(inv, c, s, why, every, verdicts))
                 continue
-            out.extend(_resume_findings(inv, s, every))
+            if not s.pruned:
+                out.extend(_resume_findings(inv, s, every))
     return out
 
 
@@ -408,7 +412,7 @@ def _incomplete(s: TrainerSave, every: list[TrainerSave]) -> Optional[str]:
     """Why ``s`` is not a whole Trainer save, or None."""
     if not s.state:
         return "it has no trainer_state.json, which the Trainer writes last (after the weights, optimizer, scheduler and RNG states): the save was killed"
-    model_only = s.save_only_model is True
+    model_only = s.save_only_model is True or s.pruned  # pruned: prune-interrupted / optimizer-pruned say it
     peers = [p for p in every if p is not s and p.written and p.state]
     lacks = []
     if not s.weights:

@@ -336,6 +336,37 @@ def checkpoint_3_without_optimizer(root: Path) -> None:
     (root / "run/checkpoint-3/optimizer.pt").unlink()
 
 
+def prune_marker(checkpoint: str, state: str, removed: tuple[str, ...]) -> Callable[[Path], None]:
+    """``ckpt-tui prune``'s marker in ``checkpoint`` (docs/prune.md), the files it lists removed (``pruned``) or
+    the first of them only (``pruning``: killed halfway)."""
+
+    def edit(root: Path) -> None:
+        from ckpt_tui.core.prune import MARKER
+
+        folder = root / checkpoint
+        doc = {
+            "ckpt_tui_prune": 1,
+            "state": state,
+            "what": "optimizer",
+            "started": "2025-01-02T03:04:05Z",
+            "finished": "2025-01-02T03:04:06Z" if state == "pruned" else None,
+            "pid": None,
+            "remove": list(removed),
+            "bytes": 0,
+        }
+        (folder / MARKER).write_text(json.dumps(doc))
+        for rel in removed if state == "pruned" else removed[:1]:
+            (folder / rel).unlink()
+
+    return edit
+
+
+HF_OPTIM = ("optimizer.pt", "rng_state.pth", "scheduler.pt")
+DS_OPTIM = tuple(f"global_step2/bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)) + (
+    "rng_state_0.pth",
+    "rng_state_1.pth",
+)
+
 VERL = "checkpoints/global_step_1/actor"  # verl's actor folder in the verl-fsdp2 fixture
 
 ROOT_READS_ALL = pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file")
@@ -1014,6 +1045,30 @@ CASES = [
         "warning",
         ".",
         ("under DeepSpeed", "Can't find a valid checkpoint", 'LlamaForCausalLM.from_pretrained("'),
+    ),
+    Rule(
+        "prune-interrupted",
+        Corrupt("hf-rotation-killed", prune_marker("run/checkpoint-2", "pruning", HF_OPTIM), "run"),
+        "prune-interrupted",
+        "error",
+        "checkpoint-2",
+        ("half pruned", "started 2025-01-02", "Do not resume or export it", "`ckpt-tui prune hf-rotation-killed/run`"),
+    ),
+    Rule(
+        "optimizer-pruned",
+        Corrupt("hf-rotation-killed", prune_marker("run/checkpoint-2", "pruned", HF_OPTIM), "run"),
+        "optimizer-pruned",
+        "info",
+        "checkpoint-2",
+        ("model only", "pruned on 2025-01-02", "fresh optimizer"),
+    ),
+    Rule(
+        "optimizer-pruned-deepspeed",
+        Corrupt("hf-ds-zero2", prune_marker("checkpoint-2", "pruned", DS_OPTIM), "checkpoint-2"),
+        "optimizer-pruned",
+        "warning",
+        ".",
+        ("model only", "DeepSpeed cannot resume it"),
     ),
     Rule(
         "optimizer-state-missing",

@@ -240,6 +240,18 @@ def _checkpoints(run: Path, rep: Any) -> list[_Ckpt]:
             if kind == "dir" and step is not None:
                 cks.append(_Ckpt(name, step, name not in broken, ""))
         cks.sort(key=lambda c: (-c.step, c.path))
+        return cks
+    # a checkpoint a killed prune emptied down to its marker is no checkpoint to the run listing: listed here
+    listed = {c.path for c in cks}
+    for parent in sorted({os.path.dirname(c.path) for c in cks}):
+        for name, kind in _children(run / parent).items():
+            rel = f"{parent}/{name}" if parent else name
+            step = step_of(name)
+            if kind == "dir" and step is not None and rel not in listed:
+                m = read_marker(run / rel)
+                if m is not None and m["state"] == "pruning":
+                    cks.append(_Ckpt(rel, step, False, ""))
+    cks.sort(key=lambda c: (-c.step, c.path))
     return cks
 
 
@@ -638,10 +650,16 @@ def apply(p: Plan, *, quiet_for: float = 60.0, force: bool = False, on_removed: 
                 "bytes": c.bytes,
                 "resumes": c.resumes,
             }
-            if old is None or old.get("state") != "pruning":
-                _write_marker(folder, doc)
-                _after("marker-written", c.path)
             try:
+                fd, _name = _open_parent(run_fd, f"{c.path}/{MARKER}")  # its folder, reached without a link
+                os.close(fd)
+            except OSError as err:
+                res.failed.append((c.path, f"cannot reach it without following a link ({err.strerror}); left as it is"))
+                continue
+            try:
+                if old is None or old.get("state") != "pruning":
+                    _write_marker(folder, doc)
+                    _after("marker-written", c.path)
                 for e in c.entries:
                     if e.path == c.path:
                         continue  # the folder itself: after its marker

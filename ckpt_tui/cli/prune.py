@@ -13,7 +13,7 @@ from .options import json_option, path_argument
 from .output import echo, emit_json, fail, local_only
 
 
-@click.command("prune", short_help="Free a run's disk: old optimizer states or checkpoints, plan first.")
+@click.command("prune", short_help="Free a run folder's disk: the plan first.")
 @path_argument("run")
 @click.option(
     "--keep-last",

@@ -18,6 +18,7 @@ COMMANDS = [
     "universal",
     "convert",
     "fix",
+    "prune",
     "demo",
 ]
 

@@ -18,17 +18,35 @@ from .output import echo, emit_json, fail, inspect_or_fail, print_report
 @json_option("Print one JSON document (schema_version 1) instead of a tree.")
 @trust_pickles_option(TRUST_PICKLES_HELP)
 @click.option("--all", "show_all", is_flag=True, help="Show every file, not a condensed tree.")
-def inspect_cmd(path, as_json, trust_pickles, show_all):
+@click.option(
+    "--best-metric",
+    metavar="NAME",
+    default=None,
+    help="A run folder's best checkpoint: the one with the best NAME (an eval metric of log_history, "
+    "eval_ prefixed as the Trainer does) at its step, not the one the run recorded.",
+)
+@click.option(
+    "--higher-is-better",
+    is_flag=True,
+    default=None,
+    help="With --best-metric: higher is better (default: lower; the run's own greater_is_better for its own metric).",
+)
+def inspect_cmd(path, as_json, trust_pickles, show_all, best_metric, higher_is_better):
     """Say what PATH is: layout, framework, ranks, dtype, sizes, and what is broken.
 
     PATH may be a checkpoint folder (checkpoint-2000/), a run folder holding many, a
     single sub-folder (pytorch_model_fsdp_0/, global_step2000/) or one file.
     """
+    if higher_is_better and not best_metric:
+        fail("--higher-is-better goes with --best-metric NAME", EXIT_USAGE)
     rep = inspect_or_fail(path, trust_pickles)
+    view = None
+    if rep.inventory.checkpoints:
+        view = rep.run_view(best_metric=best_metric, higher_is_better=higher_is_better)
     if as_json:
-        emit_json(rep.to_json(), ensure_ascii=False)
+        emit_json(rep.to_json(view), ensure_ascii=False)
     else:
-        print_report(rep, show_all)
+        print_report(rep, show_all, view)
     sys.exit(EXIT_FINDINGS if rep.has_errors else EXIT_OK)
 
 

@@ -179,8 +179,9 @@ def inspect_or_fail(path: str, trust: bool):
         fail(str(e), EXIT_USAGE)
 
 
-def print_report(rep, show_all: bool) -> None:
-    """The inspection as a tree with badges and findings, then the findings in full."""
+def print_report(rep, show_all: bool, view=None) -> None:
+    """The inspection as a tree with badges and findings, then the findings in full; a run folder's run view
+    (``view``, else the default one: core/run_view.py) after its checkpoints."""
     from rich.console import Console, Group
     from rich.padding import Padding
     from rich.text import Text
@@ -270,6 +271,10 @@ def print_report(rep, show_all: bool) -> None:
         for ck in inv.checkpoints:
             mark = "[green]✔ complete[/]" if ck["complete"] else "[red]✖ incomplete[/]"
             con.print(f"  {esc(ck['path'])}  step {esc(ck['step'])}  {esc(ck['layout'])}  {mark}")
+        from .run_table import run_lines
+
+        con.print()
+        con.print(Text("\n".join(run_lines(view if view is not None else rep.run_view()))), soft_wrap=True)
     if rep.findings:
         con.print("\n[bold]Findings[/]")
         batch: list = []  # printed 256 findings per call: a print per line cost more than all the rest of inspect

@@ -76,6 +76,8 @@ class TorchZipFacts(TorchFileFacts, TensorFacts, total=False):
     object: str  # the class of what it holds when that is not a dict
     save_only_model: bool  # training_args.bin: TrainingArguments.save_only_model (read, never guessed)
     deepspeed: bool  # training_args.bin: the run was given a DeepSpeed config
+    metric_for_best_model: str  # training_args.bin: TrainingArguments.metric_for_best_model (at most 200 characters)
+    greater_is_better: bool  # training_args.bin: TrainingArguments.greater_is_better
 
 
 class DeepSpeedModelStatesFacts(TorchFileFacts, total=False):

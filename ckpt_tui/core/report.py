@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .diagnose import diagnose, mark_complete
 from .formats.unpickle import gc_paused
@@ -12,6 +12,9 @@ from .progress import OnProgress
 from .scan import OnNode, scan
 from .storage import LocationLike, as_path, bytes_fetched, is_url
 from .types import SCHEMA_VERSION, Finding, Inventory, run_checkpoint_doc
+
+if TYPE_CHECKING:
+    from .run_view import RunView
 
 
 @dataclass
@@ -25,11 +28,18 @@ class Report:
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, view: Optional[RunView] = None) -> dict[str, Any]:
+        """The JSON document; a run folder's with ``view`` (its run view, ``--best-metric``'s), else the default one."""
         with gc_paused():  # plain dicts and lists, one per file and finding: no cycle for a collection to find
-            return self._json()
+            return self._json(view)
 
-    def _json(self) -> dict[str, Any]:
+    def run_view(self, *, best_metric: Optional[str] = None, higher_is_better: Optional[bool] = None) -> RunView:
+        """The run view of a run folder (core/run_view.py): no rows for anything else."""
+        from .run_view import run_view
+
+        return run_view(self.inventory, self.findings, best_metric=best_metric, higher_is_better=higher_is_better)
+
+    def _json(self, view: Optional[RunView]) -> dict[str, Any]:
         inv = self.inventory
         doc: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
@@ -43,9 +53,13 @@ class Report:
         }
         if inv.checkpoints:
             # each entry: its own components; a run folder's top level: its newest complete checkpoint's
+            view = view if view is not None else self.run_view()
+            rows = {r.path: r for r in view.rows}
             doc["checkpoints"] = [
-                run_checkpoint_doc(c, inv.checkpoint_components.get(c["path"], {})) for c in inv.checkpoints
+                run_checkpoint_doc(c, inv.checkpoint_components.get(c["path"], {}), rows[c["path"]].to_json())
+                for c in inv.checkpoints
             ]
+            doc["run"] = view.to_json()
             if not inv.components:
                 whole = next((c for c in inv.checkpoints if c["complete"]), None)
                 if whole is not None:

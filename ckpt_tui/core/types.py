@@ -195,16 +195,53 @@ class RunCheckpoint(TypedDict):
     complete: bool  # no error finding inside it (diagnose clears it)
 
 
-class RunCheckpointDoc(RunCheckpoint):
-    """A ``checkpoints[]`` entry of the JSON document: the checkpoint and its own components (role -> path
-    relative to the scanned root; added under schema_version 1). The one definition of that entry's shape."""
+# a checkpoint's bytes by what its files hold (``model+optimizer``: files holding both, a Lightning .ckpt, a combined DCP)
+RunCheckpointSizes = TypedDict(
+    "RunCheckpointSizes", {"model": int, "optimizer": int, "model+optimizer": int, "other": int, "total": int}
+)
+
+
+class RunCheckpointView(TypedDict):
+    """What the run view (core/run_view.py) adds to a ``checkpoints[]`` entry, under schema_version 1."""
+
+    written: Optional[float]  # mtime (seconds since the epoch) of its trainer_state.json, else of the checkpoint
+    problems: list[str]  # the codes of the error findings inside it ([] when complete)
+    holds: list[str]  # of "model", "optimizer", "scheduler", "rng"
+    sizes: RunCheckpointSizes
+    loss: Optional[float]  # train loss logged last at or before its step (null: not recorded, or not finite)
+    eval_metric: Optional[float]  # the run view's eval metric (the document's ``run.eval_metric``), likewise
+    newest_complete: bool
+    best: bool
+
+
+class RunSummaryDoc(TypedDict):
+    """The JSON document's ``run`` (a run folder): its totals and where its metrics come from."""
+
+    total_bytes: int
+    optimizer_bytes: int  # files holding optimizer state only, over every checkpoint
+    eval_metric: Optional[str]  # the log_history key of the eval metric (``eval_loss``), null if none
+    higher_is_better: bool
+    best_source: Optional[str]  # "best_global_step" | "best_model_checkpoint" | "metric" (--best-metric) | null
+    history_from: Optional[str]  # the trainer_state.json the metrics were read from (relative path), or null
+    no_history: Optional[str]  # why there are no metrics, or null
+
+
+class RunCheckpointDoc(RunCheckpoint, RunCheckpointView):
+    """A ``checkpoints[]`` entry of the JSON document: the checkpoint, its own components (role -> path
+    relative to the scanned root) and its run-view fields (all added under schema_version 1). The one definition
+    of that entry's shape."""
 
     components: dict[str, str]
 
 
-def run_checkpoint_doc(c: RunCheckpoint, components: dict[str, str]) -> RunCheckpointDoc:
+def run_checkpoint_doc(c: RunCheckpoint, components: dict[str, str], view: RunCheckpointView) -> RunCheckpointDoc:
     return RunCheckpointDoc(
-        path=c["path"], step=c["step"], layout=c["layout"], complete=c["complete"], components=dict(components)
+        path=c["path"],
+        step=c["step"],
+        layout=c["layout"],
+        complete=c["complete"],
+        components=dict(components),
+        **view,
     )
 
 

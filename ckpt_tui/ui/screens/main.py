@@ -22,7 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Static, Tree
+from textual.widgets import DataTable, Footer, Static, Tree
 from textual.worker import Worker
 
 from ...core.export.plan import ExportPlan
@@ -37,6 +37,7 @@ from ..job_kinds import EXPORT, JOB_KINDS, REPAIR, RESUME, SCAN, STATS, TENSORS,
 from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
 from ..widgets.jobs_panel import JobsPanel, progress_text
+from ..widgets.run_view import RunPanel
 from ..widgets.tree import CheckpointTree
 from .dialogs import ConfirmDialog, MessageDialog
 
@@ -44,6 +45,7 @@ Listing = tuple[tuple[TensorInfo, ...], str, bool]  # the tensor table's rows, n
 if TYPE_CHECKING:
     from ...core.analysis import TensorStats
     from ...core.progress import OnProgress
+    from ...core.run_view import RunView
     from ...core.scan import ScanEvent
     from ...core.storage import Location
 
@@ -78,6 +80,7 @@ class MainScreen(Screen[None]):
         self.shown_component: Optional[str] = None  # the key of the component the table shows (None: not yet)
         self._shown_stored = False  # the view the table shows shown_component in
         self._early_root: Optional[Node] = None
+        self.run_view: Optional[RunView] = None  # a run folder's (core/run_view.py), made by the scan's worker
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -85,6 +88,7 @@ class MainScreen(Screen[None]):
         with Horizontal(id="main"):
             yield CheckpointTree(id="tree")
             with Vertical(id="right"):
+                yield RunPanel(id="run")
                 yield Details()
                 yield Static("", id="stats-summary")
                 yield TensorTable()
@@ -174,9 +178,12 @@ class MainScreen(Screen[None]):
                     sent[0] = True  # the walk is complete: draw the whole tree at once
                     self.post_message(TreeReady(self._early_root))
 
-            return inspect(
+            rep = inspect(
                 self.path, on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=self.trust_pickles
             )
+            inv = rep.inventory
+            self.run_view = rep.run_view() if inv.layout == "run-folder" and inv.checkpoints else None
+            return rep
 
         SCAN.start(self, JobInfo(SCAN.name, f"scan {self.path.name}"), scan, exclusive=True)
 
@@ -215,9 +222,16 @@ class MainScreen(Screen[None]):
         target = inv.model_path()
         if inv.layout == "run-folder" and inv.checkpoints:
             target = inv.checkpoints[0]["path"]
+        if self.run_view is not None:
+            self.query_one(RunPanel).set_view(self.run_view)
         if target:
             tree.select_path(target)
         self.selected = inv.node(target) if target else inv.root
+
+    @on(DataTable.RowHighlighted, "#run-table")
+    def _run_row(self, event: DataTable.RowHighlighted) -> None:
+        """A row of the run view moved to: its step highlighted in the chart."""
+        self.query_one(RunPanel).select(event.row_key.value)
 
     def action_rescan(self) -> None:
         self.report = None
@@ -233,6 +247,13 @@ class MainScreen(Screen[None]):
     def watch_selected(self, node: Optional[Node]) -> None:
         if node is None:
             return
+        # a run folder: its run view while the run itself is selected (the tree's top line), else the node's details
+        view = self.run_view if self.report is not None else None
+        on_run = view is not None and node.path == "."
+        self.query_one("#right").set_class(on_run, "run")
+        if view is not None:
+            panel = self.query_one(RunPanel)
+            panel.select(node.path if view.row(node.path) is not None else panel.selected_path())
         findings = self.report.findings if self.report else []
         # its own findings, and the checkpoint's errors elsewhere: errors lead, whichever node is selected
         mine = [f for f in findings if f.path == node.path]

@@ -24,7 +24,35 @@ CORRECTED: dict[str, set[str]] = {}
 # top level the newest complete one's)
 ADDED: dict[str, set[str]] = {
     "$.checkpoints[].components": {"object"},
+    # the run view (issue 28)
+    "$.checkpoints[].written": {"number"},
+    "$.checkpoints[].problems": {"array"},
+    "$.checkpoints[].holds": {"array"},
+    "$.checkpoints[].holds[]": {"string"},
+    "$.checkpoints[].sizes": {"object"},
+    "$.checkpoints[].sizes.model": {"number"},
+    "$.checkpoints[].sizes.optimizer": {"number"},
+    "$.checkpoints[].sizes.model+optimizer": {"number"},
+    "$.checkpoints[].sizes.other": {"number"},
+    "$.checkpoints[].sizes.total": {"number"},
+    "$.checkpoints[].loss": set(),  # a number where recorded, else null
+    "$.checkpoints[].eval_metric": set(),
+    "$.checkpoints[].newest_complete": {"boolean"},
+    "$.checkpoints[].best": {"boolean"},
+    "$.run": {"object"},
+    "$.run.total_bytes": {"number"},
+    "$.run.optimizer_bytes": {"number"},
+    "$.run.higher_is_better": {"boolean"},
 }
+# and these, each a value or null: present, whatever its type
+ADDED_NULLABLE = (
+    "$.checkpoints[].loss",
+    "$.checkpoints[].eval_metric",
+    "$.run.eval_metric",
+    "$.run.best_source",
+    "$.run.history_from",
+    "$.run.no_history",
+)
 
 # fixtures whose files changed since the release because the fixture itself was replaced (the hand-made torch DCP
 # imitations of torchtitan and Megatron-Core, now written by torchtitan's CheckpointManager and megatron-core's
@@ -84,6 +112,7 @@ def test_inspect_json_is_additive(variant):
     if "$.checkpoints[]" in new:  # a run folder: what was added since is held too
         missing = {k: t for k, t in ADDED.items() if not t <= new.get(k, set())}
         assert not missing, f"keys added under schema_version 1 are gone or retyped: {missing}"
+        assert not [k for k in ADDED_NULLABLE if k not in new], [k for k in ADDED_NULLABLE if k not in new]
         newest = next((c for c in doc["checkpoints"] if c["complete"]), None)
         assert newest is not None and doc["components"] == newest["components"], doc["components"]
         assert {"model", "model+optimizer"} & set(newest["components"]), newest  # where its model is

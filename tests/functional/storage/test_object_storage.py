@@ -56,7 +56,8 @@ def cli(args, env, timeout=120):
 
 def same_form(doc: dict, root: str) -> str:
     """The document with its paths aside: no top-level path, no finding commands, ``root`` spelt ROOT, no
-    hard-link counts (a local fact: the fixture cache shares files between checkpoints), and no repair ids
+    hard-link counts (a local fact: the fixture cache shares files between checkpoints), no run checkpoint's
+    ``written`` time, and no repair ids
     (a checkpoint in object storage offers none: see test_findings_of_a_url_offer_only_what_works)."""
     doc = dict(doc)
     doc.pop("path")
@@ -67,6 +68,8 @@ def same_form(doc: dict, root: str) -> str:
     ]
     for n in doc["nodes"]:
         n["facts"] = {k: v for k, v in n["facts"].items() if k != "hard_links"}
+    # when a run's checkpoint was written: the file's mtime here, the object's upload time there
+    doc["checkpoints"] = [{k: v for k, v in c.items() if k != "written"} for c in doc.get("checkpoints", [])]
     return json.dumps(doc, indent=1, sort_keys=True).replace(root.rstrip("/"), "ROOT")
 
 

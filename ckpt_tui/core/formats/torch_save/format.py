@@ -204,5 +204,9 @@ class TorchSave(TorchFileFormat):
                 fields = obj.__dict__
                 if isinstance(fields.get("save_only_model"), bool):
                     f["save_only_model"] = fields["save_only_model"]
+                if isinstance(fields.get("metric_for_best_model"), str):
+                    f["metric_for_best_model"] = fact_text(fields["metric_for_best_model"])
+                if isinstance(fields.get("greater_is_better"), bool):
+                    f["greater_is_better"] = fields["greater_is_better"]
                 ds = fields.get("deepspeed")
                 f["deepspeed"] = bool(ds) if isinstance(ds, (str, dict)) else ds is not None

@@ -22,11 +22,14 @@ rslora, per module with ``rank_pattern``/``alpha_pattern``):
 Row blocks, and why they are bit-exact: a block of W's rows needs only those rows of the delta, which is the
 same matrix product restricted in one dimension: ``b[rows] @ a`` (Linear), ``(b @ a[:, rows]).T``
 (``fan_in_fan_out``, Embedding; the product PEFT forms, then transposed as PEFT does: ``a.T[rows] @ b.T`` is a
-different BLAS call and differs in the last bit). With the same K (= r) every element is computed by the same
-gemm kernel whatever the other dimension, except where the product degenerates to a matrix-vector product: a
-block of one row, or W with one column, goes through gemv, whose summation differs (torch 2.13 with MKL 2024.2,
-measured over 360k blocks of random shapes, r 1..256, any start). So a block has at least two rows (a one-row
-remainder joins the block before it) and a W with one column is one block. ``torch.mm(..., out=)`` into a reused
+different BLAS call and differs in the last bit). That every element is computed by the same gemm kernel whatever the other dimension held on the machine where
+this was first measured (torch 2.13 with MKL 2024.2, 360k random blocks, any start), but not on an AVX-512 AMD
+machine: there MKL's sgemm gave other last bits for a block that split its row tiles (24 or 48 rows) than the whole
+product, and a product of few rows other bits by where its N dimension was cut. So blocks start at multiples of
+``ALIGN`` (384) rows and the last one ends W (a short remainder joins it; no block is a matrix-vector product); a
+transposed product (``fan_in_fan_out``, Embedding) of fewer than ``ALIGN`` W columns is one block; a W with one
+column is one block. Measured on that machine: every aligned block equals the whole product, 1 and 2 threads.
+``torch.mm(..., out=)`` into a reused
 buffer is the same kernel call. Memory: one block's W rows, fp32 delta and output bytes (``block_bytes`` bounds the
 three together: ``cols * (4 + 2 * itemsize)`` a row), with A and B (small) loaded once.
 
@@ -74,6 +77,10 @@ def merged_tensor(
         fa, fb = _fp32(a), _fp32(b)  # as autocast_adapter_dtype leaves them
         fill = _row_filler(base, rows, cols, item)
         blocks = row_blocks(rows, cols, block_bytes, item)
+        if (fan_in_fan_out or embedding) and cols < ALIGN:
+            # blocks of the transposed product split its N dimension, and a gemm of so few rows (W's columns)
+            # gave other bits by where N was cut: one block (W has fewer than ALIGN columns, so it stays small)
+            blocks = [(0, rows)]
         most = max(e - s for s, e in blocks)
         # one W-rows buffer and one fp32 delta buffer, reused block after block (torch.mm(out=) is the same
         # kernel call): fresh blocks of tens of MB per block stay in glibc's heap once its mmap threshold has risen
@@ -124,19 +131,27 @@ def merged_bias(bias: SourceTensor, b_bias: SourceTensor, scale: float) -> Sourc
     return SourceTensor(bias.name, tuple(bias.shape), bias.dtype, chunks=chunks, note="LoRA bias merged")
 
 
+# Row blocks start at multiples of this many rows (and the last one, up to twice as long, ends W): a BLAS gemm
+# computes a row's product by the tile it falls in, full or remainder, and MKL on an AVX-512 machine gave other last
+# bits for a block that split its tiles (24 or 48 rows there) than the whole product does, which is PEFT's. 384 is a
+# multiple of every tile height in use (4 to 128 rows); a block of fewer rows would meet a small-matrix path.
+ALIGN = 384
+
+
 def row_blocks(rows: int, cols: int, block_bytes: int, item: int = 2) -> list[tuple[int, int]]:
     """The [start, end) row blocks of a (rows, cols) merge of a W of ``item``-byte elements: each block's
     working set (its W rows, their fp32 delta and the output bytes: ``cols * (4 + 2 * item)`` a row) at most
-    ``block_bytes`` where it can be; never a one-row block unless W has one row, and one block where W has one
-    column (the module docstring says why: a matrix-vector product sums in another order)."""
+    ``block_bytes`` where it can be, in whole multiples of ``ALIGN`` rows (so each block's product is the whole
+    product's, bit for bit), the remainder joining the last block; one block where W has one column (the module
+    docstring says why: a matrix-vector product sums in another order)."""
     if rows <= 0:
         return []
     if cols <= 1:
         return [(0, rows)]
-    per = max(2, block_bytes // (cols * (4 + 2 * item)))
+    per = max(ALIGN, block_bytes // (cols * (4 + 2 * item)) // ALIGN * ALIGN)
     bounds = list(range(0, rows, per)) + [rows]
-    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
-        del bounds[-2]  # a one-row remainder joins the block before it
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < ALIGN:
+        del bounds[-2]  # a short remainder joins the block before it (a gemm of a few rows takes other paths)
     return list(zip(bounds, bounds[1:]))
 
 

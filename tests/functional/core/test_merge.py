@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_tui.core.adapters.config import read_lora_config
-from ckpt_tui.core.export.merge import merged_bias, merged_tensor, row_blocks
+from ckpt_tui.core.export.merge import ALIGN, merged_bias, merged_tensor, row_blocks
 from ckpt_tui.core.export.plan import OutFile, OutTensor
 from ckpt_tui.core.export.sources import SourceTensor, to_torch
 from ckpt_tui.core.export.write import ByteCounter, ExportError, verify_files, write_file
@@ -180,15 +180,19 @@ def test_merged_tensors_are_peft_merge_and_unload_bit_exact(tmp_path, case):
 )
 @pytest.mark.parametrize("block_bytes", [1, 3 * 64 * 8, 5 * 64 * 8, 7 * 128 * 8, 100 * 64 * 8])
 def test_row_blocks_of_any_size_give_the_full_product(tmp_path, case, block_bytes):
-    """block_bytes=1 asks for one-row blocks (row_blocks gives two: a one-row matmul sums in another order),
-    the others (a row of a 16-bit W costs cols * 8 bytes) for blocks of 3, 5 or 7 rows of 64 or 128 columns (no
-    divisor of 64, 128, 192, 256: a short last block, a one-row remainder) and of 100."""
+    """Whatever block size is asked for (block_bytes=1: the smallest; the others a row of a 16-bit W costing cols * 8
+    bytes: 3, 5, 7 or 100 rows), row_blocks rounds it to whole ALIGN-row blocks: the merged model is PEFT's.
+    (These models' weights are shorter than ALIGN rows: test_blocks_equal_peft_s_full_product_for_awkward_shapes
+    has taller ones, in several blocks.)"""
     base_dir, adapter_dir, oracle = _build(tmp_path, case)
     tensors, merged = _merged_sources(base_dir, adapter_dir, block_bytes=block_bytes)
     _check_against(oracle, tensors, merged, base_dir)
 
 
-@pytest.mark.parametrize("rows, cols", [(64, 64), (256, 64), (129, 64), (65, 1), (1, 64), (4097, 3), (3, 2), (2, 1)])
+@pytest.mark.parametrize(
+    "rows, cols",
+    [(64, 64), (256, 64), (129, 64), (65, 1), (1, 64), (4097, 3), (3, 2), (2, 1), (1000, 64), (1537, 130), (769, 400)],
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_blocks_equal_peft_s_full_product_for_awkward_shapes(tmp_path, rows, cols, dtype):
     """Shapes whose product is a matrix-vector product (one column, one row, B of one row in the transposed
@@ -219,17 +223,27 @@ def test_blocks_equal_peft_s_full_product_for_awkward_shapes(tmp_path, rows, col
 
 
 @pytest.mark.parametrize(
-    "rows, cols, block_bytes", [(64, 64, 1), (64, 64, 3 * 512), (65, 64, 512 * 4), (10, 1, 8), (5632, 2048, 32 << 20)]
+    "rows, cols, block_bytes",
+    [
+        (64, 64, 1),
+        (64, 64, 3 * 512),
+        (65, 64, 512 * 4),
+        (10, 1, 8),
+        (5632, 2048, 32 << 20),
+        (385, 64, 1),
+        (5000, 64, 1),
+    ],
 )
 def test_row_blocks_cover_the_rows_never_one_row(rows, cols, block_bytes):
     blocks = row_blocks(rows, cols, block_bytes)  # a bf16 W: a row costs cols * 8 bytes (W, fp32 delta, output)
     assert blocks[0][0] == 0 and blocks[-1][1] == rows
     assert all(e1 == s2 for (_, e1), (s2, _) in zip(blocks, blocks[1:]))
-    assert all(e - s >= 2 for s, e in blocks)
+    assert all(s % ALIGN == 0 for s, _ in blocks)  # each block starts on the whole product's tiles
+    assert all(e - s >= min(rows, ALIGN) for s, e in blocks)  # never a short block: the last ends W
     if cols == 1:
         assert blocks == [(0, rows)]  # a matrix-vector product: one block
     else:
-        assert all((e - s) * cols * 8 <= max(block_bytes, 2 * cols * 8) for s, e in blocks[:-1])
+        assert all((e - s) * cols * 8 <= max(block_bytes, ALIGN * cols * 8) for s, e in blocks[:-1])
 
 
 def test_shapes_that_do_not_fit_are_refused():

@@ -68,7 +68,7 @@ def prune_cmd(run, keep_last, what, no_keep_best, yes, quiet_for, force, as_json
     local_only(run, "prune")
     from pathlib import Path
 
-    from ..core.prune import PruneError, apply, plan
+    from ..core.prune import PruneError, apply, plan, require_quiet
     from ..core.report import inspect
     from ..core.scan import ScanError
     from ..core.units import naturalsize
@@ -79,6 +79,11 @@ def prune_cmd(run, keep_last, what, no_keep_best, yes, quiet_for, force, as_json
         p = plan(Path(run), inspect(run), what=what, keep_last=keep_last, keep_best=not no_keep_best)
     except (PruneError, ScanError) as e:
         fail(str(e), EXIT_USAGE)
+    if yes and p.checkpoints and not force:
+        try:  # before the plan is printed as "Removing": a run still being written is refused first
+            require_quiet(Path(p.run), quiet_for)
+        except PruneError as e:
+            fail(str(e), EXIT_FINDINGS)
     if not as_json:
         _print_plan(p, yes, naturalsize)
     res = None

@@ -613,19 +613,25 @@ class Result:
         }
 
 
+def require_quiet(run: Path, quiet_for: float) -> None:
+    """PruneError where a file below ``run`` was modified in the last ``quiet_for`` seconds (a job may still be
+    writing it): asked before the plan is said to run, and again by :func:`apply`."""
+    recent = recent_files(run, quiet_for)
+    if recent:
+        shown = ", ".join(recent[:3]) + (" …" if len(recent) > 3 else "")
+        raise PruneError(
+            f"{len(recent)} file(s) in {run} were modified in the last {quiet_for:g} s ({shown}): a job may still "
+            "be writing the run. Nothing was removed; wait, or pass --force"
+        )
+
+
 def apply(p: Plan, *, quiet_for: float = 60.0, force: bool = False, on_removed: Optional[OnRemoved] = None) -> Result:
     """Remove exactly the plan ``p`` (see the module's docstring for the order and the checks)."""
     from .staging import OutLock
 
     run = Path(p.run)
     if not force:
-        recent = recent_files(run, quiet_for)
-        if recent:
-            shown = ", ".join(recent[:3]) + (" …" if len(recent) > 3 else "")
-            raise PruneError(
-                f"{len(recent)} file(s) in {run} were modified in the last {quiet_for:g} s ({shown}): a job may still "
-                "be writing the run. Nothing was removed; wait, or pass --force"
-            )
+        require_quiet(run, quiet_for)
     lock = OutLock(run)
     lock.acquire("prune", PruneError)
     res = Result()

@@ -131,6 +131,7 @@ def test_a_run_written_in_the_last_minute_is_refused_unless_forced(tmp_path):
     before = _sums(run)
     r = ckpt_tui("prune", str(run), "--yes", cwd=run.parent)
     assert r.returncode == 1 and "modified in the last 60 s" in r.stderr and "--force" in r.stderr, r.stderr
+    assert "Removing" not in r.stdout and "removing" not in r.stdout, r.stdout  # refused before it says it removes
     assert _sums(run) == before
     r = ckpt_tui("prune", str(run), "--yes", "--quiet-for", "0", cwd=run.parent)
     assert r.returncode == 0, r.stderr

@@ -223,7 +223,12 @@ class MainScreen(Screen[None]):
         if inv.layout == "run-folder" and inv.checkpoints:
             target = inv.checkpoints[0]["path"]
         if self.run_view is not None:
-            self.query_one(RunPanel).set_view(self.run_view)
+            # a run folder's first screen is its run view: the run's own line selected, the newest checkpoint its
+            # table's (and the chart's) highlighted row
+            panel = self.query_one(RunPanel)
+            panel.set_view(self.run_view)
+            panel.select(target or None)
+            target = "."
         if target:
             tree.select_path(target)
         self.selected = inv.node(target) if target else inv.root
@@ -262,7 +267,7 @@ class MainScreen(Screen[None]):
         self.query_one(Facts).show(
             node, by_severity(elsewhere + mine, node), adapter if adapter is not None and adapter.node is node else None
         )
-        if self.report is not None:
+        if self.report is not None and not on_run:  # the run view hides the tensor table: none listed for it
             self.load_tensors(node)
 
     def component_for(self, node: Node) -> tuple[Optional[Node], str]:

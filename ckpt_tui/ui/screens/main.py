@@ -256,6 +256,11 @@ class MainScreen(Screen[None]):
         view = self.run_view if self.report is not None else None
         on_run = view is not None and node.path == "."
         self.query_one("#right").set_class(on_run, "run")
+        tree = self.query_one(CheckpointTree)
+        room = tree.RUN_ROOM if on_run else tree.RIGHT_ROOM
+        if tree.right_room != room:
+            tree.right_room = room
+            tree.refresh(layout=True)
         if view is not None:
             panel = self.query_one(RunPanel)
             panel.select(node.path if view.row(node.path) is not None else panel.selected_path())

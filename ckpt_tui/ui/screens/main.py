@@ -33,7 +33,7 @@ from ...core.types import Finding, Inventory, Node, Parsed, TensorInfo
 from ..actions import BY_ACTION, bindings
 from ..format import plain
 from ..host import TensorRows
-from ..job_kinds import EXPORT, JOB_KINDS, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
+from ..job_kinds import EXPORT, JOB_KINDS, PRUNE, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
 from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
 from ..widgets.jobs_panel import JobsPanel, progress_text
@@ -463,6 +463,9 @@ class MainScreen(Screen[None]):
 
     def action_universal(self) -> None:
         UNIVERSAL.open(self)
+
+    def action_prune(self) -> None:
+        PRUNE.open(self)
 
     def action_resume_fsdp2(self) -> None:
         RESUME.open(self)

@@ -16,6 +16,8 @@ from .names import MODEL_FILE_RE as MODEL_FILE_RE  # layout.MODEL_FILE_RE, as be
 from .types import Inventory, Node, Parsed, RunCheckpoint, model_component
 from .units import naturalsize, param_count
 
+PRUNE_MARKER = ".ckpt-tui-prune.json"  # core/prune.py's MARKER (prune imports this module's neighbours)
+
 LAYOUTS = (
     "hf-trainer-fsdp",
     "hf-trainer-deepspeed",
@@ -382,13 +384,15 @@ def run_classify(checkpoint: Node, siblings: list[Node]) -> tuple[str, dict[str,
 
 def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
     """Checkpoint folders (checkpoint-N, global_stepN, step-N, iter_N, *step=N.ckpt) at most
-    three levels down (Lightning keeps them in lightning_logs/version_0/checkpoints/)."""
+    three levels down (Lightning keeps them in lightning_logs/version_0/checkpoints/). A checkpoint folder a prune
+    emptied down to its marker (killed before removing the folder) is one too: listed, and incomplete
+    (prune-interrupted), not gone from the run."""
     out: list[Node] = []
     for c in node.children:
         if not c.is_dir:
             continue
         if step_of(c.name) is not None:
-            if classify(c)[0] != "unknown":
+            if classify(c)[0] != "unknown" or c.child(PRUNE_MARKER) is not None:
                 out.append(c)
         elif depth < 2 and format_of(c).plain_folder:
             out.extend(_checkpoint_dirs(c, depth + 1))

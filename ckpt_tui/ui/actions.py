@@ -54,6 +54,15 @@ def export_names(screen: Host) -> Optional[str]:
     return "the table shows the stored keys: press S for the names export writes" if screen.stored_names else None
 
 
+def run_view(screen: Host) -> Optional[str]:
+    """Prune works on a run folder: the run view shows (the run's own line is selected)."""
+    if screen.run_view is None:
+        return "open a run folder (its checkpoints' run view)"
+    if screen.selected is None or screen.selected.path != ".":
+        return "select the run's own line (the tree's top): its run view"
+    return None
+
+
 def running_job(screen: Host) -> Optional[str]:
     return None if screen.running_jobs() else "no job is running"
 
@@ -135,6 +144,16 @@ ACTIONS = (
         "Compute min/max/NaN of every tensor of the selected component",
         needs="a finished scan and a selected component with tensors, listed under the names export writes",
         checks=(scanned, model_component, export_names),
+    ),
+    Action(
+        "prune",
+        "p",
+        "prune",
+        "Prune",
+        "Prune the run: remove older checkpoints' optimizer state, or older checkpoints, by a plan (wizard)",
+        show=False,  # 80 columns hold e u x f s c ? q
+        needs="a finished scan of a run folder, its run view shown",
+        checks=(scanned, local, run_view),
     ),
     Action(
         "filter", "slash", "filter", "Filter", "Filter the tensor table by name", key_display="/", show=False

@@ -14,6 +14,7 @@ from ..core.types import Finding, Node, TensorInfo
 
 if TYPE_CHECKING:
     from ..core.analysis import TensorStats
+    from ..core.run_view import RunView
     from .jobs import JobFn, JobInfo
 
 # what a tensors job returns: (the node it was asked for, the component listed, its rows, the table's note, whether
@@ -33,6 +34,9 @@ class Host(Protocol):
 
     @property
     def trust_pickles(self) -> bool: ...
+
+    @property
+    def run_view(self) -> Optional[RunView]: ...  # a run folder's (core/run_view.py), else None
 
     @property
     def shown_component(self) -> Optional[str]: ...  # the key of the component the tensor table shows

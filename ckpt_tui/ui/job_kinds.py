@@ -5,6 +5,7 @@ call the kinds' ``open``, and whether they can run now is the action's own quest
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, Optional, TypeVar
 
 from textual.worker import Worker, get_current_worker
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from ..core.convert.universal.run import UniversalResult
     from ..core.export.plan import ExportPlan
     from ..core.export.write import ExportResult
+    from ..core.prune import Plan as PrunePlan
+    from ..core.prune import Result as PruneResult
     from ..core.repair.run import Repair, RepairResult
     from ..core.report import Report
     from .screens.wizards import ExportChoice
@@ -283,6 +286,76 @@ class StatsJob(JobKind["tuple[str, list[TensorStats]]"]):
         screen.show_stats(component, tuple(rows))
 
 
+class PruneJob(JobKind["PruneResult"]):
+    """Prune a run folder (`ckpt-tui prune RUN --yes`) from its run view: the wizard's plan, confirmed once more
+    with its total, removed exactly (core/prune.apply re-checks each path), then a rescan."""
+
+    name = "prune"
+
+    def open(self, screen: Host) -> None:
+        from .screens.dialogs import ConfirmDialog
+        from .screens.wizards.prune import PruneWizard
+
+        report = screen.report
+        if report is None:
+            return
+        run = report.inventory.root.abspath
+        if not isinstance(run, Path):
+            return  # object storage: prune removes local files only (the action's `local` check says so)
+
+        def confirm(plan: PrunePlan) -> None:
+            from ..core.units import naturalsize
+
+            n = sum(len(c.entries) for c in plan.checkpoints)
+
+            def answer(yes: bool | None) -> None:
+                if yes:
+                    self.run(screen, plan)
+
+            screen.app.push_screen(
+                ConfirmDialog(
+                    f"Remove {n} path(s), {naturalsize(plan.bytes)}?",
+                    f"from {len(plan.checkpoints)} checkpoint(s) of {plan.run}. This cannot be undone.",
+                    yes="Remove",
+                    no="Keep everything",
+                ),
+                answer,
+            )
+
+        screen.app.push_screen(PruneWizard(run, report), _run_plan(confirm))
+
+    def run(self, screen: Host, plan: PrunePlan) -> Worker[PruneResult]:
+        from ..core.progress import Progress
+        from ..core.prune import apply
+
+        info = JobInfo(
+            self.name,
+            f"prune {plan.run.name}",
+            "a checkpoint stopped half way is marked half pruned; prune again to finish it",
+        )
+
+        def prune(on_progress: Any, cancel: Any) -> PruneResult:
+            def removed(done: int, total: int, freed: int, want: int) -> None:
+                if on_progress is not None:
+                    on_progress(Progress(freed, want, "bytes", f"{done}/{total} paths"))
+
+            return apply(plan, on_removed=removed)
+
+        return self.start(screen, info, prune, exclusive=True)
+
+    def done(self, screen: Host, result: Optional[PruneResult], info: JobInfo) -> None:
+        if result is not None:
+            failed = "".join(f"\n✖ {path}: {why}" for path, why in result.failed)
+            body = f"Removed {len(result.removed)} path(s), freed {size(result.bytes_freed)}.{failed}"
+            screen.app.push_screen(
+                MessageDialog("Pruned ✔" if not result.failed else "Pruned, with failures", plain(body))
+            )
+        screen.action_rescan()
+
+
 SCAN, TENSORS = ScanJob(), TensorsJob()
 REPAIR, EXPORT, UNIVERSAL, RESUME, STATS = RepairJob(), ExportJob(), UniversalJob(), ResumeJob(), StatsJob()
-JOB_KINDS: dict[str, JobKind[Any]] = {k.name: k for k in (SCAN, TENSORS, REPAIR, EXPORT, UNIVERSAL, RESUME, STATS)}
+PRUNE = PruneJob()
+JOB_KINDS: dict[str, JobKind[Any]] = {
+    k.name: k for k in (SCAN, TENSORS, REPAIR, EXPORT, UNIVERSAL, RESUME, STATS, PRUNE)
+}

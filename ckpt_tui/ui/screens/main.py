@@ -33,7 +33,7 @@ from ...core.types import Finding, Inventory, Node, Parsed, TensorInfo
 from ..actions import BY_ACTION, bindings
 from ..format import plain
 from ..host import TensorRows
-from ..job_kinds import EXPORT, JOB_KINDS, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
+from ..job_kinds import EXPORT, JOB_KINDS, PRUNE, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
 from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
 from ..widgets.jobs_panel import JobsPanel, progress_text
@@ -223,7 +223,12 @@ class MainScreen(Screen[None]):
         if inv.layout == "run-folder" and inv.checkpoints:
             target = inv.checkpoints[0]["path"]
         if self.run_view is not None:
-            self.query_one(RunPanel).set_view(self.run_view)
+            # a run folder's first screen is its run view: the run's own line selected, the newest checkpoint its
+            # table's (and the chart's) highlighted row
+            panel = self.query_one(RunPanel)
+            panel.set_view(self.run_view)
+            panel.select(target or None)
+            target = "."
         if target:
             tree.select_path(target)
         self.selected = inv.node(target) if target else inv.root
@@ -251,6 +256,11 @@ class MainScreen(Screen[None]):
         view = self.run_view if self.report is not None else None
         on_run = view is not None and node.path == "."
         self.query_one("#right").set_class(on_run, "run")
+        tree = self.query_one(CheckpointTree)
+        room = tree.RUN_ROOM if on_run else tree.RIGHT_ROOM
+        if tree.right_room != room:
+            tree.right_room = room
+            tree.refresh(layout=True)
         if view is not None:
             panel = self.query_one(RunPanel)
             panel.select(node.path if view.row(node.path) is not None else panel.selected_path())
@@ -262,7 +272,7 @@ class MainScreen(Screen[None]):
         self.query_one(Facts).show(
             node, by_severity(elsewhere + mine, node), adapter if adapter is not None and adapter.node is node else None
         )
-        if self.report is not None:
+        if self.report is not None and not on_run:  # the run view hides the tensor table: none listed for it
             self.load_tensors(node)
 
     def component_for(self, node: Node) -> tuple[Optional[Node], str]:
@@ -453,6 +463,9 @@ class MainScreen(Screen[None]):
 
     def action_universal(self) -> None:
         UNIVERSAL.open(self)
+
+    def action_prune(self) -> None:
+        PRUNE.open(self)
 
     def action_resume_fsdp2(self) -> None:
         RESUME.open(self)

@@ -27,17 +27,45 @@ HOLDS = (("model", "M"), ("optimizer", "O"), ("scheduler", "S"), ("rng", "R"))
 def _metric(v: Optional[float]) -> str:
     if v is None:
         return "—"
-    return f"{v:.4g}" if math.isfinite(v) else str(v)
+    return f"{v:.3g}" if math.isfinite(v) else str(v)
 
 
-def _size(n: int) -> str:
-    from ...core.units import naturalsize
+def short_size(n: int) -> str:
+    """A size in at most 4 cells, 1000-based as the rest of the UI (naturalsize): 717B, 9.4K, 462K, 1.4M, 21G."""
+    if not n:
+        return "—"
+    v = float(n)
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if unit == "B" and v < 1000:
+            return f"{n}B"
+        if unit != "B":
+            if v < 9.95:
+                return f"{v:.1f}{unit}"
+            if v < 999.5:
+                return f"{v:.0f}{unit}"
+        v /= 1000
+    return f"{v:.0f}E"
 
-    return naturalsize(n) if n else "—"
+
+def short_step(step: int) -> str:
+    """A step in at most 6 cells: as is up to 999999, then in thousands (1234k) or millions (12.3M)."""
+    if step < 1_000_000:
+        return str(step)
+    if step < 10_000_000:
+        return f"{step // 1000}k"
+    return f"{step / 1e6:.1f}M" if step < 1e9 else f"{step / 1e9:.1f}G"
 
 
-def written_text(t: Optional[float]) -> str:
-    return time.strftime("%m-%d %H:%M", time.localtime(t)) if t is not None else "—"
+def written_text(t: Optional[float], now: Optional[float] = None) -> str:
+    """When a checkpoint was written, in 5 cells: its time (16:17) if today, else its date (12-07)."""
+    if t is None:
+        return "—"
+    today = time.localtime(time.time() if now is None else now)[:3]
+    return time.strftime("%H:%M" if time.localtime(t)[:3] == today else "%m-%d", time.localtime(t))
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
 def plottable(series: Series) -> tuple[list[int], list[float]]:
@@ -68,9 +96,10 @@ class RunPanel(Vertical):
         self.selected_step: Optional[int] = None
         self.plotted: dict[str, tuple[list[int], list[float]]] = {}  # what the chart was last given, by series
         self.chart: Any = None  # the PlotextPlot, once a history is shown
+        self._filled_width = -1  # the table's width when its rows were last made
 
     def compose(self) -> ComposeResult:
-        table: DataTable[Any] = DataTable(id="run-table", cursor_type="row", zebra_stripes=False)
+        table: DataTable[Any] = DataTable(id="run-table", cursor_type="row", zebra_stripes=False, cell_padding=0)
         yield table
         yield Static("", id="run-totals")
         with Vertical(id="run-chart-box"):
@@ -80,27 +109,7 @@ class RunPanel(Vertical):
     # ------------------------------------------------------------------ data
     def set_view(self, view: RunView) -> None:
         self.view = view
-        table = self.query_one("#run-table", DataTable)
-        table.clear(columns=True)
-        eval_name = visible(view.eval_name or "eval")
-        table.add_columns("", "step", "written", "holds", "model", "optim", "other", "loss", eval_name[:12], "state")
-        for r in view.rows:
-            mark = ("★" if r.best else "") + ("●" if r.newest_complete else "")
-            holds = "".join(letter if what in r.holds else "-" for what, letter in HOLDS)
-            state = Text("✔", style="green") if r.complete else Text("✖ " + visible("; ".join(r.problems)), style="red")
-            table.add_row(
-                mark,
-                Text(str(r.step), justify="right"),
-                written_text(r.written),
-                holds,
-                Text(_size(r.model_bytes + r.combined_bytes), justify="right"),
-                Text(_size(r.optimizer_bytes), justify="right"),
-                Text(_size(r.other_bytes), justify="right"),
-                Text(_metric(r.loss), justify="right"),
-                Text(_metric(r.eval_metric), justify="right"),
-                state,
-                key=r.path,
-            )
+        self._fill()
         from ...core.units import naturalsize
 
         share = f" ({100 * view.optimizer_bytes / view.total_bytes:.0f}%)" if view.total_bytes else ""
@@ -109,10 +118,53 @@ class RunPanel(Vertical):
             Text(
                 f"run {naturalsize(view.total_bytes)}, optimizer states {naturalsize(view.optimizer_bytes)}{share}"
                 + (f", model+optimizer files {naturalsize(combined)}" if combined else "")
-                + "   ● newest complete  ★ best"
+                + f"   eval: {visible(view.eval_name or '—')}   ● newest complete  ★ best"
             )
         )
         self._draw()
+
+    def _fill(self) -> None:
+        """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
+        state column what is left, its problems cut with … -- no sideways scrolling at 80 columns."""
+        view = self.view
+        if view is None:
+            return
+        table = self.query_one("#run-table", DataTable)
+        cursor = table.cursor_row
+        room = self.size.width  # the table's, less a scrollbar when its rows overflow its height
+        self._filled_width = room
+        bar = table.styles.scrollbar_size_vertical if len(view.rows) > max(1, table.size.height - 1) else 0
+        cells = []
+        for r in view.rows:
+            mark = ("★" if r.best else "") + ("●" if r.newest_complete else "")
+            cells.append(
+                [
+                    f"{mark}{short_step(r.step)}",
+                    written_text(r.written),
+                    "".join(letter if what in r.holds else "-" for what, letter in HOLDS),
+                    short_size(r.model_bytes + r.combined_bytes),
+                    short_size(r.optimizer_bytes),
+                    short_size(r.other_bytes),
+                    _metric(r.loss),
+                    _metric(r.eval_metric),
+                ]
+            )
+        heads = ["step", "saved", "hold", "model", "optim", "other", "loss", "eval"]
+        widths = [max([len(h)] + [len(c[i]) for c in cells]) + 1 for i, h in enumerate(heads)]
+        state_room = max(2, room - bar - sum(widths) - 1)
+        table.clear(columns=True)
+        for h, w in zip(heads, widths):
+            table.add_column(Text(" " + h, justify="right"), width=w)
+        table.add_column(Text(" state"), width=state_room + 1)
+        for r, c in zip(view.rows, cells):
+            state = (
+                Text(" ✔", style="green")
+                if r.complete
+                else Text(" " + _cut("✖ " + visible("; ".join(r.problems)), state_room), style="red")
+            )
+            table.add_row(*(Text(" " + v, justify="right") for v in c), state, key=r.path)
+        if 0 <= cursor < len(view.rows):
+            table.move_cursor(row=cursor)
 
     def selected_path(self) -> Optional[str]:
         row = next((r for r in self.view.rows if r.step == self.selected_step), None) if self.view else None
@@ -135,6 +187,8 @@ class RunPanel(Vertical):
 
     # ------------------------------------------------------------------ the chart
     def on_resize(self) -> None:
+        if self.view is not None and self.size.width != self._filled_width:
+            self._fill()
         self._show_chart_or_spark()
 
     def _small(self) -> bool:

@@ -4,7 +4,8 @@ each) stays collapsed with its summary until it is expanded.
 
 The pane is as wide as its shown lines (CSS ``width: auto``, see ``get_content_width``), within limits: while
 the tree has the focus it leaves the right pane ``RIGHT_ROOM`` columns, so at 120 columns no file name is
-cut; while the right pane has it the tree takes at most ``SHARE_UNFOCUSED`` of the width, so tensor names
+cut (``RUN_ROOM`` while it shows a run folder's run view, whose table then fits at 80 columns); while the right
+pane has it the tree takes at most ``SHARE_UNFOCUSED`` of the width, so tensor names
 get the room."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class CheckpointTree(Tree[Node]):
     CheckpointTree { width: auto; min-width: 24; padding-right: 1; }
     """
     RIGHT_ROOM = 40  # columns left to the right pane while the tree has the focus (its table shows a name and shape)
+    RUN_ROOM = 54  # ... and while it shows a run view (its checkpoints' table fits whole at 80 columns)
     SHARE_UNFOCUSED = 1 / 3  # the most of its container the tree takes while the focus is elsewhere on its screen
 
     def __init__(self, **kw: Any) -> None:
@@ -39,6 +41,7 @@ class CheckpointTree(Tree[Node]):
         self.findings_by_path: dict[str, list] = {}
         self.adapter_path: Optional[str] = None  # the node badged ADAPTER (a LoRA adapter's weights)
         self._by_path: dict[str, TreeNode[Node]] = {}
+        self.right_room = self.RIGHT_ROOM  # RUN_ROOM while the right pane shows the run view
 
     def content_width(self) -> int:
         """Cells the shown lines need (guides, icons and labels): the width at which no label is cut,
@@ -53,7 +56,7 @@ class CheckpointTree(Tree[Node]):
         if self._focus_elsewhere():
             limit = int(outer * self.SHARE_UNFOCUSED)
         else:
-            limit = outer - self.RIGHT_ROOM
+            limit = outer - self.right_room
         bar = self.styles.scrollbar_size_vertical if self.show_vertical_scrollbar else 0
         return max(0, min(self.content_width(), limit - self.styles.gutter.width - bar))
 

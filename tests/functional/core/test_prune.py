@@ -197,7 +197,9 @@ def test_a_prune_killed_at_any_point_keeps_every_kept_file_and_the_next_prune_fi
     after = _sums(run)
     kept = {k: v for k, v in before.items() if k not in planned}
     assert {k: after.get(k) for k in kept} == kept  # every kept file, byte for byte
-    assert _checkpoints(run).get("checkpoint-2") is not True  # half pruned: never complete (emptied: not listed)
+    assert (
+        _checkpoints(run).get("checkpoint-2") is False
+    )  # half pruned: listed (even emptied to its marker), never complete
     (f,) = [f for f in _findings(run) if f["code"] == "prune-interrupted"]
     assert f["path"] == "checkpoint-2" and f["command"] == f"ckpt-tui prune {run}"
     rc, doc = _prune(run, "--what", what)  # the next prune says it, and finishes it

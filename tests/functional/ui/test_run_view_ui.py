@@ -82,7 +82,7 @@ def test_the_chart_library_is_loaded_only_for_a_run_with_history():
 
 
 def _snap_app(monkeypatch):
-    monkeypatch.setattr(run_widget, "written_text", lambda t: "12-01 10:00")  # the fixture cache's mtimes vary
+    monkeypatch.setattr(run_widget, "written_text", lambda t, now=None: "10:00")  # the fixture cache's mtimes vary
     path = fixture_path("hf-killed-save")
     monkeypatch.chdir(path)
     return make_app("run")
@@ -96,3 +96,42 @@ def test_run_view_snapshot(snap_compare, monkeypatch, size):
 def test_run_view_snapshot_no_color(snap_compare, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     assert snap_compare(_snap_app(monkeypatch), terminal_size=(80, 24), run_before=_settled)
+
+
+async def test_at_80x24_the_run_table_fits_without_scrolling_sideways():
+    app = make_app(fixture_path("hf-killed-save") / "run")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _settled(pilot)
+        table = app.main.query_one("#run-table", DataTable)
+        assert table.virtual_size.width <= table.scrollable_content_region.width, "the run table scrolls sideways"
+        assert not table.show_horizontal_scrollbar or table.max_scroll_x == 0
+        compositor = app.screen._compositor
+        r = compositor.find_widget(table).visible_region
+        lines = [s.text[r.x : r.right] for s in compositor.render_strips()[r.y : r.bottom]]
+        assert lines[0].split() == ["step", "saved", "hold", "model", "optim", "other", "loss", "eval", "state"]
+        # every checkpoint's state shown: the complete one's ✔, the killed save's ✖ and the start of why
+        assert lines[1].split()[0] == "4" and "✖ no" in lines[1]
+        assert lines[2].split()[0] == "●2" and lines[2].rstrip().endswith("✔")
+
+
+def test_compact_cells():
+    assert [run_widget.short_size(n) for n in (0, 717, 9_400, 462_200, 999_600, 1_400_000, 21 * 10**9)] == [
+        "—",
+        "717B",
+        "9.4K",
+        "462K",
+        "1.0M",
+        "1.4M",
+        "21G",
+    ]
+    assert [run_widget.short_step(s) for s in (0, 2, 999_999, 1_234_000, 12_300_000)] == [
+        "0",
+        "2",
+        "999999",
+        "1234k",
+        "12.3M",
+    ]
+    now = time.mktime((2026, 12, 7, 16, 30, 0, 0, 0, -1))
+    assert run_widget.written_text(now - 60, now=now) == "16:29"
+    assert run_widget.written_text(now - 3 * 86400, now=now) == "12-04"
+    assert run_widget.written_text(None) == "—"

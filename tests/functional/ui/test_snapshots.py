@@ -36,8 +36,13 @@ def _ready(theme=None):
                 and tensors.is_drawn()
             )
 
+        picked = False
         while not settled():
             assert time.monotonic() - t0 < 60, "the main screen did not settle"
+            if not picked and app.report is not None and app.main.run_view is not None and app.selected is not None:
+                # a run folder opens on its run view (issue 28): these snapshots are of its newest checkpoint
+                app.query_one("#tree").select_path(app.main.run_view.rows[0].path)
+                picked = True
             await pilot.pause(0.05)
         if theme:
             app.theme = theme

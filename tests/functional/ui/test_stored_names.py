@@ -97,6 +97,7 @@ async def test_the_optimizer_component_lists_its_entries(real_ckpt):
         assert entries and not set(entries) & set(model)
 
         table = app.main.query_one(TensorTable)
+        app.main.query_one(CheckpointTree).select_path(ckpt)  # the run opens on its run view: its newest checkpoint
         await wait_for(pilot, lambda: _shows(table, model, stored=False), timeout=60)
         app.main.query_one(CheckpointTree).select_path(opt.path)
         await wait_for(pilot, lambda: app.selected.path == opt.path and _shows(table, entries, stored=False), 60)

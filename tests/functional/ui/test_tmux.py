@@ -65,8 +65,9 @@ def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
         cwd=ck.parent,
     ) as t:
         t.wait_for("optimizer in")
+        t.keys("j")  # the cursor starts on the run (its run view): down to checkpoint-2/, its tensors
         t.wait_for("model.layers.0.self_attn.q_proj.weight")  # 120 columns: the table's names whole
-        t.keys("j", "Enter")  # the cursor starts on checkpoint-2/: open global_step2/ below it
+        t.keys("j", "Enter")  # open global_step2/ below checkpoint-2/
         s = t.wait_for("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt 694.9 kB")
         assert "mp_rank_00_model_states.pt 237.7 kB" in s
         t.resize(80, 24)

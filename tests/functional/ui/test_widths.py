@@ -62,6 +62,11 @@ async def opened(pilot, app) -> CheckpointTree:
     tree = app.query_one(CheckpointTree)
     tensors = app.query_one(TensorTable)
     await wait_for(pilot, lambda: app.report is not None and tree.root.data is not None, "the scan")
+    if app.main.run_view is not None:
+        # a run folder opens on its run view (issue 28): its tensor table is a checkpoint's, the newest one's
+        newest = app.main.run_view.rows[0].path
+        tree.select_path(newest)
+        await wait_for(pilot, lambda: app.selected is not None and app.selected.path == newest, "the newest checkpoint")
     await wait_for(pilot, lambda: app.selected is not None and tensors.is_drawn(), "the tensor table")
     await settled(pilot, app)
     return tree

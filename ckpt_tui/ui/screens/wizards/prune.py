@@ -1,0 +1,104 @@
+"""The prune wizard (key `p` on a run folder's run view): what to remove (`--what optimizer|checkpoint`), how many
+of the newest checkpoints to keep (`--keep-last`), then the core's plan -- every path it removes and the bytes it
+frees -- and a run button that names the total. It returns the core's prune Plan; the main screen asks once more
+with the total and runs exactly that plan as a job (ui/job_kinds.py: PruneJob), then rescans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Button, Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from ....core.prune import Plan
+from ....core.units import naturalsize
+from .base import PlannedWizard
+
+WHATS = (
+    ("optimizer", "optimizer — the older checkpoints' optimizer, scheduler and RNG state; their weights stay"),
+    ("checkpoint", "checkpoint — the older checkpoints, whole"),
+)
+
+
+def plan_text(p: Plan) -> str:
+    """The plan as `ckpt-tui prune RUN` prints it: each checkpoint's paths and bytes, what is kept and why, the
+    total."""
+    lines: list[str] = []
+    for c in p.checkpoints:
+        lines.append(f"{c.path}/  step {c.step}: remove {naturalsize(c.bytes)}" + (f"  ({c.note})" if c.note else ""))
+        for e in c.entries:
+            tail = "/" if e.kind == "dir" else " (link; its target untouched)" if e.kind == "link" else ""
+            lines.append(f"  {e.path}{tail}  {naturalsize(e.bytes)}")
+    for path, why in p.kept:
+        lines.append(f"keep {path}/: {why}")
+    for path, why in p.skipped:
+        lines.append(f"skip {path}/: {why}")
+    for path, why in p.refused:
+        lines.append(f"refused {path}/: {why}")
+    n = sum(len(c.entries) for c in p.checkpoints)
+    lines.append(f"\n{n} path(s), {naturalsize(p.bytes)} in all." if p.checkpoints else "\nNothing to remove.")
+    return "\n".join(lines)
+
+
+class PruneWizard(PlannedWizard[Plan]):
+    STEPS = ("what", "keep", "confirm")
+    TITLE = "Prune the run"
+    READY = "Press enter to remove exactly this (you are asked once more, with the total). The plan:"
+    FAILED = "Nothing can be pruned"
+
+    def __init__(self, run: Path, report: Any) -> None:
+        super().__init__()
+        self.run = run
+        self.report = report
+
+    def step_titles(self) -> list[str]:
+        return ["what to remove", "how many of the newest checkpoints to keep", "the plan"]
+
+    def run_label(self) -> str:
+        return f"Remove {naturalsize(self.plan.bytes)}" if self.plan is not None and self.plan.checkpoints else "Remove"
+
+    def panes(self) -> ComposeResult:
+        with Vertical(id="what", classes="pane"):
+            yield Static(
+                "Prune never removes the newest complete checkpoint, the one `latest` names, or the best one. "
+                "What should go from the others?",
+                classes="explain",
+            )
+            yield OptionList(*(Option(text, id=what) for what, text in WHATS), id="what-list")
+        with Vertical(id="keep", classes="pane"):
+            yield Static("Keep the newest N checkpoints untouched (--keep-last N):", classes="explain")
+            yield Input("1", id="keep-last", type="integer")
+        yield from self.confirm_pane()
+
+    def what(self) -> str:
+        ol = self.query_one("#what-list", OptionList)
+        idx = ol.highlighted if ol.highlighted is not None else 0
+        return WHATS[idx][0]
+
+    def validate_step(self, name: str) -> str | None:
+        if name == "keep":
+            v = self.query_one("#keep-last", Input).value.strip()
+            if not v.isdigit() or int(v) < 1:
+                return "keep at least the newest checkpoint: a whole number, 1 or more"
+        return super().validate_step(name)
+
+    def plan_inputs(self) -> Any:
+        return self.what(), int(self.query_one("#keep-last", Input).value.strip())
+
+    def build_plan(self, inputs: Any) -> tuple[Plan, str]:
+        from ....core.prune import PruneError, plan
+        from ....core.report import inspect
+
+        what, keep_last = inputs
+        p = plan(self.run, inspect(self.run), what=what, keep_last=keep_last)
+        if not p.checkpoints:
+            raise PruneError(plan_text(p).strip())
+        return p, plan_text(p)
+
+    def _planned(self, plan: Plan | None, text: str, err: str) -> None:
+        super()._planned(plan, text, err)
+        if self.step == len(self.STEPS) - 1:
+            self.query_one("#next", Button).label = self.run_label() + " (enter)"

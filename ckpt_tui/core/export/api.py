@@ -775,25 +775,32 @@ def _plan_hf(
 ) -> ExportPlan:
     """``--to hf``: the model as a Hugging Face LlamaForCausalLM folder (names mapped, fused tensors split, its
     config.json written), refused where the checkpoint is not a Llama-family Megatron-Core GPT model."""
-    from .to_hf import is_megatron_gpt, megatron_to_hf
+    from .to_hf import is_megatron_gpt, is_torchtitan_llama, megatron_to_hf, torchtitan_to_hf
 
     inv = report.inventory
     names = [t.name for t in source.tensors]
-    if not is_megatron_gpt(names) or node.format != "dcp":
+    config_path = Path(config) if config is not None else None
+    if node.format == "dcp" and is_megatron_gpt(names):
+        from ..formats.dcp.format import megatron_args
+
+        hf, cfg, notes = megatron_to_hf(
+            source, megatron_args(node), config_path=config_path, true_vocab_size=true_vocab_size
+        )
+    elif node.format == "dcp" and is_torchtitan_llama(names):
+        hf, cfg, notes = torchtitan_to_hf(
+            source,
+            node.abspath if isinstance(node.abspath, Path) else None,
+            config_path=config_path,
+            true_vocab_size=true_vocab_size,
+        )
+    else:
         raise ExportError(
-            f"--to hf reads Megatron-Core torch_dist GPT checkpoints; {inv.shown(node.path, slash=node.is_dir)} is "
+            f"--to hf reads Megatron-Core torch_dist GPT checkpoints and torchtitan Llama step-N checkpoints; "
+            f"{inv.shown(node.path, slash=node.is_dir)} is "
             f"{inv.framework or node.format or 'not one'} (tensors {', '.join(names[:3])}"
             + (", ..." if len(names) > 3 else "")
             + "). The plain export (without --to hf) writes it under its own names"
         )
-    from ..formats.dcp.format import megatron_args
-
-    hf, cfg, notes = megatron_to_hf(
-        source,
-        megatron_args(node),
-        config_path=Path(config) if config is not None else None,
-        true_vocab_size=true_vocab_size,
-    )
     plan = make_plan(hf, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size)
     if dtype != "keep":
         cfg["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]

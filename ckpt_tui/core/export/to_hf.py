@@ -300,6 +300,9 @@ def _rows(t: SourceTensor, name: str, pieces: list[tuple[int, int]], fused: _One
         import torch
 
         full = fused.get(t)
+        if len(pieces) > 8:  # a permutation: row by row
+            idx = torch.tensor([s + j for s, c in pieces for j in range(c)], dtype=torch.long)
+            return full.index_select(0, idx).contiguous()
         return torch.cat([full[s : s + c] for s, c in pieces]).contiguous()
 
     return SourceTensor(name, shape, t.dtype, load=load, note=t.note)
@@ -481,3 +484,278 @@ def hf_config(arch: _Arch, *, hidden: int, ffn: int, layers: int, vocab: int, ti
     if arch.rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = {k: v for k, v in arch.rope.items() if k != "rope_theta"}
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------------- torchtitan
+
+TT_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+# torchtitan 0.3.0's Llama3StateDictAdapter (models/llama3/state_dict_adapter.py), its from_hf_map inverted
+TT_LAYER_KEYS = {
+    "attention.qkv_linear.wq.weight": "self_attn.q_proj.weight",
+    "attention.qkv_linear.wk.weight": "self_attn.k_proj.weight",
+    "attention.qkv_linear.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+TT_TOP_KEYS = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+TT_LM_HEAD = "lm_head.weight"
+_TT_SEEN = (
+    ("moe", "mixture of experts (MoE)"),
+    ("experts", "mixture of experts (MoE)"),
+    ("router", "mixture of experts (MoE)"),
+    ("q_norm", "query/key norms (qk_norm)"),
+    ("k_norm", "query/key norms (qk_norm)"),
+    ("wqkv", "a fused wqkv (not the adapter's qkv_linear.wq/wk/wv)"),
+    ("gate", "a gated feed-forward or attention"),
+    ("bias", "linear biases"),
+)
+
+
+def is_torchtitan_llama(names: list[str]) -> bool:
+    return "tok_embeddings.weight" in names and any(n.startswith("layers.") for n in names)
+
+
+def rope_permutation(n_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """The row order torchtitan's adapter gives ``wq``/``wk`` (its ``_permute``:
+    ``w.view(n_heads, head_dim // 2, 2, dim).transpose(1, 2).reshape(-1, dim)``): torchtitan rotates adjacent pairs
+    (2j, 2j+1), HF's Llama halves (j, j + head_dim/2); per head, the even rows, then the odd ones. As (start, 1)
+    row pieces."""
+    return [(h * head_dim + 2 * j + p, 1) for h in range(n_heads) for p in (0, 1) for j in range(head_dim // 2)]
+
+
+def find_torchtitan_job_config(step_dir: Path) -> Optional[Path]:
+    """The JSON job config torchtitan's trainer wrote (``--debug.save_config_file``, relative to the dump folder):
+    a ``*.json`` holding ``model_spec.model`` in the dump folder (the checkpoint folder's parent) or a folder of it."""
+    dump = step_dir.parent.parent
+    try:
+        found = sorted(dump.glob("*.json")) + sorted(dump.glob("*/*.json"))
+    except OSError:
+        return None
+    for p in found:
+        if step_dir.parent in p.parents:
+            continue
+        try:
+            if p.stat().st_size > 16 << 20:
+                continue
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("model_spec"), dict):
+            if isinstance(doc["model_spec"].get("model"), dict):
+                return p
+    return None
+
+
+def _arch_from_torchtitan(path: Path) -> _Arch:
+    """The architecture torchtitan's job config records (``model_spec.model``: ``Llama3Model.Config.to_dict()``)."""
+    try:
+        model = json.loads(path.read_text())["model_spec"]["model"]
+        layers = model["layers"]
+        layer = layers[0]
+        attn = layer["attention"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ExportError(f"torchtitan's job config {path}: no model_spec.model.layers[0].attention ({e})") from None
+    bad = []
+    if layer.get("moe"):
+        bad.append("moe (mixture of experts)")
+    if attn.get("qk_norm"):
+        bad.append("qk_norm")
+    if any(isinstance(v, dict) and v.get("bias") for v in (attn.get("wo") or {}, layer.get("feed_forward") or {})):
+        bad.append("linear biases")
+    rope_cfg = attn.get("rope") or {}
+    scaling = rope_cfg.get("scaling", "none")
+    if scaling not in ("none", "llama"):
+        bad.append(f"rope scaling {scaling!r} (mapped: none, llama)")
+    if bad:
+        raise ExportError(f"--to hf writes Llama-family models; torchtitan's job config {path} says " + "; ".join(bad))
+    heads = _int(attn.get("n_heads"))
+    kv = _int(attn.get("n_kv_heads")) or heads
+    dim = _int(model.get("dim"))
+    eps = (layer.get("attention_norm") or {}).get("eps")
+    theta = rope_cfg.get("theta")
+    missing = [
+        k
+        for k, v in (("n_heads", heads), ("dim", dim), ("attention_norm.eps", eps), ("rope.theta", theta))
+        if v is None
+    ]
+    if missing or heads is None or dim is None or eps is None or theta is None:
+        raise ExportError(f"torchtitan's job config {path} lacks " + ", ".join(missing))
+    head_dim = _int(attn.get("head_dim")) or _int((attn.get("qkv_linear") or {}).get("head_dim")) or dim // heads
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(theta)}
+    if scaling == "llama":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": float(theta),
+            "factor": float(rope_cfg.get("scaling_factor", 8.0)),
+            "low_freq_factor": float(rope_cfg.get("low_freq_factor", 1.0)),
+            "high_freq_factor": float(rope_cfg.get("high_freq_factor", 4.0)),
+            "original_max_position_embeddings": int(rope_cfg.get("original_max_position_embeddings", 8192)),
+        }
+    ffn = _int(((layer.get("feed_forward") or {}).get("w1") or {}).get("out_features"))
+    tie = model.get("enable_weight_tying")
+    return _Arch(
+        heads=heads,
+        groups=kv or heads,
+        head_dim=head_dim,
+        hidden_act="silu",  # torchtitan's Llama3 FeedForward: w2(silu(w1(x)) * w3(x))
+        eps=float(eps),
+        rope=rope,
+        max_pos=int(rope_cfg.get("max_seq_len") or 2048),
+        from_=f"torchtitan's job config {path.name} in the run's dump folder (its --debug.save_config_file)",
+        hidden=dim,
+        ffn=ffn,
+        layers=len(layers) if isinstance(layers, list) else None,
+        vocab=_int(model.get("vocab_size")),
+        tied=tie if isinstance(tie, bool) else None,
+    )
+
+
+def torchtitan_to_hf(
+    source: Source,
+    step_dir: Optional[Path],
+    *,
+    config_path: Optional[Path] = None,
+    true_vocab_size: Optional[int] = None,
+) -> tuple[Source, dict[str, Any], list[str]]:
+    """``source`` (a torchtitan Llama3 model's tensors, as its step-N checkpoint names them) as an HF Llama model,
+    as torchtitan 0.3.0's ``Llama3StateDictAdapter.to_hf`` maps it: names, and wq/wk rows permuted per head.
+    The config: torchtitan's saved job config beside the run (``step_dir``: the local step-N folder), else
+    ``--config``, else refused."""
+    names = [t.name for t in source.tensors]
+    by = {t.name: t for t in source.tensors}
+    odd = [
+        n
+        for n in names
+        if n not in TT_TOP_KEYS
+        and n != TT_LM_HEAD
+        and not ((m := TT_LAYER_RE.match(n)) is not None and m.group(2) in TT_LAYER_KEYS)
+    ]
+    if odd:
+        what = sorted({w for n in odd for key, w in _TT_SEEN if key in n})
+        raise ExportError(
+            "--to hf writes Llama-family models (torchtitan's Llama3 as its Llama3StateDictAdapter maps it); this "
+            "checkpoint holds "
+            + (", ".join(what) + ": " if what else "tensors the Llama mapping does not know: ")
+            + ", ".join(odd[:6])
+            + (f" and {len(odd) - 6} more" if len(odd) > 6 else "")
+            + ". The plain export (without --to hf) writes it under its own names"
+        )
+    layers: dict[int, dict[str, SourceTensor]] = {}
+    for n in names:
+        m = TT_LAYER_RE.match(n)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = by[n]
+    problems = []
+    n_layers = len(layers)
+    if sorted(layers) != list(range(n_layers)):
+        problems.append(f"layers {sorted(layers)} are not 0..{n_layers - 1}")
+    for i, parts in sorted(layers.items()):
+        lack = [k for k in TT_LAYER_KEYS if k not in parts]
+        if lack:
+            problems.append(f"layer {i} lacks {', '.join(lack)}")
+    for k in TT_TOP_KEYS:
+        if k not in by:
+            problems.append(f"no {k}")
+    if problems or not layers:
+        raise ExportError("--to hf: the checkpoint is not a whole torchtitan Llama model: " + "; ".join(problems))
+    # shapes first: a refusal for a disagreement says so even before a missing configuration
+    emb = by["tok_embeddings.weight"]
+    vocab, hidden = emb.shape[0], emb.shape[1]
+    l0 = layers[0]
+    ffn = l0["feed_forward.w1.weight"].shape[0]
+    q_rows, kv_rows = l0["attention.qkv_linear.wq.weight"].shape[0], l0["attention.qkv_linear.wk.weight"].shape[0]
+    notes: list[str] = []
+    job = find_torchtitan_job_config(step_dir) if step_dir is not None else None
+    if job is not None:
+        arch = _arch_from_torchtitan(job)
+    elif config_path is not None:
+        arch = _arch_from_config(config_path)
+        if arch.hidden_act != "silu":
+            raise ExportError(
+                f"--config {config_path}: hidden_act {arch.hidden_act!r}; torchtitan's Llama3 feed-forward is SiLU"
+            )
+    else:
+        raise ExportError(
+            "torchtitan keeps its model configs in Python and this run saved no job config (--debug.save_config_file) "
+            f"beside it: --to hf needs num_attention_heads (n_heads), num_key_value_heads "
+            f"(n_kv_heads; wq has {q_rows} rows, wk {kv_rows}), rms_norm_eps, rope_theta (and the rope scaling) and "
+            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
+            "--config PATH"
+        )
+    notes.append(f"--to hf: the configuration from {arch.from_}")
+    tied = "lm_head.weight" not in by if arch.tied is None else arch.tied
+    hd, heads, kv = arch.head_dim, arch.heads, arch.groups
+    bad = [
+        f"{what}: the configuration says {said}, the tensors {seen}"
+        for what, said, seen in (
+            ("hidden size (dim)", arch.hidden, hidden),
+            ("layers", arch.layers, n_layers),
+            ("intermediate (ffn) size", arch.ffn, ffn),
+            ("vocab", arch.vocab, vocab),
+        )
+        if said not in (None, seen)
+    ]
+    if hd % 2:
+        bad.append(f"head_dim {hd} is odd: no rotary pairs")
+    if not tied and "lm_head.weight" not in by:
+        bad.append("the configuration says untied, the checkpoint has no lm_head.weight")
+    for i, p in sorted(layers.items()):
+        want = {
+            "attention.qkv_linear.wq.weight": (heads * hd, hidden),
+            "attention.qkv_linear.wk.weight": (kv * hd, hidden),
+            "attention.qkv_linear.wv.weight": (kv * hd, hidden),
+            "attention.wo.weight": (hidden, heads * hd),
+            "feed_forward.w1.weight": (ffn, hidden),
+            "feed_forward.w3.weight": (ffn, hidden),
+            "feed_forward.w2.weight": (hidden, ffn),
+            "attention_norm.weight": (hidden,),
+            "ffn_norm.weight": (hidden,),
+        }
+        for k, shape in want.items():
+            if tuple(p[k].shape) != shape:
+                extra = f" ({heads} heads, {kv} key/value heads, head_dim {hd})" if "attention" in k else ""
+                bad.append(f"layer {i} {k}: {list(p[k].shape)}, expected {list(shape)}{extra}")
+    if tuple(by["norm.weight"].shape) != (hidden,):
+        bad.append(f"norm.weight: {list(by['norm.weight'].shape)}, expected [{hidden}]")
+    if "lm_head.weight" in by and tuple(by["lm_head.weight"].shape) != (vocab, hidden):
+        bad.append(f"lm_head.weight: {list(by['lm_head.weight'].shape)}, expected {[vocab, hidden]}")
+    if true_vocab_size is not None and not 0 < true_vocab_size <= vocab:
+        bad.append(f"--true-vocab-size {true_vocab_size}: the embedding has {vocab} rows")
+    if bad:
+        raise ExportError("--to hf: the configuration and the tensors disagree:\n  " + "\n  ".join(bad[:12]))
+    fused = _OneFused()
+    keep = true_vocab_size if true_vocab_size is not None else vocab
+    out: list[SourceTensor] = []
+
+    def vocab_rows(t: SourceTensor, name: str) -> SourceTensor:
+        return _rows(t, name, [(0, keep)], fused) if keep < vocab else _renamed(t, name)
+
+    out.append(vocab_rows(emb, "model.embed_tokens.weight"))
+    q_perm, k_perm = rope_permutation(heads, hd), rope_permutation(kv, hd)
+    for i, p in sorted(layers.items()):
+        for k, hf in TT_LAYER_KEYS.items():
+            name = f"model.layers.{i}.{hf}"
+            if k == "attention.qkv_linear.wq.weight":
+                out.append(_rows(p[k], name, q_perm, fused))
+            elif k == "attention.qkv_linear.wk.weight":
+                out.append(_rows(p[k], name, k_perm, fused))
+            else:
+                out.append(_renamed(p[k], name))
+    out.append(_renamed(by["norm.weight"], "model.norm.weight"))
+    if not tied:
+        out.append(vocab_rows(by["lm_head.weight"], "lm_head.weight"))
+    else:
+        notes.append("tied (enable_weight_tying): lm_head is model.embed_tokens, written once")
+    if keep < vocab:
+        notes.append(f"--true-vocab-size {keep}: the embedding and lm_head cut from {vocab} rows")
+    notes.append(
+        f"--to hf: torchtitan's Llama3StateDictAdapter mapping; wq and wk rows permuted per head (adjacent rotary "
+        f"pairs -> halves; {heads} heads, {kv} key/value heads, head_dim {hd}), hidden_act {arch.hidden_act}"
+    )
+    config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep, tied=tied)
+    new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=list(source.notes))
+    return new, config, notes

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -759,3 +760,73 @@ def torchtitan_to_hf(
     config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep, tied=tied)
     new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=list(source.notes))
     return new, config, notes
+
+
+# ---------------------------------------------------------------------------------------------------- verify
+
+
+def hf_references(refs: Iterator[tuple[str, Any]], cfg: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """``verify DIR --against SRC`` of a ``--to hf`` export: the reference loader's tensors (under the source's
+    names: Megatron-Core's or torchtitan's) as the HF tensors they map to, computed afresh from the output's
+    ``config.json`` (heads, key/value heads, head_dim) with torch's own view/split, not the export's row pieces:
+    megatron's ``linear_qkv`` viewed ``[groups, heads/groups + 2, head_dim, hidden]``, ``linear_fc1`` halved;
+    torchtitan's wq/wk permuted by its adapter's formula. Rows past ``vocab_size`` (``--true-vocab-size``) cut."""
+    heads, kv = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    hd, vocab, tied = int(cfg["head_dim"]), int(cfg["vocab_size"]), bool(cfg.get("tie_word_embeddings"))
+    tt_top = {**TT_TOP_KEYS, TT_LM_HEAD: "lm_head.weight"}
+    mg_top = {
+        "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+        "decoder.final_layernorm.weight": "model.norm.weight",
+        "output_layer.weight": "lm_head.weight",
+    }
+    mg_layer = {
+        "input_norm": "input_layernorm.weight",
+        "o": "self_attn.o_proj.weight",
+        "post_norm": "post_attention_layernorm.weight",
+        "fc2": "mlp.down_proj.weight",
+    }
+    for name, t in refs:
+        if name.endswith("_extra_state"):
+            continue
+        if name in mg_top or name in tt_top:
+            hf = mg_top.get(name) or tt_top[name]
+            if hf == "lm_head.weight" and tied:
+                continue
+            yield hf, (t[:vocab] if hf != "model.norm.weight" else t)
+            continue
+        m = LAYER_RE.match(name)
+        if m and m.group(2) in LAYER_KEYS:
+            pre, role = f"model.layers.{m.group(1)}.", LAYER_KEYS[m.group(2)]
+            if role == "qkv":
+                per = heads // kv
+                g = t.view(kv, per + 2, hd, t.shape[-1])
+                yield pre + "self_attn.q_proj.weight", g[:, :per].reshape(-1, t.shape[-1])
+                yield pre + "self_attn.k_proj.weight", g[:, per].reshape(-1, t.shape[-1])
+                yield pre + "self_attn.v_proj.weight", g[:, per + 1].reshape(-1, t.shape[-1])
+            elif role == "fc1":
+                gate, up = t.chunk(2)
+                yield pre + "mlp.gate_proj.weight", gate
+                yield pre + "mlp.up_proj.weight", up
+            else:
+                yield pre + mg_layer[role], t
+            continue
+        m = TT_LAYER_RE.match(name)
+        if m and m.group(2) in TT_LAYER_KEYS:
+            hf = f"model.layers.{m.group(1)}.{TT_LAYER_KEYS[m.group(2)]}"
+            if m.group(2).endswith(("wq.weight", "wk.weight")):
+                n = t.shape[0] // hd
+                t = t.view(n, hd // 2, 2, t.shape[1]).transpose(1, 2).reshape(t.shape[0], t.shape[1])
+            yield hf, t
+            continue
+        yield name, t  # not mapped: reported as missing in the output
+
+
+def is_hf_export(out: Path) -> Optional[dict[str, Any]]:
+    """The config.json of a ``--to hf`` output (a Llama folder), else None."""
+    try:
+        cfg = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(cfg, dict) and cfg.get("model_type") == "llama" and "head_dim" in cfg:
+        return cfg
+    return None

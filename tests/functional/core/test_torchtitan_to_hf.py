@@ -184,3 +184,31 @@ def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
     code = snippet_after(r.stdout)
     assert code == "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('hf')\n"
     assert _rel(v / "hf", v, 2) <= TOL  # the folder it wrote: torchtitan's logits
+
+
+@pytest.mark.parametrize(
+    "variant, src",
+    [
+        ("torchtitan-hf", "checkpoint/step-1"),
+        ("torchtitan-hf", "checkpoint/step-2"),
+        ("megatron-hf-tp2", "checkpoints"),
+        ("megatron-hf-tied", "checkpoints"),
+    ],
+)
+def test_verify_knows_the_to_hf_mapping(real_ckpt, tmp_path, variant, src):
+    """verify DIR --against SRC after --to hf: the source's tensors (torch's DCP loader) mapped to HF's names
+    afresh (torch view/split, the adapter's permutation formula): passes, and fails on a mutated tensor."""
+    from ckpt_tui.core.verify import verify
+
+    root = real_ckpt(variant)
+    out = tmp_path / "hf"
+    export(root / src, out, to="hf")
+    v = verify(out, root / src)
+    assert v.ok and v.compared == len(load_file(out / "model.safetensors")) and not v.not_in_reference, v
+    sd = load_file(out / "model.safetensors")
+    name = "model.layers.1.self_attn.k_proj.weight"
+    sd[name] = sd[name].clone()
+    sd[name][0, 0] += 1
+    save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
+    v = verify(out, root / src)
+    assert not v.ok and v.mismatches == [name]

@@ -73,6 +73,11 @@ _SEEN = (
 )
 
 
+class NeedsConfig(ExportError):
+    """--to hf refused only for want of the model's configuration (the checkpoint records none, or not all of it):
+    ``--config PATH`` would let it go on."""
+
+
 def is_megatron_gpt(names: list[str]) -> bool:
     return "embedding.word_embeddings.weight" in names or any(n.startswith("decoder.layers.") for n in names)
 
@@ -123,24 +128,27 @@ def _int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+_ARGS_NEEDED = (
+    "num_attention_heads",
+    "norm_epsilon",
+    "rotary_base",
+    "swiglu",
+    "normalization",
+    "position_embedding_type",
+    "max_position_embeddings",
+)
+
+
+def _args_lack(args: dict[str, Any]) -> list[str]:
+    return [k for k in _ARGS_NEEDED if args.get(k) is None]
+
+
 def _arch_from_args(args: dict[str, Any]) -> _Arch:
     """The architecture Megatron-LM's args record; refused (naming them) where values are missing or say the model is
     not Llama-family."""
-    missing = [
-        k
-        for k in (
-            "num_attention_heads",
-            "norm_epsilon",
-            "rotary_base",
-            "swiglu",
-            "normalization",
-            "position_embedding_type",
-            "max_position_embeddings",
-        )
-        if args.get(k) is None
-    ]
+    missing = _args_lack(args)
     if missing:
-        raise ExportError(
+        raise NeedsConfig(
             "the checkpoint's Megatron-LM args lack " + ", ".join(missing) + ": give the model's Hugging Face "
             "config.json with --config PATH (it is then trusted for what the shapes cannot show)"
         )
@@ -338,18 +346,6 @@ def megatron_to_hf(
     _refuse_seen(names)
     by = {t.name: t for t in source.tensors}
     notes: list[str] = []
-    if _is_args(args):
-        arch = _arch_from_args(args)
-    elif config_path is not None:
-        arch = _arch_from_config(config_path)
-    else:
-        raise ExportError(
-            "the checkpoint records no model configuration (no Megatron-LM args in its common state): --to hf "
-            "needs num_attention_heads, num_query_groups, hidden_act, rms_norm_eps, rope_theta and "
-            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
-            "--config PATH"
-        )
-    notes.append(f"--to hf: the configuration from {arch.from_}")
     layers: dict[int, dict[str, SourceTensor]] = {}
     top: dict[str, SourceTensor] = {}
     for n in names:
@@ -372,6 +368,28 @@ def megatron_to_hf(
             problems.append(f"no {[k for k, v in TOP_KEYS.items() if v == r][0]}")
     if problems:
         raise ExportError("--to hf: the checkpoint is not a whole Llama-family GPT model: " + "; ".join(problems))
+    # what shapes alone say (before the configuration): a GPT-style MLP is no gated linear unit
+    fc1, fc2 = layers[0]["fc1"].shape, layers[0]["fc2"].shape
+    if len(fc1) == 2 and len(fc2) == 2 and fc1[0] != 2 * fc2[1]:
+        raise ExportError(
+            f"--to hf writes Llama-family models (a gated MLP); layer 0's linear_fc1 is {list(fc1)} for linear_fc2 "
+            f"{list(fc2)}: not a gated linear unit (a GPT-style MLP). The plain export (without --to hf) writes it "
+            "under its own names"
+        )
+    if _is_args(args) and not (config_path is not None and _args_lack(args)):
+        arch = _arch_from_args(args)
+    elif config_path is not None:
+        arch = _arch_from_config(config_path)
+    elif _is_args(args):
+        arch = _arch_from_args(args)  # refused: naming what they lack
+    else:
+        raise NeedsConfig(
+            "the checkpoint records no model configuration (no Megatron-LM args in its common state): --to hf "
+            "needs num_attention_heads, num_query_groups, hidden_act, rms_norm_eps, rope_theta and "
+            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
+            "--config PATH"
+        )
+    notes.append(f"--to hf: the configuration from {arch.from_}")
     emb = top["embed"]
     vocab, hidden = emb.shape[0], emb.shape[1]
     tied = "lm_head" not in top
@@ -680,7 +698,7 @@ def torchtitan_to_hf(
                 f"--config {config_path}: hidden_act {arch.hidden_act!r}; torchtitan's Llama3 feed-forward is SiLU"
             )
     else:
-        raise ExportError(
+        raise NeedsConfig(
             "torchtitan keeps its model configs in Python and this run saved no job config (--debug.save_config_file) "
             f"beside it: --to hf needs num_attention_heads (n_heads), num_key_value_heads "
             f"(n_kv_heads; wq has {q_rows} rows, wk {kv_rows}), rms_norm_eps, rope_theta (and the rope scaling) and "
@@ -830,3 +848,38 @@ def is_hf_export(out: Path) -> Optional[dict[str, Any]]:
     if isinstance(cfg, dict) and cfg.get("model_type") == "llama" and "head_dim" in cfg:
         return cfg
     return None
+
+
+# ---------------------------------------------------------------------------------------------------- the offer
+
+
+def hf_offer(
+    tensors: list[tuple[str, tuple[int, ...], str]],
+    *,
+    megatron: bool,
+    args: dict[str, Any],
+    step_dir: Optional[Path],
+) -> Optional[str]:
+    """What the inspector may offer of ``--to hf`` for a checkpoint whose model tensors (as export names them) are
+    ``tensors`` ((name, shape, dtype)), from header facts only: the checks ``megatron_to_hf``/``torchtitan_to_hf``
+    make before writing, run on tensors that are never read. ``"ready"``: it converts as it is; ``"config"``: it
+    would, given ``--config PATH`` (the checkpoint records no configuration, or not all of it); None: not a
+    Llama-family Megatron-Core GPT or torchtitan model (or its shapes and configuration disagree)."""
+
+    def never() -> object:
+        raise AssertionError("hf_offer reads no tensor")
+
+    names = [n for n, _, _ in tensors]
+    src = Source("dcp", Path("."), [SourceTensor(n, tuple(s), d, load=never) for n, s, d in tensors])
+    try:
+        if megatron and is_megatron_gpt(names):
+            megatron_to_hf(src, args)
+        elif is_torchtitan_llama(names):
+            torchtitan_to_hf(src, step_dir)
+        else:
+            return None
+    except NeedsConfig:
+        return "config"
+    except (ExportError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None
+    return "ready"

@@ -239,6 +239,49 @@ def test_other_frameworks_refused(real_ckpt, tmp_path):
         export(real_ckpt("fsdp2-dcp"), tmp_path / "x", to="hf")
 
 
+def test_args_lacking_values_give_way_to_config(real_ckpt, tmp_path, monkeypatch):
+    """args that lack what --to hf needs: --config then gives it (the refusal asked for it)."""
+    root = real_ckpt("megatron-hf-tp2")
+    export(real_ckpt("megatron-hf-tp1") / "checkpoints", tmp_path / "good", to="hf")
+    _no_args(monkeypatch, {**_args(real_ckpt), "norm_epsilon": None})
+    with pytest.raises(to_hf.NeedsConfig, match="lack norm_epsilon"):
+        export(root / "checkpoints", tmp_path / "x", to="hf")
+    res = export(root / "checkpoints", tmp_path / "hf", to="hf", config=tmp_path / "good")
+    assert any("--config" in n and "trusted" in n for n in res.notes)
+    assert _rel(tmp_path / "hf", root) <= TOL
+
+
+def test_the_offer_asks_what_the_export_would(real_ckpt, monkeypatch):
+    """inspect's to-hf fact, from the metadata alone: ready with the run's args, config without them, nothing for
+    megatron's GPT-style model (LayerNorm, biases) or a shape the args disagree with."""
+    from ckpt_tui.core.report import inspect
+
+    def offer(variant):
+        rep = inspect(real_ckpt(variant) / "checkpoints")
+        return rep.inventory.root.find("iter_0000010").facts.get("to_hf")
+
+    assert offer("megatron-hf-tp2") == offer("megatron-hf-tp2-016") == offer("megatron-hf-pp2") == "ready"
+    assert offer("megatron-dist") is None
+    names = [
+        ("embedding.word_embeddings.weight", (256, 64), "float32"),
+        ("decoder.final_layernorm.weight", (64,), "float32"),
+        ("output_layer.weight", (256, 64), "float32"),
+        ("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", (64,), "float32"),
+        ("decoder.layers.0.self_attention.linear_qkv.weight", (128, 64), "float32"),
+        ("decoder.layers.0.self_attention.linear_proj.weight", (64, 64), "float32"),
+        ("decoder.layers.0.mlp.linear_fc1.layer_norm_weight", (64,), "float32"),
+        ("decoder.layers.0.mlp.linear_fc1.weight", (192, 64), "float32"),
+        ("decoder.layers.0.mlp.linear_fc2.weight", (64, 96), "float32"),
+    ]
+    assert to_hf.hf_offer(names, megatron=True, args={}, step_dir=None) == "config"
+    gpt = [(n, (96, 64) if n.endswith("linear_fc1.weight") else s, d) for n, s, d in names]
+    assert to_hf.hf_offer(gpt, megatron=True, args={}, step_dir=None) is None  # not a gated MLP
+    args = {**_args(real_ckpt), "hidden_size": 64, "num_layers": 1, "ffn_hidden_size": 96, "num_attention_heads": 8}
+    assert to_hf.hf_offer(names, megatron=True, args=args, step_dir=None) is None  # qkv rows disagree
+    args["num_attention_heads"] = 4
+    assert to_hf.hf_offer(names, megatron=True, args=args, step_dir=None) == "ready"
+
+
 # ---------------------------------------------------------------- the worked example of docs/export.md
 
 

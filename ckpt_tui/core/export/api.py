@@ -16,7 +16,7 @@ from ..fsutil import StrPath
 from ..names import step_of
 from ..progress import CancelToken, OnProgress
 from ..report import Report, inspect
-from ..storage import Location, LocationLike
+from ..storage import Location, LocationLike, is_url
 from ..types import Finding, Inventory, Node
 from ..whole import empty_weights, weights_recovery
 from .plan import ExportPlan, make_plan
@@ -812,7 +812,34 @@ def _plan_hf(
     plan.copies = []
     plan.extra_files = [("config.json", json.dumps(cfg, indent=2) + "\n")]
     plan.notes.extend(notes)
+    gen = _generation_config(plan, config_path, config_dirs(node, report))
+    if gen is not None:
+        plan.copies = [(gen, "generation_config.json")]
+        plan.notes.append(f"generation_config.json copied from {inv.user_form(gen.parent)}")
     return plan
+
+
+def _generation_config(plan: ExportPlan, config_path: Optional[Path], dirs: list[Location]) -> Optional[Path]:
+    """The generation_config.json a ``--to hf`` export copies: in ``--config``'s folder (the folder given, or the
+    one holding the file given), else beside the checkpoint or in its run folder above it; local folders only, and
+    one that is no valid JSON (or a link out of its folder) is said, never copied."""
+    from .plan import side_file_problem
+
+    first: list[Location] = []
+    if config_path is not None:
+        first = [config_path if config_path.is_dir() else config_path.parent]
+    for d in first + dirs:
+        if is_url(d):
+            continue
+        p = Path(str(d)) / "generation_config.json"
+        if not p.is_file():
+            continue
+        why = side_file_problem(p, Path(str(d)))
+        if why is not None:
+            plan.not_copied.append(("generation_config.json", Path(str(d)), why))
+            continue
+        return p
+    return None
 
 
 def export_needs(

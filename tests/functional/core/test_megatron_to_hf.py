@@ -309,3 +309,32 @@ def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
     code = snippet_after(r.stdout)
     assert code == "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('hf')\n"
     assert _rel(v / "hf", v) <= TOL  # the folder it wrote: megatron's logits
+
+
+# ---------------------------------------------------------------- generation_config.json
+
+
+def test_generation_config_copied_from_beside_the_run_or_configs_folder(real_ckpt_copy, tmp_path):
+    """A generation_config.json in the run folder (above checkpoints/iter_N/) is copied as it is; one in --config's
+    folder comes first; one that is no JSON is said, never copied; none anywhere: none written."""
+    v = real_ckpt_copy("megatron-hf-tp1")
+    res = export(v / "checkpoints", tmp_path / "none", to="hf")
+    assert not (tmp_path / "none/generation_config.json").exists()
+    run_gen = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.7}
+    (v / "generation_config.json").write_text(json.dumps(run_gen))
+    res = export(v / "checkpoints", tmp_path / "run", to="hf")
+    assert json.loads((tmp_path / "run/generation_config.json").read_text()) == run_gen
+    assert any(n.startswith("generation_config.json copied from") for n in res.notes), res.notes
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "run").temperature == 0.7
+    # --config's folder first (its config.json the one the run's args agree with)
+    given = tmp_path / "given"
+    given.mkdir()
+    shutil.copy(tmp_path / "run/config.json", given / "config.json")
+    (given / "generation_config.json").write_text(json.dumps({**run_gen, "temperature": 0.2}))
+    export(v / "checkpoints", tmp_path / "cfg", to="hf", config=given / "config.json")
+    assert json.loads((tmp_path / "cfg/generation_config.json").read_text())["temperature"] == 0.2
+    # broken: said, not copied
+    (v / "generation_config.json").write_text("{not json")
+    res = export(v / "checkpoints", tmp_path / "bad", to="hf")
+    assert not (tmp_path / "bad/generation_config.json").exists()
+    assert any("generation_config.json" in n and "not copied" in n for n in res.notes), res.notes

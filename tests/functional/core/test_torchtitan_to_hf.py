@@ -212,3 +212,13 @@ def test_verify_knows_the_to_hf_mapping(real_ckpt, tmp_path, variant, src):
     save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
     v = verify(out, root / src)
     assert not v.ok and v.mismatches == [name]
+
+
+def test_generation_config_beside_the_dump_folder_copied(real_ckpt_copy, tmp_path):
+    """torchtitan's dump folder (above checkpoint/step-N/, where its job config is): its generation_config.json
+    is copied into the --to hf folder."""
+    v = real_ckpt_copy("torchtitan-hf")
+    (v / "generation_config.json").write_text(json.dumps({"eos_token_id": 3, "max_new_tokens": 16}))
+    res = export(v / "checkpoint/step-1", tmp_path / "hf", to="hf")
+    assert json.loads((tmp_path / "hf/generation_config.json").read_text()) == {"eos_token_id": 3, "max_new_tokens": 16}
+    assert any(n.startswith("generation_config.json copied from") for n in res.notes), res.notes

@@ -88,7 +88,7 @@ CODES: dict[str, FindingCode] = {
         FindingCode(
             "to-hf",
             ("info",),
-            "a Llama-family Megatron-Core or torchtitan model: `export --to hf` writes a Hugging Face model",
+            "a Llama-family Megatron-Core or torchtitan model: `export --to hf` converts it",
             "export",
         ),
         FindingCode("latest-dangling", ("error",), "`latest` names a tag that is not there", "latest"),

@@ -780,13 +780,14 @@ def _plan_hf(
     inv = report.inventory
     names = [t.name for t in source.tensors]
     config_path = Path(config) if config is not None else None
-    if node.format == "dcp" and is_megatron_gpt(names):
+    dcp = format_of(node).torch_dcp
+    if dcp and is_megatron_gpt(names):
         from ..formats.dcp.format import megatron_args
 
         hf, cfg, notes = megatron_to_hf(
             source, megatron_args(node), config_path=config_path, true_vocab_size=true_vocab_size
         )
-    elif node.format == "dcp" and is_torchtitan_llama(names):
+    elif dcp and is_torchtitan_llama(names):
         hf, cfg, notes = torchtitan_to_hf(
             source,
             node.abspath if isinstance(node.abspath, Path) else None,

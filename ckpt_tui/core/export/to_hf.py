@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from .errors import ExportError
 from .sources import ByteRange, Source, SourceTensor, to_torch
-from .write import ExportError
 
 LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 # the per-layer keys of a Llama-family layer -> their role

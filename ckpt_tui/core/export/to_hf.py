@@ -447,17 +447,23 @@ def megatron_to_hf(
             f"vocab_size {vocab}: the embedding's rows as saved (Megatron pads the vocabulary to a multiple of "
             "make_vocab_size_divisible_by x TP; --true-vocab-size N keeps the first N)"
         )
+    # role by role, each over the layers: megatron stacks a role's layers into one tensor, which the general path
+    # (a tensor-parallel split that is no byte range) loads whole and keeps for its layers in turn; layer by layer it
+    # would be loaded once per layer (L times the reads)
+    q, k, v = qkv_pieces(heads, groups, hd)
+    by_role: dict[str, list[SourceTensor]] = {r: [] for r in ROLES}
     for i, p in sorted(layers.items()):
         pre = f"model.layers.{i}."
-        out.append(_renamed(p["input_norm"], pre + "input_layernorm.weight"))
-        q, k, v = qkv_pieces(heads, groups, hd)
+        by_role["input_norm"].append(_renamed(p["input_norm"], pre + "input_layernorm.weight"))
         for what, rows in (("q", q), ("k", k), ("v", v)):
-            out.append(_rows(p["qkv"], f"{pre}self_attn.{what}_proj.weight", rows, fused))
-        out.append(_renamed(p["o"], pre + "self_attn.o_proj.weight"))
-        out.append(_renamed(p["post_norm"], pre + "post_attention_layernorm.weight"))
-        out.append(_rows(p["fc1"], pre + "mlp.gate_proj.weight", [(0, ffn)], fused))
-        out.append(_rows(p["fc1"], pre + "mlp.up_proj.weight", [(ffn, ffn)], fused))
-        out.append(_renamed(p["fc2"], pre + "mlp.down_proj.weight"))
+            by_role["qkv"].append(_rows(p["qkv"], f"{pre}self_attn.{what}_proj.weight", rows, fused))
+        by_role["o"].append(_renamed(p["o"], pre + "self_attn.o_proj.weight"))
+        by_role["post_norm"].append(_renamed(p["post_norm"], pre + "post_attention_layernorm.weight"))
+        by_role["fc1"].append(_rows(p["fc1"], pre + "mlp.gate_proj.weight", [(0, ffn)], fused))
+        by_role["fc1"].append(_rows(p["fc1"], pre + "mlp.up_proj.weight", [(ffn, ffn)], fused))
+        by_role["fc2"].append(_renamed(p["fc2"], pre + "mlp.down_proj.weight"))
+    for r in ROLES:
+        out.extend(by_role[r])
     out.append(_renamed(top["norm"], "model.norm.weight"))
     if not tied:
         lm = top["lm_head"]

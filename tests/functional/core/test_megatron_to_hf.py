@@ -311,6 +311,28 @@ def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
     assert _rel(v / "hf", v) <= TOL  # the folder it wrote: megatron's logits
 
 
+def test_stacked_layers_read_once_as_the_plain_export_reads_them(real_ckpt, tmp_path, monkeypatch):
+    """TP=2 splits linear_proj and linear_fc2 along their inputs: no byte ranges, so torch's DCP loader reads each
+    stacked tensor (every layer) whole, kept for its layers in turn. --to hf writes role by role, as the plain export
+    writes key by key: the same number of whole-stack reads (layer by layer it was one per layer and role)."""
+    from ckpt_tui.core.formats.dcp import source as dcp_source
+
+    calls: list[str] = []
+    real = dcp_source.load_one
+
+    def counted(folder, key, *a, **k):
+        calls.append(key)
+        return real(folder, key, *a, **k)
+
+    monkeypatch.setattr(dcp_source, "load_one", counted)
+    src = real_ckpt("megatron-hf-tp2") / "checkpoints"
+    export(src, tmp_path / "plain")
+    plain = list(calls)
+    calls.clear()
+    export(src, tmp_path / "hf", to="hf")
+    assert plain and sorted(calls) == sorted(plain), (calls, plain)
+
+
 # ---------------------------------------------------------------- generation_config.json
 
 

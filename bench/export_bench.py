@@ -17,6 +17,9 @@ Tools per checkpoint kind:
          ours optimizer+verify, ``dcp_to_torch CKPT/optimizer_0 X.pt``.
   ZeRO:  ours, ours+verify, ``python CKPT/zero_to_fp32.py CKPT X --safe_serialization``; the optimizer
          state: ours optimizer (``--component optimizer --no-verify``), ours optimizer+verify.
+  Megatron-Core (``megatron-llama-1g``: a Llama-family GPT, torch_dist, TP=2): ours (the plain export, megatron's
+         names), ours+verify, ours --to hf (a Hugging Face LlamaForCausalLM folder: QKV and fc1 split, config.json;
+         ``--no-verify``), ours+verify --to hf, ``cp -r CKPT/checkpoints/iter_0000010 X`` (the floor).
 
 Each command runs under GNU ``/usr/bin/time -v`` ("Maximum resident set size" = peak RSS of the
 largest process; install with ``apt-get install -y time`` if missing). One warm-up run per
@@ -62,9 +65,15 @@ CKPTS = {  # name -> kind
     "ds-zero2": "zero",
     "ds-zero3": "zero",
     "ds-moe": "moe",
+    "megatron-llama-1g": "megatron",
 }
 LARGER = {"dcp": "fsdp-4g", "zero": "ds-zero3"}
-SIZED = {"dcp": "pytorch_model_fsdp_0", "dcp-optim": "optimizer_0", "dcp-zstd": "pytorch_model_fsdp_0"}
+SIZED = {
+    "dcp": "pytorch_model_fsdp_0",
+    "dcp-optim": "optimizer_0",
+    "dcp-zstd": "pytorch_model_fsdp_0",
+    "megatron": "checkpoints",
+}
 # the floor of a zstd DCP: zstandard itself inflating every frame of its .distcp files, the output discarded
 ZSTD_FLOOR = """
 import sys, zstandard
@@ -166,6 +175,11 @@ def tools(kind: str, ckpt: Path) -> dict[str, tuple[list[str], str]]:
             "file",
         )
         t["zstandard decompress (floor)"] = ([PY, "-c", ZSTD_FLOOR, str(m)], "none")
+    elif kind == "megatron":  # a Llama-family Megatron-Core GPT: the plain export against --to hf (issue 27)
+        t["ours --to hf"] = (ours + ["--to", "hf", "--no-verify"], "dir")
+        t["ours+verify --to hf"] = (ours + ["--to", "hf"], "dir")
+        t["cp -r (floor)"] = (["cp", "-r", str(ckpt / "checkpoints" / "iter_0000010"), "{out}"], "dir")
+        return t
     elif kind == "dcp-optim":  # the optimizer state of an HF Trainer / Accelerate FSDP checkpoint (optimizer_0/)
         t = {
             "ours optimizer": (ours + ["--component", "optimizer", "--no-verify"], "dir"),
@@ -396,6 +410,16 @@ def render(results: list[dict], mach: dict, runs: int) -> str:
                     f"- {name} {key}: ours / {peer} = {ratio:.2f} (target ≤ {limit}) "
                     f"{'PASS' if ratio <= limit else 'MISS'}"
                 )
+    for name in sorted({r["ckpt"] for r in results}):  # --to hf against the plain export (issue 27: within 1.2x)
+        for plain, hf in (("ours", "ours --to hf"), ("ours+verify", "ours+verify --to hf")):
+            a, b = by.get((name, plain)), by.get((name, hf))
+            if a and b:
+                for key in ("wall", "flush"):
+                    ratio = _med(b, key) / _med(a, key)
+                    L.append(
+                        f"- {name} {key}: {hf} / {plain} = {ratio:.2f} (target ≤ 1.2) "
+                        f"{'PASS' if ratio <= 1.2 else 'MISS'}"
+                    )
     rss = [(r["ckpt"], r["tool"], max(x["rss_mb"] for x in r["runs"])) for r in results if r["tool"].startswith("ours")]
     for name, tool, mx in rss:
         L.append(f"- {name} {tool} peak RSS {mx:.0f} MB (target ≤ 400) {'PASS' if mx <= 400 else 'MISS'}")

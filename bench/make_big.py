@@ -18,6 +18,10 @@ Checkpoints (cached under ``bench/out/data/<NAME>/``, skipped when ``<NAME>/.don
 - ``ds-moe``: the same 134M parameters as mixture-of-experts: 2 ``deepspeed.moe.layer.MoE`` layers of 4 experts
   ``nn.Linear(4096, 4096)`` each, expert-parallel 2 (each rank holds 2 experts per layer), top-1 gate, param groups
   by ``split_params_into_different_moe_groups_for_optimizer``, ZeRO-2 bf16, 2 ranks, one step.
+- ``megatron-llama-1g``: a Llama-family megatron-core 0.19 ``GPTModel`` (samples/megatron_hf.py's, larger: 4 layers,
+  hidden 2048, 16 heads in 4 query groups, ffn 5632 SwiGLU, vocab 32000 untied; 311M parameters fp32, 1.25 GB)
+  saved as Megatron-LM saves it (``dist_checkpointing.save`` with its args) at tensor-parallel 2 on 2 ranks, in the
+  ``megatron-019`` venv of samples/venvs.py: ``checkpoints/iter_0000010/`` (``export --to hf``'s row).
 
 The driver launches itself under ``python -m torch.distributed.run --standalone
 --nproc_per_node 2`` with ``OMP_NUM_THREADS=1`` (and ``DS_ACCELERATOR=cpu`` and a cached
@@ -49,7 +53,10 @@ CKPTS: dict[str, tuple[str, int]] = {
     "ds-zero2": ("zero2", 8),
     "ds-zero3": ("zero3", 8),
     "ds-moe": ("moe2", 2),  # 2 MoE layers x 4 experts of Linear(4096, 4096): ds-zero2's 134M parameters
+    "megatron-llama-1g": ("megatron-llama", 4),  # a Llama-family megatron-core GPTModel, TP=2: 311M params fp32
 }
+MEGATRON_VENV = "megatron-019"  # samples/venvs.py: megatron-core 0.19.2
+MEGATRON_ITER = 10
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -214,9 +221,38 @@ def _moe_worker(out: Path, layers: int) -> None:
     dist.destroy_process_group()
 
 
+def _megatron_worker(out: Path, layers: int) -> None:
+    """samples/megatron_hf.py's Llama-family GPTModel at a size that makes a benchmark (its module constants set
+    before it builds), saved at TP=2 as its v_save does, without the logits oracle."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    from ckpt_tui.samples import megatron_hf as mh
+
+    mh.LAYERS, mh.HIDDEN, mh.HEADS, mh.GROUPS, mh.FFN, mh.VOCAB = layers, 2048, 16, 4, 5632, 32000
+    mh._setup()
+    tp = dist.get_world_size()
+    model = mh._model(tp, tied=False)
+    it_dir = out / "checkpoints" / f"iter_{MEGATRON_ITER:07d}"
+    if dist.get_rank() == 0:
+        it_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    args = mh._args(tp, tied=False)
+    args.iteration = MEGATRON_ITER
+    state = {"model": model.sharded_state_dict(), "iteration": MEGATRON_ITER, "checkpoint_version": 3.0, "args": args}
+    dist_checkpointing.save(state, str(it_dir))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (it_dir.parent / "latest_checkpointed_iteration.txt").write_text(str(MEGATRON_ITER))
+    mh._end_children()
+    dist.destroy_process_group()
+
+
 def _worker(name: str, out: Path) -> None:
     kind, layers = CKPTS[name]
-    if kind.startswith("fsdp"):
+    if kind == "megatron-llama":
+        _megatron_worker(out, layers)
+    elif kind.startswith("fsdp"):
         _fsdp_worker(out, layers, optim=kind == "fsdp-optim", zstd=kind == "fsdp-zstd")
     elif kind.startswith("moe"):
         _moe_worker(out, layers)
@@ -229,6 +265,9 @@ def _worker(name: str, out: Path) -> None:
 
 def _complete(name: str, d: Path) -> bool:
     kind, _ = CKPTS[name]
+    if kind == "megatron-llama":
+        it = d / "checkpoints" / f"iter_{MEGATRON_ITER:07d}"
+        return (it / ".metadata").is_file() and (it / "metadata.json").is_file() and len(list(it.glob("*.distcp"))) >= 2
     if kind.startswith("fsdp"):
         dirs = [d / "pytorch_model_fsdp_0"] + ([d / "optimizer_0"] if kind == "fsdp-optim" else [])
         return all((m / ".metadata").is_file() and len(list(m.glob("*.distcp"))) == 2 for m in dirs)
@@ -246,8 +285,15 @@ def build(name: str, data: Path) -> Path:
     env = dict(
         os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", TOKENIZERS_PARALLELISM="false"
     )
+    python = sys.executable
+    if CKPTS[name][0] == "megatron-llama":  # megatron-core lives in a cached venv of its own (samples/venvs.py)
+        from ckpt_tui.samples.venvs import python_for
+
+        python = str(python_for(MEGATRON_VENV))
+        env["PYTHONPATH"] = str(HERE.parent)  # ckpt_tui.samples.megatron_hf
+        env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--standalone",

@@ -81,6 +81,7 @@ MODELS: dict[str, tuple[str, str | None]] = {
         for f in ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2", "megatron-hf-tp2-016")
     },
     "torchtitan": ("tensors", None),
+    "torchtitan-hf": ("tensors", None),
     # PEFT LoRA runs (samples/hf_peft.py): their exports load by from_pretrained (PeftModel's or the merged
     # model's); a load_state_dict snippet of one would be a defect the "tensors" tree would still catch
     **{

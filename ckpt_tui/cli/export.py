@@ -75,7 +75,8 @@ from .output import echo, emit_json, fail, run_core
     default="safetensors",
     show_default=True,
     help="hf: a Hugging Face model folder (LlamaForCausalLM: names mapped, fused QKV and gate/up split, "
-    "config.json from the run's args, else --config) of a Megatron-Core torch_dist Llama-family GPT checkpoint.",
+    "config.json from the run's record, else --config) of a Megatron-Core torch_dist Llama-family GPT "
+    "checkpoint or a torchtitan Llama step-N checkpoint (wq/wk permuted as its Llama3StateDictAdapter does).",
 )
 @click.option(
     "--true-vocab-size",

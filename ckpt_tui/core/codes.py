@@ -85,6 +85,12 @@ CODES: dict[str, FindingCode] = {
             "a megatron-core 0.19+ save (no common.pt): 0.18 and older cannot load it",
             "export",
         ),
+        FindingCode(
+            "to-hf",
+            ("info",),
+            "a Llama-family Megatron-Core or torchtitan model: `export --to hf` converts it",
+            "export",
+        ),
         FindingCode("latest-dangling", ("error",), "`latest` names a tag that is not there", "latest"),
         FindingCode("latest-missing", ("warning",), "DeepSpeed tags without a `latest` file", "latest"),
         FindingCode("file-truncated", ("error",), "a file shorter than its header says"),

@@ -119,6 +119,7 @@ class DcpFacts(PickleFacts, TensorFacts, total=False):
     stacked_layers: int  # Megatron-Core torch_dist: layers stacked along a leading dimension (decoder.layers.…)
     optimizer_gaps: list[str]  # parameters its optimizer's param_groups list without state (the first 16)
     optimizer_gaps_total: int  # how many there are
+    to_hf: str  # Llama-family Megatron-Core or torchtitan: "ready" for export --to hf, "config" (needs --config)
 
 
 class VerlFacts(NodeFacts, TensorFacts, total=False):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union, cast
 from .export.api import screened_model, source_for
 from .export.prefix import choose
 from .export.sources import strip_names
+from .export.to_hf import hf_references, is_hf_export, is_megatron_gpt, is_torchtitan_llama
 from .export.write import ExportError  # where it is defined: api imports it, and does not export it
 from .formats import screen
 from .formats.format import NotExportable
@@ -216,10 +217,15 @@ def verify(
     # tied aliases the reference returns under both names are written once, as save_pretrained does
     aliases = {t.name for t in strip_names(source, strip_prefix).tensors if t.tied_to}
     # stripped here: not every reference loader applies it
-    refs = (
+    refs: Iterator[tuple[str, Any]] = (
         (n[len(strip_prefix) :] if strip_prefix and n.startswith(strip_prefix) else n, ref)
         for n, ref in _reference(node, None, trust_pickles)
     )
+    names = [t.name for t in source.tensors]
+    hf_cfg = is_hf_export(Path(out)) if Path(out).is_dir() else None
+    if hf_cfg is not None and (is_megatron_gpt(names) or is_torchtitan_llama(names)):
+        refs = hf_references(refs, hf_cfg)  # a --to hf export: the source's tensors as HF's, mapped afresh
+        res.note = "compared under the Hugging Face names export --to hf maps the source's to"
     seen = compare_each(refs, outs, res, cancel=cancel, on_progress=on_progress, not_missing=aliases)
     res.not_in_reference = sorted(set(outs) - seen)
     # tied aliases the reference returns twice are written once: not a miss

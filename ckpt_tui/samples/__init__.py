@@ -139,6 +139,9 @@ GROUPS: dict[str, Group] = {
     ),
     "megatron_hf_016": Group("megatron_hf", 2, ("megatron-hf-tp2-016",), venv="megatron-torchtitan"),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
+    # a tiny GQA Llama3 with distinct norm weights and a saved job config, with torchtitan's own to_hf tensors and
+    # logits as the oracle of `export --to hf`
+    "torchtitan_hf": Group("torchtitan_hf", 2, ("torchtitan-hf",), venv="megatron-torchtitan"),
     "single": Group(
         "single",
         1,
@@ -393,6 +396,10 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "dcp-fs-safetensors": _dcp(),
     "torchtitan": _dcp("checkpoint/step-1/") + _dcp("checkpoint/step-2/"),
+    "torchtitan-hf": _dcp("checkpoint/step-1/")
+    + _dcp("checkpoint/step-2/")
+    + ["job_config.json"]
+    + [f"oracle/{k}-step-{s}.{e}" for s in (1, 2) for k, e in (("to_hf", "safetensors"), ("logits", "pt"))],
     # megatron's writer splits each rank's data over two files (__{rank}_0/1.distcp); oracle/ is its own load
     "megatron-dist": _megatron(2, common_pt=True),
     "megatron-dist-019": _megatron(2),  # megatron-core 0.19 writes no common.pt (a common_state/ DCP entry)

@@ -40,7 +40,7 @@ VARIANTS = ["torchtitan"]
 VOCAB, DIM, SEQ = 256, 64, 16
 
 
-class _Tokens(IterableDataset):
+class Tokens(IterableDataset):
     """Synthetic token rows, the same on every run (seeded per data-parallel rank)."""
 
     def __init__(self, rank: int) -> None:
@@ -52,7 +52,7 @@ class _Tokens(IterableDataset):
             yield torch.randint(0, VOCAB, (SEQ,), generator=g)
 
 
-class _TrainState(Stateful):
+class TrainState(Stateful):
     """What torchtitan's Trainer saves as ``train_state`` (Trainer.state_dict / load_state_dict)."""
 
     def __init__(self) -> None:
@@ -131,8 +131,8 @@ def v_torchtitan(out: Path) -> None:
     lr_schedulers = LRSchedulersContainer.Config(warmup_steps=1, decay_type="linear").build(
         optimizers=optimizers, training_steps=4
     )
-    dataloader = ParallelAwareDataloader(_Tokens(rank), dp_rank=rank, dp_world_size=world, batch_size=2)
-    train_state = _TrainState()
+    dataloader = ParallelAwareDataloader(Tokens(rank), dp_rank=rank, dp_world_size=world, batch_size=2)
+    train_state = TrainState()
     ckpt = CheckpointManager.Config(
         enable=True,
         folder="checkpoint",

@@ -517,6 +517,26 @@ CASES = [
         ("megatron-core 0.18 and older cannot load it", "common.pt", "megatron-core 0.19 or later", "ckpt-tui export"),
         "export",
     ),
+    # to-hf: a Llama-family Megatron-Core GPT whose args say all --to hf needs: the command, as it runs
+    Rule(
+        "to-hf-megatron",
+        Corrupt("megatron-hf-tp2", None, "checkpoints"),
+        "to-hf",
+        "info",
+        "iter_0000010",
+        ("a Llama-family Megatron-Core GPT model", "checkpoints/iter_0000010 --to hf --out DIR`", "Hugging Face"),
+        "export",
+    ),
+    # a torchtitan Llama that saved no job config: the command with --config PATH, named but not offered to run
+    Rule(
+        "to-hf-torchtitan-needs-config",
+        Corrupt("torchtitan"),
+        "to-hf",
+        "info",
+        "checkpoint/step-1",
+        ("a torchtitan Llama model", "records no model configuration", "--to hf --config PATH --out DIR"),
+        "export",
+    ),
     # shard-missing
     Rule(
         "shard-missing-dcp", Corrupt("fsdp1-dcp", rm("__1_0.distcp")), "shard-missing", "error", ".", ("__1_0.distcp",)

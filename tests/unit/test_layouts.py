@@ -263,6 +263,7 @@ CASES = [
         "torchtitan",
         {"model": ".", "optimizer": "."},
         ("torchtitan, 2 ranks, step 1: model and optimizer in this folder", "fp32"),
+        frozenset({("to-hf", ".")}),  # a Llama: --to hf, given --config (it saved no job config)
     ),
     Layout(  # inspected alone, torchtitan's model-only last-step export holds no torchtitan entry (inspected in
         # its run, beside a step holding train_state/dataloader/lr_scheduler, it is torchtitan's: test_tensor_listing)
@@ -272,6 +273,7 @@ CASES = [
         "torch.distributed.checkpoint",
         {"model": "."},
         ("torch.distributed.checkpoint, 2 ranks, step 2: model in this folder", "bf16"),
+        frozenset({("to-hf", ".")}),
     ),
     Layout(  # committed: written by composer 0.32.1 on torch 2.7.0 (ckpt_tui/samples/composer_run.py)
         "composer",

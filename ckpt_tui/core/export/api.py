@@ -16,7 +16,7 @@ from ..fsutil import StrPath
 from ..names import step_of
 from ..progress import CancelToken, OnProgress
 from ..report import Report, inspect
-from ..storage import Location, LocationLike
+from ..storage import Location, LocationLike, is_url
 from ..types import Finding, Inventory, Node
 from ..whole import empty_weights, weights_recovery
 from .plan import ExportPlan, make_plan
@@ -775,25 +775,33 @@ def _plan_hf(
 ) -> ExportPlan:
     """``--to hf``: the model as a Hugging Face LlamaForCausalLM folder (names mapped, fused tensors split, its
     config.json written), refused where the checkpoint is not a Llama-family Megatron-Core GPT model."""
-    from .to_hf import is_megatron_gpt, megatron_to_hf
+    from .to_hf import is_megatron_gpt, is_torchtitan_llama, megatron_to_hf, torchtitan_to_hf
 
     inv = report.inventory
     names = [t.name for t in source.tensors]
-    if not is_megatron_gpt(names) or node.format != "dcp":
+    config_path = Path(config) if config is not None else None
+    dcp = format_of(node).torch_dcp
+    if dcp and is_megatron_gpt(names):
+        from ..formats.dcp.format import megatron_args
+
+        hf, cfg, notes = megatron_to_hf(
+            source, megatron_args(node), config_path=config_path, true_vocab_size=true_vocab_size
+        )
+    elif dcp and is_torchtitan_llama(names):
+        hf, cfg, notes = torchtitan_to_hf(
+            source,
+            node.abspath if isinstance(node.abspath, Path) else None,
+            config_path=config_path,
+            true_vocab_size=true_vocab_size,
+        )
+    else:
         raise ExportError(
-            f"--to hf reads Megatron-Core torch_dist GPT checkpoints; {inv.shown(node.path, slash=node.is_dir)} is "
+            f"--to hf reads Megatron-Core torch_dist GPT checkpoints and torchtitan Llama step-N checkpoints; "
+            f"{inv.shown(node.path, slash=node.is_dir)} is "
             f"{inv.framework or node.format or 'not one'} (tensors {', '.join(names[:3])}"
             + (", ..." if len(names) > 3 else "")
             + "). The plain export (without --to hf) writes it under its own names"
         )
-    from ..formats.dcp.format import megatron_args
-
-    hf, cfg, notes = megatron_to_hf(
-        source,
-        megatron_args(node),
-        config_path=Path(config) if config is not None else None,
-        true_vocab_size=true_vocab_size,
-    )
     plan = make_plan(hf, Path(out).absolute(), dtype=dtype, max_shard_size=max_shard_size)
     if dtype != "keep":
         cfg["dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
@@ -805,7 +813,34 @@ def _plan_hf(
     plan.copies = []
     plan.extra_files = [("config.json", json.dumps(cfg, indent=2) + "\n")]
     plan.notes.extend(notes)
+    gen = _generation_config(plan, config_path, config_dirs(node, report))
+    if gen is not None:
+        plan.copies = [(gen, "generation_config.json")]
+        plan.notes.append(f"generation_config.json copied from {inv.user_form(gen.parent)}")
     return plan
+
+
+def _generation_config(plan: ExportPlan, config_path: Optional[Path], dirs: list[Location]) -> Optional[Path]:
+    """The generation_config.json a ``--to hf`` export copies: in ``--config``'s folder (the folder given, or the
+    one holding the file given), else beside the checkpoint or in its run folder above it; local folders only, and
+    one that is no valid JSON (or a link out of its folder) is said, never copied."""
+    from .plan import side_file_problem
+
+    first: list[Location] = []
+    if config_path is not None:
+        first = [config_path if config_path.is_dir() else config_path.parent]
+    for d in first + dirs:
+        if is_url(d):
+            continue
+        p = Path(str(d)) / "generation_config.json"
+        if not p.is_file():
+            continue
+        why = side_file_problem(p, Path(str(d)))
+        if why is not None:
+            plan.not_copied.append(("generation_config.json", Path(str(d)), why))
+            continue
+        return p
+    return None
 
 
 def export_needs(

@@ -33,12 +33,13 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from .errors import ExportError
 from .sources import ByteRange, Source, SourceTensor, to_torch
-from .write import ExportError
 
 LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 # the per-layer keys of a Llama-family layer -> their role
@@ -70,6 +71,11 @@ _SEEN = (
     ("bias", "linear biases"),
     ("position_embeddings", "learned absolute position embeddings, not rotary"),
 )
+
+
+class NeedsConfig(ExportError):
+    """--to hf refused only for want of the model's configuration (the checkpoint records none, or not all of it):
+    ``--config PATH`` would let it go on."""
 
 
 def is_megatron_gpt(names: list[str]) -> bool:
@@ -122,24 +128,27 @@ def _int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+_ARGS_NEEDED = (
+    "num_attention_heads",
+    "norm_epsilon",
+    "rotary_base",
+    "swiglu",
+    "normalization",
+    "position_embedding_type",
+    "max_position_embeddings",
+)
+
+
+def _args_lack(args: dict[str, Any]) -> list[str]:
+    return [k for k in _ARGS_NEEDED if args.get(k) is None]
+
+
 def _arch_from_args(args: dict[str, Any]) -> _Arch:
     """The architecture Megatron-LM's args record; refused (naming them) where values are missing or say the model is
     not Llama-family."""
-    missing = [
-        k
-        for k in (
-            "num_attention_heads",
-            "norm_epsilon",
-            "rotary_base",
-            "swiglu",
-            "normalization",
-            "position_embedding_type",
-            "max_position_embeddings",
-        )
-        if args.get(k) is None
-    ]
+    missing = _args_lack(args)
     if missing:
-        raise ExportError(
+        raise NeedsConfig(
             "the checkpoint's Megatron-LM args lack " + ", ".join(missing) + ": give the model's Hugging Face "
             "config.json with --config PATH (it is then trusted for what the shapes cannot show)"
         )
@@ -300,6 +309,9 @@ def _rows(t: SourceTensor, name: str, pieces: list[tuple[int, int]], fused: _One
         import torch
 
         full = fused.get(t)
+        if len(pieces) > 8:  # a permutation: row by row
+            idx = torch.tensor([s + j for s, c in pieces for j in range(c)], dtype=torch.long)
+            return full.index_select(0, idx).contiguous()
         return torch.cat([full[s : s + c] for s, c in pieces]).contiguous()
 
     return SourceTensor(name, shape, t.dtype, load=load, note=t.note)
@@ -334,18 +346,6 @@ def megatron_to_hf(
     _refuse_seen(names)
     by = {t.name: t for t in source.tensors}
     notes: list[str] = []
-    if _is_args(args):
-        arch = _arch_from_args(args)
-    elif config_path is not None:
-        arch = _arch_from_config(config_path)
-    else:
-        raise ExportError(
-            "the checkpoint records no model configuration (no Megatron-LM args in its common state): --to hf "
-            "needs num_attention_heads, num_query_groups, hidden_act, rms_norm_eps, rope_theta and "
-            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
-            "--config PATH"
-        )
-    notes.append(f"--to hf: the configuration from {arch.from_}")
     layers: dict[int, dict[str, SourceTensor]] = {}
     top: dict[str, SourceTensor] = {}
     for n in names:
@@ -368,6 +368,28 @@ def megatron_to_hf(
             problems.append(f"no {[k for k, v in TOP_KEYS.items() if v == r][0]}")
     if problems:
         raise ExportError("--to hf: the checkpoint is not a whole Llama-family GPT model: " + "; ".join(problems))
+    # what shapes alone say (before the configuration): a GPT-style MLP is no gated linear unit
+    fc1, fc2 = layers[0]["fc1"].shape, layers[0]["fc2"].shape
+    if len(fc1) == 2 and len(fc2) == 2 and fc1[0] != 2 * fc2[1]:
+        raise ExportError(
+            f"--to hf writes Llama-family models (a gated MLP); layer 0's linear_fc1 is {list(fc1)} for linear_fc2 "
+            f"{list(fc2)}: not a gated linear unit (a GPT-style MLP). The plain export (without --to hf) writes it "
+            "under its own names"
+        )
+    if _is_args(args) and not (config_path is not None and _args_lack(args)):
+        arch = _arch_from_args(args)
+    elif config_path is not None:
+        arch = _arch_from_config(config_path)
+    elif _is_args(args):
+        arch = _arch_from_args(args)  # refused: naming what they lack
+    else:
+        raise NeedsConfig(
+            "the checkpoint records no model configuration (no Megatron-LM args in its common state): --to hf "
+            "needs num_attention_heads, num_query_groups, hidden_act, rms_norm_eps, rope_theta and "
+            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
+            "--config PATH"
+        )
+    notes.append(f"--to hf: the configuration from {arch.from_}")
     emb = top["embed"]
     vocab, hidden = emb.shape[0], emb.shape[1]
     tied = "lm_head" not in top
@@ -425,17 +447,23 @@ def megatron_to_hf(
             f"vocab_size {vocab}: the embedding's rows as saved (Megatron pads the vocabulary to a multiple of "
             "make_vocab_size_divisible_by x TP; --true-vocab-size N keeps the first N)"
         )
+    # role by role, each over the layers: megatron stacks a role's layers into one tensor, which the general path
+    # (a tensor-parallel split that is no byte range) loads whole and keeps for its layers in turn; layer by layer it
+    # would be loaded once per layer (L times the reads)
+    q, k, v = qkv_pieces(heads, groups, hd)
+    by_role: dict[str, list[SourceTensor]] = {r: [] for r in ROLES}
     for i, p in sorted(layers.items()):
         pre = f"model.layers.{i}."
-        out.append(_renamed(p["input_norm"], pre + "input_layernorm.weight"))
-        q, k, v = qkv_pieces(heads, groups, hd)
+        by_role["input_norm"].append(_renamed(p["input_norm"], pre + "input_layernorm.weight"))
         for what, rows in (("q", q), ("k", k), ("v", v)):
-            out.append(_rows(p["qkv"], f"{pre}self_attn.{what}_proj.weight", rows, fused))
-        out.append(_renamed(p["o"], pre + "self_attn.o_proj.weight"))
-        out.append(_renamed(p["post_norm"], pre + "post_attention_layernorm.weight"))
-        out.append(_rows(p["fc1"], pre + "mlp.gate_proj.weight", [(0, ffn)], fused))
-        out.append(_rows(p["fc1"], pre + "mlp.up_proj.weight", [(ffn, ffn)], fused))
-        out.append(_renamed(p["fc2"], pre + "mlp.down_proj.weight"))
+            by_role["qkv"].append(_rows(p["qkv"], f"{pre}self_attn.{what}_proj.weight", rows, fused))
+        by_role["o"].append(_renamed(p["o"], pre + "self_attn.o_proj.weight"))
+        by_role["post_norm"].append(_renamed(p["post_norm"], pre + "post_attention_layernorm.weight"))
+        by_role["fc1"].append(_rows(p["fc1"], pre + "mlp.gate_proj.weight", [(0, ffn)], fused))
+        by_role["fc1"].append(_rows(p["fc1"], pre + "mlp.up_proj.weight", [(ffn, ffn)], fused))
+        by_role["fc2"].append(_renamed(p["fc2"], pre + "mlp.down_proj.weight"))
+    for r in ROLES:
+        out.extend(by_role[r])
     out.append(_renamed(top["norm"], "model.norm.weight"))
     if not tied:
         lm = top["lm_head"]
@@ -481,3 +509,383 @@ def hf_config(arch: _Arch, *, hidden: int, ffn: int, layers: int, vocab: int, ti
     if arch.rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = {k: v for k, v in arch.rope.items() if k != "rope_theta"}
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------------- torchtitan
+
+TT_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+# torchtitan 0.3.0's Llama3StateDictAdapter (models/llama3/state_dict_adapter.py), its from_hf_map inverted
+TT_LAYER_KEYS = {
+    "attention.qkv_linear.wq.weight": "self_attn.q_proj.weight",
+    "attention.qkv_linear.wk.weight": "self_attn.k_proj.weight",
+    "attention.qkv_linear.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+TT_TOP_KEYS = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+TT_LM_HEAD = "lm_head.weight"
+_TT_SEEN = (
+    ("moe", "mixture of experts (MoE)"),
+    ("experts", "mixture of experts (MoE)"),
+    ("router", "mixture of experts (MoE)"),
+    ("q_norm", "query/key norms (qk_norm)"),
+    ("k_norm", "query/key norms (qk_norm)"),
+    ("wqkv", "a fused wqkv (not the adapter's qkv_linear.wq/wk/wv)"),
+    ("gate", "a gated feed-forward or attention"),
+    ("bias", "linear biases"),
+)
+
+
+def is_torchtitan_llama(names: list[str]) -> bool:
+    return "tok_embeddings.weight" in names and any(n.startswith("layers.") for n in names)
+
+
+def rope_permutation(n_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """The row order torchtitan's adapter gives ``wq``/``wk`` (its ``_permute``:
+    ``w.view(n_heads, head_dim // 2, 2, dim).transpose(1, 2).reshape(-1, dim)``): torchtitan rotates adjacent pairs
+    (2j, 2j+1), HF's Llama halves (j, j + head_dim/2); per head, the even rows, then the odd ones. As (start, 1)
+    row pieces."""
+    return [(h * head_dim + 2 * j + p, 1) for h in range(n_heads) for p in (0, 1) for j in range(head_dim // 2)]
+
+
+def find_torchtitan_job_config(step_dir: Path) -> Optional[Path]:
+    """The JSON job config torchtitan's trainer wrote (``--debug.save_config_file``, relative to the dump folder):
+    a ``*.json`` holding ``model_spec.model`` in the dump folder (the checkpoint folder's parent) or a folder of it."""
+    dump = step_dir.parent.parent
+    try:
+        found = sorted(dump.glob("*.json")) + sorted(dump.glob("*/*.json"))
+    except OSError:
+        return None
+    for p in found:
+        if step_dir.parent in p.parents:
+            continue
+        try:
+            if p.stat().st_size > 16 << 20:
+                continue
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("model_spec"), dict):
+            if isinstance(doc["model_spec"].get("model"), dict):
+                return p
+    return None
+
+
+def _arch_from_torchtitan(path: Path) -> _Arch:
+    """The architecture torchtitan's job config records (``model_spec.model``: ``Llama3Model.Config.to_dict()``)."""
+    try:
+        model = json.loads(path.read_text())["model_spec"]["model"]
+        layers = model["layers"]
+        layer = layers[0]
+        attn = layer["attention"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ExportError(f"torchtitan's job config {path}: no model_spec.model.layers[0].attention ({e})") from None
+    bad = []
+    if layer.get("moe"):
+        bad.append("moe (mixture of experts)")
+    if attn.get("qk_norm"):
+        bad.append("qk_norm")
+    if any(isinstance(v, dict) and v.get("bias") for v in (attn.get("wo") or {}, layer.get("feed_forward") or {})):
+        bad.append("linear biases")
+    rope_cfg = attn.get("rope") or {}
+    scaling = rope_cfg.get("scaling", "none")
+    if scaling not in ("none", "llama"):
+        bad.append(f"rope scaling {scaling!r} (mapped: none, llama)")
+    if bad:
+        raise ExportError(f"--to hf writes Llama-family models; torchtitan's job config {path} says " + "; ".join(bad))
+    heads = _int(attn.get("n_heads"))
+    kv = _int(attn.get("n_kv_heads")) or heads
+    dim = _int(model.get("dim"))
+    eps = (layer.get("attention_norm") or {}).get("eps")
+    theta = rope_cfg.get("theta")
+    missing = [
+        k
+        for k, v in (("n_heads", heads), ("dim", dim), ("attention_norm.eps", eps), ("rope.theta", theta))
+        if v is None
+    ]
+    if missing or heads is None or dim is None or eps is None or theta is None:
+        raise ExportError(f"torchtitan's job config {path} lacks " + ", ".join(missing))
+    head_dim = _int(attn.get("head_dim")) or _int((attn.get("qkv_linear") or {}).get("head_dim")) or dim // heads
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(theta)}
+    if scaling == "llama":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": float(theta),
+            "factor": float(rope_cfg.get("scaling_factor", 8.0)),
+            "low_freq_factor": float(rope_cfg.get("low_freq_factor", 1.0)),
+            "high_freq_factor": float(rope_cfg.get("high_freq_factor", 4.0)),
+            "original_max_position_embeddings": int(rope_cfg.get("original_max_position_embeddings", 8192)),
+        }
+    ffn = _int(((layer.get("feed_forward") or {}).get("w1") or {}).get("out_features"))
+    tie = model.get("enable_weight_tying")
+    return _Arch(
+        heads=heads,
+        groups=kv or heads,
+        head_dim=head_dim,
+        hidden_act="silu",  # torchtitan's Llama3 FeedForward: w2(silu(w1(x)) * w3(x))
+        eps=float(eps),
+        rope=rope,
+        max_pos=int(rope_cfg.get("max_seq_len") or 2048),
+        from_=f"torchtitan's job config {path.name} in the run's dump folder (its --debug.save_config_file)",
+        hidden=dim,
+        ffn=ffn,
+        layers=len(layers) if isinstance(layers, list) else None,
+        vocab=_int(model.get("vocab_size")),
+        tied=tie if isinstance(tie, bool) else None,
+    )
+
+
+def torchtitan_to_hf(
+    source: Source,
+    step_dir: Optional[Path],
+    *,
+    config_path: Optional[Path] = None,
+    true_vocab_size: Optional[int] = None,
+) -> tuple[Source, dict[str, Any], list[str]]:
+    """``source`` (a torchtitan Llama3 model's tensors, as its step-N checkpoint names them) as an HF Llama model,
+    as torchtitan 0.3.0's ``Llama3StateDictAdapter.to_hf`` maps it: names, and wq/wk rows permuted per head.
+    The config: torchtitan's saved job config beside the run (``step_dir``: the local step-N folder), else
+    ``--config``, else refused."""
+    names = [t.name for t in source.tensors]
+    by = {t.name: t for t in source.tensors}
+    odd = [
+        n
+        for n in names
+        if n not in TT_TOP_KEYS
+        and n != TT_LM_HEAD
+        and not ((m := TT_LAYER_RE.match(n)) is not None and m.group(2) in TT_LAYER_KEYS)
+    ]
+    if odd:
+        what = sorted({w for n in odd for key, w in _TT_SEEN if key in n})
+        raise ExportError(
+            "--to hf writes Llama-family models (torchtitan's Llama3 as its Llama3StateDictAdapter maps it); this "
+            "checkpoint holds "
+            + (", ".join(what) + ": " if what else "tensors the Llama mapping does not know: ")
+            + ", ".join(odd[:6])
+            + (f" and {len(odd) - 6} more" if len(odd) > 6 else "")
+            + ". The plain export (without --to hf) writes it under its own names"
+        )
+    layers: dict[int, dict[str, SourceTensor]] = {}
+    for n in names:
+        m = TT_LAYER_RE.match(n)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = by[n]
+    problems = []
+    n_layers = len(layers)
+    if sorted(layers) != list(range(n_layers)):
+        problems.append(f"layers {sorted(layers)} are not 0..{n_layers - 1}")
+    for i, parts in sorted(layers.items()):
+        lack = [k for k in TT_LAYER_KEYS if k not in parts]
+        if lack:
+            problems.append(f"layer {i} lacks {', '.join(lack)}")
+    for k in TT_TOP_KEYS:
+        if k not in by:
+            problems.append(f"no {k}")
+    if problems or not layers:
+        raise ExportError("--to hf: the checkpoint is not a whole torchtitan Llama model: " + "; ".join(problems))
+    # shapes first: a refusal for a disagreement says so even before a missing configuration
+    emb = by["tok_embeddings.weight"]
+    vocab, hidden = emb.shape[0], emb.shape[1]
+    l0 = layers[0]
+    ffn = l0["feed_forward.w1.weight"].shape[0]
+    q_rows, kv_rows = l0["attention.qkv_linear.wq.weight"].shape[0], l0["attention.qkv_linear.wk.weight"].shape[0]
+    notes: list[str] = []
+    job = find_torchtitan_job_config(step_dir) if step_dir is not None else None
+    if job is not None:
+        arch = _arch_from_torchtitan(job)
+    elif config_path is not None:
+        arch = _arch_from_config(config_path)
+        if arch.hidden_act != "silu":
+            raise ExportError(
+                f"--config {config_path}: hidden_act {arch.hidden_act!r}; torchtitan's Llama3 feed-forward is SiLU"
+            )
+    else:
+        raise NeedsConfig(
+            "torchtitan keeps its model configs in Python and this run saved no job config (--debug.save_config_file) "
+            f"beside it: --to hf needs num_attention_heads (n_heads), num_key_value_heads "
+            f"(n_kv_heads; wq has {q_rows} rows, wk {kv_rows}), rms_norm_eps, rope_theta (and the rope scaling) and "
+            "max_position_embeddings, which shapes cannot show; give the model's Hugging Face config.json with "
+            "--config PATH"
+        )
+    notes.append(f"--to hf: the configuration from {arch.from_}")
+    tied = "lm_head.weight" not in by if arch.tied is None else arch.tied
+    hd, heads, kv = arch.head_dim, arch.heads, arch.groups
+    bad = [
+        f"{what}: the configuration says {said}, the tensors {seen}"
+        for what, said, seen in (
+            ("hidden size (dim)", arch.hidden, hidden),
+            ("layers", arch.layers, n_layers),
+            ("intermediate (ffn) size", arch.ffn, ffn),
+            ("vocab", arch.vocab, vocab),
+        )
+        if said not in (None, seen)
+    ]
+    if hd % 2:
+        bad.append(f"head_dim {hd} is odd: no rotary pairs")
+    if not tied and "lm_head.weight" not in by:
+        bad.append("the configuration says untied, the checkpoint has no lm_head.weight")
+    for i, p in sorted(layers.items()):
+        want = {
+            "attention.qkv_linear.wq.weight": (heads * hd, hidden),
+            "attention.qkv_linear.wk.weight": (kv * hd, hidden),
+            "attention.qkv_linear.wv.weight": (kv * hd, hidden),
+            "attention.wo.weight": (hidden, heads * hd),
+            "feed_forward.w1.weight": (ffn, hidden),
+            "feed_forward.w3.weight": (ffn, hidden),
+            "feed_forward.w2.weight": (hidden, ffn),
+            "attention_norm.weight": (hidden,),
+            "ffn_norm.weight": (hidden,),
+        }
+        for k, shape in want.items():
+            if tuple(p[k].shape) != shape:
+                extra = f" ({heads} heads, {kv} key/value heads, head_dim {hd})" if "attention" in k else ""
+                bad.append(f"layer {i} {k}: {list(p[k].shape)}, expected {list(shape)}{extra}")
+    if tuple(by["norm.weight"].shape) != (hidden,):
+        bad.append(f"norm.weight: {list(by['norm.weight'].shape)}, expected [{hidden}]")
+    if "lm_head.weight" in by and tuple(by["lm_head.weight"].shape) != (vocab, hidden):
+        bad.append(f"lm_head.weight: {list(by['lm_head.weight'].shape)}, expected {[vocab, hidden]}")
+    if true_vocab_size is not None and not 0 < true_vocab_size <= vocab:
+        bad.append(f"--true-vocab-size {true_vocab_size}: the embedding has {vocab} rows")
+    if bad:
+        raise ExportError("--to hf: the configuration and the tensors disagree:\n  " + "\n  ".join(bad[:12]))
+    fused = _OneFused()
+    keep = true_vocab_size if true_vocab_size is not None else vocab
+    out: list[SourceTensor] = []
+
+    def vocab_rows(t: SourceTensor, name: str) -> SourceTensor:
+        return _rows(t, name, [(0, keep)], fused) if keep < vocab else _renamed(t, name)
+
+    out.append(vocab_rows(emb, "model.embed_tokens.weight"))
+    q_perm, k_perm = rope_permutation(heads, hd), rope_permutation(kv, hd)
+    for i, p in sorted(layers.items()):
+        for k, hf in TT_LAYER_KEYS.items():
+            name = f"model.layers.{i}.{hf}"
+            if k == "attention.qkv_linear.wq.weight":
+                out.append(_rows(p[k], name, q_perm, fused))
+            elif k == "attention.qkv_linear.wk.weight":
+                out.append(_rows(p[k], name, k_perm, fused))
+            else:
+                out.append(_renamed(p[k], name))
+    out.append(_renamed(by["norm.weight"], "model.norm.weight"))
+    if not tied:
+        out.append(vocab_rows(by["lm_head.weight"], "lm_head.weight"))
+    else:
+        notes.append("tied (enable_weight_tying): lm_head is model.embed_tokens, written once")
+    if keep < vocab:
+        notes.append(f"--true-vocab-size {keep}: the embedding and lm_head cut from {vocab} rows")
+    notes.append(
+        f"--to hf: torchtitan's Llama3StateDictAdapter mapping; wq and wk rows permuted per head (adjacent rotary "
+        f"pairs -> halves; {heads} heads, {kv} key/value heads, head_dim {hd}), hidden_act {arch.hidden_act}"
+    )
+    config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep, tied=tied)
+    new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=list(source.notes))
+    return new, config, notes
+
+
+# ---------------------------------------------------------------------------------------------------- verify
+
+
+def hf_references(refs: Iterator[tuple[str, Any]], cfg: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """``verify DIR --against SRC`` of a ``--to hf`` export: the reference loader's tensors (under the source's
+    names: Megatron-Core's or torchtitan's) as the HF tensors they map to, computed afresh from the output's
+    ``config.json`` (heads, key/value heads, head_dim) with torch's own view/split, not the export's row pieces:
+    megatron's ``linear_qkv`` viewed ``[groups, heads/groups + 2, head_dim, hidden]``, ``linear_fc1`` halved;
+    torchtitan's wq/wk permuted by its adapter's formula. Rows past ``vocab_size`` (``--true-vocab-size``) cut."""
+    heads, kv = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    hd, vocab, tied = int(cfg["head_dim"]), int(cfg["vocab_size"]), bool(cfg.get("tie_word_embeddings"))
+    tt_top = {**TT_TOP_KEYS, TT_LM_HEAD: "lm_head.weight"}
+    mg_top = {
+        "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+        "decoder.final_layernorm.weight": "model.norm.weight",
+        "output_layer.weight": "lm_head.weight",
+    }
+    mg_layer = {
+        "input_norm": "input_layernorm.weight",
+        "o": "self_attn.o_proj.weight",
+        "post_norm": "post_attention_layernorm.weight",
+        "fc2": "mlp.down_proj.weight",
+    }
+    for name, t in refs:
+        if name.endswith("_extra_state"):
+            continue
+        if name in mg_top or name in tt_top:
+            hf = mg_top.get(name) or tt_top[name]
+            if hf == "lm_head.weight" and tied:
+                continue
+            yield hf, (t[:vocab] if hf != "model.norm.weight" else t)
+            continue
+        m = LAYER_RE.match(name)
+        if m and m.group(2) in LAYER_KEYS:
+            pre, role = f"model.layers.{m.group(1)}.", LAYER_KEYS[m.group(2)]
+            if role == "qkv":
+                per = heads // kv
+                g = t.view(kv, per + 2, hd, t.shape[-1])
+                yield pre + "self_attn.q_proj.weight", g[:, :per].reshape(-1, t.shape[-1])
+                yield pre + "self_attn.k_proj.weight", g[:, per].reshape(-1, t.shape[-1])
+                yield pre + "self_attn.v_proj.weight", g[:, per + 1].reshape(-1, t.shape[-1])
+            elif role == "fc1":
+                gate, up = t.chunk(2)
+                yield pre + "mlp.gate_proj.weight", gate
+                yield pre + "mlp.up_proj.weight", up
+            else:
+                yield pre + mg_layer[role], t
+            continue
+        m = TT_LAYER_RE.match(name)
+        if m and m.group(2) in TT_LAYER_KEYS:
+            hf = f"model.layers.{m.group(1)}.{TT_LAYER_KEYS[m.group(2)]}"
+            if m.group(2).endswith(("wq.weight", "wk.weight")):
+                n = t.shape[0] // hd
+                t = t.view(n, hd // 2, 2, t.shape[1]).transpose(1, 2).reshape(t.shape[0], t.shape[1])
+            yield hf, t
+            continue
+        yield name, t  # not mapped: reported as missing in the output
+
+
+def is_hf_export(out: Path) -> Optional[dict[str, Any]]:
+    """The config.json of a ``--to hf`` output (a Llama folder), else None."""
+    try:
+        cfg = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(cfg, dict) and cfg.get("model_type") == "llama" and "head_dim" in cfg:
+        return cfg
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- the offer
+
+
+def hf_offer(
+    tensors: list[tuple[str, tuple[int, ...], str]],
+    *,
+    megatron: bool,
+    args: dict[str, Any],
+    step_dir: Optional[Path],
+) -> Optional[str]:
+    """What the inspector may offer of ``--to hf`` for a checkpoint whose model tensors (as export names them) are
+    ``tensors`` ((name, shape, dtype)), from header facts only: the checks ``megatron_to_hf``/``torchtitan_to_hf``
+    make before writing, run on tensors that are never read. ``"ready"``: it converts as it is; ``"config"``: it
+    would, given ``--config PATH`` (the checkpoint records no configuration, or not all of it); None: not a
+    Llama-family Megatron-Core GPT or torchtitan model (or its shapes and configuration disagree)."""
+
+    def never() -> object:
+        raise AssertionError("hf_offer reads no tensor")
+
+    names = [n for n, _, _ in tensors]
+    src = Source("dcp", Path("."), [SourceTensor(n, tuple(s), d, load=never) for n, s, d in tensors])
+    try:
+        if megatron and is_megatron_gpt(names):
+            megatron_to_hf(src, args)
+        elif is_torchtitan_llama(names):
+            torchtitan_to_hf(src, step_dir)
+        else:
+            return None
+    except NeedsConfig:
+        return "config"
+    except (ExportError, KeyError, ValueError, TypeError, ZeroDivisionError):
+        return None
+    return "ready"

@@ -25,14 +25,11 @@ from ..progress import CancelToken, OnProgress, Progress, check_cancel
 from ..staging import Sources, Stage, staged_output
 from ..staging import refusal as staged_refusal
 from ..storage import Location, as_path, is_url, read_chunks
+from .errors import ExportError as ExportError  # write.ExportError, as before
 from .plan import ExportPlan, OutFile, OutTensor, header_bytes, index_text
 from .snippet import load_snippet
 
 BUF = 16 * 1024 * 1024
-
-
-class ExportError(Exception):
-    """The export cannot run or failed; the message says why and what to do."""
 
 
 @dataclass

@@ -490,7 +490,10 @@ def _export_advice(rep: Report, f: Finding) -> Repair:
     src = _local(sub.abspath) if sub is not None else (_local(node.abspath) if node is not None else root / f.path)
     shown = _rel(inv, src)
     out = shlex.quote(user_path(inv.given or str(root), os.path.relpath(src, root)) + "_exported")
-    cmd = f"ckpt-tui export {shown} --out {out}"
+    to_hf = ""
+    if f.code == "to-hf":  # a Hugging Face model, not the tensors under the framework's names
+        to_hf = " --to hf" + (" --config PATH" if f.command is None else "")
+    cmd = f"ckpt-tui export {shown}{to_hf} --out {out}"
     title = f"{f.code} at {inv.shown(f.path)}: nothing to write; export instead"
     plan = Plan(title, (), (f"run `{cmd}` (a single safetensors model any tool can load)",))
     return Repair("export", f.code, f.path, title, plan, root=root, writes=False, can_apply=False)

@@ -239,6 +239,49 @@ def test_other_frameworks_refused(real_ckpt, tmp_path):
         export(real_ckpt("fsdp2-dcp"), tmp_path / "x", to="hf")
 
 
+def test_args_lacking_values_give_way_to_config(real_ckpt, tmp_path, monkeypatch):
+    """args that lack what --to hf needs: --config then gives it (the refusal asked for it)."""
+    root = real_ckpt("megatron-hf-tp2")
+    export(real_ckpt("megatron-hf-tp1") / "checkpoints", tmp_path / "good", to="hf")
+    _no_args(monkeypatch, {**_args(real_ckpt), "norm_epsilon": None})
+    with pytest.raises(to_hf.NeedsConfig, match="lack norm_epsilon"):
+        export(root / "checkpoints", tmp_path / "x", to="hf")
+    res = export(root / "checkpoints", tmp_path / "hf", to="hf", config=tmp_path / "good")
+    assert any("--config" in n and "trusted" in n for n in res.notes)
+    assert _rel(tmp_path / "hf", root) <= TOL
+
+
+def test_the_offer_asks_what_the_export_would(real_ckpt, monkeypatch):
+    """inspect's to-hf fact, from the metadata alone: ready with the run's args, config without them, nothing for
+    megatron's GPT-style model (LayerNorm, biases) or a shape the args disagree with."""
+    from ckpt_tui.core.report import inspect
+
+    def offer(variant):
+        rep = inspect(real_ckpt(variant) / "checkpoints")
+        return rep.inventory.root.find("iter_0000010").facts.get("to_hf")
+
+    assert offer("megatron-hf-tp2") == offer("megatron-hf-tp2-016") == offer("megatron-hf-pp2") == "ready"
+    assert offer("megatron-dist") is None
+    names = [
+        ("embedding.word_embeddings.weight", (256, 64), "float32"),
+        ("decoder.final_layernorm.weight", (64,), "float32"),
+        ("output_layer.weight", (256, 64), "float32"),
+        ("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", (64,), "float32"),
+        ("decoder.layers.0.self_attention.linear_qkv.weight", (128, 64), "float32"),
+        ("decoder.layers.0.self_attention.linear_proj.weight", (64, 64), "float32"),
+        ("decoder.layers.0.mlp.linear_fc1.layer_norm_weight", (64,), "float32"),
+        ("decoder.layers.0.mlp.linear_fc1.weight", (192, 64), "float32"),
+        ("decoder.layers.0.mlp.linear_fc2.weight", (64, 96), "float32"),
+    ]
+    assert to_hf.hf_offer(names, megatron=True, args={}, step_dir=None) == "config"
+    gpt = [(n, (96, 64) if n.endswith("linear_fc1.weight") else s, d) for n, s, d in names]
+    assert to_hf.hf_offer(gpt, megatron=True, args={}, step_dir=None) is None  # not a gated MLP
+    args = {**_args(real_ckpt), "hidden_size": 64, "num_layers": 1, "ffn_hidden_size": 96, "num_attention_heads": 8}
+    assert to_hf.hf_offer(names, megatron=True, args=args, step_dir=None) is None  # qkv rows disagree
+    args["num_attention_heads"] = 4
+    assert to_hf.hf_offer(names, megatron=True, args=args, step_dir=None) == "ready"
+
+
 # ---------------------------------------------------------------- the worked example of docs/export.md
 
 
@@ -266,3 +309,54 @@ def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
     code = snippet_after(r.stdout)
     assert code == "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('hf')\n"
     assert _rel(v / "hf", v) <= TOL  # the folder it wrote: megatron's logits
+
+
+def test_stacked_layers_read_once_as_the_plain_export_reads_them(real_ckpt, tmp_path, monkeypatch):
+    """TP=2 splits linear_proj and linear_fc2 along their inputs: no byte ranges, so torch's DCP loader reads each
+    stacked tensor (every layer) whole, kept for its layers in turn. --to hf writes role by role, as the plain export
+    writes key by key: the same number of whole-stack reads (layer by layer it was one per layer and role)."""
+    from ckpt_tui.core.formats.dcp import source as dcp_source
+
+    calls: list[str] = []
+    real = dcp_source.load_one
+
+    def counted(folder, key, *a, **k):
+        calls.append(key)
+        return real(folder, key, *a, **k)
+
+    monkeypatch.setattr(dcp_source, "load_one", counted)
+    src = real_ckpt("megatron-hf-tp2") / "checkpoints"
+    export(src, tmp_path / "plain")
+    plain = list(calls)
+    calls.clear()
+    export(src, tmp_path / "hf", to="hf")
+    assert plain and sorted(calls) == sorted(plain), (calls, plain)
+
+
+# ---------------------------------------------------------------- generation_config.json
+
+
+def test_generation_config_copied_from_beside_the_run_or_configs_folder(real_ckpt_copy, tmp_path):
+    """A generation_config.json in the run folder (above checkpoints/iter_N/) is copied as it is; one in --config's
+    folder comes first; one that is no JSON is said, never copied; none anywhere: none written."""
+    v = real_ckpt_copy("megatron-hf-tp1")
+    res = export(v / "checkpoints", tmp_path / "none", to="hf")
+    assert not (tmp_path / "none/generation_config.json").exists()
+    run_gen = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.7}
+    (v / "generation_config.json").write_text(json.dumps(run_gen))
+    res = export(v / "checkpoints", tmp_path / "run", to="hf")
+    assert json.loads((tmp_path / "run/generation_config.json").read_text()) == run_gen
+    assert any(n.startswith("generation_config.json copied from") for n in res.notes), res.notes
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "run").temperature == 0.7
+    # --config's folder first (its config.json the one the run's args agree with)
+    given = tmp_path / "given"
+    given.mkdir()
+    shutil.copy(tmp_path / "run/config.json", given / "config.json")
+    (given / "generation_config.json").write_text(json.dumps({**run_gen, "temperature": 0.2}))
+    export(v / "checkpoints", tmp_path / "cfg", to="hf", config=given / "config.json")
+    assert json.loads((tmp_path / "cfg/generation_config.json").read_text())["temperature"] == 0.2
+    # broken: said, not copied
+    (v / "generation_config.json").write_text("{not json")
+    res = export(v / "checkpoints", tmp_path / "bad", to="hf")
+    assert not (tmp_path / "bad/generation_config.json").exists()
+    assert any("generation_config.json" in n and "not copied" in n for n in res.notes), res.notes

@@ -60,6 +60,7 @@ VARIANTS = {
     "megatron-dist-019": "megatron-core 0.19 (common_state/ entry, no common.pt): megatron-common-state, TP=2",
     "megatron-pp2": "megatron-core 0.19, PP=2: TP and PP from the chunk offsets and the args",
     "megatron-tp2pp2": "megatron-core 0.19, TP=2 x PP=2: TP and PP from the chunk offsets and the args",
+    "megatron-hf-tp2": "a Llama-family megatron-core 0.19 GPT (TP=2, GQA, SwiGLU, args recorded): to-hf",
     "hf-killed-save": "checkpoint-incomplete (killed in _save_rng_state), rng-state-missing",
     "hf-rotation-killed": "checkpoint-incomplete (a rotation killed mid-delete)",
     "hf-model-only": "resume-model-only (save_only_model, one process)",

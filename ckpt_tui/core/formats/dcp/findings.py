@@ -150,6 +150,9 @@ def dcp_findings(inv: Inventory, n: Node) -> list[Finding]:
                 export,
             )
         )
+    offer = f.get("to_hf")
+    if offer and not (lost or f.get("missing_files") or f.get("short_files") or f.get("chunk_gaps")):
+        out.append(to_hf_finding(inv, n, offer))
     if f.get("unreferenced_files"):
         extra = f["unreferenced_files"]
         out.append(
@@ -184,3 +187,39 @@ def megatron_files_missing(inv: Inventory, n: Node) -> list[str]:
     # its loader takes common.pt where there is one, else that entry
     needed = ("metadata.json",) if common_state else ("metadata.json", "common.pt")
     return [f for f in needed if f not in names]
+
+
+def to_hf_command(inv: Inventory, rel: str, *, config: bool = False) -> str:
+    """The ``export --to hf`` line for the checkpoint at ``rel`` (``DIR``: the output folder; ``PATH``: the model's
+    Hugging Face config.json, where the checkpoint records no configuration)."""
+    return f"ckpt-tui export {inv.shown(rel)} --to hf" + (" --config PATH" if config else "") + " --out DIR"
+
+
+def to_hf_finding(inv: Inventory, n: Node, offer: str) -> Finding:
+    """A Llama-family Megatron-Core GPT or torchtitan model: ``export --to hf`` writes it as a Hugging Face model."""
+    p = n.path
+    megatron = "pipeline_parallel" in n.facts  # written for every folder megatron saved
+    what = "a Llama-family Megatron-Core GPT model" if megatron else "a torchtitan Llama model"
+    folder = "a Hugging Face model folder (LlamaForCausalLM: names mapped, fused tensors split, config.json"
+    if offer == "ready":
+        cmd = to_hf_command(inv, p)
+        return Finding(
+            "to-hf",
+            "info",
+            p,
+            f"`{inv.shown(p, slash=True)}` is {what}: `{cmd}` writes it as {folder} from the run's own record) "
+            "that transformers' AutoModelForCausalLM.from_pretrained loads.",
+            "export",
+            cmd,
+        )
+    # not backticked: PATH is the user's file, not a placeholder a command can run with
+    return Finding(
+        "to-hf",
+        "info",
+        p,
+        f"`{inv.shown(p, slash=True)}` is {what}, and records no model configuration (the heads, the norm's eps, "
+        f"rope, which shapes cannot show): given the model's Hugging Face config.json, "
+        f"“{to_hf_command(inv, p, config=True)}” writes it as {folder} from that file) that transformers' "
+        "AutoModelForCausalLM.from_pretrained loads.",
+        "export",
+    )

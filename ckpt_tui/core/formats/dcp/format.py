@@ -235,6 +235,13 @@ class DcpFolder(FolderFormat):
             layers = {n for _, _, n in dcpfmt.megatron_stacked(info).values()}
             if len(layers) == 1:
                 f["stacked_layers"] = layers.pop()
+            megatron_args_read: Optional[dict[str, Any]] = None if unsafe else args
+        else:
+            megatron_args_read = None
+        if role in ("model", "model+optimizer") and not (missing or short or info.unsafe or info.chunk_gaps):
+            offer = _hf_offer(node, info, megatron_args_read)
+            if offer is not None:
+                f["to_hf"] = offer
         if role in ("optimizer", "model+optimizer") and not missing and not short and not info.unsafe:
             from .optim import params_without_state  # reads the param groups' `params` lists only
 
@@ -331,6 +338,30 @@ class DcpFolder(FolderFormat):
                 loaded.clear()
                 loaded[key] = whole(key)
             yield name, (loaded[key] if layer is None else loaded[key][layer])
+
+
+def _hf_offer(node: Node, info: dcpfmt.DcpInfo, args: Optional[dict[str, Any]]) -> Optional[str]:
+    """``to_hf``: "ready" where ``export --to hf`` converts this DCP as it is, "config" where it would with
+    ``--config PATH``, None where it does not apply: from the metadata's names and shapes, never a tensor read.
+    ``args``: Megatron-LM's args of a Megatron-Core torch_dist folder (None: not megatron's, or unsafe to read)."""
+    from ...export.to_hf import hf_offer, is_megatron_gpt, is_torchtitan_llama
+    from .source import model_names, output_tensors
+
+    names = model_names(info)
+    if not (is_megatron_gpt(list(names.values())) or is_torchtitan_llama(list(names.values()))):
+        return None  # the common case, answered without listing layers
+    by = {t.name: t for t in info.tensors}
+    try:
+        outs = output_tensors(node.abspath, info)
+    except (FormatError, OSError):
+        return None
+    tensors = [
+        (name, tuple(by[key].shape if layer is None else by[key].shape[1:]), by[key].dtype)
+        for key, name, layer in outs
+        if key in by
+    ]
+    step_dir = node.abspath if isinstance(node.abspath, Path) else None
+    return hf_offer(tensors, megatron=args is not None, args=args or {}, step_dir=step_dir)
 
 
 def megatron_args(node: Node) -> dict[str, Any]:

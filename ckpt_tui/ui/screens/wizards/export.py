@@ -25,7 +25,7 @@ from ...format import plain, size
 from ...widgets.safe_input import SafeInput
 from .base import PlannedWizard, typed
 
-Component = Literal["model", "optimizer", "both", "adapter", "merged"]
+Component = Literal["model", "optimizer", "both", "adapter", "merged", "hf"]
 CHECK_AFTER = 0.25  # seconds after the last keystroke in the output folder before the disk is asked
 
 
@@ -39,7 +39,7 @@ class ExportSource:
     desc: str
 
     def label(self) -> str:
-        return self.desc if self.component not in ("model", "adapter") else f"{self.path}  —  {self.desc}"
+        return self.desc if self.component not in ("model", "adapter", "hf") else f"{self.path}  —  {self.desc}"
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class ExportInputs:
     dtype: str
     max_shard_size: str
     base: str = ""  # "merged": the base model's folder as typed ("": where the adapter's record finds it)
+    config: str = ""  # "hf": the model's Hugging Face config.json as typed ("": the checkpoint's own record)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,23 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         inv = report.inventory
         self.candidates: list[ExportSource] = [ExportSource("model", p, d) for p, d in inv.export_candidates()]
         self.model_default = self.candidates[0].path if self.candidates else "."
+        # a Llama-family Megatron-Core or torchtitan model: also as a Hugging Face model (export --to hf), each
+        # right after its candidate; inspect decided it from the metadata (the to_hf fact)
+        self.hf_needs_config: set[str] = set()  # its candidates whose checkpoint records no configuration
+        with_hf: list[ExportSource] = []
+        for c in self.candidates:
+            with_hf.append(c)
+            node = inv.node(c.path)
+            offer = node.facts.get("to_hf") if node is not None else None
+            if offer:
+                with_hf.append(
+                    ExportSource("hf", c.path, "a Hugging Face model (--to hf): LlamaForCausalLM + config.json")
+                )
+                if offer == "config":
+                    self.hf_needs_config.add(c.path)
+        if any(c.component == "hf" for c in with_hf):
+            self.candidates = with_hf
+            self.STEPS = ("source", "config", "output", "dtype", "shards", "confirm")
         self.adapter = inv.adapter  # a LoRA adapter (core.adapters.found.AdapterInfo): two ways to export it
         if self.adapter is not None:
             self.STEPS = ("source", "base", "output", "dtype", "shards", "confirm")
@@ -156,6 +174,7 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         titles = {
             "source": "what to export",
             "base": "the base model",
+            "config": "the model's config.json",
             "output": "where to write it",
             "dtype": "output dtype",
             "shards": "shard size",
@@ -166,7 +185,13 @@ class ExportWizard(PlannedWizard[ExportChoice]):
     def show_step(self) -> None:
         if self.STEPS[self.step] == "base" and self.component() != "merged":
             self.step += 1 if self._forward else -1  # only a merge needs the base
+        if self.STEPS[self.step] == "config" and not self._needs_config():
+            self.step += 1 if self._forward else -1  # only --to hf of a checkpoint without a configuration
         super().show_step()
+
+    def _needs_config(self) -> bool:
+        src = self.source()
+        return src.component == "hf" and src.path in self.hf_needs_config
 
     def action_back(self) -> None:
         self._forward = False
@@ -187,6 +212,12 @@ class ExportWizard(PlannedWizard[ExportChoice]):
                     " pick another if you want."
                 )
                 + (
+                    " A Llama-family Megatron-Core or torchtitan model can also be written as a Hugging Face model"
+                    " (--to hf: names mapped, fused tensors split, config.json), which from_pretrained loads."
+                    if any(c.component == "hf" for c in self.candidates)
+                    else ""
+                )
+                + (
                     " Or its optimizer state (optimizer.safetensors + optimizer_config.json), or both."
                     if self.optimizer_at is not None
                     else ""
@@ -197,6 +228,15 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         with Vertical(id="base", classes="pane"):
             yield Static(plain(self._base_explain()), classes="explain")
             yield SafeInput(value=self._base_default(), id="base-path")
+        with Vertical(id="config", classes="pane"):
+            yield Static(
+                "This checkpoint records no model configuration, and --to hf needs what shapes cannot show: the "
+                "heads and key/value heads, the activation, the norm's eps, rope. The model's Hugging Face "
+                "config.json (a file, or the folder holding it; e.g. the one the run started from) gives them; "
+                "it is trusted for those, and every value the shapes can check is checked.",
+                classes="explain",
+            )
+            yield SafeInput(value="", id="config-path")
         with Vertical(id="output", classes="pane"):
             yield Static(
                 "A new folder. Files are written to a hidden temp folder beside it and moved into place "
@@ -393,12 +433,13 @@ class ExportWizard(PlannedWizard[ExportChoice]):
     def options(self) -> ExportInputs:
         comp = self.component()
         return ExportInputs(
-            src=typed(self.report, "." if comp not in ("model",) else self.source().path),
+            src=typed(self.report, "." if comp not in ("model", "hf") else self.source().path),
             out=self._out_value(),
             component=comp,
             dtype=self.dtype(),
             max_shard_size=self.query_one("#shard", Input).value,
             base=self.query_one("#base-path", Input).value.strip() if comp == "merged" else "",
+            config=self.query_one("#config-path", Input).value.strip() if self._needs_config() else "",
         )
 
     def dtype(self) -> str:
@@ -415,6 +456,13 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             problem = model_folder_problem(Path(typed_base).expanduser())  # a few stat calls, no reading
             if problem:
                 return f"{typed_base}: {problem}"
+        if name == "config":
+            typed_cfg = self.query_one("#config-path", Input).value.strip()
+            if not typed_cfg:
+                return "type the model's Hugging Face config.json (or the folder holding it)"
+            where = Path(typed_cfg).expanduser()
+            if not (where / "config.json" if where.is_dir() else where).is_file():  # a stat or two, no reading
+                return f"{typed_cfg}: no config.json there"
         if name == "output":
             check = self.current_check()  # action_next waits for it
             if check is not None and check.refusal:
@@ -437,6 +485,10 @@ class ExportWizard(PlannedWizard[ExportChoice]):
         out = Path(o.out).expanduser()
         if o.component == "adapter":
             plan, said = plan_export(o.src, out, dtype=o.dtype)
+            return ExportChoice(plan), "\n".join(said + [plan.to_plan().describe()])
+        if o.component == "hf":
+            config = Path(o.config).expanduser() if o.config else None
+            plan, said = plan_export(o.src, out, to="hf", config=config, dtype=o.dtype, max_shard_size=o.max_shard_size)
             return ExportChoice(plan), "\n".join(said + [plan.to_plan().describe()])
         if o.component == "merged":
             base = Path(o.base).expanduser()

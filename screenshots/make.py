@@ -118,7 +118,7 @@ async def shot_lora(ckpt: Path) -> None:
 
 
 async def shot_whole(run: Path, empty: Path) -> None:
-    """Issue 24: a run whose newest save was killed (the listing marks it, the details say how to resume), and
+    """Issue 24: a run whose newest save was killed (its run view marks it ✖ and says why; issue 28), and
     weights saved under ZeRO-3 without gathering (each empty tensor a red ✖). From the folder holding them."""
     from ckpt_tui.ui.widgets.details import TensorTable
 
@@ -129,7 +129,10 @@ async def shot_whole(run: Path, empty: Path) -> None:
             app = make_app(Path(where.name), clock=MockClock())
             async with app.run_test(size=SIZE) as pilot:
                 await wait_for(pilot, lambda: app.report is not None)
-                await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) > 0)
+                if where is run:  # a run folder opens on its run view: the checkpoints' table and the loss chart
+                    await wait_for(pilot, lambda: app.main.query_one("#run-table").row_count > 0)
+                else:
+                    await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) > 0)
                 await pilot.pause(0.2)
                 save(app, name)
     finally:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from ckpt_tui.core.export import to_hf
 from ckpt_tui.core.export.api import export
 from ckpt_tui.core.export.write import ExportError
+from tests.functional.core.hf_mutations import swapped_copies
 
 transformers = pytest.importorskip("transformers")
 
@@ -80,24 +81,7 @@ def test_mutations_miss_by_far_more_than_the_tolerance(real_ckpt, tmp_path):
     """The test sees errors: each wrong mapping misses megatron's logits by >= 100x the tolerance."""
     root, out = _exported(real_ckpt, tmp_path)
     assert _rel(out, root) <= TOL
-    misses = {}
-
-    def swap(a, b):
-        def fn(sd):
-            sd[a], sd[b] = sd[b].clone(), sd[a].clone()
-
-        return fn
-
-    for what, fn in {
-        "gate/up swapped": swap("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"),
-        "norms swapped": swap(
-            "model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"
-        ),
-    }.items():
-        d = tmp_path / what.replace(" ", "-").replace("/", "-")
-        shutil.copytree(out, d)
-        _edit(d, fn)
-        misses[what] = _rel(d, root)
+    misses = {what: _rel(d, root) for what, d in swapped_copies(out, tmp_path).items()}
     d = tmp_path / "gelu"
     shutil.copytree(out, d)
     cfg = json.loads((d / "config.json").read_text())

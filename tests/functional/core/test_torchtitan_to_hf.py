@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from ckpt_tui.core.export import to_hf
 from ckpt_tui.core.export.api import export
 from ckpt_tui.core.export.write import ExportError
+from tests.functional.core.hf_mutations import swapped_copies
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,26 +76,7 @@ def test_mutations_miss_by_far_more_than_the_tolerance(real_ckpt, tmp_path):
     out = tmp_path / "hf"
     export(root / "checkpoint/step-1", out, to="hf")
     assert _rel(out, root, 1) <= TOL
-    misses = {}
-
-    def swap(a, b):
-        def fn(sd):
-            sd[a], sd[b] = sd[b].clone(), sd[a].clone()
-
-        return fn
-
-    for what, fn in {
-        "gate/up swapped": swap("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"),
-        "norms swapped": swap(
-            "model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"
-        ),
-    }.items():
-        d = tmp_path / what.replace(" ", "-").replace("/", "-")
-        shutil.copytree(out, d)
-        sd = load_file(d / "model.safetensors")
-        fn(sd)
-        save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
-        misses[what] = _rel(d, root, 1)
+    misses = {what: _rel(d, root, 1) for what, d in swapped_copies(out, tmp_path).items()}
     d = tmp_path / "no-permutation"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(to_hf, "rope_permutation", lambda n, hd: [(0, n * hd)])

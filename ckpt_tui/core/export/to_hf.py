@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -355,14 +355,8 @@ def megatron_to_hf(
             layers.setdefault(int(m.group(1)), {})[role] = by[n]
         else:
             top[TOP_KEYS[n]] = by[n]
-    problems: list[str] = []
+    problems: list[str] = layer_problems(layers, ROLES)
     n_layers = len(layers)
-    if sorted(layers) != list(range(n_layers)):
-        problems.append(f"layers {sorted(layers)} are not 0..{n_layers - 1}")
-    for i, parts in sorted(layers.items()):
-        lack = [r for r in ROLES if r not in parts]
-        if lack:
-            problems.append(f"layer {i} lacks {', '.join(lack)}")
     for r in ("embed", "norm"):
         if r not in top:
             problems.append(f"no {[k for k, v in TOP_KEYS.items() if v == r][0]}")
@@ -674,14 +668,8 @@ def torchtitan_to_hf(
         m = TT_LAYER_RE.match(n)
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = by[n]
-    problems = []
+    problems = layer_problems(layers, TT_LAYER_KEYS)
     n_layers = len(layers)
-    if sorted(layers) != list(range(n_layers)):
-        problems.append(f"layers {sorted(layers)} are not 0..{n_layers - 1}")
-    for i, parts in sorted(layers.items()):
-        lack = [k for k in TT_LAYER_KEYS if k not in parts]
-        if lack:
-            problems.append(f"layer {i} lacks {', '.join(lack)}")
     for k in TT_TOP_KEYS:
         if k not in by:
             problems.append(f"no {k}")
@@ -889,3 +877,17 @@ def hf_offer(
     except (ExportError, KeyError, ValueError, TypeError, ZeroDivisionError):
         return None
     return "ready"
+
+
+def layer_problems(layers: dict[int, dict[str, SourceTensor]], roles: Iterable[str]) -> list[str]:
+    """What keeps ``layers`` (index -> role -> tensor) from being whole: indices that are not 0..n-1, and each
+    layer's missing roles (of ``roles``)."""
+    problems: list[str] = []
+    n_layers = len(layers)
+    if sorted(layers) != list(range(n_layers)):
+        problems.append(f"layers {sorted(layers)} are not 0..{n_layers - 1}")
+    for i, parts in sorted(layers.items()):
+        lack = [r for r in roles if r not in parts]
+        if lack:
+            problems.append(f"layer {i} lacks {', '.join(lack)}")
+    return problems

@@ -27,3 +27,31 @@ def swapped_copies(out: Path, under: Path) -> dict[str, Path]:
         save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
         made[what] = d
     return made
+
+
+def run_worked_example(heading: str, fixture: Path, tmp_path: Path) -> Path:
+    """docs/export.md's `--to hf` worked example under ``heading``, run as written in a copy of ``fixture``: every
+    output line it shows is printed (the seconds may differ), and the load code is ``from_pretrained('hf')``.
+    The run folder, its ``hf/`` the written model (the caller compares its logits)."""
+    import re
+    import shlex
+
+    from tests.snippets import snippet_after
+    from tests.util import ckpt_tui
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "export.md").read_text()
+    block = doc.split(heading, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    lines = block.splitlines()
+    assert lines[0].startswith("$ ")
+    cmd, shown = shlex.split(lines[0][2:]), lines[1:]
+    v = tmp_path / "run"
+    shutil.copytree(fixture, v)
+    r = ckpt_tui(*cmd[1:], cwd=v, env={"COLUMNS": "104"})
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout.splitlines()
+    for line in shown:
+        pat = re.sub(r"[0-9]+\\\.[0-9]+\\ s\b", r"[0-9.]+ s", re.escape(line))
+        assert any(re.fullmatch(pat, p) for p in printed), (line, printed)
+    code = snippet_after(r.stdout)
+    assert code == "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('hf')\n"
+    return v

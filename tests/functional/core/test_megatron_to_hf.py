@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from ckpt_tui.core.export import to_hf
 from ckpt_tui.core.export.api import export
 from ckpt_tui.core.export.write import ExportError
-from tests.functional.core.hf_mutations import swapped_copies
+from tests.functional.core.hf_mutations import run_worked_example, swapped_copies
 
 transformers = pytest.importorskip("transformers")
 
@@ -270,28 +270,7 @@ def test_the_offer_asks_what_the_export_would(real_ckpt, monkeypatch):
 
 
 def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
-    import re
-    import shlex
-    from pathlib import Path
-
-    from tests.snippets import snippet_after
-    from tests.util import ckpt_tui
-
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "export.md").read_text()
-    block = doc.split("## To a Hugging Face model", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
-    lines = block.splitlines()
-    assert lines[0].startswith("$ ")
-    cmd, shown = shlex.split(lines[0][2:]), lines[1:]
-    v = tmp_path / "run"
-    shutil.copytree(real_ckpt("megatron-hf-tp2"), v)
-    r = ckpt_tui(*cmd[1:], cwd=v, env={"COLUMNS": "104"})
-    assert r.returncode == 0, r.stderr
-    printed = r.stdout.splitlines()
-    for line in shown:
-        pat = re.escape(line).replace(re.escape("1.8 s"), r"[0-9.]+ s")
-        assert any(re.fullmatch(pat, p) for p in printed), (line, printed)
-    code = snippet_after(r.stdout)
-    assert code == "from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained('hf')\n"
+    v = run_worked_example("## To a Hugging Face model", real_ckpt("megatron-hf-tp2"), tmp_path)
     assert _rel(v / "hf", v) <= TOL  # the folder it wrote: megatron's logits
 
 

@@ -241,16 +241,6 @@ def _checkpoints(run: Path, rep: Any) -> list[_Ckpt]:
                 cks.append(_Ckpt(name, step, name not in broken, ""))
         cks.sort(key=lambda c: (-c.step, c.path))
         return cks
-    # a checkpoint a killed prune emptied down to its marker is no checkpoint to the run listing: listed here
-    listed = {c.path for c in cks}
-    for parent in sorted({os.path.dirname(c.path) for c in cks}):
-        for name, kind in _children(run / parent).items():
-            rel = f"{parent}/{name}" if parent else name
-            step = step_of(name)
-            if kind == "dir" and step is not None and rel not in listed:
-                m = read_marker(run / rel)
-                if m is not None and m["state"] == "pruning":
-                    cks.append(_Ckpt(rel, step, False, ""))
     cks.sort(key=lambda c: (-c.step, c.path))
     return cks
 

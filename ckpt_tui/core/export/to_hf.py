@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import ExportError
+from .hf_agree import check_config_agrees, megatron_values, torchtitan_values
 from .sources import ByteRange, Source, SourceTensor, to_torch
 
 LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -384,6 +385,8 @@ def megatron_to_hf(
             "--config PATH"
         )
     notes.append(f"--to hf: the configuration from {arch.from_}")
+    if config_path is not None and _is_args(args):  # neither silently wins: every value both give must agree
+        notes += check_config_agrees(megatron_values(args), config_path, "the run's Megatron-LM args")
     emb = top["embed"]
     vocab, hidden = emb.shape[0], emb.shape[1]
     tied = "lm_head" not in top
@@ -685,6 +688,8 @@ def torchtitan_to_hf(
     job = find_torchtitan_job_config(step_dir) if step_dir is not None else None
     if job is not None:
         arch = _arch_from_torchtitan(job)
+        if config_path is not None:  # neither silently wins: every value both give must agree
+            notes += check_config_agrees(torchtitan_values(arch), config_path, f"torchtitan's job config {job.name}")
     elif config_path is not None:
         arch = _arch_from_config(config_path)
         if arch.hidden_act != "silu":

@@ -75,14 +75,22 @@ from .output import echo, emit_json, fail, run_core
     default="safetensors",
     show_default=True,
     help="hf: a Hugging Face model folder (LlamaForCausalLM: names mapped, fused QKV and gate/up split, "
-    "config.json from the run's record, else --config) of a Megatron-Core torch_dist Llama-family GPT "
-    "checkpoint or a torchtitan Llama step-N checkpoint (wq/wk permuted as its Llama3StateDictAdapter does).",
+    "config.json from the run's record, else --config; the tokenizer and generation_config.json copied) of a "
+    "Megatron-Core torch_dist Llama-family GPT checkpoint or a torchtitan Llama step-N checkpoint (wq/wk "
+    "permuted as its Llama3StateDictAdapter does).",
 )
 @click.option(
     "--true-vocab-size",
     type=int,
     default=None,
     help="With --to hf: keep only the first N rows of the (padded) embedding and output layer.",
+)
+@path_option(
+    "--tokenizer",
+    "tokenizer",
+    default=None,
+    help="With --to hf: the folder whose tokenizer files (tokenizer.json, tokenizer_config.json, ...) are "
+    "copied into the output (default: --config's folder, the run's recorded one, beside the checkpoint).",
 )
 @click.option("--exclude-frozen", is_flag=True, help="Leave out frozen parameters (DeepSpeed).")
 @click.option("--strip-prefix", default=None, help="Remove this prefix from tensor names (e.g. 'model.').")
@@ -95,7 +103,9 @@ from .output import echo, emit_json, fail, run_core
     "--config",
     "config",
     default=None,
-    help="config.json (or a folder with config/tokenizer files) to copy into the output.",
+    help="config.json (or a folder with config/tokenizer files) to copy into the output. With --to hf: the "
+    "model's HF config.json (or its folder), checked against the run's own record; its folder's tokenizer and "
+    "generation_config.json are copied.",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan (files, tensors, bytes) and write nothing.")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty output folder (atomically, at the end).")
@@ -116,6 +126,7 @@ def export_cmd(
     adapter_config,
     to,
     true_vocab_size,
+    tokenizer,
     exclude_frozen,
     strip_prefix,
     keep_prefix,
@@ -146,10 +157,13 @@ def export_cmd(
     PEFT's merge_and_unload(); the base is found where adapter_config.json
     says (or --base PATH), never downloaded.
 
-    --to hf writes a Megatron-Core torch_dist checkpoint of a Llama-family
-    model as a Hugging Face folder (LlamaForCausalLM): q/k/v split by query
-    group, gate/up from linear_fc1, config.json from the run's Megatron-LM
-    args (else --config PATH, an HF config.json); anything else is refused.
+    --to hf writes a Megatron-Core torch_dist checkpoint (or a torchtitan
+    step-N) of a Llama-family model as a Hugging Face folder
+    (LlamaForCausalLM): q/k/v split by query group, gate/up from linear_fc1,
+    config.json from the run's record (else --config PATH, an HF config.json;
+    given both, every value both give must agree); the tokenizer copied from
+    --tokenizer DIR, --config's folder, the run's recorded folder or beside
+    the checkpoint; anything else is refused.
 
     A Lightning checkpoint whose names all start with one LightningModule
     attribute (model.) loses that prefix (--keep-prefix keeps it). The code
@@ -209,6 +223,7 @@ def export_cmd(
                 adapter_config=adapter_config,
                 to=None if to == "safetensors" else to,
                 true_vocab_size=true_vocab_size,
+                tokenizer=tokenizer,
             ),
         )
     quiet = launch is not None and launch.rank != 0  # a dry run under a launcher: rank 0 prints it
@@ -231,6 +246,7 @@ def export_cmd(
             adapter_config=adapter_config,
             to=None if to == "safetensors" else to,
             true_vocab_size=true_vocab_size,
+            tokenizer=tokenizer,
         )
     except ScanError as e:
         fail(str(e), EXIT_USAGE)

@@ -16,7 +16,7 @@ from ..fsutil import StrPath
 from ..names import step_of
 from ..progress import CancelToken, OnProgress
 from ..report import Report, inspect
-from ..storage import Location, LocationLike, is_url
+from ..storage import Location, LocationLike
 from ..types import Finding, Inventory, Node
 from ..whole import empty_weights, weights_recovery
 from .plan import ExportPlan, make_plan
@@ -359,6 +359,7 @@ def plan_export(
     adapter_config: Optional[StrPath] = None,
     to: Optional[str] = None,
     true_vocab_size: Optional[int] = None,
+    tokenizer: Optional[StrPath] = None,
 ) -> tuple[ExportPlan, list[str]]:
     """The export plan. A Lightning checkpoint whose names all start with one LightningModule
     attribute (``model.``) loses it by default (``keep_prefix`` keeps it, ``strip_prefix`` forces
@@ -370,6 +371,10 @@ def plan_export(
         raise ExportError("--merge, --base and --adapter-config export a LoRA adapter's weights, not an optimizer")
     if to is not None and to not in TO:
         raise ValueError(f"to must be one of {', '.join(TO)}, not {to!r}")
+    if to != "hf" and (true_vocab_size is not None or tokenizer is not None):
+        raise ExportError(
+            ("--true-vocab-size" if true_vocab_size is not None else "--tokenizer") + " goes with --to hf"
+        )
     if to == "hf" and (component == "optimizer" or merge or from_module_states):
         raise ExportError(
             "--to hf writes the model's weights: not with --component optimizer, --merge or --from-module-states"
@@ -431,6 +436,7 @@ def plan_export(
         from_module_states=from_module_states,
         to=to,
         true_vocab_size=true_vocab_size,
+        tokenizer=tokenizer,
     )
     plan.out_given, plan.src_given = str(out), _given(src)
     _refuse_source_out(plan)
@@ -720,9 +726,10 @@ def _plan(
     from_module_states: bool = False,
     to: Optional[str] = None,
     true_vocab_size: Optional[int] = None,
+    tokenizer: Optional[StrPath] = None,
 ) -> ExportPlan:
     """The export plan of ``node`` (a model component of the scanned ``report``), without scanning again.
-    ``to="hf"``: a Hugging Face model (:mod:`.to_hf`)."""
+    ``to="hf"``: a Hugging Face model (:mod:`.to_hf`; ``tokenizer``: the folder its tokenizer is copied from)."""
     try:
         source = source_for(
             node, exclude_frozen=exclude_frozen, trust_pickles=trust_pickles, from_module_states=from_module_states
@@ -743,9 +750,12 @@ def _plan(
             max_shard_size=max_shard_size,
             config=config,
             true_vocab_size=true_vocab_size,
+            tokenizer=tokenizer,
         )
-    if true_vocab_size is not None:
-        raise ExportError("--true-vocab-size goes with --to hf")
+    if true_vocab_size is not None or tokenizer is not None:
+        raise ExportError(
+            ("--true-vocab-size" if true_vocab_size is not None else "--tokenizer") + " goes with --to hf"
+        )
     plan = make_plan(
         source,
         Path(out).absolute(),
@@ -772,28 +782,47 @@ def _plan_hf(
     max_shard_size: Union[int, str],
     config: Optional[StrPath],
     true_vocab_size: Optional[int],
+    tokenizer: Optional[StrPath] = None,
 ) -> ExportPlan:
     """``--to hf``: the model as a Hugging Face LlamaForCausalLM folder (names mapped, fused tensors split, its
-    config.json written), refused where the checkpoint is not a Llama-family Megatron-Core GPT model."""
-    from .to_hf import is_megatron_gpt, is_torchtitan_llama, megatron_to_hf, torchtitan_to_hf
+    config.json written, the tokenizer and generation_config.json copied: :mod:`.hf_folder`), refused where the
+    checkpoint is not a Llama-family Megatron-Core GPT model or torchtitan Llama."""
+    from .hf_folder import add_hf_side_files, run_tokenizer_dir, torchtitan_assets_dir
+    from .to_hf import (
+        find_torchtitan_job_config,
+        is_megatron_gpt,
+        is_torchtitan_llama,
+        megatron_to_hf,
+        torchtitan_to_hf,
+    )
 
     inv = report.inventory
     names = [t.name for t in source.tensors]
     config_path = Path(config) if config is not None else None
     dcp = format_of(node).torch_dcp
+    recorded: Optional[tuple[Path, str]] = None  # the tokenizer folder the run recorded
+    recorded_note: Optional[str] = None
     if dcp and is_megatron_gpt(names):
         from ..formats.dcp.format import megatron_args
 
-        hf, cfg, notes = megatron_to_hf(
-            source, megatron_args(node), config_path=config_path, true_vocab_size=true_vocab_size
-        )
+        args = megatron_args(node)
+        hf, cfg, notes = megatron_to_hf(source, args, config_path=config_path, true_vocab_size=true_vocab_size)
+        found, recorded_note = run_tokenizer_dir(args)
+        if found is not None:
+            recorded = (found, "the run's --tokenizer-model")
     elif dcp and is_torchtitan_llama(names):
+        step_dir = node.abspath if isinstance(node.abspath, Path) else None
         hf, cfg, notes = torchtitan_to_hf(
             source,
-            node.abspath if isinstance(node.abspath, Path) else None,
+            step_dir,
             config_path=config_path,
             true_vocab_size=true_vocab_size,
         )
+        job = find_torchtitan_job_config(step_dir) if step_dir is not None else None
+        if job is not None:
+            found, recorded_note = torchtitan_assets_dir(job)
+            if found is not None:
+                recorded = (found, "torchtitan's hf_assets_path")
     else:
         raise ExportError(
             f"--to hf reads Megatron-Core torch_dist GPT checkpoints and torchtitan Llama step-N checkpoints; "
@@ -810,37 +839,18 @@ def _plan_hf(
         if len(dts) == 1:
             cfg["dtype"] = dts.pop()
     plan.missing_config = []
-    plan.copies = []
     plan.extra_files = [("config.json", json.dumps(cfg, indent=2) + "\n")]
     plan.notes.extend(notes)
-    gen = _generation_config(plan, config_path, config_dirs(node, report))
-    if gen is not None:
-        plan.copies = [(gen, "generation_config.json")]
-        plan.notes.append(f"generation_config.json copied from {inv.user_form(gen.parent)}")
+    add_hf_side_files(
+        plan,
+        tokenizer=Path(tokenizer) if tokenizer is not None else None,
+        config_path=config_path,
+        recorded=recorded,
+        dirs=config_dirs(node, report),
+        shown=inv.user_form,
+        recorded_note=recorded_note,
+    )
     return plan
-
-
-def _generation_config(plan: ExportPlan, config_path: Optional[Path], dirs: list[Location]) -> Optional[Path]:
-    """The generation_config.json a ``--to hf`` export copies: in ``--config``'s folder (the folder given, or the
-    one holding the file given), else beside the checkpoint or in its run folder above it; local folders only, and
-    one that is no valid JSON (or a link out of its folder) is said, never copied."""
-    from .plan import side_file_problem
-
-    first: list[Location] = []
-    if config_path is not None:
-        first = [config_path if config_path.is_dir() else config_path.parent]
-    for d in first + dirs:
-        if is_url(d):
-            continue
-        p = Path(str(d)) / "generation_config.json"
-        if not p.is_file():
-            continue
-        why = side_file_problem(p, Path(str(d)))
-        if why is not None:
-            plan.not_copied.append(("generation_config.json", Path(str(d)), why))
-            continue
-        return p
-    return None
 
 
 def export_needs(
@@ -854,14 +864,19 @@ def export_needs(
     config: Optional[StrPath] = None,
     component: Optional[str] = None,
     merge: bool = False,
+    to: Optional[str] = None,
+    true_vocab_size: Optional[int] = None,
+    tokenizer: Optional[StrPath] = None,
 ) -> int:
     """The bytes an export of ``node`` (an ``Inventory.export_candidates`` path of the scanned ``report``)
     writes with these options -- the model's tensors in the output dtype, safetensors headers, the index,
     the copied config files, never the optimizer states -- as ``export`` checks free space for
     (``ExportPlan.output_bytes``). ``component="optimizer"``: what ``--component optimizer`` of the scanned
     checkpoint writes instead (``node`` is not used). Reads headers (a DeepSpeed tag: every rank's
-    optimizer-states pickle), never tensor data: call it off the UI thread. Raises ExportError (not
-    exportable, unreadable), ValueError (a bad dtype or size)."""
+    optimizer-states pickle), never tensor data: call it off the UI thread. ``to="hf"``: what ``--to hf``
+    writes (split and renamed tensors, ``true_vocab_size``'s rows, config.json, the tokenizer and generation
+    config it copies). Raises ExportError (not exportable, unreadable; ``to="hf"`` without the configuration it
+    needs: ``NeedsConfig``), ValueError (a bad dtype or size)."""
     # OUT is only planned, never written, and its place changes no size: beside a local checkpoint; for one in
     # object storage (a RemotePath, deliberately no os.PathLike, which make_plan's Path() refused) a local name
     where = report.inventory.path
@@ -904,6 +919,9 @@ def export_needs(
         config=config,
         trust_pickles=report.inventory.trust_pickles,
         from_module_states=from_module_states,
+        to=to,
+        true_vocab_size=true_vocab_size,
+        tokenizer=tokenizer,
     )
     return plan.output_bytes
 
@@ -930,6 +948,7 @@ def export(
     adapter_config: Optional[StrPath] = None,
     to: Optional[str] = None,
     true_vocab_size: Optional[int] = None,
+    tokenizer: Optional[StrPath] = None,
     on_progress: Optional[OnProgress] = None,
     cancel: Optional[CancelToken] = None,
 ) -> ExportResult:
@@ -951,6 +970,7 @@ def export(
         adapter_config=adapter_config,
         to=to,
         true_vocab_size=true_vocab_size,
+        tokenizer=tokenizer,
     )
     res = execute(plan, jobs=jobs, overwrite=overwrite, verify=verify, on_progress=on_progress, cancel=cancel)
     res.notes = said + res.notes

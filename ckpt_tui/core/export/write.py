@@ -321,6 +321,8 @@ def write_side_files(plan: ExportPlan, tmp: Path, cancel: Optional[CancelToken] 
         write_synced(tmp / name, text)
     for src, name in plan.copies:
         check_cancel(cancel)
+        if "/" in name:  # a tokenizer's named chat templates: additional_chat_templates/X.jinja
+            (tmp / name).parent.mkdir(exist_ok=True)
         if is_url(src):
             write_synced(tmp / name, as_path(src).read_bytes())
         else:

@@ -20,7 +20,7 @@ from ....core.formats.registry import format_of
 from ....core.fsutil import OutputError, check_output_folder, free_bytes
 from ....core.report import Report
 from ....core.storage import Location, is_url
-from ....core.types import Inventory
+from ....core.types import Inventory, Node
 from ...format import plain, size
 from ...widgets.safe_input import SafeInput
 from .base import PlannedWizard, typed
@@ -389,13 +389,26 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             if node is None:  # a candidate is a node of the inventory: not expected
                 raise LookupError(f"{src.path} is not in the checkpoint")
             need = 0
-            if src.component != "optimizer":
+            if src.component == "hf":
+                need = self._hf_needs(node)
+            elif src.component != "optimizer":
                 need = export_needs(self.report, node, dtype="keep", merge=src.component == "merged")
             if src.component in ("optimizer", "both"):
                 need += export_needs(self.report, node, dtype="keep", component="optimizer")
         except Exception as e:  # the plan step says it in full
             need = f"cannot size the export: {(str(e).splitlines() or [''])[0]}"
         self.app.call_from_thread(self._sized, src, need)
+
+    def _hf_needs(self, node: Node) -> int:
+        """What ``--to hf`` writes (its split tensors, config.json, the tokenizer it copies); a checkpoint that
+        records no configuration is sized as the plain export (the same tensor bytes) until one is typed."""
+        from ....core.export.api import export_needs
+        from ....core.export.to_hf import NeedsConfig
+
+        try:
+            return export_needs(self.report, node, dtype="keep", to="hf")
+        except NeedsConfig:
+            return export_needs(self.report, node, dtype="keep")
 
     def _sized(self, src: ExportSource, need: Union[int, str]) -> None:
         self.output_bytes[src] = need

@@ -20,16 +20,12 @@ from ..adapters.config import CONFIG_NAME, UNREADABLE, LoraConfig
 from ..adapters.found import AdapterInfo, config_places
 from ..safetext import visible
 from ..storage import Location, as_path
-from .plan import CONFIG_FILES, ExportPlan, make_plan, side_file_problem
+from .plan import CONFIG_FILES, TOKENIZER_FILES, ExportPlan, make_plan, side_file_problem
 from .sources import Source, SourceTensor
 from .write import ExportError
 
 ADAPTER_STEM = "adapter_model"
 NO_SHARDS = 1 << 62  # PEFT reads one adapter_model.safetensors: an adapter is never sharded
-# the files of a tokenizer (among the side files an export copies): a merged model takes them from one folder
-TOKENIZER_FILES = tuple(
-    n for n in CONFIG_FILES if n not in ("config.json", "generation_config.json", "preprocessor_config.json")
-)
 # module names of input embeddings and output heads, whose weights a model may tie
 TIEABLE = ("lm_head", "embed_tokens", "wte", "word_embeddings", "embed_in", "embed_out", "tok_embeddings", "output")
 

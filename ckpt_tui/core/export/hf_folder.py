@@ -24,28 +24,9 @@ from typing import Any, Optional
 from ..fsutil import real_path, regular_inside
 from ..storage import Location, is_url
 from .errors import ExportError
-from .plan import ExportPlan, side_file_problem
+from .plan import TOKENIZER_FILES, ExportPlan, side_file_problem
 
-# what transformers' AutoTokenizer.from_pretrained reads from a folder (transformers 5: tokenization_utils_base's
-# TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, ADDED_TOKENS_FILE, FULL_TOKENIZER_FILE, CHAT_TEMPLATE_FILE and the
-# legacy chat_template.json; the vocab_files_names of the Llama, GPT-2/Qwen2, BERT, T5, XLM-R and tiktoken
-# tokenizers), and the named chat templates of CHAT_TEMPLATE_DIR
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tokenizer.model",
-    "tiktoken.model",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "spm.model",
-)
+# a tokenizer's named chat templates (transformers' CHAT_TEMPLATE_DIR: <name>.jinja each)
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 GENERATION_CONFIG = "generation_config.json"
 

@@ -33,9 +33,21 @@ CONFIG_FILES = (
     "merges.txt",
     "added_tokens.json",
     "chat_template.jinja",
+    "chat_template.json",
     "vocab.txt",
     "spiece.model",
+    "tiktoken.model",
+    "sentencepiece.bpe.model",
+    "spm.model",
     "preprocessor_config.json",
+)
+# the files of a tokenizer among them: what transformers' AutoTokenizer.from_pretrained reads from a folder
+# (transformers 5: tokenization_utils_base's tokenizer_config, special_tokens_map, added_tokens, tokenizer.json and
+# chat_template.jinja, the legacy chat_template.json; the vocab_files_names of the Llama, GPT-2/Qwen2, BERT, T5,
+# XLM-R and tiktoken tokenizers; find_sentencepiece_model_file's spm.model). A merged model and a --to hf folder
+# take them from one folder
+TOKENIZER_FILES = tuple(
+    n for n in CONFIG_FILES if n not in ("config.json", "generation_config.json", "preprocessor_config.json")
 )
 
 

@@ -77,9 +77,12 @@ def run_tokenizer_dir(args: dict[str, Any]) -> tuple[Optional[Path], Optional[st
     p = Path(name)
     if p.is_absolute() and p.is_dir():
         return p, None
+    kind = args.get("tokenizer_type")
     return None, (
-        f"the run's tokenizer is {name!r} (Megatron-LM's --tokenizer-model), not a folder here: nothing is "
-        "downloaded; give its folder with --tokenizer DIR"
+        f"the run's tokenizer is {name!r} (Megatron-LM's --tokenizer-model"
+        + (f", {kind}" if isinstance(kind, str) else "")
+        + "): not a tokenizer folder here, and nothing is downloaded; give its Hugging Face tokenizer folder "
+        "with --tokenizer DIR"
     )
 
 

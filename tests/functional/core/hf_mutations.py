@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Callable, Optional
 
 from safetensors.torch import load_file, save_file
 
@@ -29,10 +30,13 @@ def swapped_copies(out: Path, under: Path) -> dict[str, Path]:
     return made
 
 
-def run_worked_example(heading: str, fixture: Path, tmp_path: Path) -> Path:
-    """docs/export.md's `--to hf` worked example under ``heading``, run as written in a copy of ``fixture``: every
-    output line it shows is printed (the seconds may differ), and the load code is ``from_pretrained('hf')``.
-    The run folder, its ``hf/`` the written model (the caller compares its logits)."""
+def run_worked_example(
+    heading: str, fixture: Path, tmp_path: Path, prepare: Optional[Callable[[Path], object]] = None
+) -> Path:
+    """docs/export.md's `--to hf` worked example under ``heading``, run as written in a copy of ``fixture``
+    (``prepare``: called on the copy first, to lay out what the example has beside it): every output line it shows
+    is printed (the seconds may differ), and the load code is ``from_pretrained('hf')``. The run folder, its
+    ``hf/`` the written model (the caller compares its logits)."""
     import re
     import shlex
 
@@ -46,6 +50,8 @@ def run_worked_example(heading: str, fixture: Path, tmp_path: Path) -> Path:
     cmd, shown = shlex.split(lines[0][2:]), lines[1:]
     v = tmp_path / "run"
     shutil.copytree(fixture, v)
+    if prepare is not None:
+        prepare(v)
     r = ckpt_tui(*cmd[1:], cwd=v, env={"COLUMNS": "104"})
     assert r.returncode == 0, r.stderr
     printed = r.stdout.splitlines()

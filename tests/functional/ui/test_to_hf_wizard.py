@@ -62,12 +62,16 @@ async def test_megatron_to_hf_from_the_wizard(tmp_path, monkeypatch):
     async with app.run_test(size=(120, 32)) as pilot:
         wiz = await _open(pilot, app)
         assert "config" in wiz.STEPS
-        _pick_hf(wiz, "checkpoints/iter_0000010")
+        i = _pick_hf(wiz, "checkpoints/iter_0000010")
         await _walk(pilot, wiz, tmp_path / "tui-hf")  # the run's args say it all: no config step
         assert wiz.plan is not None, wiz.plan_error
         assert [name for name, _ in wiz.plan.plan.extra_files] == ["config.json"]
+        await wait_for(pilot, lambda: wiz.candidates[i] in wiz.output_bytes)
+        need = wiz.output_bytes[wiz.candidates[i]]  # the free space the output step showed
         await pilot.press("enter")
         await wait_for(pilot, lambda: message_shown(app, "verified ✔"), timeout=90)
+    # what --to hf writes, byte for byte (the plain export's files differ: names, headers, no config.json)
+    assert need == sum(p.stat().st_size for p in (tmp_path / "tui-hf").iterdir())
     r = ckpt_tui("export", str(v), "--to", "hf", "--out", str(tmp_path / "cli-hf"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     _same_as_cli(tmp_path / "tui-hf", tmp_path / "cli-hf")

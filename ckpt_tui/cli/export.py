@@ -74,7 +74,8 @@ from .output import echo, emit_json, fail, run_core
     type=click.Choice(["safetensors", "hf"]),
     default="safetensors",
     show_default=True,
-    help="hf: a Hugging Face model folder (LlamaForCausalLM: names mapped, fused QKV and gate/up split, "
+    help="hf: a Hugging Face model folder (LlamaForCausalLM, Qwen2ForCausalLM where only q/k/v have biases: "
+    "names mapped, fused QKV and gate/up split, "
     "config.json from the run's record, else --config) of a Megatron-Core torch_dist Llama-family GPT "
     "checkpoint or a torchtitan Llama step-N checkpoint (wq/wk permuted as its Llama3StateDictAdapter does).",
 )
@@ -147,9 +148,10 @@ def export_cmd(
     says (or --base PATH), never downloaded.
 
     --to hf writes a Megatron-Core torch_dist checkpoint of a Llama-family
-    model as a Hugging Face folder (LlamaForCausalLM): q/k/v split by query
-    group, gate/up from linear_fc1, config.json from the run's Megatron-LM
-    args (else --config PATH, an HF config.json); anything else is refused.
+    model as a Hugging Face folder (LlamaForCausalLM; Qwen2ForCausalLM where
+    only q/k/v have biases): q/k/v split by query group, gate/up from
+    linear_fc1, config.json from the run's Megatron-LM args (else --config
+    PATH, an HF config.json); anything else is refused.
 
     A Lightning checkpoint whose names all start with one LightningModule
     attribute (model.) loses that prefix (--keep-prefix keeps it). The code

@@ -74,10 +74,10 @@ from .output import echo, emit_json, fail, run_core
     type=click.Choice(["safetensors", "hf"]),
     default="safetensors",
     show_default=True,
-    help="hf: a Hugging Face model folder (LlamaForCausalLM: names mapped, fused QKV and gate/up split, "
-    "config.json from the run's record, else --config; the tokenizer and generation_config.json copied) of a "
-    "Megatron-Core torch_dist Llama-family GPT checkpoint or a torchtitan Llama step-N checkpoint (wq/wk "
-    "permuted as its Llama3StateDictAdapter does).",
+    help="hf: a Hugging Face model folder (LlamaForCausalLM; Qwen2ForCausalLM where only q/k/v have biases: "
+    "names mapped, fused QKV and gate/up split, config.json from the run's record, else --config; the tokenizer "
+    "and generation_config.json copied) of a Megatron-Core torch_dist Llama-family GPT checkpoint or a torchtitan "
+    "Llama step-N checkpoint (wq/wk permuted as its Llama3StateDictAdapter does).",
 )
 @click.option(
     "--true-vocab-size",
@@ -159,11 +159,12 @@ def export_cmd(
 
     --to hf writes a Megatron-Core torch_dist checkpoint (or a torchtitan
     step-N) of a Llama-family model as a Hugging Face folder
-    (LlamaForCausalLM): q/k/v split by query group, gate/up from linear_fc1,
-    config.json from the run's record (else --config PATH, an HF config.json;
-    given both, every value both give must agree); the tokenizer copied from
-    --tokenizer DIR, --config's folder, the run's recorded folder or beside
-    the checkpoint; anything else is refused.
+    (LlamaForCausalLM; Qwen2ForCausalLM where only q/k/v have biases): q/k/v
+    split by query group, gate/up from linear_fc1, config.json from the run's
+    record (else --config PATH, an HF config.json; given both, every value
+    both give must agree); the tokenizer copied from --tokenizer DIR,
+    --config's folder, the run's recorded folder or beside the checkpoint;
+    anything else is refused.
 
     A Lightning checkpoint whose names all start with one LightningModule
     attribute (model.) loses that prefix (--keep-prefix keeps it). The code

@@ -129,15 +129,28 @@ GROUPS: dict[str, Group] = {
     # pipeline-parallel 2 (2 ranks) and TP=2 x PP=2 (4 ranks) by megatron-core 0.16: common.pt beside the DCP
     "megatron_dist_016_pp": Group("megatron_dist", 2, ("megatron-pp2-016",), venv="megatron-torchtitan"),
     "megatron_dist_016_4": Group("megatron_dist", 4, ("megatron-tp2pp2-016",), venv="megatron-torchtitan"),
-    # a tiny Llama-family GPTModel (RMSNorm, SwiGLU, rope, GQA) saved at TP=1 and 2 (and tied), with megatron's own
-    # fp32 logits on a fixed batch as the oracle of `export --to hf`: by 0.19, and by 0.16
+    # a tiny Llama-family GPTModel (RMSNorm, SwiGLU, rope, GQA) saved at TP=1, TP=2 and PP=2 (and tied, and with
+    # Qwen2's q/k/v biases or biases on every linear layer), with megatron's own fp32 logits on a fixed batch as the
+    # oracle of `export --to hf`: by 0.19, and by 0.16
     "megatron_hf": Group(
         "megatron_hf",
         2,
-        ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2"),
+        (
+            "megatron-hf-tp1",
+            "megatron-hf-tp2",
+            "megatron-hf-tied",
+            "megatron-hf-pp2",
+            "megatron-hf-qkvbias",
+            "megatron-hf-bias",
+        ),
         venv="megatron-019",
     ),
-    "megatron_hf_016": Group("megatron_hf", 2, ("megatron-hf-tp2-016",), venv="megatron-torchtitan"),
+    "megatron_hf_016": Group(
+        "megatron_hf",
+        2,
+        ("megatron-hf-tp2-016", "megatron-hf-tp1-016", "megatron-hf-pp2-016"),
+        venv="megatron-torchtitan",
+    ),
     "torchtitan": Group("torchtitan_ckpt", 2, ("torchtitan",), venv="megatron-torchtitan"),
     # a tiny GQA Llama3 with distinct norm weights and a saved job config, with torchtitan's own to_hf tensors and
     # logits as the oracle of `export --to hf`
@@ -411,7 +424,11 @@ EXPECTED: dict[str, list[str]] = {
     "megatron-hf-tp2": _megatron_hf(2),
     "megatron-hf-tied": _megatron_hf(2),
     "megatron-hf-pp2": _megatron_hf(2),
+    "megatron-hf-qkvbias": _megatron_hf(2),
+    "megatron-hf-bias": _megatron_hf(2),
     "megatron-hf-tp2-016": _megatron_hf(2, common_pt=True),
+    "megatron-hf-tp1-016": _megatron_hf(1, common_pt=True),
+    "megatron-hf-pp2-016": _megatron_hf(2, common_pt=True),
     "dcp-mixed": _dcp("model/") + _dcp("optimizer/") + _dcp("combined/"),
     "fsdp2-rank0-slice": _dcp("checkpoint-2/pytorch_model_fsdp_0/") + ["checkpoint-2/model.safetensors"],
     "accelerate-save-state": ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"],

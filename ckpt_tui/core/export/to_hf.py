@@ -1,5 +1,6 @@
 """``export --to hf``: a Megatron-Core ``torch_dist`` GPT checkpoint of a Llama-family model as a Hugging Face
-``LlamaForCausalLM`` folder: names mapped, fused tensors split, ``config.json`` from the run's own record.
+``LlamaForCausalLM`` folder (``Qwen2ForCausalLM`` where only ``linear_qkv`` has biases): names mapped, fused tensors
+split, ``config.json`` from the run's own record.
 
 Names (per layer ``i``; the checkpoint's keys, which megatron's local and Transformer Engine specs share)::
 
@@ -12,6 +13,13 @@ Names (per layer ``i``; the checkpoint's keys, which megatron's local and Transf
     decoder.layers.i.mlp.linear_fc2.weight                model.layers.i.mlp.down_proj.weight
     decoder.final_layernorm.weight                        model.norm.weight
     output_layer.weight                                   lm_head.weight (absent: tied, written once)
+
+Linear biases, where the run had them, as their weights (``linear_qkv.bias`` split by query group as its rows,
+``linear_fc1.bias`` into gate/up halves): megatron's ``add_qkv_bias`` alone (biases on ``linear_qkv`` only) is
+Qwen2's attention (q/k/v with biases, o and the MLP without): a ``Qwen2ForCausalLM`` folder; ``add_bias_linear``
+(biases on ``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``) is Llama's ``attention_bias`` and
+``mlp_bias``: ``o_proj.bias``, ``gate_proj``/``up_proj.bias``, ``down_proj.bias``. Any other set, and norms with a
+bias (LayerNorm), are refused.
 
 ``linear_qkv``: megatron computes ``qkv.view(s, b, groups, (heads/groups + 2) * head_dim)`` and splits the last
 dimension into the group's ``heads/groups`` query heads, then one key and one value head: the rows of group ``g``
@@ -53,14 +61,21 @@ LAYER_KEYS = {
     "pre_mlp_layernorm.weight": "post_norm",
     "mlp.linear_fc1.weight": "fc1",
     "mlp.linear_fc2.weight": "fc2",
+    # linear biases (add_qkv_bias: linear_qkv's only, Qwen2; add_bias_linear: all four, Llama's attention_bias and
+    # mlp_bias)
+    "self_attention.linear_qkv.bias": "qkv_bias",
+    "self_attention.linear_proj.bias": "o_bias",
+    "mlp.linear_fc1.bias": "fc1_bias",
+    "mlp.linear_fc2.bias": "fc2_bias",
 }
 TOP_KEYS = {
     "embedding.word_embeddings.weight": "embed",
     "decoder.final_layernorm.weight": "norm",
     "output_layer.weight": "lm_head",
 }
-ROLES = ("input_norm", "qkv", "o", "post_norm", "fc1", "fc2")
-# what a name says about an architecture this mapping does not cover
+ROLES = ("input_norm", "qkv", "o", "post_norm", "fc1", "fc2")  # every layer has these
+BIAS_ROLES = ("qkv_bias", "o_bias", "fc1_bias", "fc2_bias")
+# what a name says about an architecture this mapping does not cover (a name's first match is said)
 _SEEN = (
     ("experts", "mixture of experts (MoE)"),
     ("router", "mixture of experts (MoE)"),
@@ -69,8 +84,9 @@ _SEEN = (
     ("q_layernorm", "query/key layer norms (qk_layernorm)"),
     ("k_layernorm", "query/key layer norms (qk_layernorm)"),
     ("layer_norm_bias", "LayerNorm (a norm with a bias), not RMSNorm"),
-    ("bias", "linear biases"),
+    ("norm.bias", "LayerNorm (a norm with a bias), not RMSNorm"),
     ("position_embeddings", "learned absolute position embeddings, not rotary"),
+    ("bias", "biases the mapping does not know"),
 )
 
 
@@ -98,15 +114,22 @@ class _Arch:
     layers: Optional[int] = None
     vocab: Optional[int] = None
     tied: Optional[bool] = None
+    # the linear biases it says the model has ("qkv", "o", "mlp"); None: it does not say (the tensors decide)
+    biases: Optional[frozenset[str]] = None
+
+
+QWEN2_BIASES = frozenset({"qkv"})  # Qwen2: q/k/v biases only (megatron's add_qkv_bias)
+ALL_BIASES = frozenset({"qkv", "o", "mlp"})  # megatron's add_bias_linear: Llama's attention_bias and mlp_bias
 
 
 def _refuse_seen(names: list[str]) -> None:
     odd = [n for n in names if not _known(n)]
     if not odd:
         return
-    what = sorted({w for n in odd for key, w in _SEEN if key in n})
+    what = sorted({next(w for key, w in _SEEN if key in n) for n in odd if any(key in n for key, _ in _SEEN)})
     raise ExportError(
-        "--to hf writes Llama-family models (RMSNorm, gated MLP, rotary attention, no biases); this checkpoint holds "
+        "--to hf writes Llama-family models (RMSNorm, gated MLP, rotary attention; linear biases as Qwen2's or "
+        "Llama's attention_bias/mlp_bias); this checkpoint holds "
         + (", ".join(what) + ": " if what else "tensors the Llama mapping does not know: ")
         + ", ".join(odd[:6])
         + (f" and {len(odd) - 6} more" if len(odd) > 6 else "")
@@ -175,8 +198,8 @@ def _arch_from_args(args: dict[str, Any]) -> _Arch:
         bad.append("apply_layernorm_1p=True (zero-centred norm weights)")
     if args.get("squared_relu"):
         bad.append("squared_relu=True")
-    if args.get("add_bias_linear") or args.get("add_qkv_bias"):
-        bad.append("linear biases (add_bias_linear/add_qkv_bias)")
+    if args.get("window_size") is not None:
+        bad.append(f"window_size={args.get('window_size')} (sliding-window attention)")
     if args.get("rotary_seq_len_interpolation_factor") not in (None, 1, 1.0):
         bad.append(f"rotary_seq_len_interpolation_factor={args.get('rotary_seq_len_interpolation_factor')}")
     if bad:
@@ -201,6 +224,11 @@ def _arch_from_args(args: dict[str, Any]) -> _Arch:
             "original_max_position_embeddings": 8192,
         }
     untie = args.get("untie_embeddings_and_output_weights")
+    biases: Optional[frozenset[str]] = None  # megatron: linear_qkv has a bias with either flag, the others with one
+    if args.get("add_bias_linear") is not None or args.get("add_qkv_bias") is not None:
+        biases = (
+            ALL_BIASES if args.get("add_bias_linear") else QWEN2_BIASES if args.get("add_qkv_bias") else frozenset()
+        )
     return _Arch(
         heads=heads,
         groups=groups,
@@ -215,11 +243,13 @@ def _arch_from_args(args: dict[str, Any]) -> _Arch:
         layers=_int(args.get("num_layers")),
         vocab=_int(args.get("padded_vocab_size")),
         tied=None if untie is None else not untie,
+        biases=biases,
     )
 
 
-def _arch_from_config(path: Path) -> _Arch:
-    """The architecture an HF config.json gives (``--config``), trusted for what shapes cannot show."""
+def _arch_from_config(path: Path, *, qwen2: bool = False) -> _Arch:
+    """The architecture an HF config.json gives (``--config``), trusted for what shapes cannot show. ``qwen2``: a
+    Qwen2 config (q/k/v biases) is taken too (a Megatron-Core source's biases can be Qwen2's)."""
     p = path / "config.json" if path.is_dir() else path
     try:
         cfg = json.loads(p.read_text())
@@ -228,8 +258,17 @@ def _arch_from_config(path: Path) -> _Arch:
     if not isinstance(cfg, dict):
         raise ExportError(f"--config {path}: not a config.json (a JSON object)")
     mt = cfg.get("model_type")
-    if mt not in (None, "llama"):
-        raise ExportError(f"--config {path}: model_type {mt!r}; --to hf writes Llama (model_type 'llama')")
+    if mt not in (None, "llama", "qwen2") or (mt == "qwen2" and not qwen2):
+        raise ExportError(
+            f"--config {path}: model_type {mt!r}; --to hf writes Llama (model_type 'llama')"
+            + (" or, with q/k/v biases only, Qwen2 ('qwen2')" if qwen2 else "")
+        )
+    if mt == "qwen2" and cfg.get("use_sliding_window"):
+        raise ExportError(f"--config {path}: use_sliding_window (sliding-window attention) is not mapped")
+    biases: Optional[frozenset[str]] = QWEN2_BIASES if mt == "qwen2" else None
+    attn_b, mlp_b = cfg.get("attention_bias"), cfg.get("mlp_bias")
+    if mt != "qwen2" and (isinstance(attn_b, bool) or isinstance(mlp_b, bool)):
+        biases = frozenset(({"qkv", "o"} if attn_b is True else set()) | ({"mlp"} if mlp_b is True else set()))
     missing = [k for k in ("num_attention_heads", "hidden_act", "rms_norm_eps") if cfg.get(k) is None]
     rope = cfg.get("rope_parameters")
     if not isinstance(rope, dict):
@@ -257,6 +296,7 @@ def _arch_from_config(path: Path) -> _Arch:
         layers=_int(cfg.get("num_hidden_layers")),
         vocab=_int(cfg.get("vocab_size")),
         tied=cfg.get("tie_word_embeddings") if isinstance(cfg.get("tie_word_embeddings"), bool) else None,
+        biases=biases,
     )
 
 
@@ -361,6 +401,9 @@ def megatron_to_hf(
     for r in ("embed", "norm"):
         if r not in top:
             problems.append(f"no {[k for k, v in TOP_KEYS.items() if v == r][0]}")
+    biases, why = _tensor_biases(layers)
+    if why:
+        problems.append(why)
     if problems:
         raise ExportError("--to hf: the checkpoint is not a whole Llama-family GPT model: " + "; ".join(problems))
     # what shapes alone say (before the configuration): a GPT-style MLP is no gated linear unit
@@ -374,7 +417,7 @@ def megatron_to_hf(
     if _is_args(args) and not (config_path is not None and _args_lack(args)):
         arch = _arch_from_args(args)
     elif config_path is not None:
-        arch = _arch_from_config(config_path)
+        arch = _arch_from_config(config_path, qwen2=True)
     elif _is_args(args):
         arch = _arch_from_args(args)  # refused: naming what they lack
     else:
@@ -403,20 +446,29 @@ def megatron_to_hf(
         for what, said, seen in want
         if said not in (None, seen)
     ]
+    if arch.biases is not None and arch.biases != biases:
+        bad.append(f"linear biases: the configuration says {_said(arch.biases)}, the tensors {_said(biases)}")
     if groups <= 0 or heads % groups:
         bad.append(f"{heads} attention heads do not divide into {groups} query groups")
     if arch.vocab is not None and arch.vocab > vocab:
         bad.append(f"vocab: the configuration says {arch.vocab}, the embedding has {vocab} rows")
     for i, p in sorted(layers.items()):
-        shapes = {
+        shapes: dict[str, Optional[tuple[tuple[int, ...], tuple[int, ...]]]] = {
             "linear_qkv": (p["qkv"].shape, ((heads + 2 * groups) * hd, hidden)),
             "linear_proj": (p["o"].shape, (hidden, heads * hd)),
             "linear_fc1": (p["fc1"].shape, (2 * ffn, hidden)),
             "linear_fc2": (p["fc2"].shape, (hidden, ffn)),
             "input norm": (p["input_norm"].shape, (hidden,)),
             "pre-MLP norm": (p["post_norm"].shape, (hidden,)),
+            "linear_qkv.bias": (p["qkv_bias"].shape, ((heads + 2 * groups) * hd,)) if "qkv_bias" in p else None,
+            "linear_proj.bias": (p["o_bias"].shape, (hidden,)) if "o_bias" in p else None,
+            "linear_fc1.bias": (p["fc1_bias"].shape, (2 * ffn,)) if "fc1_bias" in p else None,
+            "linear_fc2.bias": (p["fc2_bias"].shape, (hidden,)) if "fc2_bias" in p else None,
         }
-        for what, (seen_s, said_s) in shapes.items():
+        for what, pair in shapes.items():
+            if pair is None:
+                continue
+            seen_s, said_s = pair
             if tuple(seen_s) != said_s:
                 extra = ""
                 if what == "linear_fc1" and tuple(seen_s) == (ffn, hidden):
@@ -448,18 +500,28 @@ def megatron_to_hf(
     # (a tensor-parallel split that is no byte range) loads whole and keeps for its layers in turn; layer by layer it
     # would be loaded once per layer (L times the reads)
     q, k, v = qkv_pieces(heads, groups, hd)
-    by_role: dict[str, list[SourceTensor]] = {r: [] for r in ROLES}
+    # (a bias is split as its weight's rows: a 1-D tensor's rows are its elements)
+    by_role: dict[str, list[SourceTensor]] = {r: [] for r in ROLES + BIAS_ROLES}
     for i, p in sorted(layers.items()):
         pre = f"model.layers.{i}."
         by_role["input_norm"].append(_renamed(p["input_norm"], pre + "input_layernorm.weight"))
-        for what, rows in (("q", q), ("k", k), ("v", v)):
-            by_role["qkv"].append(_rows(p["qkv"], f"{pre}self_attn.{what}_proj.weight", rows, fused))
-        by_role["o"].append(_renamed(p["o"], pre + "self_attn.o_proj.weight"))
+        for suffix, qkv_role, o_role, fc1_role, fc2_role in (
+            ("weight", "qkv", "o", "fc1", "fc2"),
+            ("bias", *BIAS_ROLES),
+        ):
+            if qkv_role in p:
+                for what, rows in (("q", q), ("k", k), ("v", v)):
+                    name = f"{pre}self_attn.{what}_proj.{suffix}"
+                    by_role[qkv_role].append(_rows(p[qkv_role], name, rows, fused))
+            if o_role in p:
+                by_role[o_role].append(_renamed(p[o_role], f"{pre}self_attn.o_proj.{suffix}"))
+            if fc1_role in p:
+                by_role[fc1_role].append(_rows(p[fc1_role], f"{pre}mlp.gate_proj.{suffix}", [(0, ffn)], fused))
+                by_role[fc1_role].append(_rows(p[fc1_role], f"{pre}mlp.up_proj.{suffix}", [(ffn, ffn)], fused))
+            if fc2_role in p:
+                by_role[fc2_role].append(_renamed(p[fc2_role], f"{pre}mlp.down_proj.{suffix}"))
         by_role["post_norm"].append(_renamed(p["post_norm"], pre + "post_attention_layernorm.weight"))
-        by_role["fc1"].append(_rows(p["fc1"], pre + "mlp.gate_proj.weight", [(0, ffn)], fused))
-        by_role["fc1"].append(_rows(p["fc1"], pre + "mlp.up_proj.weight", [(ffn, ffn)], fused))
-        by_role["fc2"].append(_renamed(p["fc2"], pre + "mlp.down_proj.weight"))
-    for r in ROLES:
+    for r in ROLES + BIAS_ROLES:
         out.extend(by_role[r])
     out.append(_renamed(top["norm"], "model.norm.weight"))
     if not tied:
@@ -475,18 +537,72 @@ def megatron_to_hf(
         f"--to hf: linear_qkv split into q/k/v by query group ({groups} groups of {heads // groups} query heads, "
         f"head_dim {hd}), linear_fc1 into gate_proj/up_proj (first half gate), hidden_act {arch.hidden_act}"
     )
-    config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep_rows, tied=tied)
+    if biases == QWEN2_BIASES:
+        notes.append(
+            "--to hf: biases on linear_qkv only (add_qkv_bias): Qwen2ForCausalLM (model_type qwen2), "
+            "q/k/v biases split as their weights"
+        )
+    elif biases:
+        notes.append(
+            f"--to hf: linear biases ({_said(biases)}): LlamaForCausalLM with attention_bias "
+            f"{str('qkv' in biases).lower()}, mlp_bias {str('mlp' in biases).lower()}; split as their weights"
+        )
+    config = hf_config(arch, hidden=hidden, ffn=ffn, layers=n_layers, vocab=keep_rows, tied=tied, biases=biases)
     kept = [n for n in source.notes if not n.startswith("Megatron-Core torch_dist:")]  # names as saved: not here
     new = Source(source.kind, source.path, out, train_dtype=source.train_dtype, notes=kept)
     return new, config, notes
 
 
-def hf_config(arch: _Arch, *, hidden: int, ffn: int, layers: int, vocab: int, tied: bool) -> dict[str, Any]:
-    """config.json of the LlamaForCausalLM. ``rope_parameters`` is what transformers 5 stores; ``rope_theta`` (and
-    ``rope_scaling``) are written too, with the same values, for transformers 4, which reads only those."""
+def _tensor_biases(layers: dict[int, dict[str, SourceTensor]]) -> tuple[frozenset[str], Optional[str]]:
+    """The linear biases every layer holds, as HF's groups ("qkv", "o", "mlp"), and why they map to no HF model
+    (None: they do): the same in every layer; Qwen2's (q/k/v only) or Llama's (q/k/v and o together:
+    attention_bias; fc1 and fc2 together: mlp_bias)."""
+    sets = {frozenset(r for r in BIAS_ROLES if r in p) for p in layers.values()}
+    if len(sets) > 1:
+        return frozenset(), "its layers hold different linear biases: " + "; ".join(
+            sorted(", ".join(_BIAS_OF[r] for r in BIAS_ROLES if r in x) or "none" for x in sets)
+        )
+    roles = sets.pop() if sets else frozenset()
+    groups = frozenset(
+        g for g, rs in (("qkv", {"qkv_bias"}), ("o", {"o_bias"}), ("mlp", {"fc1_bias", "fc2_bias"})) if rs & roles
+    )
+    mlp_half = len(roles & {"fc1_bias", "fc2_bias"}) == 1
+    if mlp_half or groups not in (frozenset(), QWEN2_BIASES, frozenset({"qkv", "o"}), frozenset({"mlp"}), ALL_BIASES):
+        return groups, (
+            "linear biases on "
+            + ", ".join(_BIAS_OF[r] for r in BIAS_ROLES if r in roles)
+            + " only: neither Qwen2's (linear_qkv only) nor Llama's "
+            "(linear_qkv with linear_proj: attention_bias; linear_fc1 with linear_fc2: mlp_bias)"
+        )
+    return groups, None
+
+
+_BIAS_OF = {"qkv_bias": "linear_qkv", "o_bias": "linear_proj", "fc1_bias": "linear_fc1", "fc2_bias": "linear_fc2"}
+
+
+def _said(biases: frozenset[str]) -> str:
+    names = {"qkv": "linear_qkv", "o": "linear_proj", "mlp": "linear_fc1/fc2"}
+    return ", ".join(names[g] for g in ("qkv", "o", "mlp") if g in biases) or "none"
+
+
+def hf_config(
+    arch: _Arch,
+    *,
+    hidden: int,
+    ffn: int,
+    layers: int,
+    vocab: int,
+    tied: bool,
+    biases: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """config.json of the LlamaForCausalLM (``biases``: its attention_bias, q/k/v and o, and mlp_bias), or of the
+    Qwen2ForCausalLM where the biases are q/k/v's only (Qwen2's attention: q/k/v with biases, o without; its MLP
+    without). ``rope_parameters`` is what transformers 5 stores; ``rope_theta`` (and ``rope_scaling``) are written
+    too, with the same values, for transformers 4, which reads only those."""
+    qwen2 = biases == QWEN2_BIASES
     cfg: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen2 else "llama",
         "hidden_size": hidden,
         "intermediate_size": ffn,
         "num_hidden_layers": layers,
@@ -498,11 +614,14 @@ def hf_config(arch: _Arch, *, hidden: int, ffn: int, layers: int, vocab: int, ti
         "max_position_embeddings": arch.max_pos,
         "vocab_size": vocab,
         "tie_word_embeddings": tied,
-        "attention_bias": False,
-        "mlp_bias": False,
+        "attention_bias": "qkv" in biases,
+        "mlp_bias": "mlp" in biases,
         "rope_parameters": dict(arch.rope),
         "rope_theta": arch.rope["rope_theta"],
     }
+    if qwen2:  # its biases are fixed by the architecture; no sliding window (megatron's window_size is refused)
+        del cfg["attention_bias"], cfg["mlp_bias"]
+        cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=layers)
     if arch.rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = {k: v for k, v in arch.rope.items() if k != "rope_theta"}
     return cfg
@@ -787,7 +906,8 @@ def hf_references(refs: Iterator[tuple[str, Any]], cfg: dict[str, Any]) -> Itera
     names: Megatron-Core's or torchtitan's) as the HF tensors they map to, computed afresh from the output's
     ``config.json`` (heads, key/value heads, head_dim) with torch's own view/split, not the export's row pieces:
     megatron's ``linear_qkv`` viewed ``[groups, heads/groups + 2, head_dim, hidden]``, ``linear_fc1`` halved;
-    torchtitan's wq/wk permuted by its adapter's formula. Rows past ``vocab_size`` (``--true-vocab-size``) cut."""
+    torchtitan's wq/wk permuted by its adapter's formula; megatron's biases as their weights' rows. Rows past
+    ``vocab_size`` (``--true-vocab-size``) cut."""
     heads, kv = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     hd, vocab, tied = int(cfg["head_dim"]), int(cfg["vocab_size"]), bool(cfg.get("tie_word_embeddings"))
     tt_top = {**TT_TOP_KEYS, TT_LM_HEAD: "lm_head.weight"}
@@ -799,8 +919,10 @@ def hf_references(refs: Iterator[tuple[str, Any]], cfg: dict[str, Any]) -> Itera
     mg_layer = {
         "input_norm": "input_layernorm.weight",
         "o": "self_attn.o_proj.weight",
+        "o_bias": "self_attn.o_proj.bias",
         "post_norm": "post_attention_layernorm.weight",
         "fc2": "mlp.down_proj.weight",
+        "fc2_bias": "mlp.down_proj.bias",
     }
     for name, t in refs:
         if name.endswith("_extra_state"):
@@ -814,16 +936,17 @@ def hf_references(refs: Iterator[tuple[str, Any]], cfg: dict[str, Any]) -> Itera
         m = LAYER_RE.match(name)
         if m and m.group(2) in LAYER_KEYS:
             pre, role = f"model.layers.{m.group(1)}.", LAYER_KEYS[m.group(2)]
-            if role == "qkv":
-                per = heads // kv
-                g = t.view(kv, per + 2, hd, t.shape[-1])
-                yield pre + "self_attn.q_proj.weight", g[:, :per].reshape(-1, t.shape[-1])
-                yield pre + "self_attn.k_proj.weight", g[:, per].reshape(-1, t.shape[-1])
-                yield pre + "self_attn.v_proj.weight", g[:, per + 1].reshape(-1, t.shape[-1])
-            elif role == "fc1":
+            suffix = "bias" if role.endswith("_bias") else "weight"  # a bias: its weight's rows
+            if role in ("qkv", "qkv_bias"):
+                per, rest = heads // kv, tuple(t.shape[1:])
+                g = t.view(kv, per + 2, hd, *rest)
+                yield pre + f"self_attn.q_proj.{suffix}", g[:, :per].reshape(-1, *rest)
+                yield pre + f"self_attn.k_proj.{suffix}", g[:, per].reshape(-1, *rest)
+                yield pre + f"self_attn.v_proj.{suffix}", g[:, per + 1].reshape(-1, *rest)
+            elif role in ("fc1", "fc1_bias"):
                 gate, up = t.chunk(2)
-                yield pre + "mlp.gate_proj.weight", gate
-                yield pre + "mlp.up_proj.weight", up
+                yield pre + f"mlp.gate_proj.{suffix}", gate
+                yield pre + f"mlp.up_proj.{suffix}", up
             else:
                 yield pre + mg_layer[role], t
             continue
@@ -839,12 +962,13 @@ def hf_references(refs: Iterator[tuple[str, Any]], cfg: dict[str, Any]) -> Itera
 
 
 def is_hf_export(out: Path) -> Optional[dict[str, Any]]:
-    """The config.json of a ``--to hf`` output (a Llama folder), else None."""
+    """The config.json of a ``--to hf`` output (a Llama or, from a Megatron-Core source with q/k/v biases, a Qwen2
+    folder), else None."""
     try:
         cfg = json.loads((out / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if isinstance(cfg, dict) and cfg.get("model_type") == "llama" and "head_dim" in cfg:
+    if isinstance(cfg, dict) and cfg.get("model_type") in ("llama", "qwen2") and "head_dim" in cfg:
         return cfg
     return None
 

@@ -17,10 +17,10 @@ SWAPS = {
 }
 
 
-def swapped_copies(out: Path, under: Path) -> dict[str, Path]:
-    """what -> a copy of the export ``out`` under ``under`` with SWAPS[what]'s two tensors exchanged."""
+def swapped_copies(out: Path, under: Path, swaps: dict[str, tuple[str, str]] = SWAPS) -> dict[str, Path]:
+    """what -> a copy of the export ``out`` under ``under`` with swaps[what]'s two tensors exchanged."""
     made = {}
-    for what, (a, b) in SWAPS.items():
+    for what, (a, b) in swaps.items():
         d = under / what.replace(" ", "-").replace("/", "-")
         shutil.copytree(out, d)
         sd = load_file(d / "model.safetensors")

@@ -1,9 +1,11 @@
 """``export --to hf`` of Megatron-Core torch_dist checkpoints, proven by logits: samples/megatron_hf.py saves a tiny
-Llama-family GPTModel (RMSNorm with distinct weights, SwiGLU, rotary halves, GQA 4 heads / 2 groups) at TP=1 and
-TP=2 (megatron-core 0.19 and 0.16) and a tied one, and records megatron's own fp32 logits on a fixed 2 x 40 batch
-after ``dist_checkpointing.load``. transformers' LlamaForCausalLM loads the export and must give the same logits
-(max |Δ| <= 1e-4 * max |logit|; measured about 7e-7 of it); each mutation (q/k/v split wrong, gate and up swapped,
-two norms swapped, the wrong activation) must miss by >= 100x the tolerance."""
+Llama-family GPTModel (RMSNorm with distinct weights, SwiGLU, rotary halves, GQA 4 heads / 2 groups) at TP=1, TP=2
+and PP=2 (megatron-core 0.19 and 0.16), a tied one, and two with random linear biases (Qwen2's q/k/v only, and all
+four linear layers'), and records megatron's own fp32 logits on a fixed 2 x 40 batch after
+``dist_checkpointing.load`` (a PP=2 save: its two stages in turn). transformers loads the export
+(LlamaForCausalLM, Qwen2ForCausalLM for q/k/v biases) and must give the same logits (max |Δ| <= 1e-4 * max |logit|;
+measured 4e-7 to 6.5e-7 of it); each mutation (q/k/v split wrong, gate and up swapped, two norms swapped, the wrong
+activation, k and v biases swapped) must miss by >= 100x the tolerance."""
 
 from __future__ import annotations
 
@@ -22,11 +24,30 @@ from tests.functional.core.hf_mutations import run_worked_example, swapped_copie
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
-VARIANTS = ["megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2", "megatron-hf-tp2-016"]
+VARIANTS = [
+    "megatron-hf-tp1",
+    "megatron-hf-tp2",
+    "megatron-hf-tied",
+    "megatron-hf-pp2",
+    "megatron-hf-tp2-016",
+    "megatron-hf-tp1-016",
+    "megatron-hf-pp2-016",
+]
+# with linear biases (random, not megatron's zeros): variant -> (model_type, the class from_pretrained builds, the
+# biases of a layer)
+QKV_BIASES = ["self_attn.k_proj.bias", "self_attn.q_proj.bias", "self_attn.v_proj.bias"]
+BIAS_VARIANTS = {
+    "megatron-hf-qkvbias": ("qwen2", "Qwen2ForCausalLM", QKV_BIASES),
+    "megatron-hf-bias": (
+        "llama",
+        "LlamaForCausalLM",
+        sorted(QKV_BIASES + ["self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias"]),
+    ),
+}
 
 
-def _logits(folder, ids):
-    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+def _logits(folder, ids, cls="LlamaForCausalLM"):
+    model = getattr(transformers, cls).from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
         return model(ids).logits
 
@@ -36,9 +57,9 @@ def _oracle(root):
     return o["ids"], o["logits"]
 
 
-def _rel(folder, root) -> float:
+def _rel(folder, root, cls="LlamaForCausalLM") -> float:
     ids, ref = _oracle(root)
-    return ((_logits(folder, ids) - ref).abs().max() / ref.abs().max()).item()
+    return ((_logits(folder, ids, cls) - ref).abs().max() / ref.abs().max()).item()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -62,6 +83,116 @@ def test_logits_equal_megatrons_own(real_ckpt, tmp_path, variant):
     rel = _rel(out, root)
     print(f"{variant}: max|Δ| / max|logit| = {rel:.2e}")
     assert rel <= TOL
+
+
+@pytest.mark.parametrize("variant", BIAS_VARIANTS)
+def test_biases_mapped_logits_equal_megatrons_own(real_ckpt, tmp_path, variant):
+    """add_qkv_bias (linear_qkv's bias only): a Qwen2ForCausalLM folder; add_bias_linear (all four): Llama with
+    attention_bias and mlp_bias. AutoModelForCausalLM builds that class from the folder, nothing missing or
+    unexpected, and its logits are megatron's."""
+    model_type, cls, layer_biases = BIAS_VARIANTS[variant]
+    root = real_ckpt(variant)
+    out = tmp_path / "hf"
+    res = export(root / "checkpoints", out, to="hf")
+    assert res.verified
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == model_type and cfg["architectures"] == [cls]
+    if model_type == "llama":
+        assert cfg["attention_bias"] is True and cfg["mlp_bias"] is True
+        assert any("LlamaForCausalLM with attention_bias true, mlp_bias true" in n for n in res.notes), res.notes
+    else:
+        assert "attention_bias" not in cfg and cfg["use_sliding_window"] is False
+        assert any("Qwen2ForCausalLM (model_type qwen2)" in n for n in res.notes), res.notes
+    sd = load_file(out / "model.safetensors")
+    for i in (0, 1):
+        biases = sorted(k.split(f"layers.{i}.")[1] for k in sd if k.endswith(".bias") and f".layers.{i}." in k)
+        assert biases == layer_biases
+    assert all(sd[k].abs().min() > 0 for k in sd if k.endswith(".bias"))  # the fixture's, not megatron's zeros
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(model).__name__ == cls
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert transformers.AutoConfig.from_pretrained(out).rope_parameters == {"rope_type": "default", "rope_theta": 1e4}
+    rel = _rel(out, root, cls)
+    print(f"{variant}: max|Δ| / max|logit| = {rel:.2e}")
+    assert rel <= TOL
+
+
+def test_misplaced_biases_miss_by_far_more_than_the_tolerance(real_ckpt, tmp_path):
+    """A bias put on the wrong projection is seen: k and v biases swapped (Qwen2), gate and up biases swapped, the
+    o_proj bias taken for down_proj's (Llama's attention_bias/mlp_bias) miss by >= 100x the tolerance."""
+    misses = {}
+    for variant, swaps in (
+        ("megatron-hf-qkvbias", {"k/v biases swapped": ("self_attn.k_proj.bias", "self_attn.v_proj.bias")}),
+        (
+            "megatron-hf-bias",
+            {
+                "gate/up biases swapped": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
+                "o/down biases swapped": ("self_attn.o_proj.bias", "mlp.down_proj.bias"),
+            },
+        ),
+    ):
+        (tmp_path / variant).mkdir()
+        root, out = _exported(real_ckpt, tmp_path / variant, variant)
+        cls = BIAS_VARIANTS[variant][1]
+        assert _rel(out, root, cls) <= TOL
+        layer0 = {what: tuple(f"model.layers.0.{n}" for n in pair) for what, pair in swaps.items()}
+        for what, d in swapped_copies(out, tmp_path / variant, layer0).items():
+            misses[what] = _rel(d, root, cls)
+    print({k: f"{v:.2e}" for k, v in misses.items()})
+    assert len(misses) == 3 and all(v >= 100 * TOL for v in misses.values()), misses
+
+
+def test_verify_knows_the_bias_mapping(real_ckpt, tmp_path):
+    """verify DIR --against SRC of a bias export (a Qwen2 folder, and a Llama one with biases): megatron's biases
+    split afresh as their weights; passes, and fails on a mutated bias."""
+    from ckpt_tui.core.verify import verify
+
+    for variant in BIAS_VARIANTS:
+        root = real_ckpt(variant)
+        out = tmp_path / variant
+        export(root / "checkpoints", out, to="hf")
+        v = verify(out, root / "checkpoints")
+        assert v.ok and v.compared == len(load_file(out / "model.safetensors")) and not v.not_in_reference, v
+        sd = load_file(out / "model.safetensors")
+        name = "model.layers.1.self_attn.v_proj.bias"
+        sd[name] = sd[name].clone()
+        sd[name][-1] += 1
+        save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
+        v = verify(out, root / "checkpoints")
+        assert not v.ok and v.mismatches == [name]
+
+
+def test_bias_checkpoint_without_args_takes_a_qwen2_config(real_ckpt, tmp_path, monkeypatch):
+    """Without args, --config with model_type qwen2 gives a q/k/v-bias checkpoint its configuration (logits
+    megatron's); a config or args whose biases disagree with the tensors are refused before anything is written."""
+    root = real_ckpt("megatron-hf-qkvbias")
+    good = tmp_path / "good"
+    export(root / "checkpoints", good, to="hf")
+    qwen_args = _args(real_ckpt, "megatron-hf-qkvbias")
+    assert qwen_args["add_qkv_bias"] is True and qwen_args["add_bias_linear"] is False
+    _no_args(monkeypatch)
+    cfg = json.loads((good / "config.json").read_text())
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps({k: v for k, v in cfg.items() if k != "rope_parameters"}))
+    res = export(root / "checkpoints", tmp_path / "hf", to="hf", config=given)
+    assert any("--config" in n and "trusted" in n for n in res.notes)
+    assert json.loads((tmp_path / "hf/config.json").read_text())["model_type"] == "qwen2"
+    assert _rel(tmp_path / "hf", root, "Qwen2ForCausalLM") <= TOL
+    # a Qwen2 config for a checkpoint without biases, a Llama one without biases for this one: refused
+    with pytest.raises(ExportError, match="linear biases: the configuration says linear_qkv, the tensors none"):
+        export(real_ckpt("megatron-hf-tp2") / "checkpoints", tmp_path / "x", to="hf", config=given)
+    llama = {**cfg, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": False}
+    given.write_text(json.dumps(llama))
+    with pytest.raises(ExportError, match="linear biases: the configuration says none, the tensors linear_qkv"):
+        export(root / "checkpoints", tmp_path / "x", to="hf", config=given)
+    given.write_text(json.dumps({**cfg, "use_sliding_window": True}))
+    with pytest.raises(ExportError, match="use_sliding_window"):
+        export(root / "checkpoints", tmp_path / "x", to="hf", config=given)
+    # args that say no biases: refused too
+    _no_args(monkeypatch, {**qwen_args, "add_qkv_bias": False})
+    with pytest.raises(ExportError, match="linear biases: the configuration says none, the tensors linear_qkv"):
+        export(root / "checkpoints", tmp_path / "x", to="hf")
+    assert not (tmp_path / "x").exists()
 
 
 def _exported(real_ckpt, tmp_path, variant="megatron-hf-tp2", **kw):
@@ -166,11 +297,11 @@ def test_without_args_refused_naming_the_values_then_config_works(real_ckpt, tmp
     assert not (tmp_path / "y").exists()
 
 
-def _args(real_ckpt):
+def _args(real_ckpt, variant="megatron-hf-tp2"):
     from ckpt_tui.core.formats.dcp.format import megatron_args
     from ckpt_tui.core.report import inspect
 
-    rep = inspect(real_ckpt("megatron-hf-tp2") / "checkpoints")
+    rep = inspect(real_ckpt(variant) / "checkpoints")
     return megatron_args(rep.inventory.root.find("iter_0000010"))
 
 
@@ -187,6 +318,12 @@ def _args(real_ckpt):
             "linear_qkv: [128, 64], expected [192, 64] (8 heads, 2 query groups, head_dim 16)",
         ),
         ({"ffn_hidden_size": 128}, "intermediate (ffn) size: the configuration says 128, the tensors 96"),
+        ({"window_size": [128, 0]}, "window_size=[128, 0] (sliding-window attention)"),
+        ({"add_qkv_bias": True}, "linear biases: the configuration says linear_qkv, the tensors none"),
+        (
+            {"add_bias_linear": True},
+            "linear biases: the configuration says linear_qkv, linear_proj, linear_fc1/fc2, the tensors none",
+        ),
     ],
 )
 def test_args_that_are_not_llama_refused(real_ckpt, tmp_path, monkeypatch, change, said):
@@ -210,12 +347,13 @@ def test_geglu_when_the_run_did_not_say_swiglu(real_ckpt, tmp_path, monkeypatch)
 
 
 def test_non_llama_megatron_refused_saying_what_it_saw(real_ckpt, tmp_path):
-    """samples/megatron_dist.py's GPT: LayerNorm, learned absolute positions, biases."""
+    """samples/megatron_dist.py's GPT: LayerNorm, learned absolute positions (its linear biases would be mapped: not
+    among what is said)."""
     with pytest.raises(ExportError) as e:
         export(real_ckpt("megatron-dist") / "checkpoints", tmp_path / "x", to="hf")
     msg = str(e.value)
     assert "Llama-family" in msg and "LayerNorm" in msg and "learned absolute position embeddings" in msg
-    assert "linear biases" in msg and "without --to hf" in msg
+    assert "biases the mapping does not know" not in msg and "without --to hf" in msg
 
 
 def test_other_frameworks_refused(real_ckpt, tmp_path):
@@ -245,6 +383,7 @@ def test_the_offer_asks_what_the_export_would(real_ckpt, monkeypatch):
         return rep.inventory.root.find("iter_0000010").facts.get("to_hf")
 
     assert offer("megatron-hf-tp2") == offer("megatron-hf-tp2-016") == offer("megatron-hf-pp2") == "ready"
+    assert offer("megatron-hf-qkvbias") == offer("megatron-hf-bias") == offer("megatron-hf-pp2-016") == "ready"
     assert offer("megatron-dist") is None
     names = [
         ("embedding.word_embeddings.weight", (256, 64), "float32"),

@@ -200,7 +200,8 @@ def to_hf_finding(inv: Inventory, n: Node, offer: str) -> Finding:
     p = n.path
     megatron = "pipeline_parallel" in n.facts  # written for every folder megatron saved
     what = "a Llama-family Megatron-Core GPT model" if megatron else "a torchtitan Llama model"
-    folder = "a Hugging Face model folder (LlamaForCausalLM: names mapped, fused tensors split, config.json"
+    arch = "LlamaForCausalLM, Qwen2ForCausalLM where only q/k/v have biases" if megatron else "LlamaForCausalLM"
+    folder = f"a Hugging Face model folder ({arch}: names mapped, fused tensors split, config.json"
     if offer == "ready":
         cmd = to_hf_command(inv, p)
         return Finding(

@@ -71,10 +71,51 @@ def _real_ckpt_copy_fixture(tmp_path):
     return lambda name: real_ckpt_copy(name, tmp_path)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The advice corpus's count of what it ran (quoted in the figures table of docs/safety.md)."""
+def _tally():
+    """The advice corpus's tally in this process, if it ran cases here."""
     import sys
 
     for name, mod in list(sys.modules.items()):
         if name.endswith("test_advice_corpus") and getattr(mod, "TALLY", None) is not None and mod.TALLY.cases:
-            terminalreporter.write_line(mod.TALLY.line())
+            return mod.TALLY
+    return None
+
+
+def pytest_configure(config):
+    """The file a test process (pytest-xdist's worker) leaves the advice corpus's tally in, for the summary."""
+    import os
+    import tempfile
+
+    if not hasattr(config, "workerinput"):  # the controller, or a run in one process
+        fd, path = tempfile.mkstemp(prefix="ckpt-tui-tally-")
+        os.close(fd)
+        os.environ["CKPT_TUI_TALLY_FILE"] = path  # the workers, started after this, inherit it
+        config.stash[_TALLY_KEY] = path
+
+
+def pytest_sessionfinish(session):
+    import os
+
+    tally, path = _tally(), os.environ.get("CKPT_TUI_TALLY_FILE")
+    if tally is not None and path and hasattr(session.config, "workerinput"):
+        with open(path, "a") as f:
+            f.write(tally.line() + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The advice corpus's count of what it ran (quoted in the figures table of docs/safety.md), from this
+    process or from the worker that ran it."""
+    import os
+
+    tally = _tally()
+    if tally is not None:
+        terminalreporter.write_line(tally.line())
+    path = terminalreporter.config.stash.get(_TALLY_KEY, None)
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f.read().splitlines():
+                terminalreporter.write_line(line)
+        os.remove(path)
+
+
+_TALLY_KEY = pytest.StashKey[str]()

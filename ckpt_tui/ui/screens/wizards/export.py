@@ -121,9 +121,7 @@ class ExportWizard(PlannedWizard[ExportChoice]):
             node = inv.node(c.path)
             offer = node.facts.get("to_hf") if node is not None else None
             if offer:
-                with_hf.append(
-                    ExportSource("hf", c.path, "a Hugging Face model (--to hf): LlamaForCausalLM + config.json")
-                )
+                with_hf.append(ExportSource("hf", c.path, "a Hugging Face model (--to hf): Llama/Qwen2 + config.json"))
                 if offer == "config":
                     self.hf_needs_config.add(c.path)
         if any(c.component == "hf" for c in with_hf):

@@ -135,7 +135,8 @@ def _apply(p, quiet_for: float, force: bool, as_json: bool, naturalsize):
         done = f"removed {len(e.result.removed)} path(s), freed {naturalsize(e.result.bytes_freed)}"
         left = (
             f"`{e.marked}/` is marked half pruned (its marker lists what is left): "
-            f"`ckpt-tui prune {shell_path(str(p.run))} --yes` finishes it"
+            f"`ckpt-tui prune {shell_path(str(p.run))} --yes` finishes it (with --force within a minute: this "
+            "prune's own removals are recent writes)"
             if e.marked
             else "every checkpoint is untouched or finished"
         )

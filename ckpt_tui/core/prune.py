@@ -20,8 +20,7 @@ and what it refuses and why. :func:`apply` removes exactly that plan:
    finished, or marked ``pruning`` -- exactly as a kill there would;
 5. ``--what optimizer``: the marker is rewritten ``{"state": "pruned", "finished": ...}`` and stays: inspect then
    says ``optimizer-pruned`` (model only, and what that means for resuming). ``--what checkpoint``: the marker goes
-   last and the emptied folder with it. A checkpoint that is one file (a Lightning ``.ckpt``) goes in one
-   ``unlinkat``, with no marker (nothing can be half done).
+   last and the emptied folder with it.
 
 A file hard-linked elsewhere (``cp -al`` snapshots) frees its bytes only with its last link: the plan counts it
 0 B unless it removes every link (:func:`_count_links`), and the result counts what each ``unlinkat`` freed.
@@ -427,7 +426,7 @@ def _optimizer_entries(run: Path, ck: _Ckpt, rep: Any, broken: set[str]) -> tupl
 
     folder = run / ck.path
     me = _entry(run, ck.path)
-    if me is not None and me.kind == "file":
+    if me is not None and me.kind == "file":  # a guard: no run listing gives a checkpoint that is one file today
         name = ck.path.rsplit("/", 1)[-1]
         if name.endswith(".ckpt"):
             return [], "", "a Lightning .ckpt holds model and optimizer in one file"
@@ -851,13 +850,6 @@ def apply(
         for c in p.checkpoints:
             if cancel is not None and cancel.is_set():
                 raise PruneCancelled(res, None)  # between two checkpoints: each untouched or finished
-            if len(c.entries) == 1 and c.entries[0].path == c.path and c.entries[0].kind != "dir":
-                try:  # a checkpoint that is one file (a Lightning .ckpt): one unlinkat, nothing half done to mark
-                    removed(c.entries[0], _remove(run_fd, c.entries[0]))
-                except (PruneError, OSError) as err:
-                    res.failed.append((c.path, str(err)))
-                _after("done", c.path)
-                continue
             _apply_one(run, run_fd, c, res, removed, cancel)
     finally:
         os.close(run_fd)

@@ -445,15 +445,19 @@ def test_ctrl_c_stops_a_prune_before_its_next_removal_with_a_message_and_exit_13
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err
     assert "interrupted: removed 1 path(s)" in err and "`checkpoint-2/` is marked half pruned" in err, err
-    assert f"ckpt-tui prune {run} --yes` finishes it" in err
+    assert f"`ckpt-tui prune {run} --yes` finishes it (with --force within a minute" in err
     assert not (run / "checkpoint-2" / "optimizer.pt").exists()  # the one removal before Ctrl-C
     assert _sums(run) == {k: v for k, v in before.items() if k != "checkpoint-2/optimizer.pt"} | {
         k: v for k, v in _sums(run).items() if k.endswith(".ckpt-tui-prune.json")
     }
     assert _state(run, "checkpoint-2") == "pruning" and _state(run, "checkpoint-1") is None
     assert [f["path"] for f in _findings(run) if f["code"] == "prune-interrupted"] == ["checkpoint-2"]
-    r = ckpt_tui("prune", str(run), "--yes", "--force", "--no-keep-best", cwd=run.parent)  # the printed command
-    assert r.returncode == 0 and _state(run, "checkpoint-2") == "pruned" == _state(run, "checkpoint-1"), r.stderr
+    r = ckpt_tui("prune", str(run), "--yes", cwd=run.parent)  # the printed command: within a minute, refused
+    assert r.returncode == 1 and "modified in the last 60 s" in r.stderr, r.stderr
+    r = ckpt_tui("prune", str(run), "--yes", "--force", cwd=run.parent)  # the printed command, with --force
+    assert r.returncode == 0 and _state(run, "checkpoint-2") == "pruned", r.stderr
+    assert not any((run / "checkpoint-2" / f).exists() for f in OPTIM)
+    assert _state(run, "checkpoint-1") is None  # the best: kept by this prune (no --no-keep-best)
 
 
 # ---------------------------------------------------------------------------------------------- a concurrent writer

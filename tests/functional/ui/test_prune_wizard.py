@@ -1,7 +1,10 @@
 """The prune wizard (key `p` on the run view, issue 28) on a copy of a real run (hf-rotation-killed: checkpoint-2
 whole, checkpoint-1 left half deleted by a killed rotation): --what checkpoint, keep the newest; the plan names
 every path and the total; enter asks once more with the total; yes removes exactly the plan -- the planned paths
-gone, every other file byte for byte as it was -- and the run is scanned again."""
+gone, every other file byte for byte as it was -- and the run is scanned again. On test_prune.py's run (written just
+now, its best named): the flags step's --force (a busy run refused at the plan until ticked) and --no-keep-best,
+--what optimizer end to end (marker, inspect's optimizer-pruned), and a running prune cancelled while it is held
+after its first removal: it stops there, checkpoint-2 marked half pruned, checkpoint-1 untouched."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import click
 
@@ -54,7 +53,7 @@ def prune_cmd(run, keep_last, what, no_keep_best, yes, quiet_for, force, as_json
     (never through a symbolic link, never outside RUN). Each checkpoint gets a marker
     (.ckpt-tui-prune.json, see docs/prune.md) before anything goes from it, so a prune
     killed halfway leaves a checkpoint inspect reports as half pruned, and the next prune
-    finishes it.
+    finishes it. Ctrl-C stops it before its next removal and says what is left.
 
     \b
     Examples:
@@ -68,7 +67,7 @@ def prune_cmd(run, keep_last, what, no_keep_best, yes, quiet_for, force, as_json
     local_only(run, "prune")
     from pathlib import Path
 
-    from ..core.prune import PruneError, apply, plan, require_quiet
+    from ..core.prune import PruneError, plan, require_quiet
     from ..core.report import inspect
     from ..core.scan import ScanError
     from ..core.units import naturalsize
@@ -88,24 +87,7 @@ def prune_cmd(run, keep_last, what, no_keep_best, yes, quiet_for, force, as_json
         _print_plan(p, yes, naturalsize)
     res = None
     if yes and p.checkpoints:
-        last = [0.0, time.monotonic()]
-
-        def progress(done: int, total: int, freed: int, want: int) -> None:
-            now = time.monotonic()
-            if as_json or now - last[1] < 1.0:
-                return
-            last[1] = now
-            echo(f"  removed {done}/{total} ({naturalsize(freed)} of {naturalsize(want)})", err=True)
-
-        try:
-            res = apply(p, quiet_for=quiet_for, force=force, on_removed=progress)
-        except PruneError as e:
-            fail(str(e), EXIT_FINDINGS)
-        except KeyboardInterrupt:
-            fail(
-                "interrupted: the checkpoint being pruned is marked half pruned; run the prune again to finish it",
-                EXIT_INTERRUPTED,
-            )
+        res = _apply(p, quiet_for, force, as_json, naturalsize)
     failed = bool(p.refused) or bool(res and res.failed)
     if as_json:
         doc = {"plan": p.to_json(), "applied": res is not None}
@@ -119,6 +101,56 @@ def prune_cmd(run, keep_last, what, no_keep_best, yes, quiet_for, force, as_json
     sys.exit(EXIT_FINDINGS if failed else EXIT_OK)
 
 
+def _apply(p, quiet_for: float, force: bool, as_json: bool, naturalsize):
+    """core.prune.apply with a progress bar on stderr (bytes, rate, time left). The first Ctrl-C (SIGINT) sets the
+    cancel token: the prune stops before its next removal, says what went and what is left, and exits 130; a
+    second Ctrl-C stops it at once (its checkpoint stays marked, as after a kill)."""
+    import signal
+    import threading
+
+    from ..core.prune import PruneCancelled, PruneError, apply
+    from ..core.types import shell_path
+    from .output import _progress
+
+    cancel = threading.Event()
+
+    def on_sigint(signum, frame):
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
+    try:
+        with _progress(as_json, "bytes") as bar:
+            task = bar.add_task("removing", total=p.bytes or None)
+
+            def on_progress(pr):
+                bar.update(task, completed=pr.done, total=pr.total or None)
+
+            return apply(p, quiet_for=quiet_for, force=force, on_progress=on_progress, cancel=cancel)
+    except PruneError as e:
+        fail(str(e), EXIT_FINDINGS)
+    except PruneCancelled as e:
+        done = f"removed {len(e.result.removed)} path(s), freed {naturalsize(e.result.bytes_freed)}"
+        left = (
+            f"`{e.marked}/` is marked half pruned (its marker lists what is left): "
+            f"`ckpt-tui prune {shell_path(str(p.run))} --yes` finishes it (with --force within a minute: this "
+            "prune's own removals are recent writes)"
+            if e.marked
+            else "every checkpoint is untouched or finished"
+        )
+        fail(f"interrupted: {done}; {left}", EXIT_INTERRUPTED)
+    except KeyboardInterrupt:
+        fail(
+            "interrupted: the checkpoint being pruned is marked half pruned; run the prune again to finish it",
+            EXIT_INTERRUPTED,
+        )
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, before)
+
+
 def _print_plan(p, yes: bool, naturalsize) -> None:
     verb = "Removing" if yes else "Would remove"
     if not p.checkpoints:
@@ -127,7 +159,8 @@ def _print_plan(p, yes: bool, naturalsize) -> None:
         echo(f"{c.path}/  step {c.step}: {verb.lower()} {naturalsize(c.bytes)}" + (f"  ({c.note})" if c.note else ""))
         for e in c.entries:
             tail = "/" if e.kind == "dir" else " (link; its target untouched)" if e.kind == "link" else ""
-            echo(f"  {e.path}{tail}  {naturalsize(e.bytes)}")
+            note = f"  ({e.link_note()})" if e.link_note() else ""
+            echo(f"  {e.path}{tail}  {naturalsize(e.bytes)}{note}")
     for path, why in p.kept:
         echo(f"keep {path}/: {why}")
     for path, why in p.skipped:

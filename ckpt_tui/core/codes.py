@@ -125,7 +125,7 @@ CODES: dict[str, FindingCode] = {
         FindingCode(
             "optimizer-pruned",
             ("warning", "info"),
-            "model only, optimizer pruned: DeepSpeed cannot resume it; HF: a fresh optimizer",
+            "model only, optimizer pruned: DeepSpeed and verl cannot resume it as is; HF: a fresh optimizer",
         ),
         FindingCode(
             "resume-world-size",

@@ -10,12 +10,20 @@ and what it refuses and why. :func:`apply` removes exactly that plan:
    :func:`staging.staged_file` (temp file, fsync, ``os.replace``): ``{"state": "pruning", "remove": [...]}``. While
    it says ``pruning`` inspect reports ``prune-interrupted`` (an error: the checkpoint is never complete, so never
    exported or resumed as such) and the next prune finishes what it lists;
-3. each path is checked again just before it goes: the same file (device, inode, size, mtime) as planned, reached
+3. once the marker is written, the whole checkpoint is compared with the plan's snapshot of it (every entry's
+   kind, device, inode, size, mtime): a writer that changed it after the plan, or between the quiet check and the
+   marker, makes prune put the marker back as it was and leave the checkpoint untouched;
+4. each path is checked again just before it goes: the same file (device, inode, size, mtime) as planned, reached
    from the run's folder one component at a time with ``O_NOFOLLOW`` (never through a symbolic link, never outside
-   RUN), and removed with ``unlinkat``;
-4. ``--what optimizer``: the marker is rewritten ``{"state": "pruned", "finished": ...}`` and stays: inspect then
+   RUN), and removed with ``unlinkat``. The cancel token is checked before each checkpoint and between two
+   removals: a cancelled prune leaves each checkpoint untouched (its marker taken back when nothing went yet),
+   finished, or marked ``pruning`` -- exactly as a kill there would;
+5. ``--what optimizer``: the marker is rewritten ``{"state": "pruned", "finished": ...}`` and stays: inspect then
    says ``optimizer-pruned`` (model only, and what that means for resuming). ``--what checkpoint``: the marker goes
    last and the emptied folder with it.
+
+A file hard-linked elsewhere (``cp -al`` snapshots) frees its bytes only with its last link: the plan counts it
+0 B unless it removes every link (:func:`_count_links`), and the result counts what each ``unlinkat`` freed.
 
 The marker's name and content are documented in docs/prune.md. No torch, textual or rich here.
 """
@@ -24,13 +32,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat as _stat
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+
+from .progress import Cancelled, OnProgress, report
 
 if TYPE_CHECKING:
     from .types import Node
@@ -39,6 +51,7 @@ MARKER = ".ckpt-tui-prune.json"
 MARKER_VERSION = 1
 WHATS = ("optimizer", "checkpoint")
 _MAX_MARKER = 1 << 20
+Stamp = tuple[str, int, int, int, int]  # kind, dev, ino, size, mtime_ns (a folder: kind, dev, ino)
 
 
 class PruneError(Exception):
@@ -88,16 +101,30 @@ def _day(iso: object) -> str:
 
 @dataclass
 class Entry:
-    """One path the plan removes: ``path`` relative to RUN, its bytes (a folder: 0, removed once emptied),
-    ``kind`` file / dir / link, and its stamp at plan time (checked again before it goes)."""
+    """One path the plan removes: ``path`` relative to RUN, the bytes removing it frees (a folder or a link: 0; a
+    file hard-linked elsewhere: 0 until its last link goes, :func:`_count_links`), ``kind`` file / dir / link, and
+    its stamp at plan time (checked again before it goes)."""
 
     path: str
     bytes: int
     kind: str
     stamp: tuple[int, int, int, int] = (0, 0, 0, 0)  # dev, ino, size, mtime_ns
+    size: int = 0  # a file's size
+    links: int = 1  # its hard links (st_nlink): a `cp -al` snapshot shares the bytes
+    outside: int = 0  # of those, the links the plan does not remove: while one stays, removing this frees nothing
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "bytes": self.bytes, "kind": self.kind}
+        return {"path": self.path, "bytes": self.bytes, "kind": self.kind, "size": self.size, "links": self.links}
+
+    def link_note(self) -> str:
+        """What a hard link's bytes do, for the printed plan; "" for a file with one link."""
+        if self.kind != "file" or self.links < 2:
+            return ""
+        if self.outside:
+            return f"shared with {self.outside} other link(s) that stay: frees nothing"
+        if not self.bytes:
+            return "a hard link: its bytes are counted at its last link in this plan"
+        return f"the last of its {self.links} hard links in this plan: frees its bytes"
 
 
 @dataclass
@@ -109,6 +136,9 @@ class CheckpointPlan:
     note: str = ""  # what goes with it (the fp32 masters), what it means
     resumes: str = ""  # what the checkpoint still holds afterwards, for the marker
     finishing: bool = False  # an interrupted prune's marker is finished
+    # every entry of the checkpoint at plan time (its marker left out): apply compares it again once the marker is
+    # written, before the first removal, and leaves a checkpoint that changed as it was (:func:`_changes`)
+    tree: dict[str, Stamp] = field(default_factory=dict, repr=False)
 
     @property
     def bytes(self) -> int:
@@ -163,6 +193,92 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _tree_stamp(st: os.stat_result) -> Stamp:
+    """What :func:`_snapshot` keeps of an entry: a folder's kind and identity only (writing the marker into it, or a
+    removal, changes its mtime; what it holds is in the snapshot itself), the rest's size and mtime too."""
+    if _stat.S_ISDIR(st.st_mode):
+        return ("dir", st.st_dev, st.st_ino, 0, 0)
+    kind = "link" if _stat.S_ISLNK(st.st_mode) else "file" if _stat.S_ISREG(st.st_mode) else "other"
+    return (kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _snapshot(run_fd: int, rel: str) -> dict[str, Stamp]:
+    """Every entry at and below ``rel`` (a path below the run whose folder is ``run_fd``) -> its stamp, reached one
+    component at a time without following a link; the prune marker and its temp and lock files left out. OSError
+    when ``rel`` cannot be reached so."""
+    out: dict[str, Stamp] = {}
+    fd, name = _open_parent(run_fd, rel)
+    try:
+        st = os.lstat(name, dir_fd=fd)
+        out[rel] = _tree_stamp(st)
+        if not _stat.S_ISDIR(st.st_mode):
+            return out
+        top = os.open(name, _DIR_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+    def walk(dfd: int, prefix: str, depth: int) -> None:
+        with os.scandir(dfd) as it:
+            kids = sorted(it, key=lambda e: e.name)
+        for e in kids:
+            if depth == 0 and (e.name == MARKER or e.name.startswith(f".{MARKER}")):
+                continue
+            st = e.stat(follow_symlinks=False)
+            path = f"{prefix}/{e.name}"
+            out[path] = _tree_stamp(st)
+            if _stat.S_ISDIR(st.st_mode):
+                sub = os.open(e.name, _DIR_FLAGS, dir_fd=dfd)
+                try:
+                    walk(sub, path, depth + 1)
+                finally:
+                    os.close(sub)
+
+    try:
+        walk(top, rel, 0)
+    finally:
+        os.close(top)
+    return out
+
+
+def _changes(run_fd: int, c: CheckpointPlan) -> str:
+    """What changed in checkpoint ``c`` since its plan was made ("" when nothing did, or the plan has no snapshot)."""
+    if not c.tree:
+        return ""
+    try:
+        now = _snapshot(run_fd, c.path)
+    except OSError as err:
+        return f"it cannot be read again without following a link ({err.strerror})"
+    said = []
+    for label, paths in (
+        ("changed", [p for p in now if p in c.tree and now[p] != c.tree[p]]),
+        ("new", [p for p in now if p not in c.tree]),
+        ("gone", [p for p in c.tree if p not in now]),
+    ):
+        if paths:
+            more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+            said.append(f"{label}: {sorted(paths)[0]}{more}")
+    return "; ".join(said)
+
+
+def _count_links(p: Plan) -> None:
+    """A file with hard links elsewhere (``cp -al`` snapshots) frees its bytes only when its last link goes: each
+    such file in the plan counts 0 B, except the last of its links in plan order when the plan removes them all."""
+    groups: dict[tuple[int, int], list[Entry]] = {}
+    for c in p.checkpoints:
+        for e in c.entries:
+            if e.kind == "file" and e.links > 1:
+                groups.setdefault((e.stamp[0], e.stamp[1]), []).append(e)
+    for es in groups.values():
+        outside = max(es[0].links - len(es), 0)
+        for e in es:
+            e.bytes, e.outside = 0, outside
+        if not outside:
+            es[-1].bytes = es[-1].size
+
+
 def _entry(run: Path, rel: str) -> Optional[Entry]:
     """``rel`` (below RUN) as an entry, lstat'ed (a link is a link), or None when gone."""
     try:
@@ -174,7 +290,7 @@ def _entry(run: Path, rel: str) -> Optional[Entry]:
     if _stat.S_ISDIR(st.st_mode):
         return Entry(rel, 0, "dir", _stamp(st))
     if _stat.S_ISREG(st.st_mode):
-        return Entry(rel, st.st_size, "file", _stamp(st))
+        return Entry(rel, st.st_size, "file", _stamp(st), st.st_size, st.st_nlink)
     return None
 
 
@@ -288,9 +404,9 @@ def _best(run: Path, cks: list[_Ckpt]) -> Optional[str]:
                     return o.path
         path = state.get("best_model_checkpoint")
         if isinstance(path, str) and path:
-            base = os.path.basename(path.rstrip("/"))
+            base = re.split(r"[\\/]", path.rstrip("/\\"))[-1]  # as the run view resolves it (core/run_view.py)
             for o in cks:
-                if os.path.basename(o.path) == base:
+                if o.path.rsplit("/", 1)[-1] == base:
                     return o.path
         return None
     return None
@@ -309,6 +425,12 @@ def _optimizer_entries(run: Path, ck: _Ckpt, rep: Any, broken: set[str]) -> tupl
     from .names import MODEL_FILE_RE
 
     folder = run / ck.path
+    me = _entry(run, ck.path)
+    if me is not None and me.kind == "file":  # a guard: no run listing gives a checkpoint that is one file today
+        name = ck.path.rsplit("/", 1)[-1]
+        if name.endswith(".ckpt"):
+            return [], "", "a Lightning .ckpt holds model and optimizer in one file"
+        return [], "", f"a single file ({name}) holds model and optimizer together: they cannot be split by deleting"
     kids = _children(folder)
     files = {n for n, k in kids.items() if k == "file"}
     dirs = {n for n, k in kids.items() if k == "dir"}
@@ -316,6 +438,12 @@ def _optimizer_entries(run: Path, ck: _Ckpt, rep: Any, broken: set[str]) -> tupl
     if ".metadata" in files or any(n.endswith(".distcp") for n in files):
         if ck.path.rsplit("/", 1)[-1].startswith("iter_"):
             return [], "", "a Megatron torch_dist checkpoint holds model and optimizer in the same .distcp files"
+        if ck.layout == "lightning-fsdp" or ck.path.endswith(".ckpt"):
+            return (
+                [],
+                "",
+                "a Lightning FSDP .ckpt folder is one DCP holding model and optimizer in the same .distcp files",
+            )
         return (
             [],
             "",
@@ -337,6 +465,9 @@ def _optimizer_entries(run: Path, ck: _Ckpt, rep: Any, broken: set[str]) -> tupl
     safetensors = [n for n in files if MODEL_FILE_RE.match(n)]
     model_file_ok = any(_weights_ok(rep, f"{rel}/{n}", broken) for n in safetensors)
     tags = [n for n in dirs if n.startswith("global_step")]
+    named = _latest_tag(folder)  # a Lightning DeepSpeed .ckpt folder: its tag is `checkpoint/`, named by `latest`
+    if named is not None and named in dirs and named not in tags:
+        tags.append(named)
     tag_kinds: list[tuple[str, set[str]]] = [(f"{rel}/{t}", set(_children(folder / t))) for t in tags]
     if any(n.endswith("_model_states.pt") or n.endswith("_optim_states.pt") for n in files):
         tag_kinds.append((rel, set(files)))
@@ -389,12 +520,40 @@ def _optimizer_entries(run: Path, ck: _Ckpt, rep: Any, broken: set[str]) -> tupl
     return out, "; ".join(notes), ""
 
 
+def _latest_tag(folder: Path) -> Optional[str]:
+    """The tag a DeepSpeed save folder's own ``latest`` file names (never through a link), or None."""
+    try:
+        fd = os.open(folder / "latest", os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 256).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return text if text and "/" not in text and text not in (".", "..") else None
+
+
 def _deepspeed(kids: dict[str, str]) -> bool:
     """Does a checkpoint holding these entries (name -> file / dir) resume through DeepSpeed (a tag in it, or it
-    is one)?"""
-    return any(n.startswith("global_step") and k == "dir" for n, k in kids.items()) or any(
-        n.endswith("_model_states.pt") for n in kids
+    is one; a Lightning DeepSpeed .ckpt folder: its `latest` and zero_to_fp32.py beside its tag)?"""
+    return (
+        any(n.startswith("global_step") and k == "dir" for n, k in kids.items())
+        or any(n.endswith("_model_states.pt") for n in kids)
+        or ("latest" in kids and "zero_to_fp32.py" in kids)
     )
+
+
+def _verl(kids: dict[str, str]) -> bool:
+    """A verl ``global_step_N`` folder (its ``actor/`` or ``critic/``)?"""
+    return any(n in ("actor", "critic") and k == "dir" for n, k in kids.items())
+
+
+def cannot_resume(kids: dict[str, str]) -> bool:
+    """Does the framework that wrote a checkpoint holding these entries stop on resuming it once its optimizer is
+    pruned (the finding is then a warning)?"""
+    return _deepspeed(kids) or _verl(kids)
 
 
 def resumes_text(kids: dict[str, str]) -> str:
@@ -402,7 +561,12 @@ def resumes_text(kids: dict[str, str]) -> str:
     if _deepspeed(kids):
         return (
             "DeepSpeed cannot resume it (its load_checkpoint needs the optimizer states it no longer has; the HF "
-            "Trainer under DeepSpeed stops): start a new run from its weights"
+            "Trainer or Lightning under DeepSpeed stops): start a new run from its weights"
+        )
+    if _verl(kids):
+        return (
+            "verl resumes it only with `optimizer` left out of the actor's `checkpoint.load_contents` (its "
+            "checkpoint manager reads optim_world_size_*.pt otherwise), and then with a fresh optimizer"
         )
     return (
         "the HF Trainer resumes it with a fresh optimizer and the learning-rate schedule restarted from its warm-up "
@@ -448,15 +612,16 @@ def plan(
             keep.setdefault(best, []).append("the best checkpoint (trainer_state.json)")
     newest_complete = complete[0].step if complete else None
     for c in cks:
-        marker = read_marker(run / c.path)
+        linked = any(os.path.islink(run / c.path.rsplit("/", i)[0]) for i in range(c.path.count("/") + 1))
+        if linked and c.path not in keep:
+            out.refused.append((c.path, "a symbolic link: never followed"))
+            continue
+        marker = None if linked else read_marker(run / c.path)  # never a marker read through a link
         if marker is not None and marker["state"] == "pruning":
             out.checkpoints.append(_finish(run, c, marker))
             continue
         if c.path in keep:
             out.kept.append((c.path, ", ".join(dict.fromkeys(keep[c.path]))))
-            continue
-        if os.path.islink(run / c.path):
-            out.refused.append((c.path, "a symbolic link: never followed"))
             continue
         if what == "checkpoint":
             if not c.complete and (newest_complete is None or c.step > newest_complete):
@@ -464,7 +629,8 @@ def plan(
                     (c.path, "incomplete and newer than the newest complete checkpoint: look at it first")
                 )
                 continue
-            entries = _tree(run, c.path)
+            # its marker (an optimizer prune's "pruned") is not an entry: this prune rewrites it, and removes it last
+            entries = [e for e in _tree(run, c.path) if not _is_marker(c.path, e.path)]
             order = {f"{c.path}/trainer_state.json": 0}  # what makes it resumable goes first
             entries.sort(key=lambda e: order.get(e.path, 1))
             out.checkpoints.append(CheckpointPlan(c.path, c.step, what, entries, "the whole checkpoint"))
@@ -488,14 +654,31 @@ def plan(
         out.checkpoints.append(
             CheckpointPlan(c.path, c.step, what, entries, note, resumes_text(_children(run / c.path)))
         )
+    _count_links(out)
+    run_fd = os.open(run, _DIR_FLAGS)
+    try:
+        for cp in out.checkpoints:
+            try:
+                cp.tree = _snapshot(run_fd, cp.path)
+            except OSError:
+                cp.tree = {}  # apply cannot reach it either, and says so
+    finally:
+        os.close(run_fd)
     return out
+
+
+def _is_marker(ck: str, rel: str) -> bool:
+    """Is ``rel`` (below RUN; below the checkpoint when ``ck`` is "") checkpoint ``ck``'s marker, or its lock or temp
+    file?"""
+    name = rel[len(ck) + 1 :] if ck else rel
+    return name == MARKER or name.startswith(f".{MARKER}")
 
 
 def _finish(run: Path, c: _Ckpt, marker: dict[str, Any]) -> CheckpointPlan:
     """An interrupted prune's plan: what its marker lists that is still there (each below the checkpoint)."""
     entries: list[Entry] = []
     for p in marker["remove"]:
-        if p.startswith("/") or ".." in p.split("/") or not p:
+        if p.startswith("/") or ".." in p.split("/") or not p or _is_marker("", p):
             continue
         entries += _tree(run, f"{c.path}/{p}")
     seen: set[str] = set()
@@ -549,8 +732,9 @@ def _open_parent(run_fd: int, rel: str) -> tuple[int, str]:
     return fd, parts[-1]
 
 
-def _remove(run_fd: int, e: Entry) -> None:
-    """Remove ``e`` if it is still exactly what was planned; raise PruneError otherwise."""
+def _remove(run_fd: int, e: Entry) -> int:
+    """Remove ``e`` if it is still exactly what was planned (PruneError otherwise); the bytes that freed: a file's
+    size when it was its last hard link, else 0."""
     try:
         fd, name = _open_parent(run_fd, e.path)
     except OSError as err:
@@ -561,15 +745,16 @@ def _remove(run_fd: int, e: Entry) -> None:
         try:
             st = os.lstat(name, dir_fd=fd)
         except FileNotFoundError:
-            return  # gone already (a finished prune's entry)
+            return 0  # gone already (a finished prune's entry)
         kind = "link" if _stat.S_ISLNK(st.st_mode) else "dir" if _stat.S_ISDIR(st.st_mode) else "file"
         same = kind == e.kind and (kind == "dir" or _stamp(st) == e.stamp or e.stamp == (0, 0, 0, 0))
         if not same or (kind == "dir" and (st.st_dev, st.st_ino) != e.stamp[:2] and e.stamp != (0, 0, 0, 0)):
             raise PruneError(f"{e.path} changed since the plan was made; left as it is")
         if kind == "dir":
             os.rmdir(name, dir_fd=fd)
-        else:
-            os.unlink(name, dir_fd=fd)
+            return 0
+        os.unlink(name, dir_fd=fd)
+        return st.st_size if kind == "file" and st.st_nlink <= 1 else 0
     finally:
         os.close(fd)
 
@@ -615,8 +800,29 @@ def require_quiet(run: Path, quiet_for: float) -> None:
         )
 
 
-def apply(p: Plan, *, quiet_for: float = 60.0, force: bool = False, on_removed: Optional[OnRemoved] = None) -> Result:
-    """Remove exactly the plan ``p`` (see the module's docstring for the order and the checks)."""
+class PruneCancelled(Cancelled):
+    """:func:`apply` stopped by its cancel token between two removals. ``result``: what went; ``marked``: the
+    checkpoint left marked ``pruning`` (its marker lists what is left; inspect reports it, the next prune finishes
+    it), or None when every checkpoint is untouched or finished."""
+
+    def __init__(self, result: Result, marked: Optional[str]) -> None:
+        super().__init__("cancelled")
+        self.result = result
+        self.marked = marked
+
+
+def apply(
+    p: Plan,
+    *,
+    quiet_for: float = 60.0,
+    force: bool = False,
+    on_removed: Optional[OnRemoved] = None,
+    on_progress: Optional[OnProgress] = None,
+    cancel: Optional[threading.Event] = None,
+) -> Result:
+    """Remove exactly the plan ``p`` (see the module's docstring for the order and the checks). ``on_progress``:
+    the bytes freed of the plan's, after each removal; ``cancel``: checked before each checkpoint and between two
+    removals: :class:`PruneCancelled` then says what went and which checkpoint is left marked."""
     from .staging import OutLock
 
     run = Path(p.run)
@@ -627,71 +833,122 @@ def apply(p: Plan, *, quiet_for: float = 60.0, force: bool = False, on_removed: 
     res = Result()
     total = sum(len(c.entries) for c in p.checkpoints)
     total_bytes = p.bytes
-    done = 0
-    run_fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    done = [0]
+
+    def removed(e: Entry, freed: int) -> None:
+        res.removed.append(e.path)
+        res.bytes_freed += freed
+        done[0] += 1
+        _after("removed", e.path)
+        if on_removed is not None:
+            on_removed(done[0], total, res.bytes_freed, total_bytes)
+        report(on_progress, res.bytes_freed, total_bytes, "bytes", f"{done[0]}/{total} paths")
+
+    report(on_progress, 0, total_bytes, "bytes", f"0/{total} paths")
+    run_fd = os.open(run, _DIR_FLAGS)
     try:
         for c in p.checkpoints:
-            folder = run / c.path
-            inner = [e.path[len(c.path) + 1 :] for e in c.entries if e.path != c.path]
-            old = read_marker(folder)
-            started = old.get("started") if old is not None else None
-            doc: dict[str, Any] = {
-                "ckpt_tui_prune": MARKER_VERSION,
-                "state": "pruning",
-                "what": c.what,
-                "started": started or _now(),
-                "finished": None,
-                "pid": os.getpid(),
-                "remove": sorted(set(inner) | set(old["remove"] if old else [])),
-                "bytes": c.bytes,
-                "resumes": c.resumes,
-            }
-            try:
-                fd, _name = _open_parent(run_fd, f"{c.path}/{MARKER}")  # its folder, reached without a link
-                os.close(fd)
-            except OSError as err:
-                res.failed.append((c.path, f"cannot reach it without following a link ({err.strerror}); left as it is"))
-                continue
-            try:
-                if old is None or old.get("state") != "pruning":
-                    _write_marker(folder, doc)
-                    _after("marker-written", c.path)
-                for e in c.entries:
-                    if e.path == c.path:
-                        continue  # the folder itself: after its marker
-                    _remove(run_fd, e)
-                    res.removed.append(e.path)
-                    res.bytes_freed += e.bytes
-                    done += 1
-                    _after("removed", e.path)
-                    if on_removed is not None:
-                        on_removed(done, total, res.bytes_freed, total_bytes)
-            except (PruneError, OSError) as err:
-                res.failed.append((c.path, str(err)))
-                continue  # its marker stays "pruning": inspect reports it, the next prune finishes it
-            _after("before-marker-final", c.path)
-            if c.what == "checkpoint":
-                fd, name = _open_parent(run_fd, f"{c.path}/{MARKER}")
-                try:
-                    os.unlink(name, dir_fd=fd)
-                    for leftover in os.listdir(fd):  # the marker's own lock / temp of a killed write
-                        if leftover.startswith(f".{MARKER}"):
-                            os.unlink(leftover, dir_fd=fd)
-                finally:
-                    os.close(fd)
-                try:
-                    _remove(run_fd, Entry(c.path, 0, "dir"))
-                    res.removed.append(c.path)
-                except OSError as err:
-                    res.failed.append((c.path, f"emptied but not removed: {err.strerror}"))
-                done += 1
-            else:
-                _write_marker(folder, {**doc, "state": "pruned", "finished": _now(), "pid": None})
-            _after("done", c.path)
+            if cancel is not None and cancel.is_set():
+                raise PruneCancelled(res, None)  # between two checkpoints: each untouched or finished
+            _apply_one(run, run_fd, c, res, removed, cancel)
     finally:
         os.close(run_fd)
         lock.release()
     return res
+
+
+def _apply_one(
+    run: Path,
+    run_fd: int,
+    c: CheckpointPlan,
+    res: Result,
+    removed: Callable[[Entry, int], None],
+    cancel: Optional[threading.Event],
+) -> None:
+    """Prune checkpoint folder ``c``: its marker, the check that nothing changed since the plan, its removals, then
+    its marker's last step (a failure is recorded in ``res``; a cancel raises :class:`PruneCancelled`)."""
+    folder = run / c.path
+    inner = [e.path[len(c.path) + 1 :] for e in c.entries if e.path != c.path]
+    try:
+        fd, _name = _open_parent(run_fd, f"{c.path}/{MARKER}")  # its folder, reached without a link
+        os.close(fd)
+    except OSError as err:
+        res.failed.append((c.path, f"cannot reach it without following a link ({err.strerror}); left as it is"))
+        return
+    old = read_marker(folder)
+    resuming = old is not None and old.get("state") == "pruning"  # an interrupted prune's: finished, not undone
+    doc: dict[str, Any] = {
+        "ckpt_tui_prune": MARKER_VERSION,
+        "state": "pruning",
+        "what": c.what,
+        "started": (old.get("started") if resuming and old is not None else None) or _now(),
+        "finished": None,
+        "pid": os.getpid(),
+        "remove": sorted(set(inner) | set(old["remove"] if resuming and old is not None else [])),
+        "bytes": c.bytes,
+        "resumes": c.resumes,
+    }
+    here = 0  # removed from this checkpoint
+    try:
+        if not resuming:
+            _write_marker(folder, doc)
+            _after("marker-written", c.path)
+        # a writer may have changed the checkpoint after the plan (or the quiet check) and before its marker:
+        # compare it with the plan's snapshot now that the marker is there, before the first removal
+        changed = _changes(run_fd, c)
+        if changed:
+            if not resuming:
+                _undo_marker(run_fd, folder, c.path, old)
+            res.failed.append((c.path, f"changed since the plan was made ({changed}): nothing of it was removed"))
+            return
+        for e in c.entries:
+            if e.path == c.path:
+                continue  # the folder itself: after its marker
+            if cancel is not None and cancel.is_set():
+                if here == 0 and not resuming:
+                    _undo_marker(run_fd, folder, c.path, old)  # nothing went: as it was
+                    raise PruneCancelled(res, None)
+                raise PruneCancelled(res, c.path)  # its marker says "pruning" and lists what is left
+            freed = _remove(run_fd, e)
+            here += 1
+            removed(e, freed)
+    except (PruneError, OSError) as err:
+        res.failed.append((c.path, str(err)))
+        return  # its marker stays "pruning": inspect reports it, the next prune finishes it
+    _after("before-marker-final", c.path)
+    if c.what == "checkpoint":
+        _unlink_marker(run_fd, c.path)
+        try:
+            _remove(run_fd, Entry(c.path, 0, "dir"))
+            res.removed.append(c.path)
+        except OSError as err:
+            res.failed.append((c.path, f"emptied but not removed: {err.strerror}"))
+    else:
+        _write_marker(folder, {**doc, "state": "pruned", "finished": _now(), "pid": None})
+    _after("done", c.path)
+
+
+def _unlink_marker(run_fd: int, rel: str) -> None:
+    """Remove checkpoint ``rel``'s marker and what a killed write of it left (its lock, its temp file)."""
+    fd, name = _open_parent(run_fd, f"{rel}/{MARKER}")
+    try:
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        for leftover in os.listdir(fd):
+            if leftover.startswith(f".{MARKER}"):
+                os.unlink(leftover, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _undo_marker(run_fd: int, folder: Path, rel: str, old: Optional[dict[str, Any]]) -> None:
+    """Put checkpoint ``rel``'s marker back as it was before this prune wrote it (none, or ``pruned``)."""
+    if old is None:
+        _unlink_marker(run_fd, rel)
+    else:
+        _write_marker(folder, old)
 
 
 # ------------------------------------------------------------------------------------------ what inspect says
@@ -747,11 +1004,10 @@ def marker_findings(inv: Any, findings: list[Any]) -> list[Any]:
         else:
             kids = {c.name: "dir" if c.is_dir else "file" for c in cast("Node", inv.node(path) or inv.root).children}
             resumes = resumes_text(kids)
-            ds = _deepspeed(kids)
             out.append(
                 Finding(
                     "optimizer-pruned",
-                    "warning" if ds else "info",
+                    "warning" if cannot_resume(kids) else "info",
                     path,
                     f"`{me}/` holds the model only: its optimizer was pruned on {_day(m.get('finished'))} "
                     f"({len(m['remove'])} path(s) removed). {resumes[0].upper()}{resumes[1:]}.",

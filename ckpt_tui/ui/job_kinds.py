@@ -24,11 +24,11 @@ if TYPE_CHECKING:
     from ..core.convert.universal.run import UniversalResult
     from ..core.export.plan import ExportPlan
     from ..core.export.write import ExportResult
-    from ..core.prune import Plan as PrunePlan
     from ..core.prune import Result as PruneResult
     from ..core.repair.run import Repair, RepairResult
     from ..core.report import Report
     from .screens.wizards import ExportChoice
+    from .screens.wizards.prune import PruneChoice
 
 P = TypeVar("P")  # what a wizard returns
 R = TypeVar("R")  # what a kind's worker returns
@@ -288,7 +288,8 @@ class StatsJob(JobKind["tuple[str, list[TensorStats]]"]):
 
 class PruneJob(JobKind["PruneResult"]):
     """Prune a run folder (`ckpt-tui prune RUN --yes`) from its run view: the wizard's plan, confirmed once more
-    with its total, removed exactly (core/prune.apply re-checks each path), then a rescan."""
+    with its total, removed exactly (core/prune.apply re-checks each path), then a rescan. Cancelling it sets the
+    core's cancel token: the prune stops before its next removal, and the rescan shows what it left."""
 
     name = "prune"
 
@@ -303,14 +304,15 @@ class PruneJob(JobKind["PruneResult"]):
         if not isinstance(run, Path):
             return  # object storage: prune removes local files only (the action's `local` check says so)
 
-        def confirm(plan: PrunePlan) -> None:
+        def confirm(choice: PruneChoice) -> None:
             from ..core.units import naturalsize
 
+            plan = choice.plan
             n = sum(len(c.entries) for c in plan.checkpoints)
 
             def answer(yes: bool | None) -> None:
                 if yes:
-                    self.run(screen, plan)
+                    self.run(screen, choice)
 
             screen.app.push_screen(
                 ConfirmDialog(
@@ -324,24 +326,40 @@ class PruneJob(JobKind["PruneResult"]):
 
         screen.app.push_screen(PruneWizard(run, report), _run_plan(confirm))
 
-    def run(self, screen: Host, plan: PrunePlan) -> Worker[PruneResult]:
-        from ..core.progress import Progress
+    def run(self, screen: Host, choice: PruneChoice) -> Worker[PruneResult]:
         from ..core.prune import apply
 
+        plan = choice.plan
         info = JobInfo(
             self.name,
             f"prune {plan.run.name}",
-            "a checkpoint stopped half way is marked half pruned; prune again to finish it",
+            "the prune stops before its next removal: a checkpoint it was half way through stays marked half "
+            "pruned (prune again to finish it), the others are untouched or finished",
         )
 
         def prune(on_progress: Any, cancel: Any) -> PruneResult:
-            def removed(done: int, total: int, freed: int, want: int) -> None:
-                if on_progress is not None:
-                    on_progress(Progress(freed, want, "bytes", f"{done}/{total} paths"))
-
-            return apply(plan, on_removed=removed)
+            return apply(plan, force=choice.force, on_progress=on_progress, cancel=cancel)
 
         return self.start(screen, info, prune, exclusive=True)
+
+    def ended(self, screen: Host, worker: Worker[PruneResult], info: JobInfo, end: str) -> None:
+        from ..core.prune import PruneCancelled
+
+        if end == "cancelled":
+            err = worker.error
+            if isinstance(err, PruneCancelled):
+                left = (
+                    f"`{err.marked}/` is marked half pruned: prune again to finish it"
+                    if err.marked
+                    else "every checkpoint untouched or finished"
+                )
+                text = f"{info.title}: cancelled after removing {len(err.result.removed)} path(s) ({size(err.result.bytes_freed)}); {left}."
+            else:
+                text = f"{info.title}: cancelled. {info.cleanup_note}"
+            screen.app.notify(plain(text).plain, markup=False)
+            screen.action_rescan()  # what the prune left: the marked checkpoint shows as half pruned
+            return
+        super().ended(screen, worker, info, end)
 
     def done(self, screen: Host, result: Optional[PruneResult], info: JobInfo) -> None:
         if result is not None:

@@ -331,3 +331,292 @@ def test_a_folder_swapped_for_a_link_after_the_plan_is_not_removed_through(tmp_p
     want = _sums(outside)
     res = apply(p, force=True)
     assert [c for c, _ in res.failed] == ["checkpoint-1"] and _sums(outside) == want
+
+
+# ---------------------------------------------------------------------------------------------- cancelled
+
+
+def _state(run: Path, ck: str) -> str | None:
+    m = run / ck / ".ckpt-tui-prune.json"
+    return json.loads(m.read_text())["state"] if m.exists() else None
+
+
+@pytest.mark.parametrize(
+    "event,nth,marked,states",
+    [
+        # before the first marker: nothing anywhere
+        ("start", 0, None, {"checkpoint-2": None, "checkpoint-1": None}),
+        # the marker written, nothing removed yet: the marker is taken back, the checkpoint is as it was
+        ("marker-written", 1, None, {"checkpoint-2": None, "checkpoint-1": None}),
+        # half way through checkpoint-2: it stays marked, the marker lists what is left
+        ("removed", 1, "checkpoint-2", {"checkpoint-2": "pruning", "checkpoint-1": None}),
+        # its last removal: checkpoint-2 is finished first, checkpoint-1 not begun
+        ("removed", 3, None, {"checkpoint-2": "pruned", "checkpoint-1": None}),
+        ("removed", 4, "checkpoint-1", {"checkpoint-2": "pruned", "checkpoint-1": "pruning"}),
+    ],
+)
+def test_a_cancelled_prune_leaves_each_checkpoint_untouched_finished_or_marked(
+    tmp_path, monkeypatch, event, nth, marked, states
+):
+    import threading
+
+    from ckpt_tui.core import prune
+    from ckpt_tui.core.progress import Cancelled
+    from ckpt_tui.core.report import inspect
+
+    run = _hf_run(tmp_path)
+    p = prune.plan(run, inspect(run), keep_best=False)
+    assert [c.path for c in p.checkpoints] == ["checkpoint-2", "checkpoint-1"]
+    before = _sums(run)
+    cancel = threading.Event()
+    seen = {"n": 0}
+
+    def after(ev, path):
+        if ev == event:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                cancel.set()
+
+    monkeypatch.setattr(prune, "_after", after)
+    if event == "start":
+        cancel.set()
+    reports = []
+    with pytest.raises(prune.PruneCancelled) as got:
+        prune.apply(p, force=True, on_progress=reports.append, cancel=cancel)
+    assert isinstance(got.value, Cancelled) and got.value.marked == marked
+    res = got.value.result
+    assert {ck: _state(run, ck) for ck in states} == states
+    gone = {k for k in before if not (run / k).exists()}
+    assert gone == set(res.removed)  # what it says went, went; nothing else
+    assert res.removed == _planned({"plan": p.to_json()})[: len(res.removed)]  # in plan order
+    assert all(_sums(run).get(k) == v for k, v in before.items() if k not in gone)
+    assert reports[-1].done == res.bytes_freed and reports[-1].total == p.bytes
+    assert reports[-1].label == f"{len(res.removed)}/6 paths"
+    # the next inspect reports it exactly as after a kill, and the next prune finishes it
+    interrupted = [f["path"] for f in _findings(run) if f["code"] == "prune-interrupted"]
+    assert interrupted == ([marked] if marked else [])
+    rc, doc = _prune(run, "--no-keep-best")
+    assert [c["path"] for c in doc["plan"]["checkpoints"] if c["finishing"]] == ([marked] if marked else [])
+    rc, doc = _prune(run, "--no-keep-best", "--yes", "--force")
+    assert rc == 0, doc
+    assert {ck: _state(run, ck) for ck in states} == {ck: "pruned" for ck in states}
+    assert not any((run / ck / f).exists() for ck in states for f in OPTIM)
+
+
+SIGINT = r"""
+import os, sys, time
+from pathlib import Path
+from ckpt_tui.core import prune
+ready, go = Path(sys.argv[1]), Path(sys.argv[2])
+def after(ev, path):
+    if ev == "removed" and not ready.exists():
+        ready.write_text(path)  # the test sends SIGINT now, then lets the prune go on
+        t0 = time.monotonic()
+        while not go.exists() and time.monotonic() - t0 < 120:
+            time.sleep(0.01)
+prune._after = after
+from ckpt_tui.cli import main
+main(["prune", sys.argv[3], "--yes", "--force", "--no-keep-best"])
+"""
+
+
+def test_ctrl_c_stops_a_prune_before_its_next_removal_with_a_message_and_exit_130(tmp_path):
+    import signal
+    import time
+
+    run = _hf_run(tmp_path)
+    before = _sums(run)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGINT, str(ready), str(go), str(run)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    t0 = time.monotonic()
+    while not ready.exists():  # the first file removed: the prune waits in its hook
+        assert proc.poll() is None and time.monotonic() - t0 < 120, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    go.write_text("")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err
+    assert "interrupted: removed 1 path(s)" in err and "`checkpoint-2/` is marked half pruned" in err, err
+    assert f"`ckpt-tui prune {run} --yes` finishes it (with --force within a minute" in err
+    assert not (run / "checkpoint-2" / "optimizer.pt").exists()  # the one removal before Ctrl-C
+    assert _sums(run) == {k: v for k, v in before.items() if k != "checkpoint-2/optimizer.pt"} | {
+        k: v for k, v in _sums(run).items() if k.endswith(".ckpt-tui-prune.json")
+    }
+    assert _state(run, "checkpoint-2") == "pruning" and _state(run, "checkpoint-1") is None
+    assert [f["path"] for f in _findings(run) if f["code"] == "prune-interrupted"] == ["checkpoint-2"]
+    r = ckpt_tui("prune", str(run), "--yes", cwd=run.parent)  # the printed command: within a minute, refused
+    assert r.returncode == 1 and "modified in the last 60 s" in r.stderr, r.stderr
+    r = ckpt_tui("prune", str(run), "--yes", "--force", cwd=run.parent)  # the printed command, with --force
+    assert r.returncode == 0 and _state(run, "checkpoint-2") == "pruned", r.stderr
+    assert not any((run / "checkpoint-2" / f).exists() for f in OPTIM)
+    assert _state(run, "checkpoint-1") is None  # the best: kept by this prune (no --no-keep-best)
+
+
+# ---------------------------------------------------------------------------------------------- a concurrent writer
+
+
+def _append(path: Path) -> None:
+    with path.open("ab") as f:
+        f.write(b"\0")
+
+
+@pytest.mark.parametrize(
+    "what,change,said",
+    [
+        # the weights change under an optimizer prune: the per-file check would never see it (they are not removed)
+        ("optimizer", lambda ck: _append(ck / "model.safetensors"), "changed: checkpoint-2/model.safetensors"),
+        # the last planned file replaced: without the check after the marker, two files would go first
+        ("optimizer", lambda ck: os.replace(ck / "rng_state.pth", ck / "scheduler.pt"), "gone: checkpoint-2/rng"),
+        ("checkpoint", lambda ck: (ck / "optimizer.pt.tmp").write_bytes(b"x"), "new: checkpoint-2/optimizer.pt.tmp"),
+    ],
+)
+def test_a_checkpoint_changed_before_its_marker_is_left_as_it_was(tmp_path, monkeypatch, what, change, said):
+    from ckpt_tui.core import prune
+    from ckpt_tui.core.report import inspect
+
+    run = _hf_run(tmp_path)
+    p = prune.plan(run, inspect(run), what=what, keep_best=False)
+    hit = {}
+
+    def after(ev, path):  # a writer between the plan (and the quiet check) and the marker
+        if ev == "marker-written" and path == "checkpoint-2" and not hit:
+            change(run / path)
+            hit[path] = {k: v for k, v in _sums(run / path).items() if not k.startswith(".ckpt-tui-prune")}
+
+    monkeypatch.setattr(prune, "_after", after)
+    res = prune.apply(p, force=True)
+    assert list(hit) == ["checkpoint-2"]
+    ((path, why),) = res.failed
+    assert path == "checkpoint-2" and "changed since the plan was made" in why and said in why, why
+    assert "nothing of it was removed" in why
+    assert not any(r.startswith("checkpoint-2/") for r in res.removed)
+    assert not (run / "checkpoint-2" / ".ckpt-tui-prune.json").exists()  # the marker taken back
+    assert _sums(run / "checkpoint-2") == hit["checkpoint-2"]  # as the writer left it: nothing removed
+    assert "prune-interrupted" not in {f["code"] for f in _findings(run)}
+    assert [r for r in res.removed if r.startswith("checkpoint-1")]  # the next checkpoint is pruned as planned
+
+
+def test_a_pruned_checkpoint_changed_under_a_whole_prune_keeps_its_pruned_marker(tmp_path, monkeypatch):
+    from ckpt_tui.core import prune
+    from ckpt_tui.core.report import inspect
+
+    run = _hf_run(tmp_path)
+    rc, _ = _prune(run, "--no-keep-best", "--yes", "--force")  # checkpoint-2 and -1: optimizer pruned
+    marker = (run / "checkpoint-1" / ".ckpt-tui-prune.json").read_text()
+    p = prune.plan(run, inspect(run), what="checkpoint", keep_best=False)
+    assert [c.path for c in p.checkpoints] == ["checkpoint-2", "checkpoint-1"]
+
+    def after(ev, path):
+        if ev == "marker-written" and path == "checkpoint-1":
+            _append(run / path / "model.safetensors")
+
+    monkeypatch.setattr(prune, "_after", after)
+    res = prune.apply(p, force=True)
+    assert [c for c, _ in res.failed] == ["checkpoint-1"] and not (run / "checkpoint-2").exists()
+    assert (run / "checkpoint-1" / ".ckpt-tui-prune.json").read_text() == marker  # "pruned", as it was
+
+
+# ---------------------------------------------------------------------------------------------- hard links
+
+
+def test_a_hard_linked_file_frees_its_bytes_only_with_its_last_link(tmp_path):
+    run = _hf_run(tmp_path)
+    snap = tmp_path / "snapshot"  # `cp -al run snapshot` of checkpoint-2: its files share their bytes
+    snap.mkdir()
+    for f in OPTIM:
+        os.link(run / "checkpoint-2" / f, snap / f)
+    size = {f: (run / "checkpoint-2" / f).stat().st_size for f in OPTIM}
+    # checkpoint-1's optimizer.pt the same file as checkpoint-2's
+    (run / "checkpoint-1" / "optimizer.pt").unlink()
+    os.link(snap / "optimizer.pt", run / "checkpoint-1" / "optimizer.pt")
+    rc, doc = _prune(run, "--no-keep-best")
+    entries = {e["path"]: e for c in doc["plan"]["checkpoints"] for e in c["remove"]}
+    assert entries["checkpoint-2/scheduler.pt"]["links"] == 2 and entries["checkpoint-2/scheduler.pt"]["bytes"] == 0
+    assert entries["checkpoint-2/optimizer.pt"]["links"] == 3 and entries["checkpoint-2/optimizer.pt"]["bytes"] == 0
+    assert entries["checkpoint-1/optimizer.pt"]["bytes"] == 0  # the snapshot keeps it: frees nothing
+    assert (
+        entries["checkpoint-1/scheduler.pt"]["bytes"]
+        == size["scheduler.pt"]
+        == entries["checkpoint-1/scheduler.pt"]["size"]
+    )
+    want = size["scheduler.pt"] + size["rng_state.pth"]  # checkpoint-1's own two files, nothing of checkpoint-2
+    assert doc["plan"]["bytes"] == want
+    text = ckpt_tui("prune", str(run), "--no-keep-best", cwd=run.parent).stdout
+    assert "checkpoint-2/optimizer.pt  0 Bytes  (shared with 1 other link(s) that stay: frees nothing)" in text, text
+    rc, done = _prune(run, "--no-keep-best", "--yes", "--force")
+    assert rc == 0 and done["bytes_freed"] == want
+    assert {f: (snap / f).stat().st_nlink for f in OPTIM} == {f: 1 for f in OPTIM}  # the snapshot whole, alone
+    # every link of a file in the plan: its bytes counted once, at its last link
+    run2 = _hf_run(tmp_path / "b")
+    (run2 / "checkpoint-1" / "optimizer.pt").unlink()
+    os.link(run2 / "checkpoint-2" / "optimizer.pt", run2 / "checkpoint-1" / "optimizer.pt")
+    rc, doc = _prune(run2, "--no-keep-best")
+    entries = {e["path"]: e for c in doc["plan"]["checkpoints"] for e in c["remove"]}
+    assert entries["checkpoint-2/optimizer.pt"]["bytes"] == 0
+    assert entries["checkpoint-1/optimizer.pt"]["bytes"] == size["optimizer.pt"]
+    text = ckpt_tui("prune", str(run2), "--no-keep-best", cwd=run2.parent).stdout
+    assert "(a hard link: its bytes are counted at its last link in this plan)" in text
+    assert "(the last of its 2 hard links in this plan: frees its bytes)" in text
+    rc, done = _prune(run2, "--no-keep-best", "--yes", "--force")
+    assert (
+        done["bytes_freed"] == doc["plan"]["bytes"] == sum(size.values()) + size["scheduler.pt"] + size["rng_state.pth"]
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the best checkpoint
+
+
+def _best_run(tmp_path: Path, best_model_checkpoint: str) -> Path:
+    """_hf_run with trainer_state.json naming the best by ``best_model_checkpoint`` only, as the training process
+    saw it (no best_global_step)."""
+    run = _hf_run(tmp_path)
+    state = run / "checkpoint-3" / "trainer_state.json"
+    doc = json.loads(state.read_text())
+    doc.pop("best_global_step", None)
+    doc["best_model_checkpoint"] = best_model_checkpoint
+    state.write_text(json.dumps(doc))
+    return run
+
+
+@pytest.mark.parametrize(
+    "path", ["/scratch/job123/out/checkpoint-1", "/scratch/job123/out/checkpoint-1/", r"D:\job\out\checkpoint-1"]
+)
+def test_best_model_checkpoint_is_resolved_by_its_basename_inside_the_run(tmp_path, path):
+    from ckpt_tui.core.report import inspect
+
+    run = _best_run(tmp_path, path)
+    rc, doc = _prune(run)
+    kept = {k["path"]: k["why"] for k in doc["plan"]["kept"]}
+    assert "best" in kept["checkpoint-1"] and _planned(doc) == [f"checkpoint-2/{n}" for n in OPTIM]
+    view = inspect(run).run_view()  # the run view marks the same one
+    assert view.best is not None and view.best.path == "checkpoint-1" and view.best_source == "best_model_checkpoint"
+    rc, doc = _prune(run, "--what", "checkpoint", "--yes", "--force")
+    assert rc == 0 and (run / "checkpoint-1").is_dir() and not (run / "checkpoint-2").exists()
+
+
+def test_a_hostile_best_model_checkpoint_never_reaches_outside_the_run(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "etc").mkdir()
+    (outside / "etc" / "passwd").write_text("canary")
+    for i, best in enumerate(("../../etc", str(outside / "etc"), "/scratch/out/checkpoint-9", "/", "..")):
+        run = _best_run(tmp_path / f"t{i}", best)
+        victim = outside / f"checkpoint-9-{i}"
+        shutil.copytree(run / "checkpoint-2", victim)
+        (run / "checkpoint-9").symlink_to(victim, target_is_directory=True)  # named like a checkpoint, outside RUN
+        want = _sums(outside)
+        for what in ("optimizer", "checkpoint"):
+            for extra in ((), ("--no-keep-best",)):
+                r = ckpt_tui("prune", str(run), "--what", what, "--yes", "--force", *extra, cwd=run.parent)
+                assert "Traceback" not in r.stderr, r.stderr
+                assert _sums(outside) == want, (best, what, extra)
+                assert (run / "checkpoint-9").is_symlink()
+        assert not (run / "checkpoint-1").exists()  # never kept as "the best": nothing in RUN is it

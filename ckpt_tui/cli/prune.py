@@ -161,12 +161,16 @@ def _print_plan(p, yes: bool, naturalsize) -> None:
             tail = "/" if e.kind == "dir" else " (link; its target untouched)" if e.kind == "link" else ""
             note = f"  ({e.link_note()})" if e.link_note() else ""
             echo(f"  {e.path}{tail}  {naturalsize(e.bytes)}{note}")
+
+    def shown(path: str) -> str:  # a folder with its slash; a Lightning .ckpt file without
+        return path if os.path.isfile(os.path.join(p.run, path)) else f"{path}/"
+
     for path, why in p.kept:
-        echo(f"keep {path}/: {why}")
+        echo(f"keep {shown(path)}: {why}")
     for path, why in p.skipped:
-        echo(f"skip {path}/: {why}")
+        echo(f"skip {shown(path)}: {why}")
     for path, why in p.refused:
-        echo(f"ckpt-tui: refused {path}/: {why}", err=True)
+        echo(f"ckpt-tui: refused {shown(path)}: {why}", err=True)
     if p.checkpoints:
         echo(f"{verb} {sum(len(c.entries) for c in p.checkpoints)} path(s), {naturalsize(p.bytes)} in all.")
         if not yes:

@@ -249,18 +249,18 @@ def summary(
         head = f"run folder with {len(ck)} checkpoint{plural}"
         whole = [c for c in ck if c.path not in incomplete]
         if not whole:
-            return f"{head}, none complete (newest `{ck[0].path}/`)"
+            return f"{head}, none complete (newest `{_shown(ck[0])}`)"
         newest = whole[0]
         skipped = [c for c in ck if c.path in incomplete and (step_of(c.name) or 0) > (step_of(newest.name) or 0)]
         lay, comps = run_classify(newest, ck)
         if skipped:
             head += (
-                f"; newest complete `{newest.path}/` (newer, incomplete: "
-                + ", ".join(f"`{c.path}/`" for c in skipped[:3])
+                f"; newest complete `{_shown(newest)}` (newer, incomplete: "
+                + ", ".join(f"`{_shown(c)}`" for c in skipped[:3])
                 + ")"
             )
         else:
-            head += f"; newest `{newest.path}/`"
+            head += f"; newest `{_shown(newest)}`"
         return f"{head}: " + summary(newest, lay, comps, model_text)
     head = FRAMEWORK.get(layout) or layout
     n_model = _find(root, model_component(comps) or "") if comps else None
@@ -303,6 +303,11 @@ def summary(
     if where:  # a LoRA adapter's text has commas of its own: its parts are set apart with semicolons
         text += ": " + ("; " if model_text is not None else ", ").join(where)
     return text
+
+
+def _shown(c: Node) -> str:
+    """A run's checkpoint as the summary names it: a folder with its slash, a file (a Lightning .ckpt) without."""
+    return f"{c.path}/" if c.is_dir else c.path
 
 
 def _isdir(root: Node, path: str) -> bool:
@@ -390,6 +395,10 @@ def _checkpoint_dirs(node: Node, depth: int = 0) -> list[Node]:
     out: list[Node] = []
     for c in node.children:
         if not c.is_dir:
+            # Lightning's ModelCheckpoint under DDP (or one device): one torch.save file per save,
+            # epoch=E-step=N.ckpt (last.ckpt, a copy or link of the newest, has no step: not listed)
+            if c.name.endswith(".ckpt") and step_of(c.name) is not None and classify(c)[0] == "lightning":
+                out.append(c)
             continue
         if step_of(c.name) is not None:
             if classify(c)[0] != "unknown" or c.child(PRUNE_MARKER) is not None:

@@ -624,6 +624,11 @@ def plan(
             out.kept.append((c.path, ", ".join(dict.fromkeys(keep[c.path]))))
             continue
         if what == "checkpoint":
+            if (run / c.path).is_file():  # a Lightning run's epoch=E-step=N.ckpt: no folder to hold a marker
+                out.refused.append(
+                    (c.path, "one .ckpt file: prune removes checkpoint folders only (it marks a folder first)")
+                )
+                continue
             if not c.complete and (newest_complete is None or c.step > newest_complete):
                 out.skipped.append(
                     (c.path, "incomplete and newer than the newest complete checkpoint: look at it first")

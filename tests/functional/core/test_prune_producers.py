@@ -129,12 +129,26 @@ def test_what_checkpoint_keep_last_removes_the_older_checkpoints_whole(real_ckpt
     assert _inspected(run) == {c: True for c in cks if c not in gone}
 
 
-def test_a_folder_of_lightning_ckpt_files_is_no_run_prune_says_so_and_changes_nothing(real_ckpt_copy):
+def test_a_folder_of_lightning_ckpt_files_is_a_run_whose_files_prune_refuses_and_leaves(real_ckpt_copy):
+    """Lightning's ModelCheckpoint without a strategy that writes folders: epoch=E-step=N.ckpt files beside
+    last.ckpt (copies of a .ckpt Lightning wrote). inspect lists them as the run's checkpoints (last.ckpt, which has
+    no step, is not one); prune refuses each file, for both --what, and changes nothing."""
     run = real_ckpt_copy("lightning-file-optim")
     for step in (1, 2):
         shutil.copy2(run / "last.ckpt", run / f"epoch=0-step={step}.ckpt")
-    (run / "last.ckpt").unlink()
+    doc = json.loads(ckpt_tui("inspect", str(run), "--json", cwd=run.parent).stdout)
+    assert doc["layout"] == "run-folder", doc["layout"]
+    assert [(c["path"], c["step"], c["layout"]) for c in doc["checkpoints"]] == [
+        ("epoch=0-step=2.ckpt", 2, "lightning"),
+        ("epoch=0-step=1.ckpt", 1, "lightning"),
+    ]
+    human = ckpt_tui("inspect", str(run), cwd=run.parent).stdout
+    assert "newest `epoch=0-step=2.ckpt`:" in human, human
     before = _sums(run)
     r = ckpt_tui("prune", str(run), "--what", "checkpoint", "--yes", "--force", cwd=run.parent)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "holds no checkpoints to prune" in r.stderr and _sums(run) == before
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r
+    assert "keep epoch=0-step=2.ckpt: the newest complete checkpoint" in r.stdout, r.stdout
+    assert "refused epoch=0-step=1.ckpt: one .ckpt file: prune removes checkpoint folders only" in r.stderr, r.stderr
+    r = ckpt_tui("prune", str(run), "--what", "optimizer", "--yes", "--force", cwd=run.parent)
+    assert "Traceback" not in r.stderr and "model and optimizer in one file" in r.stderr, r
+    assert _sums(run) == before

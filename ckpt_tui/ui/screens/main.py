@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -28,6 +29,7 @@ from textual.worker import Worker
 from ...core.export.plan import ExportPlan
 from ...core.formats.registry import format_of
 from ...core.present import GLYPH
+from ...core.progress import Progress
 from ...core.report import Report
 from ...core.types import Finding, Inventory, Node, Parsed, TensorInfo
 from ..actions import BY_ACTION, bindings
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from ...core.scan import ScanEvent
     from ...core.storage import Location
 
+SCAN_PROGRESS_EVERY = 0.1  # seconds between two of the scan's progress reports shown in the summary line
 TREE_WIDTHS = (20, 30, 40, 50, 60, 70)  # the tree pane's share of the width, in percent; `<` / `>` step through
 
 
@@ -107,6 +110,21 @@ class MainScreen(Screen[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return None if self.why_not(action) else True  # None: shown dimmed in the footer
+
+    _bindings_asked = False  # a refresh of the bindings is asked for and not yet published
+
+    def refresh_bindings(self) -> None:
+        """Once per screen refresh, however often asked: the footer mounts every key anew on each, and a scan's
+        start and end ask eight times in a row (each job's start and state, ``report`` and ``selected``)."""
+        if self._bindings_asked:
+            return
+        self._bindings_asked = True
+        if not self.call_after_refresh(self._publish_bindings):  # not running (yet, or any more)
+            self._publish_bindings()
+
+    def _publish_bindings(self) -> None:
+        self._bindings_asked = False
+        super().refresh_bindings()
 
     # ------------------------------------------------------------------ jobs
     def start_job(self, info: JobInfo, fn: JobFn, *, exclusive: bool = False) -> Worker[Any]:
@@ -171,6 +189,16 @@ class MainScreen(Screen[None]):
         sent = [False]
 
         def scan(on_progress: Optional[OnProgress], cancel: threading.Event) -> Report:
+            shown = [-1.0]
+
+            def progress(p: Progress) -> None:
+                # the summary line's, at most 10 a second: each one shown is a repaint that takes the GIL from the
+                # scan (a report after the last shown is not lost: the facts replace the line when the scan ends)
+                now = time.monotonic()
+                if on_progress is not None and now - shown[0] >= SCAN_PROGRESS_EVERY:
+                    shown[0] = now
+                    on_progress(p)
+
             def on_node(ev: ScanEvent) -> None:
                 if self._early_root is None:
                     self._early_root = ev.node  # the walk reports the root first
@@ -179,7 +207,7 @@ class MainScreen(Screen[None]):
                     self.post_message(TreeReady(self._early_root))
 
             rep = inspect(
-                self.path, on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=self.trust_pickles
+                self.path, on_node=on_node, on_progress=progress, cancel=cancel, trust_pickles=self.trust_pickles
             )
             inv = rep.inventory
             self.run_view = rep.run_view() if inv.layout == "run-folder" and inv.checkpoints else None

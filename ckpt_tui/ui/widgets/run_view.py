@@ -1,7 +1,7 @@
 """The run view's panel (core/run_view.py): a DataTable of the run's checkpoints over a chart of the training and
 eval loss (the learning rate on its own, right-hand axis), each checkpoint's step a vertical line, the selected one
-named in the title. The chart (textual-plotext) is imported when a run with a history is shown, never before:
-`ckpt-tui --help` and the first paint do not load it. Below MIN_CHART a Sparkline of the loss; no history, no chart
+named in the title. The chart (textual-plotext) is imported when a run with a history is shown, after the table is
+painted, never before: `ckpt-tui --help` and the first paint do not load it. Below MIN_CHART a Sparkline of the loss; no history, no chart
 and a line saying why."""
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ class RunPanel(Vertical):
         self.selected_step: Optional[int] = None
         self.plotted: dict[str, tuple[list[int], list[float]]] = {}  # what the chart was last given, by series
         self.chart: Any = None  # the PlotextPlot, once a history is shown
+        self.drawn = False  # the chart (its Sparkline, or why there is none) shows the view and the selection
+        self._draw_asked = False
+        self._selected_path: Optional[str] = None  # the highlighted row's, kept for a table filled later
         self._filled_width = -1  # the table's width when its rows were last made
 
     def compose(self) -> ComposeResult:
@@ -104,12 +107,19 @@ class RunPanel(Vertical):
         yield Static("", id="run-totals")
         with Vertical(id="run-chart-box"):
             yield Static("", id="run-no-chart")
-            yield Sparkline([], id="run-spark")
+            spark = Sparkline([], id="run-spark")
+            spark.display = False
+            yield spark
 
     # ------------------------------------------------------------------ data
     def set_view(self, view: RunView) -> None:
+        """Show ``view``. The table is filled at once if this panel has a width, else when it gets one (on_resize:
+        one fill at the right width, not two); the chart after the next refresh (``_ask_draw``), so the table is
+        painted first."""
         self.view = view
-        self._fill()
+        self._filled_width = -1
+        if self.size.width:
+            self._fill()
         from ...core.units import naturalsize
 
         share = f" ({100 * view.optimizer_bytes / view.total_bytes:.0f}%)" if view.total_bytes else ""
@@ -121,7 +131,7 @@ class RunPanel(Vertical):
                 + f"   eval: {visible(view.eval_name or '—')}   ● newest complete  ★ best"
             )
         )
-        self._draw()
+        self._ask_draw()
 
     def _fill(self) -> None:
         """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
@@ -163,6 +173,9 @@ class RunPanel(Vertical):
                 else Text(" " + _cut("✖ " + visible("; ".join(r.problems)), state_room), style="red")
             )
             table.add_row(*(Text(" " + v, justify="right") for v in c), state, key=r.path)
+        paths = [r.path for r in view.rows]
+        if self._selected_path in paths:
+            cursor = paths.index(self._selected_path)
         if 0 <= cursor < len(view.rows):
             table.move_cursor(row=cursor)
 
@@ -177,13 +190,14 @@ class RunPanel(Vertical):
         row = self.view.row(path) if path else None
         step = row.step if row is not None else None
         if row is not None:
+            self._selected_path = row.path
             table = self.query_one("#run-table", DataTable)
             idx = [r.path for r in self.view.rows].index(row.path)
-            if table.cursor_row != idx:
+            if table.row_count and table.cursor_row != idx:  # an empty table: _fill moves it there
                 table.move_cursor(row=idx)
         if step != self.selected_step:
             self.selected_step = step
-            self._draw()
+            self._ask_draw()
 
     # ------------------------------------------------------------------ the chart
     def on_resize(self) -> None:
@@ -202,7 +216,19 @@ class RunPanel(Vertical):
             self.chart.display = has and not small
         self.query_one("#run-spark", Sparkline).display = has and small
 
+    def _ask_draw(self) -> None:
+        """Draw the chart after the next refresh: what changed with it (the table, the cursor) is painted first,
+        and a burst of changes (a new view, then its selection; a held j) draws once."""
+        self.drawn = False
+        if self._draw_asked:
+            return
+        self._draw_asked = True
+        if not self.call_after_refresh(self._draw):  # not running
+            self._draw_asked = False
+
     def _draw(self) -> None:
+        self._draw_asked = False
+        self.drawn = True
         view = self.view
         note = self.query_one("#run-no-chart", Static)
         if view is None or not view.series:

@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static, Tree
 from textual.worker import Worker
 
@@ -84,6 +85,9 @@ class MainScreen(Screen[None]):
         self._shown_stored = False  # the view the table shows shown_component in
         self._early_root: Optional[Node] = None
         self.run_view: Optional[RunView] = None  # a run folder's (core/run_view.py), made by the scan's worker
+        self._scan_progress: Optional[Progress] = None  # the scan's latest, for the summary line
+        self._scan_progress_shown = 0.0  # when the summary line last showed it (time.monotonic)
+        self._scan_progress_timer: Optional[Timer] = None  # shows the latest when SCAN_PROGRESS_EVERY has passed
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -143,12 +147,26 @@ class MainScreen(Screen[None]):
         info = self.jobs.get(msg.worker)
         if info is not None and info.kind == SCAN.name and self.report is None:
             # the scan's own progress, in the summary line until the facts replace it: the files analysed, then
-            # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded
-            self.query_one("#summary", Static).update(plain(f"Scanning {self.path} … {progress_text(msg.progress)}"))
+            # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded. At most 10 a second,
+            # the latest always shown: each is a repaint, and a repaint takes the GIL from the scan's thread
+            self._scan_progress = msg.progress
+            if self._scan_progress_timer is None:
+                wait = self._scan_progress_shown + SCAN_PROGRESS_EVERY - time.monotonic()
+                if wait > 0:
+                    self._scan_progress_timer = self.set_timer(wait, self._show_scan_progress)
+                else:
+                    self._show_scan_progress()
             return
         row = self.query_one(JobsPanel).row(msg.worker)
         if row is not None:
             row.progress = msg.progress
+
+    def _show_scan_progress(self) -> None:
+        self._scan_progress_timer = None
+        if self._scan_progress is not None and self.report is None:
+            self._scan_progress_shown = time.monotonic()
+            text = f"Scanning {self.path} … {progress_text(self._scan_progress)}"
+            self.query_one("#summary", Static).update(plain(text))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
@@ -186,19 +204,10 @@ class MainScreen(Screen[None]):
         from ...core.report import inspect
 
         self._early_root = None
+        self._scan_progress = None
         sent = [False]
 
         def scan(on_progress: Optional[OnProgress], cancel: threading.Event) -> Report:
-            shown = [-1.0]
-
-            def progress(p: Progress) -> None:
-                # the summary line's, at most 10 a second: each one shown is a repaint that takes the GIL from the
-                # scan (a report after the last shown is not lost: the facts replace the line when the scan ends)
-                now = time.monotonic()
-                if on_progress is not None and now - shown[0] >= SCAN_PROGRESS_EVERY:
-                    shown[0] = now
-                    on_progress(p)
-
             def on_node(ev: ScanEvent) -> None:
                 if self._early_root is None:
                     self._early_root = ev.node  # the walk reports the root first
@@ -207,7 +216,7 @@ class MainScreen(Screen[None]):
                     self.post_message(TreeReady(self._early_root))
 
             rep = inspect(
-                self.path, on_node=on_node, on_progress=progress, cancel=cancel, trust_pickles=self.trust_pickles
+                self.path, on_node=on_node, on_progress=on_progress, cancel=cancel, trust_pickles=self.trust_pickles
             )
             inv = rep.inventory
             self.run_view = rep.run_view() if inv.layout == "run-folder" and inv.checkpoints else None

@@ -19,6 +19,7 @@ from ...core.run_view import RunView, Series
 from ..format import visible
 
 MIN_CHART = (40, 8)  # (width, height) below which the chart is a Sparkline
+TABLE_SHARE = 45  # the table's most height, in percent of the panel's (its rows scroll beyond)
 MAX_POINTS = 4000  # a longer series is thinned to this many points for the chart (the table reads every value)
 
 HOLDS = (("model", "M"), ("optimizer", "O"), ("scheduler", "S"), ("rng", "R"))
@@ -81,13 +82,13 @@ def plottable(series: Series) -> tuple[list[int], list[float]]:
 class RunPanel(Vertical):
     """The run view: the checkpoints' table, and under it the loss chart (or a Sparkline, or why there is none)."""
 
-    DEFAULT_CSS = """
-    RunPanel { height: 1fr; }
-    RunPanel #run-table { height: auto; max-height: 45%; }
-    RunPanel #run-totals { height: auto; padding: 0 1; color: $text-muted; }
-    RunPanel #run-chart-box { height: 1fr; min-height: 3; border-top: solid $primary; }
-    RunPanel #run-no-chart { padding: 0 1; color: $text-muted; }
-    RunPanel Sparkline { height: 2; margin: 0 1; }
+    DEFAULT_CSS = f"""
+    RunPanel {{ height: 1fr; }}
+    RunPanel #run-table {{ height: auto; max-height: {TABLE_SHARE}%; }}
+    RunPanel #run-totals {{ height: auto; padding: 0 1; color: $text-muted; }}
+    RunPanel #run-chart-box {{ height: 1fr; min-height: 3; border-top: solid $primary; }}
+    RunPanel #run-no-chart {{ padding: 0 1; color: $text-muted; }}
+    RunPanel Sparkline {{ height: 2; margin: 0 1; }}
     """
 
     def __init__(self, **kw: Any) -> None:
@@ -100,6 +101,7 @@ class RunPanel(Vertical):
         self._draw_asked = False
         self._selected_path: Optional[str] = None  # the highlighted row's, kept for a table filled later
         self._filled_width = -1  # the table's width when its rows were last made
+        self._bar_reckoned = False  # ... and whether a scrollbar was reckoned to take room from it
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="run-table", cursor_type="row", zebra_stripes=False, cell_padding=0)
@@ -133,9 +135,11 @@ class RunPanel(Vertical):
         )
         self._ask_draw()
 
-    def _fill(self) -> None:
+    def _fill(self, bar_shown: Optional[bool] = None) -> None:
         """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
-        state column what is left, its problems cut with … -- no sideways scrolling at 80 columns."""
+        state column what is left, its problems cut with … -- no sideways scrolling at 80 columns. Whether its rows
+        will overflow (a scrollbar takes room) is reckoned from the panel's height, and checked once laid out
+        (``bar_shown``: as it was, for the one refill a wrong reckoning costs)."""
         view = self.view
         if view is None:
             return
@@ -143,7 +147,12 @@ class RunPanel(Vertical):
         cursor = table.cursor_row
         room = self.size.width  # the table's, less a scrollbar when its rows overflow its height
         self._filled_width = room
-        bar = table.styles.scrollbar_size_vertical if len(view.rows) > max(1, table.size.height - 1) else 0
+        if bar_shown is None:
+            self._bar_reckoned = len(view.rows) + 1 > max(2, self.size.height * TABLE_SHARE // 100)
+            self.call_after_refresh(self._check_bar)
+        else:
+            self._bar_reckoned = bar_shown
+        bar = table.styles.scrollbar_size_vertical if self._bar_reckoned else 0
         cells = []
         for r in view.rows:
             mark = ("★" if r.best else "") + ("●" if r.newest_complete else "")
@@ -178,6 +187,11 @@ class RunPanel(Vertical):
             cursor = paths.index(self._selected_path)
         if 0 <= cursor < len(view.rows):
             table.move_cursor(row=cursor)
+
+    def _check_bar(self) -> None:
+        shown = self.query_one("#run-table", DataTable).show_vertical_scrollbar
+        if self.view is not None and shown != self._bar_reckoned:
+            self._fill(bar_shown=shown)
 
     def selected_path(self) -> Optional[str]:
         row = next((r for r in self.view.rows if r.step == self.selected_step), None) if self.view else None

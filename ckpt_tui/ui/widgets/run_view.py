@@ -101,7 +101,6 @@ class RunPanel(Vertical):
         self._draw_asked = False
         self._selected_path: Optional[str] = None  # the highlighted row's, kept for a table filled later
         self._filled_width = -1  # the table's width when its rows were last made
-        self._bar_reckoned = False  # ... and whether a scrollbar was reckoned to take room from it
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="run-table", cursor_type="row", zebra_stripes=False, cell_padding=0)
@@ -135,11 +134,11 @@ class RunPanel(Vertical):
         )
         self._ask_draw()
 
-    def _fill(self, bar_shown: Optional[bool] = None) -> None:
+    def _fill(self) -> None:
         """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
         state column what is left, its problems cut with … -- no sideways scrolling at 80 columns. Whether its rows
-        will overflow (a scrollbar takes room) is reckoned from the panel's height, and checked once laid out
-        (``bar_shown``: as it was, for the one refill a wrong reckoning costs)."""
+        overflow (a scrollbar takes room) is reckoned from the panel's height and the table's share of it: filled
+        before it is laid out, the table's own height says nothing yet."""
         view = self.view
         if view is None:
             return
@@ -147,12 +146,8 @@ class RunPanel(Vertical):
         cursor = table.cursor_row
         room = self.size.width  # the table's, less a scrollbar when its rows overflow its height
         self._filled_width = room
-        if bar_shown is None:
-            self._bar_reckoned = len(view.rows) + 1 > max(2, self.size.height * TABLE_SHARE // 100)
-            self.call_after_refresh(self._check_bar)
-        else:
-            self._bar_reckoned = bar_shown
-        bar = table.styles.scrollbar_size_vertical if self._bar_reckoned else 0
+        overflows = len(view.rows) + 1 > max(2, self.size.height * TABLE_SHARE // 100)  # its rows and the header
+        bar = table.styles.scrollbar_size_vertical if overflows else 0
         cells = []
         for r in view.rows:
             mark = ("★" if r.best else "") + ("●" if r.newest_complete else "")
@@ -187,11 +182,6 @@ class RunPanel(Vertical):
             cursor = paths.index(self._selected_path)
         if 0 <= cursor < len(view.rows):
             table.move_cursor(row=cursor)
-
-    def _check_bar(self) -> None:
-        shown = self.query_one("#run-table", DataTable).show_vertical_scrollbar
-        if self.view is not None and shown != self._bar_reckoned:
-            self._fill(bar_shown=shown)
 
     def selected_path(self) -> Optional[str]:
         row = next((r for r in self.view.rows if r.step == self.selected_step), None) if self.view else None

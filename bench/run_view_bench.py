@@ -14,9 +14,11 @@ apart, and the TUI from start until the run view's table is filled (App.run_test
 
 The TUI's start-up is its first paint, as in bench/tui_bench.py: `ckpt-tui RUN` in tmux (120x40), `capture-pane`
 every 20 ms: process start to anything drawn, to the run table's newest row drawn, to the chart drawn; the figure is
-table minus first paint, both in the same run. In process, the TUI is polled with `asyncio.sleep` (tui_bench's
-`until`), not `Pilot.pause`: a pause makes every widget process its queue and the screen repaint, every 10 ms, which
-takes the GIL from the scan's thread (the previous figure's method, still printed for comparison).
+table minus first paint, both in the same run. In process, the TUI is polled every 20 ms with `asyncio.sleep` (as
+tui_bench's `until`), not `Pilot.pause`: a pause makes every widget process its queue and the screen repaint, which
+takes the GIL from the scan's thread (the previous figure's method, still printed for comparison). On a loaded
+machine every wake-up of the UI thread costs the scan a GIL hand-over to a thread that may wait for a core: compare
+figures from a quiet machine only.
 
     python bench/run_view_bench.py [--dir D] [--repeat 5]
 
@@ -113,7 +115,7 @@ async def tui_seconds(run: Path, pilot_pause: bool = False) -> tuple[float, floa
 
         async def until(cond) -> float:
             while not cond():
-                await (pilot.pause(0.01) if pilot_pause else asyncio.sleep(0.005))
+                await (pilot.pause(0.01) if pilot_pause else asyncio.sleep(0.02))
             return time.perf_counter() - t0
 
         filled = await until(lambda: app.report is not None and app.main.query_one("#run-table").row_count)

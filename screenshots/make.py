@@ -121,6 +121,7 @@ async def shot_whole(run: Path, empty: Path) -> None:
     """Issue 24: a run whose newest save was killed (its run view marks it ✖ and says why; issue 28), and
     weights saved under ZeRO-3 without gathering (each empty tensor a red ✖). From the folder holding them."""
     from ckpt_tui.ui.widgets.details import TensorTable
+    from ckpt_tui.ui.widgets.run_view import RunPanel
 
     here = os.getcwd()
     try:
@@ -131,6 +132,7 @@ async def shot_whole(run: Path, empty: Path) -> None:
                 await wait_for(pilot, lambda: app.report is not None)
                 if where is run:  # a run folder opens on its run view: the checkpoints' table and the loss chart
                     await wait_for(pilot, lambda: app.main.query_one("#run-table").row_count > 0)
+                    await wait_for(pilot, lambda: app.main.query_one(RunPanel).drawn)  # drawn after the table
                 else:
                     await wait_for(pilot, lambda: len(app.query_one(TensorTable).rows) > 0)
                 await pilot.pause(0.2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -22,12 +23,14 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Static, Tree
 from textual.worker import Worker
 
 from ...core.export.plan import ExportPlan
 from ...core.formats.registry import format_of
 from ...core.present import GLYPH
+from ...core.progress import Progress
 from ...core.report import Report
 from ...core.types import Finding, Inventory, Node, Parsed, TensorInfo
 from ..actions import BY_ACTION, bindings
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from ...core.scan import ScanEvent
     from ...core.storage import Location
 
+SCAN_PROGRESS_EVERY = 0.1  # seconds between two of the scan's progress reports shown in the summary line
 TREE_WIDTHS = (20, 30, 40, 50, 60, 70)  # the tree pane's share of the width, in percent; `<` / `>` step through
 
 
@@ -81,6 +85,9 @@ class MainScreen(Screen[None]):
         self._shown_stored = False  # the view the table shows shown_component in
         self._early_root: Optional[Node] = None
         self.run_view: Optional[RunView] = None  # a run folder's (core/run_view.py), made by the scan's worker
+        self._scan_progress: Optional[Progress] = None  # the scan's latest, for the summary line
+        self._scan_progress_shown = 0.0  # when the summary line last showed it (time.monotonic)
+        self._scan_progress_timer: Optional[Timer] = None  # shows the latest when SCAN_PROGRESS_EVERY has passed
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -108,6 +115,21 @@ class MainScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return None if self.why_not(action) else True  # None: shown dimmed in the footer
 
+    _bindings_asked = False  # a refresh of the bindings is asked for and not yet published
+
+    def refresh_bindings(self) -> None:
+        """Once per screen refresh, however often asked: the footer mounts every key anew on each, and a scan's
+        start and end ask eight times in a row (each job's start and state, ``report`` and ``selected``)."""
+        if self._bindings_asked:
+            return
+        self._bindings_asked = True
+        if not self.call_after_refresh(self._publish_bindings):  # not running (yet, or any more)
+            self._publish_bindings()
+
+    def _publish_bindings(self) -> None:
+        self._bindings_asked = False
+        super().refresh_bindings()
+
     # ------------------------------------------------------------------ jobs
     def start_job(self, info: JobInfo, fn: JobFn, *, exclusive: bool = False) -> Worker[Any]:
         """Run ``fn`` as a job of kind ``info.kind`` (a name in JOB_KINDS)."""
@@ -125,12 +147,26 @@ class MainScreen(Screen[None]):
         info = self.jobs.get(msg.worker)
         if info is not None and info.kind == SCAN.name and self.report is None:
             # the scan's own progress, in the summary line until the facts replace it: the files analysed, then
-            # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded
-            self.query_one("#summary", Static).update(plain(f"Scanning {self.path} … {progress_text(msg.progress)}"))
+            # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded. At most 10 a second,
+            # the latest always shown: each is a repaint, and a repaint takes the GIL from the scan's thread
+            self._scan_progress = msg.progress
+            if self._scan_progress_timer is None:
+                wait = self._scan_progress_shown + SCAN_PROGRESS_EVERY - time.monotonic()
+                if wait > 0:
+                    self._scan_progress_timer = self.set_timer(wait, self._show_scan_progress)
+                else:
+                    self._show_scan_progress()
             return
         row = self.query_one(JobsPanel).row(msg.worker)
         if row is not None:
             row.progress = msg.progress
+
+    def _show_scan_progress(self) -> None:
+        self._scan_progress_timer = None
+        if self._scan_progress is not None and self.report is None:
+            self._scan_progress_shown = time.monotonic()
+            text = f"Scanning {self.path} … {progress_text(self._scan_progress)}"
+            self.query_one("#summary", Static).update(plain(text))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
@@ -168,6 +204,7 @@ class MainScreen(Screen[None]):
         from ...core.report import inspect
 
         self._early_root = None
+        self._scan_progress = None
         sent = [False]
 
         def scan(on_progress: Optional[OnProgress], cancel: threading.Event) -> Report:

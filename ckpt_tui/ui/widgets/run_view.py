@@ -1,7 +1,7 @@
 """The run view's panel (core/run_view.py): a DataTable of the run's checkpoints over a chart of the training and
 eval loss (the learning rate on its own, right-hand axis), each checkpoint's step a vertical line, the selected one
-named in the title. The chart (textual-plotext) is imported when a run with a history is shown, never before:
-`ckpt-tui --help` and the first paint do not load it. Below MIN_CHART a Sparkline of the loss; no history, no chart
+named in the title. The chart (textual-plotext) is imported when a run with a history is shown, after the table is
+painted, never before: `ckpt-tui --help` and the first paint do not load it. Below MIN_CHART a Sparkline of the loss; no history, no chart
 and a line saying why."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ...core.run_view import RunView, Series
 from ..format import visible
 
 MIN_CHART = (40, 8)  # (width, height) below which the chart is a Sparkline
+TABLE_SHARE = 45  # the table's most height, in percent of the panel's (its rows scroll beyond)
 MAX_POINTS = 4000  # a longer series is thinned to this many points for the chart (the table reads every value)
 
 HOLDS = (("model", "M"), ("optimizer", "O"), ("scheduler", "S"), ("rng", "R"))
@@ -81,13 +82,13 @@ def plottable(series: Series) -> tuple[list[int], list[float]]:
 class RunPanel(Vertical):
     """The run view: the checkpoints' table, and under it the loss chart (or a Sparkline, or why there is none)."""
 
-    DEFAULT_CSS = """
-    RunPanel { height: 1fr; }
-    RunPanel #run-table { height: auto; max-height: 45%; }
-    RunPanel #run-totals { height: auto; padding: 0 1; color: $text-muted; }
-    RunPanel #run-chart-box { height: 1fr; min-height: 3; border-top: solid $primary; }
-    RunPanel #run-no-chart { padding: 0 1; color: $text-muted; }
-    RunPanel Sparkline { height: 2; margin: 0 1; }
+    DEFAULT_CSS = f"""
+    RunPanel {{ height: 1fr; }}
+    RunPanel #run-table {{ height: auto; max-height: {TABLE_SHARE}%; }}
+    RunPanel #run-totals {{ height: auto; padding: 0 1; color: $text-muted; }}
+    RunPanel #run-chart-box {{ height: 1fr; min-height: 3; border-top: solid $primary; }}
+    RunPanel #run-no-chart {{ padding: 0 1; color: $text-muted; }}
+    RunPanel Sparkline {{ height: 2; margin: 0 1; }}
     """
 
     def __init__(self, **kw: Any) -> None:
@@ -96,6 +97,9 @@ class RunPanel(Vertical):
         self.selected_step: Optional[int] = None
         self.plotted: dict[str, tuple[list[int], list[float]]] = {}  # what the chart was last given, by series
         self.chart: Any = None  # the PlotextPlot, once a history is shown
+        self.drawn = False  # the chart (its Sparkline, or why there is none) shows the view and the selection
+        self._draw_asked = False
+        self._selected_path: Optional[str] = None  # the highlighted row's, kept for a table filled later
         self._filled_width = -1  # the table's width when its rows were last made
 
     def compose(self) -> ComposeResult:
@@ -104,12 +108,19 @@ class RunPanel(Vertical):
         yield Static("", id="run-totals")
         with Vertical(id="run-chart-box"):
             yield Static("", id="run-no-chart")
-            yield Sparkline([], id="run-spark")
+            spark = Sparkline([], id="run-spark")
+            spark.display = False
+            yield spark
 
     # ------------------------------------------------------------------ data
     def set_view(self, view: RunView) -> None:
+        """Show ``view``. The table is filled at once if this panel has a width, else when it gets one (on_resize:
+        one fill at the right width, not two); the chart after the next refresh (``_ask_draw``), so the table is
+        painted first."""
         self.view = view
-        self._fill()
+        self._filled_width = -1
+        if self.size.width:
+            self._fill()
         from ...core.units import naturalsize
 
         share = f" ({100 * view.optimizer_bytes / view.total_bytes:.0f}%)" if view.total_bytes else ""
@@ -121,11 +132,13 @@ class RunPanel(Vertical):
                 + f"   eval: {visible(view.eval_name or '—')}   ● newest complete  ★ best"
             )
         )
-        self._draw()
+        self._ask_draw()
 
     def _fill(self) -> None:
         """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
-        state column what is left, its problems cut with … -- no sideways scrolling at 80 columns."""
+        state column what is left, its problems cut with … -- no sideways scrolling at 80 columns. Whether its rows
+        overflow (a scrollbar takes room) is reckoned from the panel's height and the table's share of it: filled
+        before it is laid out, the table's own height says nothing yet."""
         view = self.view
         if view is None:
             return
@@ -133,7 +146,8 @@ class RunPanel(Vertical):
         cursor = table.cursor_row
         room = self.size.width  # the table's, less a scrollbar when its rows overflow its height
         self._filled_width = room
-        bar = table.styles.scrollbar_size_vertical if len(view.rows) > max(1, table.size.height - 1) else 0
+        overflows = len(view.rows) + 1 > max(2, self.size.height * TABLE_SHARE // 100)  # its rows and the header
+        bar = table.styles.scrollbar_size_vertical if overflows else 0
         cells = []
         for r in view.rows:
             mark = ("★" if r.best else "") + ("●" if r.newest_complete else "")
@@ -163,6 +177,9 @@ class RunPanel(Vertical):
                 else Text(" " + _cut("✖ " + visible("; ".join(r.problems)), state_room), style="red")
             )
             table.add_row(*(Text(" " + v, justify="right") for v in c), state, key=r.path)
+        paths = [r.path for r in view.rows]
+        if self._selected_path in paths:
+            cursor = paths.index(self._selected_path)
         if 0 <= cursor < len(view.rows):
             table.move_cursor(row=cursor)
 
@@ -177,13 +194,14 @@ class RunPanel(Vertical):
         row = self.view.row(path) if path else None
         step = row.step if row is not None else None
         if row is not None:
+            self._selected_path = row.path
             table = self.query_one("#run-table", DataTable)
             idx = [r.path for r in self.view.rows].index(row.path)
-            if table.cursor_row != idx:
+            if table.row_count and table.cursor_row != idx:  # an empty table: _fill moves it there
                 table.move_cursor(row=idx)
         if step != self.selected_step:
             self.selected_step = step
-            self._draw()
+            self._ask_draw()
 
     # ------------------------------------------------------------------ the chart
     def on_resize(self) -> None:
@@ -202,7 +220,19 @@ class RunPanel(Vertical):
             self.chart.display = has and not small
         self.query_one("#run-spark", Sparkline).display = has and small
 
+    def _ask_draw(self) -> None:
+        """Draw the chart after the next refresh: what changed with it (the table, the cursor) is painted first,
+        and a burst of changes (a new view, then its selection; a held j) draws once."""
+        self.drawn = False
+        if self._draw_asked:
+            return
+        self._draw_asked = True
+        if not self.call_after_refresh(self._draw):  # not running
+            self._draw_asked = False
+
     def _draw(self) -> None:
+        self._draw_asked = False
+        self.drawn = True
         view = self.view
         note = self.query_one("#run-no-chart", Static)
         if view is None or not view.series:

@@ -1,6 +1,7 @@
 """The checkpoint tree: children are added when a folder is expanded, so a folder of 100,000
 files shows at once. A DeepSpeed universal checkpoint folder (a folder per parameter, several files
-each) stays collapsed with its summary until it is expanded.
+each) stays collapsed with its summary until it is expanded. The top folder's small sub-folders are open at load,
+unless together they add more than ``AUTO_OPEN_LINES`` lines (a run of 200 checkpoints shows a line per checkpoint).
 
 The pane is as wide as its shown lines (CSS ``width: auto``, see ``get_content_width``), within limits: while
 the tree has the focus it leaves the right pane ``RIGHT_ROOM`` columns, so at 120 columns no file name is
@@ -23,6 +24,10 @@ from ...core.types import Node
 from ..format import node_label, plain_text, visible
 
 MAX_CHILDREN = 400
+# the top folder's sub-folders are opened at load when the lines they add total at most this; a run of 200 checkpoints
+# (1,200 files) shows a line per checkpoint instead: each line is measured for the pane's width, and the run view is
+# the overview of such a run
+AUTO_OPEN_LINES = 200
 
 
 class CheckpointTree(Tree[Node]):
@@ -85,11 +90,17 @@ class CheckpointTree(Tree[Node]):
         self._by_path["."] = self.root
         self._fill(self.root, root)
         self.root.expand()
-        for tn in list(self.root.children):
-            n = tn.data
-            if n is not None and n.is_dir and len(n.children) <= 40 and not format_of(n).collapsed:
-                self._fill(tn, n)
-                tn.expand()
+        opened = [(tn, n) for tn in self.root.children if (n := tn.data) is not None and self._opens(n)]
+        if sum(len(n.children) for _, n in opened) > AUTO_OPEN_LINES:
+            return  # many checkpoints: a line each
+        for tn, n in opened:
+            self._fill(tn, n)
+            tn.expand()
+
+    @staticmethod
+    def _opens(node: Node) -> bool:
+        """A sub-folder of the top one opened at load: a small folder, not one shown collapsed (universal)."""
+        return node.is_dir and len(node.children) <= 40 and not format_of(node).collapsed
 
     def _subtree_findings(self, node: Node) -> list:
         if not node.is_dir:

@@ -22,7 +22,12 @@ from tests.fixtures import fixture_path
 async def _settled(pilot):
     app = pilot.app
     t0 = time.monotonic()
-    while app.report is None or not app.query("#run-table") or not app.main.query_one("#run-table").row_count:
+    while (
+        app.report is None
+        or not app.query("#run-table")
+        or not app.main.query_one("#run-table").row_count
+        or not app.main.query_one(run_widget.RunPanel).drawn  # the chart is drawn after the table is painted
+    ):
         assert time.monotonic() - t0 < 60, "the run view did not appear"
         await pilot.pause(0.05)
     app.main.query_one(CheckpointTree).select_path(".")  # the run itself: its run view

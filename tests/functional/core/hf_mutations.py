@@ -31,9 +31,13 @@ def swapped_copies(out: Path, under: Path, swaps: dict[str, tuple[str, str]] = S
 
 
 def run_worked_example(
-    heading: str, fixture: Path, tmp_path: Path, prepare: Optional[Callable[[Path], object]] = None
+    heading: str,
+    fixture: Path,
+    tmp_path: Path,
+    prepare: Optional[Callable[[Path], object]] = None,
+    doc_file: str = "docs/export.md",
 ) -> Path:
-    """docs/export.md's `--to hf` worked example under ``heading``, run as written in a copy of ``fixture``
+    """``doc_file``'s `--to hf` worked example under ``heading`` (docs/export.md's, or the README's), run as written in a copy of ``fixture``
     (``prepare``: called on the copy first, to lay out what the example has beside it): every output line it shows
     is printed (the seconds may differ), and the load code is ``from_pretrained('hf')``. The run folder, its
     ``hf/`` the written model (the caller compares its logits)."""
@@ -43,7 +47,7 @@ def run_worked_example(
     from tests.snippets import snippet_after
     from tests.util import ckpt_tui
 
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "export.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / doc_file).read_text()
     block = doc.split(heading, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     lines = block.splitlines()
     assert lines[0].startswith("$ ")

@@ -408,8 +408,12 @@ def test_the_offer_asks_what_the_export_would(real_ckpt, monkeypatch):
 # ---------------------------------------------------------------- the worked example of docs/export.md
 
 
-def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
-    v = run_worked_example("## To a Hugging Face model", real_ckpt("megatron-hf-tp2"), tmp_path)
+@pytest.mark.parametrize(
+    "doc_file,heading",
+    [("docs/export.md", "## To a Hugging Face model"), ("README.md", "#### Megatron-Core → Hugging Face")],
+)
+def test_the_worked_example_runs_as_written(real_ckpt, tmp_path, doc_file, heading):
+    v = run_worked_example(heading, real_ckpt("megatron-hf-tp2"), tmp_path, doc_file=doc_file)
     assert _rel(v / "hf", v) <= TOL  # the folder it wrote: megatron's logits
 
 

@@ -142,8 +142,11 @@ def test_job_configs_that_are_not_llama_refused(real_ckpt, tmp_path):
         export(v / "checkpoint/step-1", tmp_path / "x", to="hf")
 
 
-def test_the_worked_example_runs_as_written(real_ckpt, tmp_path):
-    v = run_worked_example("### torchtitan", real_ckpt(VARIANT), tmp_path)
+@pytest.mark.parametrize(
+    "doc_file,heading", [("docs/export.md", "### torchtitan"), ("README.md", "#### torchtitan → Hugging Face")]
+)
+def test_the_worked_example_runs_as_written(real_ckpt, tmp_path, doc_file, heading):
+    v = run_worked_example(heading, real_ckpt(VARIANT), tmp_path, doc_file=doc_file)
     assert _rel(v / "hf", v, 2) <= TOL  # the folder it wrote: torchtitan's logits
 
 

@@ -105,6 +105,30 @@ def bounded(v: Any, depth: int = 0) -> Any:
     return v
 
 
+_LOG_OPEN = b'\n  "log_history": ['
+_LOG_CLOSE = b"\n  ]"
+
+
+def _trainer_state_head(raw: bytes) -> Optional[dict[str, Any]]:
+    """A ``trainer_state.json`` as the HF Trainer writes it (``json.dumps(indent=2, sort_keys=True)``) without its
+    ``log_history``, which is most of the file and none of the facts (``TRAINER_STATE_KEYS``): the array spliced
+    out where it opens and closes at the top level's indent (JSON strings hold no raw newline, so the first
+    ``\\n  ]`` after it opens is its end). ``None`` where the file is not laid out so, or the rest is no JSON
+    object: the caller parses it whole (a truncated file is then ``corrupt`` as before). The history itself is
+    parsed where it is used: the run view reads the newest complete checkpoint's."""
+    start = raw.find(_LOG_OPEN)
+    if start < 0 or raw[start + len(_LOG_OPEN) : start + len(_LOG_OPEN) + 1] != b"\n":
+        return None  # no history, or an empty one (``[]``): its close is no line of its own
+    end = raw.find(_LOG_CLOSE, start + len(_LOG_OPEN))
+    if end < 0:
+        return None
+    try:
+        doc = json.loads(raw[:start] + b'\n  "log_history": []' + raw[end + len(_LOG_CLOSE) :])
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _json_facts(node: Node) -> None:
     f = cast(JsonFacts, node.facts)
     if node.size > MAX_JSON_BYTES:
@@ -113,7 +137,10 @@ def _json_facts(node: Node) -> None:
         )
         return
     try:
-        doc = json.loads(node.abspath.read_bytes())
+        raw = node.abspath.read_bytes()
+        doc = _trainer_state_head(raw) if node.role == "trainer-state" else None
+        if doc is None:
+            doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         f.update(JsonFacts(error=f"not valid JSON: {e}", error_kind="corrupt"))
         return

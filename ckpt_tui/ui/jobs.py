@@ -36,11 +36,45 @@ class JobInfo:
 JobFn = Callable[..., Any]
 
 
+class _Latest:
+    """A job's latest progress, shared by its thread and the message that carries it: while a JobProgress is posted
+    and not yet read, later reports only replace the progress it will read (one wake-up of the UI per read, not per
+    report: each wake-up takes the GIL from the job's thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.progress: Progress | None = None
+        self.posted = False
+
+    def put(self, p: Progress) -> bool:
+        """Keep ``p``; True where a message must be posted to carry it (none is waiting)."""
+        with self.lock:
+            self.progress = p
+            if self.posted:
+                return False
+            self.posted = True
+            return True
+
+    def take(self, fallback: Progress) -> Progress:
+        with self.lock:
+            self.posted = False
+            return self.progress if self.progress is not None else fallback
+
+
 class JobProgress(Message):
-    def __init__(self, worker: Worker[Any], progress: Progress) -> None:
+    def __init__(self, worker: Worker[Any], progress: Progress, latest: _Latest | None = None) -> None:
         super().__init__()
         self.worker = worker
-        self.progress = progress
+        self._progress = progress
+        self._latest = latest
+        self._read: Progress | None = None
+
+    @property
+    def progress(self) -> Progress:
+        """The job's latest progress when this message is handled (reports made since it was posted included)."""
+        if self._read is None:
+            self._read = self._latest.take(self._progress) if self._latest is not None else self._progress
+        return self._read
 
     def can_replace(self, message: Message) -> bool:  # a flood collapses to the latest
         return isinstance(message, JobProgress) and message.worker is self.worker
@@ -52,8 +86,11 @@ def run_job(node: DOMNode, info: JobInfo, fn: JobFn, *, exclusive: bool = False)
     def body() -> Any:
         worker = get_current_worker()
 
+        latest = _Latest()
+
         def on_progress(p: Progress) -> None:
-            node.post_message(JobProgress(worker, p))
+            if latest.put(p):
+                node.post_message(JobProgress(worker, p, latest))
 
         cancel: threading.Event = worker.cancelled_event
         return fn(on_progress=on_progress, cancel=cancel)

@@ -144,12 +144,13 @@ class MainScreen(Screen[None]):
         return [w for w, info in self.jobs.items() if JOB_KINDS[info.kind].listed and outcome(w) == "running"]
 
     def on_job_progress(self, msg: JobProgress) -> None:
+        progress = msg.progress  # read first, always: reading it lets the job post its next report
         info = self.jobs.get(msg.worker)
         if info is not None and info.kind == SCAN.name and self.report is None:
             # the scan's own progress, in the summary line until the facts replace it: the files analysed, then
             # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded. At most 10 a second,
             # the latest always shown: each is a repaint, and a repaint takes the GIL from the scan's thread
-            self._scan_progress = msg.progress
+            self._scan_progress = progress
             if self._scan_progress_timer is None:
                 wait = self._scan_progress_shown + SCAN_PROGRESS_EVERY - time.monotonic()
                 if wait > 0:
@@ -159,7 +160,7 @@ class MainScreen(Screen[None]):
             return
         row = self.query_one(JobsPanel).row(msg.worker)
         if row is not None:
-            row.progress = msg.progress
+            row.progress = progress
 
     def _show_scan_progress(self) -> None:
         self._scan_progress_timer = None

@@ -117,9 +117,8 @@ def torchtitan_values(arch: Any) -> Values:
     return out
 
 
-def config_values(path: Path) -> Values:
-    """What an HF config.json (``--config``: the file, or the folder holding it) says of each compared value (those
-    it gives; ``num_key_value_heads`` absent is ``num_attention_heads``, as transformers reads it)."""
+def read_config(path: Path) -> dict[str, Any]:
+    """``--config``'s JSON object (the file, or the folder's config.json); ExportError where it is none."""
     p = path / "config.json" if path.is_dir() else path
     try:
         cfg = json.loads(p.read_text())
@@ -127,9 +126,25 @@ def config_values(path: Path) -> Values:
         raise ExportError(f"--config {path}: cannot read it as a config.json ({e})") from None
     if not isinstance(cfg, dict):
         raise ExportError(f"--config {path}: not a config.json (a JSON object)")
+    return cfg
+
+
+def refuse_model_type(path: Path, cfg: dict[str, Any], qwen2: bool) -> None:
+    """``--config``'s model_type must be one --to hf writes: Llama, or (``qwen2``: a source whose biases can be
+    Qwen2's, q/k/v only) Qwen2."""
     mt = cfg.get("model_type")
-    if mt not in (None, "llama"):
-        raise ExportError(f"--config {path}: model_type {mt!r}; --to hf writes Llama (model_type 'llama')")
+    if mt not in (None, "llama", "qwen2") or (mt == "qwen2" and not qwen2):
+        raise ExportError(
+            f"--config {path}: model_type {mt!r}; --to hf writes Llama (model_type 'llama')"
+            + (" or, with q/k/v biases only, Qwen2 ('qwen2')" if qwen2 else "")
+        )
+
+
+def config_values(path: Path, *, qwen2: bool = False) -> Values:
+    """What an HF config.json (``--config``: the file, or the folder holding it) says of each compared value (those
+    it gives; ``num_key_value_heads`` absent is ``num_attention_heads``, as transformers reads it)."""
+    cfg = read_config(path)
+    refuse_model_type(path, cfg, qwen2)
     out: Values = {}
 
     def put(key: str, v: Any) -> None:
@@ -170,10 +185,10 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check_config_agrees(run: Values, config_path: Path, what: str) -> list[str]:
+def check_config_agrees(run: Values, config_path: Path, what: str, *, qwen2: bool = False) -> list[str]:
     """The notes of ``--config`` checked against what the run records (``run``, from ``what``); ExportError naming
-    every disagreement."""
-    given = config_values(config_path)
+    every disagreement. ``qwen2``: a Qwen2 config is taken (a Megatron-Core source)."""
+    given = config_values(config_path, qwen2=qwen2)
     both = [k for k in HF_NAMES if k in run and k in given]
     bad: list[str] = []
     notes: list[str] = []

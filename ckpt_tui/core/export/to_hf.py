@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import ExportError
-from .hf_agree import check_config_agrees, megatron_values, torchtitan_values
+from .hf_agree import check_config_agrees, megatron_values, read_config, refuse_model_type, torchtitan_values
 from .sources import ByteRange, Source, SourceTensor, to_torch
 
 LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -250,19 +250,9 @@ def _arch_from_args(args: dict[str, Any]) -> _Arch:
 def _arch_from_config(path: Path, *, qwen2: bool = False) -> _Arch:
     """The architecture an HF config.json gives (``--config``), trusted for what shapes cannot show. ``qwen2``: a
     Qwen2 config (q/k/v biases) is taken too (a Megatron-Core source's biases can be Qwen2's)."""
-    p = path / "config.json" if path.is_dir() else path
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ExportError(f"--config {path}: cannot read it as a config.json ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ExportError(f"--config {path}: not a config.json (a JSON object)")
+    cfg = read_config(path)
+    refuse_model_type(path, cfg, qwen2)
     mt = cfg.get("model_type")
-    if mt not in (None, "llama", "qwen2") or (mt == "qwen2" and not qwen2):
-        raise ExportError(
-            f"--config {path}: model_type {mt!r}; --to hf writes Llama (model_type 'llama')"
-            + (" or, with q/k/v biases only, Qwen2 ('qwen2')" if qwen2 else "")
-        )
     if mt == "qwen2" and cfg.get("use_sliding_window"):
         raise ExportError(f"--config {path}: use_sliding_window (sliding-window attention) is not mapped")
     biases: Optional[frozenset[str]] = QWEN2_BIASES if mt == "qwen2" else None
@@ -429,7 +419,7 @@ def megatron_to_hf(
         )
     notes.append(f"--to hf: the configuration from {arch.from_}")
     if config_path is not None and _is_args(args):  # neither silently wins: every value both give must agree
-        notes += check_config_agrees(megatron_values(args), config_path, "the run's Megatron-LM args")
+        notes += check_config_agrees(megatron_values(args), config_path, "the run's Megatron-LM args", qwen2=True)
     emb = top["embed"]
     vocab, hidden = emb.shape[0], emb.shape[1]
     tied = "lm_head" not in top

@@ -195,6 +195,23 @@ def test_bias_checkpoint_without_args_takes_a_qwen2_config(real_ckpt, tmp_path, 
     assert not (tmp_path / "x").exists()
 
 
+def test_a_qwen2_config_beside_the_runs_args_is_checked_against_them(real_ckpt, tmp_path):
+    """Args and --config both given for a q/k/v-bias run: the Qwen2 config the run's own export wrote agrees with
+    the args (the cross-check takes a qwen2 model_type, as the config reader does); one value changed is refused."""
+    root = real_ckpt("megatron-hf-qkvbias")
+    good = tmp_path / "good"
+    export(root / "checkpoints", good, to="hf")
+    res = export(root / "checkpoints", tmp_path / "hf", to="hf", config=good / "config.json")
+    assert any("agrees with the run's Megatron-LM args" in n for n in res.notes), res.notes
+    assert _rel(tmp_path / "hf", root, "Qwen2ForCausalLM") <= TOL
+    cfg = json.loads((good / "config.json").read_text())
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**cfg, "rms_norm_eps": 1e-6}))
+    with pytest.raises(ExportError, match="rms_norm_eps: --config says 1e-06"):
+        export(root / "checkpoints", tmp_path / "x", to="hf", config=bad)
+    assert not (tmp_path / "x").exists()
+
+
 def _exported(real_ckpt, tmp_path, variant="megatron-hf-tp2", **kw):
     root = real_ckpt(variant)
     out = tmp_path / "hf"

@@ -21,6 +21,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ckpt_tui import samples
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # fixture -> (architecture, attribute the model sits under in the object `model` names, or None)
@@ -79,10 +81,10 @@ MODELS: dict[str, tuple[str, str | None]] = {
     "megatron-tp2pp2": ("tensors", None),
     "megatron-pp2-016": ("tensors", None),
     "megatron-tp2pp2-016": ("tensors", None),
-    **{
-        f: ("tensors", None)
-        for f in ("megatron-hf-tp1", "megatron-hf-tp2", "megatron-hf-tied", "megatron-hf-pp2", "megatron-hf-tp2-016")
-    },
+    **{f: ("tensors", None) for g in ("megatron_hf", "megatron_hf_016") for f in samples.GROUPS[g].variants},
+    # no advice of theirs exports today (a resume fixture, verl, FSDP's per-rank files); the generic tree stands in
+    # so that a future export advice runs its snippet rather than failing on a missing entry
+    **{f: ("tensors", None) for f in ("ds-resume-zero2", "ds-resume-zero3", "fsdp-local", "verl-fsdp1", "verl-fsdp2")},
     "torchtitan": ("tensors", None),
     "torchtitan-hf": ("tensors", None),
     # PEFT LoRA runs (samples/hf_peft.py): their exports load by from_pretrained (PeftModel's or the merged

@@ -85,7 +85,7 @@ def emit_json(doc: dict, *, indent: int = 2, ensure_ascii: bool = True) -> None:
             gc.enable()
 
 
-def _progress(as_json: bool, unit: str):
+def progress_bar(as_json: bool, unit: str):
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -117,7 +117,7 @@ def run_core(fn, *, as_json: bool, unit: str = "bytes", label: str = "", cleanup
 
     cancel = threading.Event()
     after = f"; {cleanup}" if cleanup else ""
-    with _progress(as_json, unit) as bar:
+    with progress_bar(as_json, unit) as bar:
         tasks: dict[str, int] = {}
 
         def on_progress(p):

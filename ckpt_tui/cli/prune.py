@@ -110,7 +110,7 @@ def _apply(p, quiet_for: float, force: bool, as_json: bool, naturalsize):
 
     from ..core.prune import PruneCancelled, PruneError, apply
     from ..core.types import shell_path
-    from .output import _progress
+    from .output import progress_bar
 
     cancel = threading.Event()
 
@@ -122,7 +122,7 @@ def _apply(p, quiet_for: float, force: bool, as_json: bool, naturalsize):
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
     try:
-        with _progress(as_json, "bytes") as bar:
+        with progress_bar(as_json, "bytes") as bar:
             task = bar.add_task("removing", total=p.bytes or None)
 
             def on_progress(pr):

@@ -125,7 +125,7 @@ CODES: dict[str, FindingCode] = {
         FindingCode(
             "optimizer-pruned",
             ("warning", "info"),
-            "model only, optimizer pruned: DeepSpeed and verl cannot resume it as is; HF: a fresh optimizer",
+            "optimizer pruned: DeepSpeed, verl cannot resume it; HF resumes, fresh optimizer",
         ),
         FindingCode(
             "resume-world-size",

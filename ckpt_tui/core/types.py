@@ -66,7 +66,11 @@ class Node(JsonFields):
 
     @property
     def name(self) -> str:
-        return self.abspath.name
+        # kept: asked tens of thousands of times by a scan of a run folder, and a Path works it out anew each time
+        n = self.__dict__.get("_name")
+        if n is None:
+            n = self.__dict__["_name"] = self.abspath.name
+        return n
 
     @property
     def kind(self) -> str:

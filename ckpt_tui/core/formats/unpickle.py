@@ -653,7 +653,7 @@ FUNCTIONS: dict[str, object] = {
     "torch.Size": _torch_size,
     "torch.serialization._get_layout": _get_layout,
     "torch.device": _device,
-    "collections.OrderedDict": _ODict,  # each read gets its own subclass (_reader_functions)
+    "collections.OrderedDict": _ODict,  # each read gets its own subclass (_fresh, at its first use in a read)
     "_codecs.encode": _codecs_encode,
     "torch.Tensor": "torch.Tensor",
     "builtins.getattr": _safe_getattr,
@@ -695,10 +695,6 @@ def _fresh(f: object) -> object:
     return f
 
 
-def _reader_functions() -> dict[str, object]:
-    return {q: _fresh(f) for q, f in FUNCTIONS.items()}
-
-
 class RestrictedUnpickler(pickle.Unpickler):
     """The allowlist unpickler. Each instance reads one file with its own copies of the allowlisted callables and
     stand-in classes (nothing a file does to them reaches another file's read) and its own allocation budget."""
@@ -709,7 +705,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         super().__init__(f)
         self._result = result
         self._persistent = persistent
-        self._functions = _reader_functions()
+        self._functions: dict[str, object] = {}  # a fresh copy of each allowlisted callable, made at its first use
         self._stand_ins: dict[str, type] = {}
 
     def load(self) -> Any:
@@ -728,6 +724,10 @@ class RestrictedUnpickler(pickle.Unpickler):
         q = f"{module}.{name}"
         f = self._functions.get(q)
         if f is not None:
+            return f
+        f = FUNCTIONS.get(q)
+        if f is not None:
+            f = self._functions[q] = _fresh(f)
             return f
         if module == "torch":
             if name in _DTYPES:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -37,7 +36,7 @@ from ..actions import BY_ACTION, bindings
 from ..format import plain
 from ..host import TensorRows
 from ..job_kinds import EXPORT, JOB_KINDS, PRUNE, REPAIR, RESUME, SCAN, STATS, TENSORS, UNIVERSAL, by_severity
-from ..jobs import JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
+from ..jobs import PROGRESS_EVERY, JobFn, JobInfo, JobProgress, error_text, outcome, request_cancel, run_job
 from ..widgets.details import Details, Facts, TensorTable
 from ..widgets.jobs_panel import JobsPanel, progress_text
 from ..widgets.run_view import RunPanel
@@ -52,7 +51,9 @@ if TYPE_CHECKING:
     from ...core.scan import ScanEvent
     from ...core.storage import Location
 
-SCAN_PROGRESS_EVERY = 0.1  # seconds between two of the scan's progress reports shown in the summary line
+# seconds after the walk's end at which the tree is shown while the files are still being analysed: a scan that
+# ends before shows its tree once, with its findings (drawing it twice took the GIL from a run folder's scan)
+EARLY_TREE_AFTER = 1.0
 TREE_WIDTHS = (20, 30, 40, 50, 60, 70)  # the tree pane's share of the width, in percent; `<` / `>` step through
 
 
@@ -85,9 +86,8 @@ class MainScreen(Screen[None]):
         self._shown_stored = False  # the view the table shows shown_component in
         self._early_root: Optional[Node] = None
         self.run_view: Optional[RunView] = None  # a run folder's (core/run_view.py), made by the scan's worker
-        self._scan_progress: Optional[Progress] = None  # the scan's latest, for the summary line
-        self._scan_progress_shown = 0.0  # when the summary line last showed it (time.monotonic)
-        self._scan_progress_timer: Optional[Timer] = None  # shows the latest when SCAN_PROGRESS_EVERY has passed
+        self._scan_worker: Optional[Worker[Report]] = None  # the latest scan (a rescan replaces it)
+        self._tree_timer: Optional[Timer] = None  # shows the walked tree while a slow analysis goes on
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -104,7 +104,7 @@ class MainScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one(CheckpointTree).focus()
-        self.start_scan()
+        self.call_after_refresh(self.start_scan)  # after the first paint, which the scan's thread would slow
 
     # ------------------------------------------------------------------ what can run now
     def why_not(self, action: str) -> Optional[str]:
@@ -135,39 +135,41 @@ class MainScreen(Screen[None]):
         """Run ``fn`` as a job of kind ``info.kind`` (a name in JOB_KINDS)."""
         worker = run_job(self, info, fn, exclusive=exclusive)
         self.jobs[worker] = info
-        if JOB_KINDS[info.kind].listed:
+        if JOB_KINDS[info.kind].listed:  # only a listed job changes what the keys can do (actions.running_job)
             self.query_one(JobsPanel).add_job(worker, info)
-        self.refresh_bindings()
+            self.refresh_bindings()
         return worker
 
     def running_jobs(self) -> list[Worker[Any]]:
         return [w for w, info in self.jobs.items() if JOB_KINDS[info.kind].listed and outcome(w) == "running"]
 
     def on_job_progress(self, msg: JobProgress) -> None:
-        progress = msg.progress  # read first, always: reading it lets the job post its next report
-        info = self.jobs.get(msg.worker)
-        if info is not None and info.kind == SCAN.name and self.report is None:
+        self._show_progress(msg.worker, msg.progress)  # read first, always (ui/jobs.py: then again, paced)
+        self.set_timer(PROGRESS_EVERY, lambda: self._progress_again(msg))
+
+    def _progress_again(self, msg: JobProgress) -> None:
+        p = msg.again()
+        if p is not None:
+            self._show_progress(msg.worker, p)
+            self.set_timer(PROGRESS_EVERY, lambda: self._progress_again(msg))
+
+    def _show_progress(self, worker: Worker[Any], progress: Progress) -> None:
+        info = self.jobs.get(worker)
+        if info is not None and info.kind == SCAN.name:
             # the scan's own progress, in the summary line until the facts replace it: the files analysed, then
-            # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded. At most 10 a second,
-            # the latest always shown: each is a repaint, and a repaint takes the GIL from the scan's thread
-            self._scan_progress = progress
-            if self._scan_progress_timer is None:
-                wait = self._scan_progress_shown + SCAN_PROGRESS_EVERY - time.monotonic()
-                if wait > 0:
-                    self._scan_progress_timer = self.set_timer(wait, self._show_scan_progress)
-                else:
-                    self._show_scan_progress()
+            # (a 200 MB DCP .metadata takes seconds) the bytes of the metadata read and folded
+            if self.report is None and worker is self._scan_worker:
+                summary = self.query_one("#summary", Static)
+                text = plain(f"Scanning {self.path} … {progress_text(progress)}")
+                # a line that stays a line is repainted alone: a layout of the whole screen 10 times a second took
+                # the GIL from the scan's thread
+                room = summary.content_size.width
+                one_line = 0 < room and text.cell_length <= room and summary.content_size.height == 1
+                summary.update(text, layout=not one_line)
             return
-        row = self.query_one(JobsPanel).row(msg.worker)
+        row = self.query_one(JobsPanel).row(worker)
         if row is not None:
             row.progress = progress
-
-    def _show_scan_progress(self) -> None:
-        self._scan_progress_timer = None
-        if self._scan_progress is not None and self.report is None:
-            self._scan_progress_shown = time.monotonic()
-            text = f"Scanning {self.path} … {progress_text(self._scan_progress)}"
-            self.query_one("#summary", Static).update(plain(text))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
@@ -178,7 +180,8 @@ class MainScreen(Screen[None]):
         row = self.query_one(JobsPanel).row(worker)
         if row is not None:
             row.outcome = end
-        self.refresh_bindings()
+        if JOB_KINDS[info.kind].listed:  # the footer's keys mount anew on each refresh: not for the scan's states
+            self.refresh_bindings()
         if end != "running":
             JOB_KINDS[info.kind].ended(self, worker, info, end)
 
@@ -205,7 +208,6 @@ class MainScreen(Screen[None]):
         from ...core.report import inspect
 
         self._early_root = None
-        self._scan_progress = None
         sent = [False]
 
         def scan(on_progress: Optional[OnProgress], cancel: threading.Event) -> Report:
@@ -213,7 +215,7 @@ class MainScreen(Screen[None]):
                 if self._early_root is None:
                     self._early_root = ev.node  # the walk reports the root first
                 if ev.kind == "analyzed" and not sent[0]:
-                    sent[0] = True  # the walk is complete: draw the whole tree at once
+                    sent[0] = True  # the walk is complete: the whole tree can be drawn at once
                     self.post_message(TreeReady(self._early_root))
 
             rep = inspect(
@@ -223,11 +225,26 @@ class MainScreen(Screen[None]):
             self.run_view = rep.run_view() if inv.layout == "run-folder" and inv.checkpoints else None
             return rep
 
-        SCAN.start(self, JobInfo(SCAN.name, f"scan {self.path.name}"), scan, exclusive=True)
+        self._scan_worker = SCAN.start(self, JobInfo(SCAN.name, f"scan {self.path.name}"), scan, exclusive=True)
 
     def on_tree_ready(self, msg: TreeReady) -> None:
-        if self.report is None and msg.root is not None:
-            self.query_one(CheckpointTree).load(msg.root, {})
+        """The walk's tree, drawn only if the analysis is still going EARLY_TREE_AFTER later."""
+        if self._tree_timer is not None:
+            self._tree_timer.stop()
+        worker = self._scan_worker
+
+        def show() -> None:
+            self._tree_timer = None
+            if (
+                self.report is None
+                and msg.root is not None
+                and worker is not None
+                and worker is self._scan_worker
+                and outcome(worker) == "running"
+            ):
+                self.query_one(CheckpointTree).load(msg.root, {})
+
+        self._tree_timer = self.set_timer(EARLY_TREE_AFTER, show)
 
     def scan_ended(self, worker: Worker[Report], end: str) -> None:
         """The scan's end (job_kinds.ScanJob): its report, or why the path cannot be opened."""
@@ -278,7 +295,7 @@ class MainScreen(Screen[None]):
 
     def action_rescan(self) -> None:
         self.report = None
-        self.start_scan()
+        self.call_after_refresh(self.start_scan)  # "Scanning" painted first
 
     # ------------------------------------------------------------------ details
     @on(Tree.NodeHighlighted)

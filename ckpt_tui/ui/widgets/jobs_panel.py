@@ -51,13 +51,12 @@ class JobRow(Horizontal):
         yield Static("starting…", classes="status")
 
     def watch_progress(self, p: Optional[Progress]) -> None:
-        if p is None:
+        if p is None or self.outcome != "running":  # a report read after the end (reads are paced) changes nothing
             return
         if p.total:
             self.query_one(ProgressBar).update(total=p.total, progress=p.done)
-        if self.outcome == "running":
-            now = self.clock.time if self.clock is not None else time.monotonic()
-            self.query_one(".status", Static).update(plain(progress_text(p, self._rate.update(p, now)), lines=False))
+        now = self.clock.time if self.clock is not None else time.monotonic()
+        self.query_one(".status", Static).update(plain(progress_text(p, self._rate.update(p, now)), lines=False))
 
     def watch_outcome(self, outcome: str) -> None:
         p = self.progress

@@ -119,6 +119,7 @@ class RunPanel(Vertical):
         painted first."""
         self.view = view
         self._filled_width = -1
+        self.drawn = False
         if self.size.width:
             self._fill()
         from ...core.units import naturalsize
@@ -132,7 +133,9 @@ class RunPanel(Vertical):
                 + f"   eval: {visible(view.eval_name or '—')}   ● newest complete  ★ best"
             )
         )
-        self._ask_draw()
+        if self._filled_width >= 0:
+            self._ask_draw()
+        # else: drawn once the table is filled (on_resize), so the table is painted first
 
     def _fill(self) -> None:
         """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
@@ -206,7 +209,10 @@ class RunPanel(Vertical):
     # ------------------------------------------------------------------ the chart
     def on_resize(self) -> None:
         if self.view is not None and self.size.width != self._filled_width:
+            first = self._filled_width < 0
             self._fill()
+            if first:  # the chart after the frame that paints the table
+                self.call_after_refresh(self._ask_draw)
         self._show_chart_or_spark()
 
     def _small(self) -> bool:
@@ -224,8 +230,8 @@ class RunPanel(Vertical):
         """Draw the chart after the next refresh: what changed with it (the table, the cursor) is painted first,
         and a burst of changes (a new view, then its selection; a held j) draws once."""
         self.drawn = False
-        if self._draw_asked:
-            return
+        if self._draw_asked or (self.view is not None and self._filled_width < 0):
+            return  # asked already; or the table is not filled yet, and its first fill asks (on_resize)
         self._draw_asked = True
         if not self.call_after_refresh(self._draw):  # not running
             self._draw_asked = False

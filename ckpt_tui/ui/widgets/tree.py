@@ -62,8 +62,15 @@ class CheckpointTree(Tree[Node]):
             limit = int(outer * self.SHARE_UNFOCUSED)
         else:
             limit = outer - self.right_room
-        bar = self.styles.scrollbar_size_vertical if self.show_vertical_scrollbar else 0
-        return max(0, min(self.content_width(), limit - self.styles.gutter.width - bar))
+        bar_size = self.styles.scrollbar_size_vertical
+        shown = self.show_vertical_scrollbar
+        # more lines than rows: the scrollbar shows after the layout that reveals it, and Textual adds its width
+        # then; reserved now, so the pane's width holds and the right pane is laid out (and the run table filled)
+        # once, not twice
+        scrolls = self.last_line + 1 > container.height
+        bar = bar_size if shown or scrolls else 0
+        width = max(0, min(self.content_width(), limit - self.styles.gutter.width - bar))
+        return width + bar_size if scrolls and not shown else width
 
     def _focus_elsewhere(self) -> bool:
         """Another widget of this screen has the focus (a dialog on top leaves the screen's focus as it was)."""

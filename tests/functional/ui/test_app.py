@@ -334,6 +334,10 @@ async def test_the_scan_shows_its_progress_in_the_summary(tmp_path, monkeypatch)
         try:
             await wait_for(pilot, lambda: "reading .metadata" in str(summary.render()))
             assert f"/{size((folder / '.metadata').stat().st_size)}  reading .metadata" in str(summary.render())
+            # the walked tree shows while the analysis goes on (EARLY_TREE_AFTER after the walk), without findings
+            tree = app.main.query_one(CheckpointTree)
+            await wait_for(pilot, lambda: any(".metadata" in str(c.label) for c in tree.root.children))
+            assert app.report is None
         finally:
             gate.set()
         await wait_for(pilot, lambda: app.report is not None, timeout=60)

@@ -19,6 +19,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.clock import Clock
 from textual.containers import Horizontal, Vertical
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -281,12 +282,29 @@ class MainScreen(Screen[None]):
             # a run folder's first screen is its run view: the run's own line selected, the newest checkpoint its
             # table's (and the chart's) highlighted row
             panel = self.query_one(RunPanel)
-            panel.set_view(self.run_view)
+            panel.set_view(self.run_view, self._run_panel_size(tree))
             panel.select(target or None)
             target = "."
         if target:
             tree.select_path(target)
         self.selected = inv.node(target) if target else inv.root
+
+    def _run_panel_size(self, tree: CheckpointTree) -> Size:
+        """The size the run view's panel will get when the run's line is selected: the main area less the tree at
+        the width it will take beside the run view (``RUN_ROOM``), as CheckpointTree.get_content_width reckons it."""
+        main = self.query_one("#main").size
+        room, tree.right_room = tree.right_room, tree.RUN_ROOM
+        try:
+            gutter = tree.styles.gutter.width
+            inner = Size(max(0, main.width - gutter), main.height)
+            width = tree.get_content_width(inner, self.app.size) + gutter
+            if tree.show_vertical_scrollbar:
+                width += tree.styles.scrollbar_size_vertical
+            least = tree.styles.min_width
+            width = max(width, (least.cells or 0) if least is not None else 0)
+        finally:
+            tree.right_room = room
+        return Size(max(0, main.width - width), main.height)
 
     @on(DataTable.RowHighlighted, "#run-table")
     def _run_row(self, event: DataTable.RowHighlighted) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Size
 from textual.widgets import DataTable, Sparkline, Static
 
 from ...core.run_view import RunView, Series
@@ -101,6 +102,7 @@ class RunPanel(Vertical):
         self._draw_asked = False
         self._selected_path: Optional[str] = None  # the highlighted row's, kept for a table filled later
         self._filled_width = -1  # the table's width when its rows were last made
+        self._draw_after_layout = False  # a view set before the panel was laid out: drawn after that layout
 
     def compose(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="run-table", cursor_type="row", zebra_stripes=False, cell_padding=0)
@@ -113,15 +115,19 @@ class RunPanel(Vertical):
             yield spark
 
     # ------------------------------------------------------------------ data
-    def set_view(self, view: RunView) -> None:
-        """Show ``view``. The table is filled at once if this panel has a width, else when it gets one (on_resize:
-        one fill at the right width, not two); the chart after the next refresh (``_ask_draw``), so the table is
-        painted first."""
+    def set_view(self, view: RunView, size_hint: Optional[Size] = None) -> None:
+        """Show ``view``. The table is filled at once at this panel's size, or while the panel is not laid out yet
+        (hidden until now) at ``size_hint``, the size its screen expects it to get: filled before the layout that
+        shows it, the table is in that layout's frame; a wrong guess is filled again at the real width (on_resize).
+        The chart is drawn after the next refresh (``_ask_draw``), so the table is painted first."""
         self.view = view
         self._filled_width = -1
         self.drawn = False
-        if self.size.width:
-            self._fill()
+        laid_out = bool(self.size.width)
+        self._draw_after_layout = not laid_out  # the chart waits for the frame that shows the table
+        size = self.size if laid_out else size_hint
+        if size is not None and size.width:
+            self._fill(size)
         from ...core.units import naturalsize
 
         share = f" ({100 * view.optimizer_bytes / view.total_bytes:.0f}%)" if view.total_bytes else ""
@@ -133,11 +139,9 @@ class RunPanel(Vertical):
                 + f"   eval: {visible(view.eval_name or '—')}   ● newest complete  ★ best"
             )
         )
-        if self._filled_width >= 0:
-            self._ask_draw()
-        # else: drawn once the table is filled (on_resize), so the table is painted first
+        self._ask_draw()
 
-    def _fill(self) -> None:
+    def _fill(self, size: Optional[Size] = None) -> None:
         """The table, fitted to its width: each cell a leading space and its compact text (no cell padding), the
         state column what is left, its problems cut with … -- no sideways scrolling at 80 columns. Whether its rows
         overflow (a scrollbar takes room) is reckoned from the panel's height and the table's share of it: filled
@@ -147,9 +151,10 @@ class RunPanel(Vertical):
             return
         table = self.query_one("#run-table", DataTable)
         cursor = table.cursor_row
-        room = self.size.width  # the table's, less a scrollbar when its rows overflow its height
+        size = size or self.size
+        room = size.width  # the table's, less a scrollbar when its rows overflow its height
         self._filled_width = room
-        overflows = len(view.rows) + 1 > max(2, self.size.height * TABLE_SHARE // 100)  # its rows and the header
+        overflows = len(view.rows) + 1 > max(2, size.height * TABLE_SHARE // 100)  # its rows and the header
         bar = table.styles.scrollbar_size_vertical if overflows else 0
         cells = []
         for r in view.rows:
@@ -209,10 +214,10 @@ class RunPanel(Vertical):
     # ------------------------------------------------------------------ the chart
     def on_resize(self) -> None:
         if self.view is not None and self.size.width != self._filled_width:
-            first = self._filled_width < 0
             self._fill()
-            if first:  # the chart after the frame that paints the table
-                self.call_after_refresh(self._ask_draw)
+        if self._draw_after_layout:  # laid out at last: the chart after the frame that paints the table
+            self._draw_after_layout = False
+            self.call_after_refresh(self._ask_draw)
         self._show_chart_or_spark()
 
     def _small(self) -> bool:
@@ -230,8 +235,8 @@ class RunPanel(Vertical):
         """Draw the chart after the next refresh: what changed with it (the table, the cursor) is painted first,
         and a burst of changes (a new view, then its selection; a held j) draws once."""
         self.drawn = False
-        if self._draw_asked or (self.view is not None and self._filled_width < 0):
-            return  # asked already; or the table is not filled yet, and its first fill asks (on_resize)
+        if self._draw_asked or self._draw_after_layout:
+            return  # asked already; or the panel is not laid out yet, and its layout asks (on_resize)
         self._draw_asked = True
         if not self.call_after_refresh(self._draw):  # not running
             self._draw_asked = False

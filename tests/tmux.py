@@ -57,6 +57,19 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"{text!r} not on screen:\n{self.screen(history)}")
 
+    def wait_for_all(self, *texts: str, timeout: float = 60.0) -> str:
+        """Wait until every one of ``texts`` is on the screen; the screen then. One capture can land while a frame is
+        still being written to the terminal: what a test asserts on is waited for, never read off the capture that
+        showed something else."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.screen()
+            if all(t in s for t in texts):
+                return s
+            time.sleep(0.1)
+        s = self.screen()
+        raise AssertionError(f"{[t for t in texts if t not in s]!r} not on screen:\n{s}")
+
     def wait_gone(self, text: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while text in self.screen():

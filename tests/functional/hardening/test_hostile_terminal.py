@@ -390,8 +390,7 @@ def test_tmux_pane_title_clipboard_and_bytes_unchanged(hostile, tmp_path):
         t.wait_for("latest-dangling")
         t.wait_for("PWNED-TITLE")  # the sequence is on the screen as text
         t.keys("f")
-        s = t.wait_for("Findings (")
-        assert "[@click=" in s and "CLICKME[/]" in s
+        t.wait_for_all("Findings (", "[@click=", "CLICKME[/]")
         t.keys("Escape")
         t.wait_gone("Findings (")
         t.keys("q")

@@ -215,8 +215,10 @@ def test_the_tui_opens_a_url_in_tmux_and_exports_it_to_a_local_folder(s3, tmp_pa
         s3.env | {"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)},
         cwd=tmp_path,
     ) as t:
-        s = t.wait_for("model and optimizer in")
-        assert "global_step2/" in s
+        t.wait_for("model and optimizer in")
+        # the tree's line, waited for too: the scan's end paints the summary and the whole tree in one frame, and a
+        # capture can land while that frame is still being written to the terminal
+        t.wait_for("MODEL+OPTIM global_step2/")
         s = t.export_with_defaults(timeout=120)
         assert "verified" in s
         # a checkpoint in object storage exports into the current folder

@@ -20,9 +20,8 @@ def test_export_from_the_keyboard_in_tmux(real_ckpt, tmp_path, term):
         env["NO_COLOR"] = "1"
     with Tmux(f"{exe} {ck}", env) as t:
         t.wait_for("optimizer in")  # the scan is done: the summary line is in
-        s = t.wait_for("OPTIM")
-        assert "pytorch_model_fsdp_0/" in s and "MODEL" in s
-        assert "optimizer_0/" in s and "● 1" in s  # the dcp-components finding, as a glyph
+        # the tree's roles and the dcp-components finding, as a glyph
+        t.wait_for_all("OPTIM", "pytorch_model_fsdp_0/", "MODEL", "optimizer_0/", "● 1")
         s = t.export_with_defaults()
         assert "verified" in s
         assert (tmp_path / "checkpoint-2000-safetensors" / "model.safetensors").is_file()
@@ -36,16 +35,14 @@ def test_second_user_report_convert_to_universal_in_tmux(real_ckpt, tmp_path):
     shutil.copytree(real_ckpt("hf-ds-zero2") / "checkpoint-2", ck)
     with Tmux(f"{sys.executable} -m ckpt_tui {ck}", {"TERM": "xterm-256color"}) as t:
         t.wait_for("model and optimizer in")
-        s = t.wait_for("universal-info-missing")
-        assert "universal_checkpoint_info" in s
+        t.wait_for_all("universal-info-missing", "universal_checkpoint_info")
         t.keys("u")
         t.wait_for("Convert to a DeepSpeed universal")
         t.wait_for("Step 1 of 3")
         t.enter_through("Step 2 of 3", "Step 3 of 3")  # why, output
         t.wait_for("Press enter to convert", timeout=60)
         t.keys("Enter")
-        s = t.wait_for("Universal checkpoint ready", timeout=240)
-        assert "load_universal" in s
+        t.wait_for_all("Universal checkpoint ready", "load_universal", timeout=240)
         assert (ck / "latest_universal").read_text().strip() == "global_step2_universal"
         t.keys("Enter")
         t.wait_gone("Universal checkpoint ready")
@@ -68,8 +65,7 @@ def test_names_follow_the_terminal_width_in_tmux(real_ckpt):
         t.keys("j")  # the cursor starts on the run (its run view): down to checkpoint-2/, its tensors
         t.wait_for("model.layers.0.self_attn.q_proj.weight")  # 120 columns: the table's names whole
         t.keys("j", "Enter")  # open global_step2/ below checkpoint-2/
-        s = t.wait_for("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt 694.9 kB")
-        assert "mp_rank_00_model_states.pt 237.7 kB" in s
+        t.wait_for_all("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt 694.9 kB", "mp_rank_00_model_states.pt 237.7 kB")
         t.resize(80, 24)
         s = t.wait_for("model.layers.0…q_proj.weight")
         line = next(x for x in s.splitlines() if "model.layers.0…q_proj.weight" in x)

@@ -136,7 +136,7 @@ class RunPanel(Vertical):
             Text(
                 f"run {naturalsize(view.total_bytes)}, optimizer states {naturalsize(view.optimizer_bytes)}{share}"
                 + (f", model+optimizer files {naturalsize(combined)}" if combined else "")
-                + f"   eval: {visible(view.eval_name or '—')}   ● newest complete  ★ best"
+                + f"   eval: {visible(view.eval_name or '—')}\n● newest complete  ★ best"  # the legend: a line of its own
             )
         )
         self._ask_draw()

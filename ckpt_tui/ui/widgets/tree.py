@@ -11,6 +11,7 @@ get the room."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 from rich.text import Text
@@ -28,6 +29,14 @@ MAX_CHILDREN = 400
 # (1,200 files) shows a line per checkpoint instead: each line is measured for the pane's width, and the run view is
 # the overview of such a run
 AUTO_OPEN_LINES = 200
+
+
+def natural_key(name: str) -> tuple[list[object], str]:
+    """Sorts names with their numbers as numbers: checkpoint-900 before checkpoint-1000, rank_2 before rank_10
+    (the scan lists them by code point, as ``ls`` does). re.split puts the digit runs at the odd places, so two keys
+    compare text with text and numbers with numbers; the name itself breaks ties (``step_01`` and ``step_1``)."""
+    parts = re.split(r"(\d+)", name)
+    return [int(p) if i % 2 else p for i, p in enumerate(parts)], name
 
 
 class CheckpointTree(Tree[Node]):
@@ -127,7 +136,7 @@ class CheckpointTree(Tree[Node]):
         if getattr(tnode, "_filled", False):
             return
         tnode._filled = True
-        kids = sorted(node.children, key=lambda c: (not c.is_dir, c.name))
+        kids = sorted(node.children, key=lambda c: (not c.is_dir, natural_key(c.name)))
         for c in kids[:MAX_CHILDREN]:
             label = self._label(c)
             if c.is_dir:

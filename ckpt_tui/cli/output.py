@@ -268,9 +268,12 @@ def print_report(rep, show_all: bool, view=None) -> None:
     con.print(root)
     if inv.checkpoints:
         con.print("\n[bold]Checkpoints[/] (newest first)")
-        for ck in inv.checkpoints:
-            mark = "[green]✔ complete[/]" if ck["complete"] else "[red]✖ incomplete[/]"
-            con.print(f"  {esc(ck['path'])}  step {esc(ck['step'])}  {esc(ck['layout'])}  {mark}")
+        listed = Text()  # one print for them all: a print per line took a tenth of a second for 200 checkpoints
+        for i, ck in enumerate(inv.checkpoints):
+            listed.append(("\n" if i else "") + f"  {visible(ck['path'])}  step {visible(ck['step'])}  ")
+            listed.append(f"{visible(ck['layout'])}  ")
+            listed.append(*(("✔ complete", "green") if ck["complete"] else ("✖ incomplete", "red")))
+        con.print(listed)
         from .run_table import run_lines
 
         con.print()

@@ -290,21 +290,10 @@ class MainScreen(Screen[None]):
         self.selected = inv.node(target) if target else inv.root
 
     def _run_panel_size(self, tree: CheckpointTree) -> Size:
-        """The size the run view's panel will get when the run's line is selected: the main area less the tree at
-        the width it will take beside the run view (``RUN_ROOM``), as CheckpointTree.get_content_width reckons it."""
+        """The size the run view's panel will get when the run's line is selected: the main area less the tree
+        beside the run view (``RUN_ROOM``)."""
         main = self.query_one("#main").size
-        room, tree.right_room = tree.right_room, tree.RUN_ROOM
-        try:
-            gutter = tree.styles.gutter.width
-            inner = Size(max(0, main.width - gutter), main.height)
-            width = tree.get_content_width(inner, self.app.size) + gutter
-            if tree.show_vertical_scrollbar:
-                width += tree.styles.scrollbar_size_vertical
-            least = tree.styles.min_width
-            width = max(width, (least.cells or 0) if least is not None else 0)
-        finally:
-            tree.right_room = room
-        return Size(max(0, main.width - width), main.height)
+        return Size(max(0, main.width - tree.pane_width(main, tree.RUN_ROOM)), main.height)
 
     @on(DataTable.RowHighlighted, "#run-table")
     def _run_row(self, event: DataTable.RowHighlighted) -> None:

@@ -66,11 +66,26 @@ class CheckpointTree(Tree[Node]):
     def get_content_width(self, container: Size, viewport: Size) -> int:
         """``width: auto``: the content's width, at most what the limits above leave. ``container`` is the
         parent's width less this pane's border; the scrollbar is added after this."""
+        return self._content_width_within(container, self.right_room)
+
+    def pane_width(self, parent: Size, right_room: int) -> int:
+        """The whole pane's width (border and scrollbar included) that a layout in ``parent`` (its content size)
+        gives this tree while it leaves the right pane ``right_room`` columns: what the screen reckons the run
+        view's panel will get before the layout that shows it."""
+        gutter = self.styles.gutter.width
+        inner = Size(max(0, parent.width - gutter), parent.height)
+        width = self._content_width_within(inner, right_room) + gutter
+        if self.show_vertical_scrollbar:  # added by Textual after get_content_width
+            width += self.styles.scrollbar_size_vertical
+        least = self.styles.min_width
+        return max(width, (least.cells or 0) if least is not None else 0)
+
+    def _content_width_within(self, container: Size, right_room: int) -> int:
         outer = container.width + self.styles.gutter.width
         if self._focus_elsewhere():
             limit = int(outer * self.SHARE_UNFOCUSED)
         else:
-            limit = outer - self.right_room
+            limit = outer - right_room
         bar_size = self.styles.scrollbar_size_vertical
         shown = self.show_vertical_scrollbar
         # more lines than rows: the scrollbar shows after the layout that reveals it, and Textual adds its width
